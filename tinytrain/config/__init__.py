@@ -1,0 +1,1 @@
+"""Structured-config schemas (registered in Hydra's ConfigStore) and OmegaConf resolvers."""

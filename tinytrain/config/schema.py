@@ -1,0 +1,199 @@
+"""Dataclass schemas for every config group.
+
+Hydra merges each group's YAML into these types, so a misspelled key or a wrong type is
+rejected with the key's full name before anything runs. Defaults live here and nowhere else.
+Derived values (`model.vocab_size`, `precision.value`) default to resolvers (config/resolvers.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+class Mode(Enum):
+    train = "train"
+    plan = "plan"
+
+
+class Arch(Enum):
+    llama = "llama"
+    qwen2 = "qwen2"
+
+
+class Attention(Enum):
+    auto = "auto"  # flash_attention_2 when importable and on a GPU, else sdpa
+    sdpa = "sdpa"
+    eager = "eager"
+    flash_attention_2 = "flash_attention_2"
+
+
+class PrecisionRequest(Enum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Strategy(Enum):
+    single = "single"
+    ddp = "ddp"
+
+
+class DataSource(Enum):
+    pydoc = "pydoc"  # the pydoc_data.topics corpus that ships with every CPython
+    text = "text"  # a UTF-8 text file (documents split by blank lines) or a folder of them
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    arch: Arch = Arch.llama
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    attention: Attention = Attention.auto
+    # Rows of the embedding and lm_head are padded to a multiple of vocab_multiple x parallel.tp.
+    vocab_multiple: int = 64
+    # Derived from len(tokenizer); set it by hand only to pin a larger, already-padded size.
+    vocab_size: int = "${tt.padded_vocab:}"  # type: ignore[assignment]
+    # A local Hugging Face model folder to fine-tune; null trains from scratch.
+    pretrained: Optional[str] = None
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = "bundled"
+    # A tokenizer folder (tokenizer.json / tokenizer.model), a tokenizer.model file, or a hub id.
+    path: str = "${tt.asset:bundled_tokenizer}"
+    add_special_tokens: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DataConfig:
+    name: str = "pydoc"
+    source: DataSource = DataSource.pydoc
+    path: Optional[str] = None
+    seq_len: int = 256
+    val_fraction: float = 0.05
+    num_workers: int = 0
+
+
+@dataclass
+class LossScaleConfig:
+    initial_scale_power: int = 16
+    window: int = 1000
+    hysteresis: int = 2
+    min_scale: float = 1.0
+
+
+@dataclass
+class PrecisionConfig:
+    request: PrecisionRequest = PrecisionRequest.auto
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    # Derived on the machine that trains (or for hardware.gpu in mode=plan).
+    value: str = "${tt.precision:}"
+
+
+@dataclass
+class ParallelConfig:
+    name: str = "single"
+    strategy: Strategy = Strategy.single
+    tp: int = 1
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 250
+    micro_batch_size: int = 8
+    # Set one of these or neither (accumulation 1); both set must agree with the world size.
+    global_batch_size: Optional[int] = None
+    accumulate_grad_batches: Optional[int] = None
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 25
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    log_every_n_steps: int = 10
+    val_every_n_steps: int = 100
+    val_batches: int = 8
+    checkpoint_every_n_steps: int = 100
+    progress_bar: bool = True
+    export: bool = True
+    plot: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "csv"
+    csv: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    nodes: int = 1
+    # Processes per node; null means every visible GPU, or 1 on a CPU machine.
+    devices: Optional[int] = None
+
+
+@dataclass
+class HardwareConfig:
+    # Plan for this GPU instead of the local one (e.g. V100, A800); see hardware.py for names.
+    gpu: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    name: str = "${now:%Y-%m-%d_%H-%M-%S}"
+    root: str = "runs"
+
+
+@dataclass
+class Config:
+    mode: Mode = Mode.train
+    seed: int = 1234
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+GROUP_SCHEMAS = {
+    "model": ModelConfig,
+    "tokenizer": TokenizerConfig,
+    "data": DataConfig,
+    "precision": PrecisionConfig,
+    "parallel": ParallelConfig,
+    "trainer": TrainerConfig,
+    "logger": LoggerConfig,
+    "cluster": ClusterConfig,
+}
+
+
+def register_schemas() -> None:
+    """The top-level schema is the first default of conf/config.yaml; each group's schema is
+    also stored on its own (`schema/<group>`) for tools that compose one group alone."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name=group, node=schema)

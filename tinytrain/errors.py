@@ -1,0 +1,39 @@
+"""The project's configuration error: every problem found, each naming key, value and fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: object
+    message: str
+    fix: str
+
+    def render(self) -> str:
+        return f"{self.key}={self.value!r}: {self.message}. Fix: {self.fix}"
+
+
+class ConfigError(Exception):
+    """Raised before any expensive work when the composed config cannot run.
+
+    Holds every problem found, so a user fixes them all in one round.
+    """
+
+    def __init__(self, problems: list[Problem] | Problem):
+        self.problems = [problems] if isinstance(problems, Problem) else list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        if len(self.problems) == 1:
+            return "tinytrain: configuration error: " + self.problems[0].render()
+        lines = [f"tinytrain: {len(self.problems)} configuration errors:"]
+        lines += [f"  - {p.render()}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def raise_if_any(problems: list[Problem]) -> None:
+    if problems:
+        raise ConfigError(problems)

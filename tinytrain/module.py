@@ -1,0 +1,74 @@
+"""The LightningModule: a Hugging Face causal LM, a loss over the true vocab, AdamW + schedule."""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
+    """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored). Padded vocab
+    rows (ids >= true_vocab) are sliced off, so they can never take probability mass."""
+    logits = logits[..., :true_vocab]
+    return F.cross_entropy(logits.reshape(-1, true_vocab).float(), labels.reshape(-1), ignore_index=-100)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on norms, biases and embeddings (1-D or embedding tables)."""
+    decay, no_decay = [], []
+    embeddings = {id(model.get_input_embeddings().weight)}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class CausalLMModule(pl.LightningModule):
+    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict):
+        super().__init__()
+        self.model = model
+        self.t = trainer_cfg
+        self.true_vocab = true_vocab
+        self.checkpoint_metadata = checkpoint_metadata
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+    def training_step(self, batch, batch_idx):
+        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        self.log("loss", loss, prog_bar=True)
+        self.log("lr", self.lr_schedulers().get_last_lr()[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
+        # (after loss-scale unscaling under fp16).
+        max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+        self.log("grad_norm", norm)
+
+    def configure_optimizers(self):
+        t = self.t
+        fused = next(self.parameters()).is_cuda
+        opt = torch.optim.AdamW(param_groups(self.model, t.weight_decay), lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, t.warmup_steps, t.max_steps, t.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tinytrain"] = dict(self.checkpoint_metadata)

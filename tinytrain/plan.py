@@ -1,0 +1,88 @@
+"""The plan: everything resolved for a run, printed for people and written as plan.json.
+
+Built without allocating weights (parameter count on the meta device), so a login node can plan
+a 32-GPU run. Field reference: README.md, "plan.json".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tinytrain.model import AttentionChoice
+from tinytrain.resolve import Resolved
+
+
+def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionChoice, model_name: str) -> dict:
+    hw = resolved.hardware
+    b = resolved.batch
+    return {
+        "model": {"name": model_name, "attention": attention.implementation, "attention_reason": attention.reason},
+        "vocab": {
+            "true": resolved.vocab.true,
+            "padded": resolved.vocab.padded,
+            "multiple": resolved.vocab.multiple,
+            "tp": resolved.vocab.tp,
+            "padding_rows": resolved.vocab.padding_rows,
+        },
+        "tokenizer": {"path": str(cfg.tokenizer.path), "fingerprint": resolved.tokenizer_fingerprint},
+        "precision": resolved.precision.to_dict(),
+        "hardware": {
+            "gpu": None if hw.is_cpu else hw.name,
+            "compute_capability": None if hw.is_cpu else ".".join(map(str, hw.compute_capability)),
+            "memory_gb": hw.memory_gb,
+            "source": "hardware.gpu" if (cfg.hardware.gpu and cfg.mode.value == "plan") else "detected",
+        },
+        "params": {"total": params_total},
+        "parallel": {"strategy": cfg.parallel.strategy.value, "tp": cfg.parallel.tp, "dp": b.data_parallel},
+        "world_size": resolved.world_size,
+        "batch": {
+            "micro_batch_size": b.micro_batch_size,
+            "accumulate_grad_batches": b.accumulate_grad_batches,
+            "global_batch_size": b.global_batch_size,
+            "seq_len": b.seq_len,
+        },
+        "tokens_per_step": b.tokens_per_step,
+        "max_steps": cfg.trainer.max_steps,
+        "total_tokens": b.tokens_per_step * cfg.trainer.max_steps,
+    }
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def render_plan(plan: dict) -> str:
+    v, p, b, hw = plan["vocab"], plan["precision"], plan["batch"], plan["hardware"]
+    where = hw["gpu"] or "cpu"
+    if hw["compute_capability"]:
+        where += f" (compute capability {hw['compute_capability']}, {hw['memory_gb']} GB, from {hw['source']})"
+    lines = [
+        f"model      {plan['model']['name']}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
+        f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
+        f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
+        f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
+        f"hardware   {where}",
+        f"precision  {p['value']}: {p['reason']}",
+    ]
+    if p["loss_scale"]:
+        ls = p["loss_scale"]
+        lines.append(
+            f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, "
+            f"hysteresis {ls['hysteresis']}, minimum {ls['min_scale']}"
+        )
+    lines += [
+        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x dp {plan['parallel']['dp']}",
+        f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
+        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
+    ]
+    return "\n".join(lines)
+
+
+def write_plan(plan: dict, run_dir: Path) -> Path:
+    path = run_dir / "plan.json"
+    path.write_text(json.dumps(plan, indent=2) + "\n")
+    return path

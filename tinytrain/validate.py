@@ -1,0 +1,138 @@
+"""Semantic checks on a composed config, all reported together before anything is built.
+
+Hydra and the schemas already rejected unknown keys and wrong types; these are the problems
+that need more than one key to see (tp vs heads, batch arithmetic, paths that must exist).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tinytrain import hardware as hw_table
+from tinytrain.config.schema import DataSource, Strategy
+from tinytrain.errors import Problem, raise_if_any
+from tinytrain.resolve import batch_problems, unknown_gpu_problem, world_size
+from tinytrain.tokenizer import check_tokenizer_path
+
+
+def model_problems(cfg) -> list[Problem]:
+    m, tp = cfg.model, cfg.parallel.tp
+    problems = []
+    if m.hidden_size % m.num_heads:
+        problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size"))
+    if m.num_heads % m.num_kv_heads:
+        problems.append(Problem("model.num_kv_heads", m.num_kv_heads, f"must divide num_heads({m.num_heads}) for grouped-query attention", "pick a KV head count that divides the head count"))
+    if tp < 1:
+        problems.append(Problem("parallel.tp", tp, "must be >= 1", "use parallel.tp=1 for no tensor parallelism"))
+        return problems
+    if m.num_heads % tp:
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_heads({m.num_heads}) of model={m.name}", f"use a tp that divides {m.num_heads}"))
+    if m.num_kv_heads % tp:
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of model={m.name}", f"use a tp that divides {m.num_kv_heads}"))
+    if m.vocab_multiple < 1:
+        problems.append(Problem("model.vocab_multiple", m.vocab_multiple, "must be >= 1", "use 64 (the default) or 128"))
+    if m.pretrained and not (Path(m.pretrained) / "config.json").is_file():
+        problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output)"))
+    return problems
+
+
+def parallel_problems(cfg) -> list[Problem]:
+    if cfg.parallel.tp > 1:
+        # Batch arithmetic depends on tp, so it is checked once tp is possible at all.
+        return [Problem("parallel.tp", cfg.parallel.tp, f"parallel={cfg.parallel.name} has no tensor parallelism", "use parallel.tp=1")]
+    problems = []
+    world = world_size(cfg)
+    if cfg.parallel.strategy == Strategy.single and world > 1:
+        problems.append(
+            Problem("parallel", cfg.parallel.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1")
+        )
+    _, batch = batch_problems(cfg, world)
+    return problems + batch
+
+
+def data_problems(cfg) -> list[Problem]:
+    d = cfg.data
+    problems = []
+    if d.seq_len < 2:
+        problems.append(Problem("data.seq_len", d.seq_len, "must be >= 2", "use e.g. data.seq_len=256"))
+    max_pos = cfg.model.max_position_embeddings
+    if not cfg.model.pretrained and d.seq_len > max_pos:
+        problems.append(Problem("data.seq_len", d.seq_len, f"longer than model.max_position_embeddings({max_pos})", f"use data.seq_len<={max_pos} or raise model.max_position_embeddings"))
+    if not 0.0 < d.val_fraction < 1.0:
+        problems.append(Problem("data.val_fraction", d.val_fraction, "must be between 0 and 1", "use e.g. data.val_fraction=0.05"))
+    if d.source == DataSource.text:
+        problems += _text_path_problems(d.path)
+    return problems
+
+
+def _text_path_problems(path: str | None) -> list[Problem]:
+    if not path:
+        return [Problem("data.path", path, "data=text needs a path", "set data.path to a text file or a folder of .txt files")]
+    p = Path(path)
+    fix = "point data.path at a readable UTF-8 text file or a folder of .txt files"
+    if not p.exists():
+        return [Problem("data.path", path, "no such file or folder", fix)]
+    if p.is_dir() and not any(p.glob("*.txt")):
+        return [Problem("data.path", path, "folder holds no .txt files", fix)]
+    unreadable = [f for f in ([p] if p.is_file() else p.glob("*.txt")) if not os.access(f, os.R_OK)]
+    if unreadable:
+        return [Problem("data.path", path, f"not readable: {unreadable[0]}", fix)]
+    return []
+
+
+def trainer_problems(cfg) -> list[Problem]:
+    t = cfg.trainer
+    problems = []
+    for key in ("max_steps", "micro_batch_size", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+        if getattr(t, key) < 1:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", "use a positive integer"))
+    if t.warmup_steps < 0 or t.warmup_steps >= t.max_steps:
+        problems.append(Problem("trainer.warmup_steps", t.warmup_steps, f"must be >= 0 and below trainer.max_steps({t.max_steps})", "shorten the warm-up"))
+    if t.lr <= 0:
+        problems.append(Problem("trainer.lr", t.lr, "must be positive", "use e.g. trainer.lr=3e-4"))
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
+    if len(t.betas) != 2:
+        problems.append(Problem("trainer.betas", list(t.betas), "needs two values", "use e.g. trainer.betas=[0.9,0.95]"))
+    return problems
+
+
+def hardware_problems(cfg) -> list[Problem]:
+    name = cfg.hardware.gpu
+    if name and hw_table.lookup_gpu(name) is None:
+        return [unknown_gpu_problem(name)]
+    return []
+
+
+def tokenizer_problems(cfg) -> list[Problem]:
+    problem = check_tokenizer_path(str(cfg.tokenizer.path))
+    return [problem] if problem else []
+
+
+def unknown_key_problems(cfg) -> list[Problem]:
+    """Keys added with `+key=value` that no schema declares (Hydra lets `+` add anything)."""
+    import dataclasses
+
+    from tinytrain.config.schema import Config
+
+    known = {f.name for f in dataclasses.fields(Config)}
+    return [
+        Problem(key, cfg[key], "is not a tinytrain config key", f"remove it; top-level keys are {', '.join(sorted(known))}")
+        for key in cfg
+        if key not in known
+    ]
+
+
+def validate(cfg) -> None:
+    """Raise one ConfigError listing every problem found."""
+    problems = (
+        unknown_key_problems(cfg)
+        + model_problems(cfg)
+        + parallel_problems(cfg)
+        + data_problems(cfg)
+        + trainer_problems(cfg)
+        + hardware_problems(cfg)
+        + tokenizer_problems(cfg)
+    )
+    raise_if_any(problems)
