@@ -70,7 +70,7 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
             f"Fix: pick one of those, or add conf/{group}/{option}.yaml. {HINT}"
         )
     if isinstance(head, OverrideParseException):
-        return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value (quote lists: 'key=[a,b]'). {HINT}"
+        return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"
     if isinstance(head, ConfigCompositionException):
         for err in chain:
             full_key = getattr(err, "full_key", None)

@@ -32,7 +32,7 @@ def tokenizer_kind(path: str) -> str:
         if (p / "tokenizer.model").exists():
             return "sentencepiece"
         return "missing"
-    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not p.suffix
     return "hub" if looks_like_hub_id else "missing"
 
 

@@ -1,0 +1,82 @@
+"""Real CPU training through `python -m tinytrain`: outputs, fp16 loss scaling, DDP over gloo."""
+
+import csv
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def metrics(run_dir):
+    with (run_dir / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows, key):
+    return [float(r[key]) for r in rows if r.get(key)]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return run_dir, r
+
+
+def test_run_directory_holds_every_output(smoke_run):
+    run_dir, _ = smoke_run
+    for name in ("config_resolved.yaml", "plan.json", "metrics.csv", "loss_curve.png", "checkpoints/last.ckpt", "hf_export/config.json", "hf_export/tokenizer.json"):
+        assert (run_dir / name).exists(), name
+    assert (run_dir / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_metrics_are_logged(smoke_run):
+    rows = metrics(smoke_run[0])
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss"):
+        assert column(rows, key), key
+    assert max(column(rows, "lr")) <= 3e-3 * (1 + 1e-6)  # logged as float32
+
+
+def test_checkpoint_records_vocab_metadata(smoke_run):
+    ckpt = torch.load(smoke_run[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    meta = ckpt["tinytrain"]
+    assert (meta["true_vocab"], meta["padded_vocab"], meta["vocab_multiple"], meta["tp"]) == (4098, 4160, 64, 1)
+    assert len(meta["tokenizer_fingerprint"]) == 16
+    assert ckpt["state_dict"]["model.model.embed_tokens.weight"].shape[0] == 4160
+
+
+def test_export_has_true_vocab_rows(smoke_run):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smoke_run[0] / "hf_export")
+    assert model.config.vocab_size == 4098
+    assert model.get_input_embeddings().weight.shape[0] == 4098
+
+
+def test_summary_prints_first_and_last_loss(smoke_run):
+    assert "(first step) ->" in smoke_run[1].stdout
+    assert "vocab      4098 -> 4160" in smoke_run[1].stdout
+
+
+def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["experiment=smoke", "precision=fp16", "precision.loss_scale.initial_scale_power=10", "trainer.progress_bar=false"], run_dir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "precision  16-mixed" in r.stdout
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    # Lightning stores the GradScaler's state only when the fp16 plugin (not bf16) trained.
+    scaler = ckpt["MixedPrecision"]
+    assert scaler["scale"] <= 2.0**10 and scaler["growth_interval"] == 1000
+
+
+def test_ddp_two_processes_over_gloo(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2", "trainer.progress_bar=false"], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "world size 2 = tp 1 x dp 2" in r.stdout
+    assert (run_dir / "hf_export" / "config.json").exists()
+    assert len(column(metrics(run_dir), "loss")) > 0
