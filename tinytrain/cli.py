@@ -5,6 +5,7 @@ compose (Hydra) -> validate -> resolve -> plan -> build + fit (mode=train only).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -14,7 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.config.resolvers import register_resolvers
-from tinytrain.config.schema import Mode, register_schemas
+from tinytrain.config.schema import Mode, Strategy, register_schemas
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("tinytrain")
@@ -30,7 +31,7 @@ def is_rank_zero() -> bool:
 
 def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     from tinytrain.model import choose_attention, count_parameters, flash_attn_installed, hf_config, pretrained_config
-    from tinytrain.plan import build_plan, render_plan, write_plan
+    from tinytrain.plan import build_plan, memory_section, render_plan, write_plan
     from tinytrain.resolve import resolve
     from tinytrain.tokenizer import load_from_config
     from tinytrain.validate import validate
@@ -45,10 +46,25 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         model_config.use_cache = False
     else:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
-    plan = build_plan(cfg, resolved, count_parameters(model_config), attention, cfg.model.name)
+    params = count_parameters(model_config)
+    deepspeed = None
+    if cfg.parallel.strategy == Strategy.deepspeed:
+        from tinytrain import deepspeed_config
+
+        deepspeed = deepspeed_config.build(cfg.parallel, resolved.batch, resolved.precision, cfg.trainer.grad_clip)
+    init_from = None
+    if cfg.checkpoint.init_from:
+        from tinytrain.checkpoint import check_compatible, read
+
+        init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
+    memory = memory_section(cfg, resolved, model_config, params, attention)
+    plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
+    plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
     if is_rank_zero():
         run_dir.mkdir(parents=True, exist_ok=True)
         write_plan(plan, run_dir)
+        if deepspeed is not None:
+            (run_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed, indent=2) + "\n")
         (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         print(render_plan(plan), flush=True)
     if cfg.mode == Mode.plan:
@@ -58,7 +74,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
 
     from tinytrain.train import fit
 
-    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention)
+    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -1,23 +1,39 @@
-"""Hugging Face export: exactly len(tokenizer) embedding rows, config.vocab_size equal to it."""
+"""Hugging Face export from a tinytrain checkpoint: exactly len(tokenizer) rows, and
+config.vocab_size equal to it, whatever tp or strategy trained it."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
+
+import torch
+
+from tinytrain.checkpoint import MODULE_PREFIX, unpad_vocab, vocab_param_names
 
 log = logging.getLogger(__name__)
 
 
-def export_hf(model, tokenizer, true_vocab: int, out_dir: Path) -> Path:
-    """Unpad the (full, unsharded) model to the true vocab and save model + tokenizer.
+def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path) -> Path:
+    """`state_dict`: the HF model's full weights (padded or not). Saves model + tokenizer."""
+    from transformers import AutoModelForCausalLM
 
-    Resizes `model` in place: call it after training has finished with the weights.
-    """
-    padded = model.get_input_embeddings().weight.shape[0]
-    if padded != true_vocab:
-        model.resize_token_embeddings(true_vocab, mean_resizing=False)  # drops the padding rows
+    config = copy.deepcopy(model_config)
+    config.vocab_size = true_vocab
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    names = vocab_param_names(model)
+    unpad_vocab(state_dict, names, true_vocab)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    model.tie_weights()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    log.info("exported Hugging Face model to %s (vocab %d -> %d rows)", out_dir, padded, true_vocab)
+    log.info("exported Hugging Face model to %s (%d vocab rows)", out_dir, true_vocab)
     return out_dir
+
+
+def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path) -> Path:
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
+    return export_state_dict(state, model_config, tokenizer, true_vocab, out_dir)

@@ -8,6 +8,10 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
+from tinytrain.checkpoint import MODULE_PREFIX as checkpoint_prefix
+from tinytrain.checkpoint import repad_vocab, unpad_vocab, vocab_param_names
+from tinytrain.grad_norm import clip_grad_norm
+
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
     """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored). Padded vocab
@@ -36,12 +40,25 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 class CausalLMModule(pl.LightningModule):
-    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict):
+    """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
+    code, tinytrain/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
+    `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload."""
+
+    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
         self.true_vocab = true_vocab
         self.checkpoint_metadata = checkpoint_metadata
+        self.parallelize = parallelize
+        self.clip_in_module = clip_in_module
+        self.cpu_adam = cpu_adam
+        self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
+
+    def configure_model(self):
+        if self.parallelize is not None and not getattr(self, "_parallelized", False):
+            self.parallelize(self.model, self.device_mesh)
+            self._parallelized = True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits
@@ -59,16 +76,33 @@ class CausalLMModule(pl.LightningModule):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
         # (after loss-scale unscaling under fp16).
+        if not self.clip_in_module:
+            return
         max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
-        self.log("grad_norm", norm)
+        self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm))
 
     def configure_optimizers(self):
         t = self.t
-        fused = next(self.parameters()).is_cuda
-        opt = torch.optim.AdamW(param_groups(self.model, t.weight_decay), lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused)
+        groups = param_groups(self.model, t.weight_decay)
+        if self.cpu_adam:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
+        else:
+            p = next(self.parameters())
+            fused = p.is_cuda and not hasattr(p, "device_mesh")  # fused kernels need plain CUDA tensors
+            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, t.warmup_steps, t.max_steps, t.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The strategy has already gathered full tensors (only rank 0 holds them under
+        # fsdp_tp); unpadding comes second, so no shard loses rows.
+        unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
         checkpoint["tinytrain"] = dict(self.checkpoint_metadata)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning resumes load weights after this hook (single, ddp): re-pad for this run.
+        padded = self.model.get_input_embeddings().weight.shape[0]
+        if all(name in checkpoint["state_dict"] for name in self.vocab_names):
+            repad_vocab(checkpoint["state_dict"], self.vocab_names, padded)

@@ -9,11 +9,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tinytrain.memory import activation_memory, model_state_memory, plan_memory
 from tinytrain.model import AttentionChoice
 from tinytrain.resolve import Resolved
 
 
-def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionChoice, model_name: str) -> dict:
+def memory_section(cfg, resolved: Resolved, model_config, params_total: int, attention: AttentionChoice) -> dict:
+    h, layers = model_config.hidden_size, model_config.num_hidden_layers
+    largest_layer = max(resolved.vocab.padded * h, model_config.intermediate_size * h)
+    par = cfg.parallel
+    states = model_state_memory(
+        par.strategy.value, params_total, resolved.world_size, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, largest_layer
+    )
+    b = resolved.batch
+    acts = activation_memory(layers, h, model_config.num_attention_heads, b.seq_len, b.micro_batch_size, resolved.vocab.padded, par.tp, attention.implementation == "flash_attention_2")
+    return plan_memory(states, acts, resolved.hardware.memory_gb).to_dict()
+
+
+def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionChoice, model_name: str, memory: dict, deepspeed: dict | None) -> dict:
     hw = resolved.hardware
     b = resolved.batch
     return {
@@ -45,6 +58,8 @@ def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionC
         "tokens_per_step": b.tokens_per_step,
         "max_steps": cfg.trainer.max_steps,
         "total_tokens": b.tokens_per_step * cfg.trainer.max_steps,
+        "memory_per_gpu": memory,
+        "deepspeed": deepspeed,
     }
 
 
@@ -79,6 +94,20 @@ def render_plan(plan: dict) -> str:
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
+    m = plan["memory_per_gpu"]
+    lines.append(
+        f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "
+        f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
+    )
+    if plan.get("init_from"):
+        i = plan["init_from"]
+        lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
+    if plan["deepspeed"]:
+        ds = plan["deepspeed"]
+        zero = ds["zero_optimization"]
+        offload = [k.removeprefix("offload_") for k in ("offload_optimizer", "offload_param") if k in zero]
+        dtype = "bf16" if "bf16" in ds else "fp16" if "fp16" in ds else "fp32"
+        lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json")
     return "\n".join(lines)
 
 

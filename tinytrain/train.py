@@ -13,17 +13,6 @@ from tinytrain.resolve import Resolved, devices_per_node
 log = logging.getLogger(__name__)
 
 
-def checkpoint_metadata(cfg, resolved: Resolved, tokenizer) -> dict:
-    return {
-        "true_vocab": resolved.vocab.true,
-        "padded_vocab": resolved.vocab.padded,
-        "vocab_multiple": resolved.vocab.multiple,
-        "tp": resolved.vocab.tp,
-        "tokenizer_fingerprint": resolved.tokenizer_fingerprint,
-        "model": cfg.model.name,
-    }
-
-
 def quiet_lightning() -> None:
     """Keep Lightning's own console lines once (not again through Hydra's root handler) and drop
     notices that are not about this run."""
@@ -37,7 +26,31 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
-def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention) -> dict:
+def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention):
+    from tinytrain import checkpoint
+    from tinytrain.config.schema import Strategy
+    from tinytrain.model import build_model
+    from tinytrain.module import CausalLMModule
+    from tinytrain.tensor_parallel import parallelize
+
+    model = build_model(cfg.model, model_config, attention)
+    if cfg.checkpoint.init_from:
+        names = checkpoint.vocab_param_names(model)
+        state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
+        model.load_state_dict(state, strict=True)
+    strategy = cfg.parallel.strategy
+    return CausalLMModule(
+        model,
+        cfg.trainer,
+        resolved.vocab.true,
+        checkpoint.metadata(resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name),
+        parallelize=parallelize if strategy == Strategy.fsdp_tp else None,
+        clip_in_module=strategy != Strategy.deepspeed,
+        cpu_adam=strategy == Strategy.deepspeed and cfg.parallel.offload_optimizer,
+    )
+
+
+def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None) -> dict:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -45,18 +58,15 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     from tinytrain.callbacks.loss_summary import LossSummary
     from tinytrain.callbacks.throughput import TokensPerSecond
     from tinytrain.data import TokenDataModule
-    from tinytrain.model import build_model
-    from tinytrain.module import CausalLMModule
     from tinytrain.strategy import build_trainer_hardware
 
     quiet_lightning()
     t = cfg.trainer
     b = resolved.batch
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    model = build_model(cfg.model, model_config, attention)
-    module = CausalLMModule(model, t, resolved.vocab.true, checkpoint_metadata(cfg, resolved, tokenizer))
+    module = build_module(cfg, resolved, tokenizer, model_config, attention)
     data = TokenDataModule(cfg.data, tokenizer, b.micro_batch_size, cfg.seed, resolved.vocab.true)
-    hw = build_trainer_hardware(cfg, resolved.precision, on_gpu=not resolved.hardware.is_cpu, devices=devices_per_node(cfg))
+    hw = build_trainer_hardware(cfg, resolved.precision, not resolved.hardware.is_cpu, devices_per_node(cfg), b.data_parallel, deepspeed_config)
     summary = LossSummary()
     callbacks = [
         TokensPerSecond(b.micro_batch_size * b.accumulate_grad_batches * b.seq_len),
@@ -94,6 +104,9 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         default_root_dir=str(run_dir),
     )
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+    # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
+    final = run_dir / "checkpoints" / "final.ckpt"
+    trainer.save_checkpoint(final)
     val_loss = trainer.callback_metrics.get("val_loss")
     result = {
         "first_loss": summary.first,
@@ -101,18 +114,25 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         "val_loss": float(val_loss) if val_loss is not None else None,
     }
     if trainer.is_global_zero:
-        finish(cfg, run_dir, module, tokenizer, resolved, result)
+        finish(cfg, run_dir, final, model_config, tokenizer, resolved, result)
     return result
 
 
-def finish(cfg, run_dir: Path, module, tokenizer, resolved: Resolved, result: dict) -> None:
-    from tinytrain.export import export_hf
+def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, resolved: Resolved, result: dict) -> None:
+    from tinytrain.export import export_checkpoint
     from tinytrain.plot import plot_loss
 
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        export_hf(module.model, tokenizer, resolved.vocab.true, run_dir / "hf_export")
+        if final_checkpoint.is_dir():
+            # DeepSpeed writes a folder of partitions: consolidate to one fp32 state dict first.
+            from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+            consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
+            convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
+            final_checkpoint = consolidated
+        export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, run_dir / "hf_export")
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
     print(f"run directory: {run_dir}")

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 from tinytrain import hardware as hw_table
-from tinytrain.config.schema import DataSource, Strategy
+from tinytrain.config.schema import DataSource, Mode, Strategy
 from tinytrain.errors import Problem, raise_if_any
-from tinytrain.resolve import batch_problems, unknown_gpu_problem, world_size
+from tinytrain.resolve import batch_problems, devices_per_node, unknown_gpu_problem, world_size
 from tinytrain.tokenizer import check_tokenizer_path
 
 
@@ -38,17 +38,58 @@ def model_problems(cfg) -> list[Problem]:
 
 
 def parallel_problems(cfg) -> list[Problem]:
-    if cfg.parallel.tp > 1:
+    par = cfg.parallel
+    if par.tp > 1 and par.strategy != Strategy.fsdp_tp:
         # Batch arithmetic depends on tp, so it is checked once tp is possible at all.
-        return [Problem("parallel.tp", cfg.parallel.tp, f"parallel={cfg.parallel.name} has no tensor parallelism", "use parallel.tp=1")]
+        fix = "use parallel.tp=1, or parallel=fsdp_tp for tensor parallelism"
+        return [Problem("parallel.tp", par.tp, f"parallel={par.name} has no tensor parallelism", fix)]
     problems = []
     world = world_size(cfg)
+    if par.strategy == Strategy.deepspeed:
+        problems += deepspeed_problems(cfg)
+    if par.strategy == Strategy.fsdp_tp:
+        problems += fsdp_tp_problems(cfg, world)
     if cfg.parallel.strategy == Strategy.single and world > 1:
         problems.append(
             Problem("parallel", cfg.parallel.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1")
         )
     _, batch = batch_problems(cfg, world)
     return problems + batch
+
+
+def deepspeed_problems(cfg) -> list[Problem]:
+    par = cfg.parallel
+    problems = []
+    if par.zero_stage not in (1, 2, 3):
+        problems.append(Problem("parallel.zero_stage", par.zero_stage, "must be 1, 2 or 3", "pick parallel=zero1|zero2|zero3|zero2_offload|zero3_offload"))
+    if par.offload_params and par.zero_stage != 3:
+        problems.append(Problem("parallel.offload_params", True, f"parameter offload needs ZeRO stage 3 (got {par.zero_stage})", "use parallel=zero3_offload"))
+    if cfg.mode == Mode.train and _no_cuda():
+        problems.append(
+            Problem(
+                "parallel",
+                par.name,
+                "Lightning's DeepSpeedStrategy runs only on CUDA GPUs and this machine has none",
+                "plan it here with mode=plan hardware.gpu=A800 (or V100), train it on a GPU node, or use parallel=ddp on CPU",
+            )
+        )
+    return problems
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
+    par = cfg.parallel
+    problems = []
+    if par.dp is not None and par.dp * par.tp != world:
+        problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
+    if cfg.model.tie_word_embeddings:
+        problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
+    return problems
 
 
 def data_problems(cfg) -> list[Problem]:
@@ -105,6 +146,13 @@ def hardware_problems(cfg) -> list[Problem]:
     return []
 
 
+def checkpoint_problems(cfg) -> list[Problem]:
+    path = cfg.checkpoint.init_from
+    if path and not Path(path).is_file():
+        return [Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder")]
+    return []
+
+
 def tokenizer_problems(cfg) -> list[Problem]:
     problem = check_tokenizer_path(str(cfg.tokenizer.path))
     return [problem] if problem else []
@@ -134,5 +182,6 @@ def validate(cfg) -> None:
         + trainer_problems(cfg)
         + hardware_problems(cfg)
         + tokenizer_problems(cfg)
+        + checkpoint_problems(cfg)
     )
     raise_if_any(problems)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -41,6 +41,8 @@ class PrecisionRequest(Enum):
 class Strategy(Enum):
     single = "single"
     ddp = "ddp"
+    deepspeed = "deepspeed"  # ZeRO stages 1-3 (+ offload) through Lightning's DeepSpeedStrategy
+    fsdp_tp = "fsdp_tp"  # FSDP2 x tensor parallel through Lightning's ModelParallelStrategy
 
 
 class DataSource(Enum):
@@ -111,6 +113,23 @@ class ParallelConfig:
     name: str = "single"
     strategy: Strategy = Strategy.single
     tp: int = 1
+    # fsdp_tp: data-parallel (FSDP) size; null means world_size / tp.
+    dp: Optional[int] = None
+    # deepspeed: ZeRO stage and offload to CPU memory.
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # deepspeed: keys added to / replacing the generated DeepSpeed config (nested dicts merge).
+    deepspeed_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointConfig:
+    # A tinytrain .ckpt whose weights start this run; it may have been saved with any tp.
+    init_from: Optional[str] = None
+    # Accept a checkpoint trained with another tokenizer: rows are kept by id, new rows get the
+    # mean of the old ones and are listed in the log.
+    allow_tokenizer_change: bool = False
 
 
 @dataclass
@@ -175,6 +194,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

@@ -1,0 +1,92 @@
+"""Per-GPU memory estimate for the plan: model states by ZeRO stage / offload / TP, plus activations.
+
+Model states use DeepSpeed's accounting for mixed-precision Adam, per parameter:
+16-bit params 2 B, 16-bit grads 2 B, fp32 grads 4 B, fp32 master params 4 B, Adam moments 8 B
+(DeepSpeed's estimate_zero2/zero3_model_states_mem_needs: 2 + 18/N for ZeRO-2, 18/N + gathered
+layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 params, fp32 grads and
+the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations follow Korthikanti
+et al. (2022): 34 x seq x batch x hidden bytes per layer in 16-bit, plus 5 x heads x seq^2 x batch
+when attention scores are materialised (no flash-attention), divided by tp; and the logits
+(16-bit + fp32 for the loss) for the vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelStateMemory:
+    params: float  # bytes per GPU
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def model_state_memory(strategy: str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0, bytes_per_param_16: int = 2) -> ModelStateMemory:
+    """Bytes per GPU for parameters, gradients and optimizer state."""
+    p = float(params)
+    if strategy == "deepspeed":
+        n = world
+        opt = 0.0 if offload_optimizer else (4 + 8) * p / n  # fp32 master + moments, partitioned
+        if zero_stage == 1:
+            return ModelStateMemory(2 * p, 2 * p + (0.0 if offload_optimizer else 4 * p / n), opt)
+        if zero_stage == 2:
+            return ModelStateMemory(2 * p, 0.0 if offload_optimizer else (2 + 4) * p / n, opt)
+        gathered = 4.0 * largest_layer_params  # one layer's full weights live during its forward
+        params_mem = gathered + (0.0 if offload_params else 2 * p / n)
+        # Stage 3 keeps no separate full fp32 gradient: 16-bit grads + the fp32 partition (4 B),
+        # as DeepSpeed's estimator counts it (18 B/param over N with the 16-bit params).
+        return ModelStateMemory(params_mem, 0.0 if offload_optimizer else 4 * p / n, opt)
+    shards = tp * (world // tp if strategy == "fsdp_tp" else 1)
+    return ModelStateMemory(4 * p / shards, 4 * p / shards, 8 * p / shards)
+
+
+def activation_memory(layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool) -> float:
+    per_layer = 34.0 * seq * micro_batch * hidden
+    if not flash:
+        per_layer += 5.0 * heads * seq * seq * micro_batch
+    logits = seq * micro_batch * vocab * (2 + 4)
+    return (layers * per_layer + logits) / tp
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    total_gib: float
+    gpu_memory_gib: float | None
+    fits: bool | None
+    note: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None) -> MemoryPlan:
+    total = states.total + activations
+    gpu_gib = gpu_memory_gb * 1e9 / GIB if gpu_memory_gb else None
+    fits = None if gpu_gib is None else total <= gpu_gib
+    if gpu_gib is None:
+        note = "no GPU memory to compare with (CPU or unknown GPU)"
+    elif fits:
+        note = f"fits: {total / GIB:.1f} of {gpu_gib:.1f} GiB"
+    else:
+        note = f"does NOT fit: {total / GIB:.1f} GiB needed, {gpu_gib:.1f} GiB on the GPU; try a higher ZeRO stage, offload, tp, or a smaller micro batch"
+    return MemoryPlan(
+        round(states.params / GIB, 3),
+        round(states.grads / GIB, 3),
+        round(states.optimizer / GIB, 3),
+        round(activations / GIB, 3),
+        round(total / GIB, 3),
+        round(gpu_gib, 1) if gpu_gib else None,
+        fits,
+        note,
+    )
