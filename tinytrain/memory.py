@@ -73,7 +73,7 @@ class MemoryPlan:
 def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None) -> MemoryPlan:
     total = states.total + activations
     gpu_gib = gpu_memory_gb * 1e9 / GIB if gpu_memory_gb else None
-    fits = None if gpu_gib is None else total <= gpu_gib
+    fits = None if gpu_gib is None else total / GIB <= gpu_gib
     if gpu_gib is None:
         note = "no GPU memory to compare with (CPU or unknown GPU)"
     elif fits:

@@ -69,6 +69,15 @@ class CausalLMModule(pl.LightningModule):
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.clip_in_module:
+            return
+        # DeepSpeed clips inside its engine; report the norm it measured (pre-clip).
+        engine = getattr(self.trainer.strategy, "deepspeed_engine", None)
+        norm = engine.get_global_grad_norm() if engine is not None else None
+        if norm is not None:
+            self.log("grad_norm", float(norm))
+
     def validation_step(self, batch, batch_idx):
         loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
         self.log("val_loss", loss, prog_bar=True, sync_dist=True)

@@ -24,6 +24,9 @@ def quiet_lightning() -> None:
     # The CSV logger shares the run directory with plan.json and the resolved config on purpose.
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # fsdp_tp: the loss slices the gathered logits out of place, which is what FSDP2 asks for.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention):

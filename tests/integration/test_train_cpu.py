@@ -46,7 +46,9 @@ def test_checkpoint_records_vocab_metadata(smoke_run):
     meta = ckpt["tinytrain"]
     assert (meta["true_vocab"], meta["padded_vocab"], meta["vocab_multiple"], meta["tp"]) == (4098, 4160, 64, 1)
     assert len(meta["tokenizer_fingerprint"]) == 16
-    assert ckpt["state_dict"]["model.model.embed_tokens.weight"].shape[0] == 4160
+    # stored gathered and unpadded: exactly len(tokenizer) rows, re-padded by whoever loads it
+    assert ckpt["state_dict"]["model.model.embed_tokens.weight"].shape[0] == 4098
+    assert ckpt["state_dict"]["model.lm_head.weight"].shape[0] == 4098
 
 
 def test_export_has_true_vocab_rows(smoke_run):

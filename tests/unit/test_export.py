@@ -2,7 +2,7 @@
 
 import torch
 
-from tinytrain.export import export_hf
+from tinytrain.export import export_state_dict
 from tinytrain.model import choose_attention, hf_config
 from tinytrain.config.schema import Attention
 from tests.conftest import compose
@@ -21,7 +21,7 @@ def test_export_unpads_to_true_vocab(tmp_path, bundled_tokenizer):
     with torch.no_grad():
         before = model(input_ids=ids).logits[..., :n]
 
-    export_hf(model, tok, n, tmp_path / "hf")
+    export_state_dict(dict(model.state_dict()), model.config, tok, n, tmp_path / "hf")
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert reloaded.config.vocab_size == n

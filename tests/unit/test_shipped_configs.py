@@ -63,7 +63,7 @@ def test_group_option_plans(group, option, tmp_path):
     needs_shared = (group, option) in {("tokenizer", "llama2"), ("data", "text")}
     if needs_shared and not LLAMA2_TOKENIZER.exists():
         pytest.skip("../shared/data absent")
-    extra = ["cluster.devices=2"] if (group, option) == ("parallel", "ddp") else []
+    extra = ["cluster.devices=2"] if (group, option) in {("parallel", "ddp"), ("parallel", "fsdp_tp")} else []
     if (group, option) == ("precision", "bf16"):
         extra = ["hardware.gpu=A800"]
     p = plan([f"{group}={option}", *extra], tmp_path)

@@ -1,0 +1,121 @@
+"""Tensor parallelism on CPU (2 gloo processes) and checkpoints that survive a change of tp.
+
+The field bug: a 65535-row vocab could not be reloaded under another tp. Here the tokenizer has
+4097 tokens (odd, so not divisible by tp=2): padded to 4224 for tp=2, saved gathered-then-unpadded
+with 4097 rows, re-padded to 4160 for tp=1 and 4352 for a tp=4 plan.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, compose, run_cli
+from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
+from tinytrain.checkpoint import vocab_param_names, weights_for_run
+from tinytrain.cli import run_stages
+from tinytrain.model import AttentionChoice, build_model, hf_config
+from tinytrain.tokenizer import fingerprint, load_from_config
+from tinytrain.vocab import plan_vocab
+
+pytestmark = pytest.mark.slow
+TOKENS = f'tokenizer.add_special_tokens=["{ODD_TOKEN}"]'
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp2")
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29655"}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "tests.integration.tp_worker", str(out)], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    return out, torch.load(out / "tp2_result.pt", weights_only=False)
+
+
+def test_vocab_sharded_loss_equals_unsharded_loss(tp2):
+    _, result = tp2
+    assert result["loss_tp"] == pytest.approx(result["loss_ref"], abs=1e-5)
+    assert result["losses"][-1] < result["losses"][0]
+
+
+def test_saved_at_tp2_reloads_at_tp1_with_same_logits(tp2):
+    out, result = tp2
+    cfg = compose([*MODEL_OVERRIDES, TOKENS])
+    tok = load_from_config(cfg.tokenizer)
+    n = len(tok)
+    assert n % 2 == 1 and result["padded"] == 4224
+    ckpt = torch.load(out / "tp2.ckpt", weights_only=False)
+    assert ckpt["state_dict"]["model.model.embed_tokens.weight"].shape[0] == n  # stored unpadded
+    assert (ckpt["tinytrain"]["true_vocab"], ckpt["tinytrain"]["padded_vocab"], ckpt["tinytrain"]["tp"]) == (n, 4224, 2)
+
+    vocab_tp1 = plan_vocab(n, 64, 1)
+    model = build_model(cfg.model, hf_config(cfg.model, vocab_tp1.padded, tok), AttentionChoice("sdpa", "test"))
+    state = weights_for_run(str(out / "tp2.ckpt"), vocab_param_names(model), vocab_tp1, fingerprint(tok), False, tok)
+    model.load_state_dict(state, strict=True)
+    assert model.get_input_embeddings().weight.shape[0] == 4160
+    inputs, _ = fixed_batch(n)
+    with torch.no_grad():
+        logits = model(input_ids=inputs).logits[..., :n]
+    torch.testing.assert_close(logits, result["logits"], atol=1e-5, rtol=1e-5)
+
+
+def test_unpadding_shards_before_gathering_loses_rows(tp2):
+    out, result = tp2
+    ckpt = torch.load(out / "tp2.ckpt", weights_only=False)
+    correct = ckpt["state_dict"]["model.model.embed_tokens.weight"]
+    wrong = result["shard_first_rows"]
+    n = correct.shape[0]
+    assert wrong.shape[0] == n - 1  # the added token's row (id 4096) is gone
+    half = n // 2
+    assert torch.equal(wrong[:half], correct[:half])
+    # rank 1's shard starts at padded row 2112, not 2048: every later row is shifted.
+    assert not torch.allclose(wrong[half:], correct[half : n - 1])
+
+
+def test_tp4_plan_accepts_the_tp2_checkpoint(tp2, tmp_path):
+    out, _ = tp2
+    cfg = compose(["mode=plan", *MODEL_OVERRIDES, TOKENS, "parallel=fsdp_tp", "parallel.tp=4", "cluster.devices=4", f"checkpoint.init_from={out / 'tp2.ckpt'}"])
+    plan = run_stages(cfg, tmp_path)["plan"]
+    assert plan["vocab"]["padded"] == 4352 and plan["init_from"]["tp"] == 2 and plan["init_from"]["true_vocab"] == 4097
+
+
+def test_other_tokenizer_is_refused_unless_allowed(tp2, tmp_path):
+    from tinytrain.errors import ConfigError
+
+    out, _ = tp2
+    ckpt = f"checkpoint.init_from={out / 'tp2.ckpt'}"
+    chat = 'tokenizer.add_special_tokens=["<|odd|>","<|im_start|>","<|im_end|>"]'
+    with pytest.raises(ConfigError) as e:
+        run_stages(compose(["mode=plan", *MODEL_OVERRIDES, chat, ckpt]), tmp_path)
+    assert "another tokenizer" in str(e.value) and "allow_tokenizer_change" in str(e.value)
+
+    cfg = compose([*MODEL_OVERRIDES, chat])
+    tok = load_from_config(cfg.tokenizer)
+    vocab = plan_vocab(len(tok), 64, 1)
+    model = build_model(cfg.model, hf_config(cfg.model, vocab.padded, tok), AttentionChoice("sdpa", "test"))
+    state = weights_for_run(str(out / "tp2.ckpt"), vocab_param_names(model), vocab, fingerprint(tok), True, tok)
+    rows = state["model.embed_tokens.weight"]
+    assert rows.shape[0] == vocab.padded
+    torch.testing.assert_close(rows[4097], rows[4098])  # both new rows: the mean of the old ones
+    torch.testing.assert_close(rows[4097], rows[:4097].mean(0), atol=1e-6, rtol=1e-5)
+
+
+def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    common = ["experiment=smoke", "trainer.progress_bar=false", TOKENS, *MODEL_OVERRIDES]
+    r = run_cli([*common, "parallel=fsdp_tp", "cluster.devices=2"], tmp_path / "tp2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "vocab      4097 -> 4224 (multiple 64 x tp 2" in r.stdout
+    export = AutoModelForCausalLM.from_pretrained(tmp_path / "tp2" / "hf_export")
+    assert export.config.vocab_size == 4097 and export.get_output_embeddings().weight.shape[0] == 4097
+
+    final = tmp_path / "tp2" / "checkpoints" / "final.ckpt"
+    r = run_cli([*common, f"checkpoint.init_from={final}", "trainer.max_steps=2", "trainer.warmup_steps=1"], tmp_path / "tp1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "init from" in r.stdout and "re-padded to 4160 for tp 1" in r.stdout
