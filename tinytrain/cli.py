@@ -30,7 +30,8 @@ def is_rank_zero() -> bool:
 
 
 def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
-    from tinytrain.model import choose_attention, count_parameters, flash_attn_installed, hf_config, pretrained_config
+    from tinytrain.model import choose_attention, flash_attn_installed
+    from tinytrain.model_shape import parameter_count, shape_from_config
     from tinytrain.plan import build_plan, memory_section, render_plan, write_plan
     from tinytrain.resolve import resolve
     from tinytrain.tokenizer import load_from_config
@@ -41,12 +42,18 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     resolved = resolve(cfg, tokenizer)
     attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=not resolved.hardware.is_cpu)
     if cfg.model.pretrained:
+        from tinytrain.model import pretrained_config
+        from tinytrain.model_shape import shape_from_hf
+
         model_config = pretrained_config(cfg.model.pretrained)
         model_config.vocab_size = resolved.vocab.padded
-        model_config.use_cache = False
+        shape = shape_from_hf(model_config)
     else:
-        model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
-    params = count_parameters(model_config)
+        # The transformers config is built only to train: importing its modeling code would
+        # double the time of a plan.
+        model_config = None
+        shape = shape_from_config(cfg.model, resolved.vocab.padded)
+    params = parameter_count(shape)
     deepspeed = None
     if cfg.parallel.strategy == Strategy.deepspeed:
         from tinytrain import deepspeed_config
@@ -57,7 +64,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.checkpoint import check_compatible, read
 
         init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
-    memory = memory_section(cfg, resolved, model_config, params, attention)
+    memory = memory_section(cfg, resolved, shape, params, attention)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
     plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
     if is_rank_zero():
@@ -72,8 +79,12 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
             print(f"plan written to {run_dir / 'plan.json'}")
         return {"plan": plan}
 
+    from tinytrain.model import hf_config
     from tinytrain.train import fit
 
+    if model_config is None:
+        model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
+    model_config.use_cache = False
     return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed)
 
 

@@ -44,16 +44,6 @@ def pretrained_config(path: str):
     return AutoConfig.from_pretrained(path)
 
 
-def count_parameters(config) -> int:
-    """Parameter count without allocating weights (meta device); tied weights counted once."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())  # parameters() de-duplicates tied tensors
-
-
 @dataclass(frozen=True)
 class AttentionChoice:
     implementation: str

@@ -11,18 +11,18 @@ from pathlib import Path
 
 from tinytrain.memory import activation_memory, model_state_memory, plan_memory
 from tinytrain.model import AttentionChoice
+from tinytrain.model_shape import ModelShape
 from tinytrain.resolve import Resolved
 
 
-def memory_section(cfg, resolved: Resolved, model_config, params_total: int, attention: AttentionChoice) -> dict:
-    h, layers = model_config.hidden_size, model_config.num_hidden_layers
-    largest_layer = max(resolved.vocab.padded * h, model_config.intermediate_size * h)
+def memory_section(cfg, resolved: Resolved, shape: ModelShape, params_total: int, attention: AttentionChoice) -> dict:
     par = cfg.parallel
     states = model_state_memory(
-        par.strategy.value, params_total, resolved.world_size, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, largest_layer
+        par.strategy.value, params_total, resolved.world_size, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params
     )
     b = resolved.batch
-    acts = activation_memory(layers, h, model_config.num_attention_heads, b.seq_len, b.micro_batch_size, resolved.vocab.padded, par.tp, attention.implementation == "flash_attention_2")
+    flash = attention.implementation == "flash_attention_2"
+    acts = activation_memory(shape.layers, shape.hidden, shape.heads, b.seq_len, b.micro_batch_size, shape.vocab, par.tp, flash)
     return plan_memory(states, acts, resolved.hardware.memory_gb).to_dict()
 
 
