@@ -30,6 +30,7 @@ def is_rank_zero() -> bool:
 
 
 def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
+    from tinytrain.fast_paths import select_fast_paths
     from tinytrain.model import choose_attention, flash_attn_installed
     from tinytrain.model_shape import parameter_count, shape_from_config
     from tinytrain.plan import build_plan, memory_section, render_plan, write_plan
@@ -65,7 +66,9 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
 
         init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
     memory = memory_section(cfg, resolved, shape, params, attention)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
+    plan["fast_paths"] = fast.to_dict()
     plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
     if is_rank_zero():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +88,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if model_config is None:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     model_config.use_cache = False
-    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed)
+    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

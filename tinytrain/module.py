@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tinytrain.checkpoint import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint import repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.grad_norm import clip_grad_norm
+from tinytrain.lean_loss import chunked_lm_loss
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
@@ -44,7 +45,7 @@ class CausalLMModule(pl.LightningModule):
     code, tinytrain/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload."""
 
-    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False):
+    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -53,6 +54,8 @@ class CausalLMModule(pl.LightningModule):
         self.parallelize = parallelize
         self.clip_in_module = clip_in_module
         self.cpu_adam = cpu_adam
+        self.fused_adamw = fused_adamw
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
 
     def configure_model(self):
@@ -63,8 +66,15 @@ class CausalLMModule(pl.LightningModule):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits
 
+    def loss(self, batch) -> torch.Tensor:
+        if self.loss_chunk_tokens:
+            hidden = self.model.base_model(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
+            weight = self.model.get_output_embeddings().weight
+            return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
+        return causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+
     def training_step(self, batch, batch_idx):
-        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        loss = self.loss(batch)
         self.log("loss", loss, prog_bar=True)
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
@@ -79,7 +89,7 @@ class CausalLMModule(pl.LightningModule):
             self.log("grad_norm", float(norm))
 
     def validation_step(self, batch, batch_idx):
-        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        loss = self.loss(batch)
         self.log("val_loss", loss, prog_bar=True, sync_dist=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
@@ -98,9 +108,7 @@ class CausalLMModule(pl.LightningModule):
 
             opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
         else:
-            p = next(self.parameters())
-            fused = p.is_cuda and not hasattr(p, "device_mesh")  # fused kernels need plain CUDA tensors
-            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=fused)
+            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=self.fused_adamw or None)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, t.warmup_steps, t.max_steps, t.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 

@@ -99,6 +99,10 @@ def render_plan(plan: dict) -> str:
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
     )
+    if plan.get("fast_paths"):
+        f = plan["fast_paths"]
+        on = [k for k in ("fused_adamw", "compile", "activation_checkpointing") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
+        lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}")
     if plan.get("init_from"):
         i = plan["init_from"]
         lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tinytrain.fast_paths import FastPaths
+from tinytrain.model_shape import ModelShape
 from tinytrain.resolve import Resolved, devices_per_node
 
 log = logging.getLogger(__name__)
@@ -20,7 +22,8 @@ def quiet_lightning() -> None:
 
     lightning_log = logging.getLogger("lightning.pytorch")
     lightning_log.propagate = False
-    lightning_log.addFilter(lambda record: "Tip:" not in record.getMessage())
+    for handler in lightning_log.handlers:  # handler filters also see records of child loggers
+        handler.addFilter(lambda record: "Tip:" not in record.getMessage())
     # The CSV logger shares the run directory with plan.json and the resolved config on purpose.
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
@@ -29,7 +32,7 @@ def quiet_lightning() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention):
+def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths):
     from tinytrain import checkpoint
     from tinytrain.config.schema import Strategy
     from tinytrain.model import build_model
@@ -41,6 +44,10 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention):
         names = checkpoint.vocab_param_names(model)
         state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
         model.load_state_dict(state, strict=True)
+    if fast.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if fast.compile:
+        model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
     strategy = cfg.parallel.strategy
     return CausalLMModule(
         model,
@@ -50,29 +57,28 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention):
         parallelize=parallelize if strategy == Strategy.fsdp_tp else None,
         clip_in_module=strategy != Strategy.deepspeed,
         cpu_adam=strategy == Strategy.deepspeed and cfg.parallel.offload_optimizer,
+        fused_adamw=fast.fused_adamw,
+        loss_chunk_tokens=fast.loss_chunk_tokens,
     )
 
 
-def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None) -> dict:
+def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, extra_callbacks=()):
+    """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     from tinytrain.callbacks.loss_summary import LossSummary
-    from tinytrain.callbacks.throughput import TokensPerSecond
-    from tinytrain.data import TokenDataModule
+    from tinytrain.callbacks.throughput import ThroughputMonitor, peak_tflops
     from tinytrain.strategy import build_trainer_hardware
 
-    quiet_lightning()
     t = cfg.trainer
     b = resolved.batch
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, resolved, tokenizer, model_config, attention)
-    data = TokenDataModule(cfg.data, tokenizer, b.micro_batch_size, cfg.seed, resolved.vocab.true)
     hw = build_trainer_hardware(cfg, resolved.precision, not resolved.hardware.is_cpu, devices_per_node(cfg), b.data_parallel, deepspeed_config)
     summary = LossSummary()
+    throughput = ThroughputMonitor(shape, *peak_tflops(resolved.hardware, resolved.precision.value))
     callbacks = [
-        TokensPerSecond(b.micro_batch_size * b.accumulate_grad_batches * b.seq_len),
+        throughput,
         summary,
         # monitor="step" + mode="max" keeps the newest checkpoints; last.ckpt always points at the newest.
         ModelCheckpoint(
@@ -85,6 +91,7 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
             save_top_k=3,
             save_last=True,
         ),
+        *extra_callbacks,
     ]
     trainer = pl.Trainer(
         accelerator=hw.accelerator,
@@ -106,6 +113,19 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         enable_model_summary=False,
         default_root_dir=str(run_dir),
     )
+    return trainer, throughput, summary
+
+
+def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths) -> dict:
+    import lightning.pytorch as pl
+
+    from tinytrain.data import TokenDataModule
+
+    quiet_lightning()
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast)
+    data = TokenDataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, resolved.vocab.true)
+    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config)
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
     # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
     final = run_dir / "checkpoints" / "final.ckpt"
@@ -115,6 +135,7 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         "first_loss": summary.first,
         "last_loss": summary.last,
         "val_loss": float(val_loss) if val_loss is not None else None,
+        **throughput.summary(),
     }
     if trainer.is_global_zero:
         finish(cfg, run_dir, final, model_config, tokenizer, resolved, result)
@@ -138,4 +159,7 @@ def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, 
         export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, run_dir / "hf_export")
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
+    if result["tokens_per_s_per_device"]:
+        mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
+        print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
     print(f"run directory: {run_dir}")

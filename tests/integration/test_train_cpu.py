@@ -61,6 +61,8 @@ def test_export_has_true_vocab_rows(smoke_run):
 
 def test_summary_prints_first_and_last_loss(smoke_run):
     assert "(first step) ->" in smoke_run[1].stdout
+    assert "tokens/s per device after the first step; MFU omitted: no tensor-core peak for a CPU" in smoke_run[1].stdout
+    assert "first optimizer step done" in smoke_run[1].stdout + smoke_run[1].stderr
     assert "vocab      4098 -> 4160" in smoke_run[1].stdout
 
 
@@ -82,3 +84,14 @@ def test_ddp_two_processes_over_gloo(tmp_path):
     assert "world size 2 = tp 1 x dp 2" in r.stdout
     assert (run_dir / "hf_export" / "config.json").exists()
     assert len(column(metrics(run_dir), "loss")) > 0
+
+
+def test_lean_paths_train_the_same(smoke_run, tmp_path):
+    """Chunked cross-entropy from hidden states + activation checkpointing: same losses."""
+    run_dir = tmp_path / "run"
+    r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.loss_chunk_tokens=48", "trainer.activation_checkpointing=true"], run_dir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "chunked loss (48 tokens)" in r.stdout
+    ours, base = column(metrics(run_dir), "loss"), column(metrics(smoke_run[0]), "loss")
+    assert len(ours) == len(base) > 0
+    assert ours == pytest.approx(base, rel=1e-4)

@@ -1,30 +1,95 @@
-"""Tokens per second, per process, logged with the other metrics."""
+"""Tokens/s per device and model FLOPs utilisation (MFU), per step and for the whole run.
+
+FLOPs per batch come from tinytrain/flops.py (6 x matmul params per token + attention term,
+with packed documents' squared lengths when the batch carries position_ids). The peak is the
+hardware table's dense bf16 or fp16 figure for the resolved precision; without one (CPU, fp32,
+a GPU not in the table) MFU is omitted and the summary says why.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import lightning.pytorch as pl
 
+from tinytrain.flops import batch_flops, sum_squared_document_lengths
+from tinytrain.model_shape import ModelShape
 
-class TokensPerSecond(pl.Callback):
-    """Time between consecutive optimizer steps, over the tokens each step consumed.
+log = logging.getLogger(__name__)
 
-    Includes data loading and everything else the loop does, so it is what a user gets.
-    """
 
-    def __init__(self, tokens_per_step_per_process: int):
-        self.tokens = tokens_per_step_per_process
-        self._last: float | None = None
+def seconds_since_process_start() -> float:
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+def peak_tflops(hardware, precision_value: str) -> tuple[float | None, str]:
+    """(peak dense TFLOP/s per device, why) for MFU."""
+    if hardware.is_cpu:
+        return None, "MFU omitted: no tensor-core peak for a CPU"
+    if precision_value == "32-true":
+        return None, f"MFU omitted: fp32 on {hardware.name} has no dense peak in the hardware table"
+    peak = hardware.peak_bf16_tflops if precision_value == "bf16-mixed" else hardware.peak_fp16_tflops
+    if peak is None:
+        return None, f"MFU omitted: {hardware.name} is not in the hardware table (tinytrain/hardware.py)"
+    kind = "bf16" if precision_value == "bf16-mixed" else "fp16"
+    return peak, f"{kind} dense peak {peak:g} TFLOP/s ({hardware.name})"
+
+
+class ThroughputMonitor(pl.Callback):
+    """Measured between consecutive optimizer steps, so data loading, every hook and checkpoint
+    writes count: it is what a user gets. Validation is left out, and so is the first step
+    (warm-up, compilation) from the run summary."""
+
+    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str):
+        self.shape = shape
+        self.peak = peak_tflops_per_device
+        self.peak_note = peak_note
+        self._tokens = 0
+        self._flops = 0.0
+        self._last_time: float | None = None
         self._last_step = 0
+        self.run_tokens = 0
+        self.run_flops = 0.0
+        self.run_seconds = 0.0
+        self._paused = 0.0  # validation time inside the current step interval
+        self._validation_start: float | None = None
+
+    def on_validation_start(self, trainer, pl_module):
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self._validation_start is not None:
+            self._paused += time.perf_counter() - self._validation_start
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        ids = batch["input_ids"]
+        rows, seq = ids.shape
+        squares = sum_squared_document_lengths(batch["position_ids"]) if "position_ids" in batch else rows * seq * seq
+        self._tokens += rows * seq
+        self._flops += batch_flops(self.shape, rows * seq, squares)
         step = trainer.global_step
         if step == self._last_step:  # inside gradient accumulation
             return
         now = time.perf_counter()
-        if self._last is not None:
-            elapsed = now - self._last
-            steps = step - self._last_step
-            pl_module.log("tokens_per_s", self.tokens * steps / elapsed, prog_bar=True)
-        self._last, self._last_step = now, step
+        if step == 1:
+            log.info("first optimizer step done %.1f s after process start", seconds_since_process_start())
+        if self._last_time is not None:
+            elapsed = now - self._last_time - self._paused
+            pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
+            if self.peak:
+                pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
+            self.run_tokens += self._tokens
+            self.run_flops += self._flops
+            self.run_seconds += elapsed
+        self._tokens, self._flops, self._paused = 0, 0.0, 0.0
+        self._last_time, self._last_step = now, step
+
+    def summary(self) -> dict:
+        if self.run_seconds == 0:
+            return {"tokens_per_s_per_device": None, "mfu": None, "note": "too few steps to measure"}
+        tps = self.run_tokens / self.run_seconds
+        mfu = self.run_flops / self.run_seconds / (self.peak * 1e12) if self.peak else None
+        return {"tokens_per_s_per_device": tps, "mfu": mfu, "note": self.peak_note}

@@ -151,6 +151,12 @@ class TrainerConfig:
     val_batches: int = 8
     checkpoint_every_n_steps: int = 100
     progress_bar: bool = True
+    # Fast paths (tinytrain/fast_paths.py): torch.compile of the model; activation checkpointing
+    # (recompute layers in backward); cross-entropy from hidden states in chunks of this many
+    # tokens (null: on for vocabularies >= 65536, 0: off).
+    compile: bool = False
+    activation_checkpointing: bool = False
+    loss_chunk_tokens: Optional[int] = None
     export: bool = True
     plot: bool = True
 

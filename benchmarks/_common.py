@@ -1,0 +1,121 @@
+"""Shared set-up for the benchmarks: compose a config and resolve it the way `python -m tinytrain` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from tinytrain.config.resolvers import register_resolvers
+    from tinytrain.config.schema import register_schemas
+
+    register_resolvers()
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def setup(overrides: list[str]):
+    """(cfg, tokenizer, resolved, model_config, shape, fast, attention) for a run."""
+    from tinytrain.fast_paths import select_fast_paths
+    from tinytrain.model import choose_attention, flash_attn_installed, hf_config
+    from tinytrain.model_shape import shape_from_config
+    from tinytrain.resolve import resolve
+    from tinytrain.tokenizer import load_from_config
+
+    cfg = compose(overrides)
+    tokenizer = load_from_config(cfg.tokenizer)
+    resolved = resolve(cfg, tokenizer)
+    on_gpu = not resolved.hardware.is_cpu
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu)
+    model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
+    shape = shape_from_config(cfg.model, resolved.vocab.padded)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu, resolved.vocab.padded)
+    return cfg, tokenizer, resolved, model_config, shape, fast, attention
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def synthetic_batches(n: int, vocab: int, micro: int, seq: int) -> list[dict]:
+    """n batches' worth of random token rows (throughput does not depend on the text)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, vocab, (n * micro, seq + 1), generator=g)
+    return [{"input_ids": row[:-1], "labels": row[1:]} for row in data]
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmup: int, autocast_dtype=None, scheduler=None) -> list[float]:
+    """A raw PyTorch loop: forward, loss, backward, clip, step; seconds per step after warm-up."""
+    import time
+
+    import torch
+
+    from tinytrain.module import causal_lm_loss
+
+    device = next(model.parameters()).device
+    times, last = [], None
+    for batch in loader:
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = model(input_ids=batch["input_ids"].to(device), use_cache=False).logits
+            loss = causal_lm_loss(logits, batch["labels"].to(device), true_vocab)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        now = time.perf_counter()
+        if last is not None:
+            times.append(now - last)
+        last = now
+    return times[warmup:]
+
+
+def tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, warmup: int) -> list[float]:
+    """The real tinytrain path (build_module + build_trainer) over `loader`; seconds per step."""
+    import tempfile
+    import time
+
+    import lightning.pytorch as pl
+    import torch
+
+    from tinytrain.train import build_module, build_trainer, quiet_lightning
+
+    class StepTimer(pl.Callback):
+        def __init__(self):
+            self.times, self.last = [], None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            _sync(pl_module.device)
+            now = time.perf_counter()
+            if self.last is not None:
+                self.times.append(now - self.last)
+            self.last = now
+
+    quiet_lightning()
+    torch.manual_seed(cfg.seed)
+    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast)
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer, _, _ = build_trainer(cfg, Path(run_dir), resolved, shape, None, extra_callbacks=[timer])
+        trainer.fit(module, train_dataloaders=loader)
+    return timer.times[warmup:]

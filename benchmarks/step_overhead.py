@@ -1,0 +1,57 @@
+"""tinytrain's training step vs a raw PyTorch loop: same tiny Llama, batch, AdamW, clipping, CPU.
+
+The tinytrain side is the real thing: the LightningModule and the Trainer that `fit` builds
+(tinytrain.train.build_module / build_trainer, with its callbacks and CSV logging). The raw side
+is forward, loss, backward, clip_grad_norm_, AdamW step, scheduler step, zero_grad. Both iterate
+an identical DataLoader; a step is timed from one batch to the next. Raw runs before and after
+tinytrain and its median is taken over both blocks (this machine is noisy).
+
+    python benchmarks/step_overhead.py [--steps 40] [--warmup 5]
+Target: ratio <= 1.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from _common import median, raw_steps, setup, synthetic_batches, tinytrain_steps
+
+OVERRIDES = ["trainer.micro_batch_size=8", "data.seq_len=256", "trainer.progress_bar=false", "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000"]
+
+
+def raw_block(model_config, cfg, true_vocab, loader, warmup: int) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    from tinytrain.module import param_groups, warmup_cosine
+
+    t = cfg.trainer
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
+    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=tuple(t.betas), eps=t.eps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, t.warmup_steps, t.max_steps, t.min_lr_ratio))
+    return raw_steps(model, opt, loader, true_vocab, t.grad_clip, warmup, scheduler=sched)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    n = args.steps + args.warmup + 1
+    cfg, tokenizer, resolved, model_config, shape, fast, attention = setup([*OVERRIDES, f"trainer.max_steps={n}", "trainer.warmup_steps=2"])
+    micro, seq = resolved.batch.micro_batch_size, resolved.batch.seq_len
+    loader = torch.utils.data.DataLoader(synthetic_batches(n, resolved.vocab.true, micro, seq), batch_size=micro, shuffle=False)
+    print(f"model {cfg.model.name} ({shape.hidden}x{shape.layers}), batch {micro}x{seq}, {args.steps} timed steps after {args.warmup} warm-up, {torch.get_num_threads()} threads")
+    raw_a = raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)
+    ours = tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, args.warmup)
+    raw_b = raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)
+    raw, tt = median(raw_a + raw_b), median(ours)
+    print(f"raw PyTorch loop    median step {raw * 1000:8.1f} ms  (blocks: {median(raw_a) * 1000:.1f} / {median(raw_b) * 1000:.1f} ms)")
+    print(f"tinytrain (Trainer) median step {tt * 1000:8.1f} ms")
+    print(f"ratio tinytrain / raw = {tt / raw:.3f}  (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
