@@ -47,6 +47,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.model_shape import shape_from_hf
 
         model_config = pretrained_config(cfg.model.pretrained)
+        model_config.saved_vocab_size = model_config.vocab_size  # what preflight checks the weights against
         model_config.vocab_size = resolved.vocab.padded
         shape = shape_from_hf(model_config)
     else:
@@ -65,10 +66,12 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.checkpoint import check_compatible, read
 
         init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
+    preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config)
     memory = memory_section(cfg, resolved, shape, params, attention)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
     plan["fast_paths"] = fast.to_dict()
+    plan["preflight"] = {"findings": preflight, "untrained_rows": [r.describe() for r in untrained], "fix": fix or None}
     plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
     if is_rank_zero():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,30 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if model_config is None:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     model_config.use_cache = False
-    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast)
+    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix))
+
+
+def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config):
+    """Findings (raises on errors), untrained rows found in pretrained weights, and the fix to apply."""
+    from tinytrain import preflight
+    from tinytrain.embedding_health import candidate_token_ids, find_untrained, pretrained_tables
+
+    findings = preflight.special_token_findings(cfg, tokenizer, resolved.vocab.padded)
+    tables = {}
+    if cfg.model.pretrained:
+        tables = pretrained_tables(cfg.model.pretrained)
+        rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
+        findings += preflight.pretrained_findings(cfg, tokenizer, pretrained_hf_config, rows)
+    untrained, fix = [], ""
+    if tables:
+        candidates = candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens)
+        untrained = find_untrained(tables, candidates, min(len(tokenizer), min(t.shape[0] for t in tables.values())))
+        used = {tokenizer.convert_tokens_to_ids(t) for t in cfg.tokenizer.add_special_tokens} | {tokenizer.eos_token_id}
+        found, fix = preflight.untrained_findings(cfg, untrained, used)
+        findings += found
+    unfixed = [] if fix else untrained
+    findings += preflight.precision_findings(cfg, resolved.precision.value, unfixed, packed=False)
+    return preflight.report(findings), untrained, fix
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -98,6 +124,8 @@ def hydra_main(cfg: DictConfig):
     from tinytrain.errors import ConfigError
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from tinytrain.guard_report import TrainingStopped
+
     try:
         result = run_stages(cfg, run_dir)
     except ConfigError as e:
@@ -105,6 +133,11 @@ def hydra_main(cfg: DictConfig):
             raise
         print(f"{e.render()}\n(set HYDRA_FULL_ERROR=1 for the traceback)", file=sys.stderr)
         sys.exit(2)
+    except TrainingStopped as e:
+        if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
+            raise
+        print(str(e), file=sys.stderr)
+        sys.exit(3)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss")
 

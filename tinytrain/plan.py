@@ -103,6 +103,11 @@ def render_plan(plan: dict) -> str:
         f = plan["fast_paths"]
         on = [k for k in ("fused_adamw", "compile", "activation_checkpointing") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
         lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}")
+    pf = plan.get("preflight")
+    if pf:
+        warnings = [f for f in pf["findings"] if f["severity"] == "warn"]
+        fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""
+        lines.append(f"preflight  {'ok' if not warnings else str(len(warnings)) + ' warning(s): ' + ' | '.join(w['message'] for w in warnings)}{fixed}")
     if plan.get("init_from"):
         i = plan["init_from"]
         lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")

@@ -53,6 +53,9 @@ def vocab_plan(cfg, true_vocab: int) -> VocabPlan:
     if OmegaConf.is_interpolation(cfg.model, "vocab_size"):
         return derived
     explicit = cfg.model.vocab_size
+    if explicit < true_vocab and cfg.preflight.vocab.value != "error":
+        log.warning("preflight vocab: model.vocab_size=%d < len(tokenizer)=%d; using the derived %s (preflight.vocab=%s)", explicit, true_vocab, derived.describe(), cfg.preflight.vocab.value)
+        return derived
     if explicit < true_vocab:
         raise ConfigError(
             Problem(
@@ -60,7 +63,8 @@ def vocab_plan(cfg, true_vocab: int) -> VocabPlan:
                 explicit,
                 f"smaller than the tokenizer: len(tokenizer) is {true_vocab} (added tokens included), so token ids "
                 f"up to {true_vocab - 1} would index past the embedding",
-                f"remove the override to derive it ({derived.describe()}) or set model.vocab_size>={true_vocab}",
+                f"remove the override to derive it ({derived.describe()}) or set model.vocab_size>={true_vocab} "
+                "(preflight.vocab=warn uses the derived size instead)",
             )
         )
     if explicit % cfg.parallel.tp:

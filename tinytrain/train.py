@@ -32,7 +32,7 @@ def quiet_lightning() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths):
+def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained_fix: str = ""):
     from tinytrain import checkpoint
     from tinytrain.config.schema import Strategy
     from tinytrain.model import build_model
@@ -44,6 +44,8 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         names = checkpoint.vocab_param_names(model)
         state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
         model.load_state_dict(state, strict=True)
+    if untrained_fix:
+        fix_untrained_rows(model, tokenizer, cfg, resolved.vocab.true, noisy=untrained_fix == "noisy_mean")
     if fast.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:
@@ -62,7 +64,30 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
     )
 
 
-def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, extra_callbacks=()):
+def fix_untrained_rows(model, tokenizer, cfg, true_vocab: int, noisy: bool) -> None:
+    """The preflight's fix, on the weights this run will train (after any resize)."""
+    from tinytrain.embedding_health import candidate_token_ids, find_untrained, fix_rows, vocab_tables
+
+    tables = vocab_tables(model)
+    rows = find_untrained(tables, candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens), true_vocab)
+    fix_rows(tables, rows, true_vocab, noisy, seed=cfg.seed)
+
+
+def guard_callbacks(cfg, run_dir: Path, untrained_rows: list) -> list:
+    from tinytrain.callbacks.grad_spike import GradSpikeMonitor
+    from tinytrain.callbacks.loss_scale_guard import LossScaleGuard
+    from tinytrain.callbacks.nonfinite_guard import NonFiniteGuard
+
+    g = cfg.guard
+    nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints")
+    return [
+        nonfinite,
+        LossScaleGuard(g.loss_scale_halvings, float(cfg.precision.loss_scale.min_scale), untrained_rows, nonfinite),
+        GradSpikeMonitor(g.grad_spike_factor, g.grad_spike_warmup, run_dir / "grad_spikes.jsonl"),
+    ]
+
+
+def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), extra_callbacks=()):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -80,6 +105,7 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
     callbacks = [
         throughput,
         summary,
+        *guard_callbacks(cfg, run_dir, list(untrained_rows)),
         # monitor="step" + mode="max" keeps the newest checkpoints; last.ckpt always points at the newest.
         ModelCheckpoint(
             dirpath=run_dir / "checkpoints",
@@ -116,16 +142,18 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
     return trainer, throughput, summary
 
 
-def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths) -> dict:
+def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths, untrained: tuple = ([], "")) -> dict:
     import lightning.pytorch as pl
 
     from tinytrain.data import TokenDataModule
 
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast)
+    untrained_rows, untrained_fix = untrained
+    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained_fix)
     data = TokenDataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, resolved.vocab.true)
-    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config)
+    # Rows the preflight was told to leave alone are what the loss-scale guard will name.
+    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows)
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
     # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
     final = run_dir / "checkpoints" / "final.ckpt"

@@ -45,6 +45,25 @@ class Strategy(Enum):
     fsdp_tp = "fsdp_tp"  # FSDP2 x tensor parallel through Lightning's ModelParallelStrategy
 
 
+class CheckLevel(Enum):
+    error = "error"  # stop before training
+    warn = "warn"  # report and go on
+    off = "off"
+
+
+class UntrainedPolicy(Enum):
+    auto = "auto"  # mean when the run uses the tokens (added/template/EOS), else warn
+    mean = "mean"  # rewrite the rows with the mean of the trained rows
+    noisy_mean = "noisy_mean"  # the mean plus noise of 1/10 the rows' std
+    error = "error"
+    warn = "warn"
+
+
+class NonFinitePolicy(Enum):
+    skip = "skip"  # skip the step (the GradScaler/DeepSpeed behaviour), up to guard.max_consecutive_skips
+    stop = "stop"  # save the last good state and exit with the diagnosis
+
+
 class DataSource(Enum):
     pydoc = "pydoc"  # the pydoc_data.topics corpus that ships with every CPython
     text = "text"  # a UTF-8 text file (documents split by blank lines) or a folder of them
@@ -72,6 +91,8 @@ class ModelConfig:
     vocab_size: int = "${tt.padded_vocab:}"  # type: ignore[assignment]
     # A local Hugging Face model folder to fine-tune; null trains from scratch.
     pretrained: Optional[str] = None
+    # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
+    untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto
 
 
 @dataclass
@@ -121,6 +142,33 @@ class ParallelConfig:
     offload_params: bool = False
     # deepspeed: keys added to / replacing the generated DeepSpeed config (nested dicts merge).
     deepspeed_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PreflightConfig:
+    """Each preflight check's severity: error stops the run, warn reports, off skips."""
+
+    vocab: CheckLevel = CheckLevel.error  # model.vocab_size below len(tokenizer); warn: use the derived size
+    special_tokens: CheckLevel = CheckLevel.error  # every special-token id inside the embedding
+    pretrained_vocab: CheckLevel = CheckLevel.error  # pretrained config vocab vs its weight shapes
+    positions: CheckLevel = CheckLevel.error  # seq_len vs a pretrained model's max positions / RoPE
+    data_vocab: CheckLevel = CheckLevel.error  # largest token id in the data vs len(tokenizer)
+    untrained_embeddings: CheckLevel = CheckLevel.warn  # see model.untrained_tokens for the fix
+    precision_risk: CheckLevel = CheckLevel.error  # fp16 with untrained rows; fp16 on fragile models
+
+
+@dataclass
+class GuardConfig:
+    """Runtime guards (tinytrain/callbacks/*_guard.py)."""
+
+    nonfinite: NonFinitePolicy = NonFinitePolicy.skip
+    max_consecutive_skips: int = 3
+    # fp16: stop when the loss scale halves this many steps in a row, or falls below
+    # precision.loss_scale.min_scale.
+    loss_scale_halvings: int = 8
+    # grad-norm spike events: norm above factor x running average, after warmup steps.
+    grad_spike_factor: float = 5.0
+    grad_spike_warmup: int = 20
 
 
 @dataclass
@@ -201,6 +249,8 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

@@ -1,0 +1,87 @@
+"""Runtime guards on real CPU training: non-finite gradients named by layer, loss-scale collapse
+explained (real fp16 autocast + GradScaler through the MixedPrecision plugin), grad-norm spikes."""
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import compose, run_cli
+from tinytrain.guard_report import TrainingStopped
+
+pytestmark = pytest.mark.slow
+LAYER = "model.model.layers.1.mlp.down_proj.weight"
+SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "data.seq_len=32", "trainer.micro_batch_size=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.val_every_n_steps=1000", "trainer.checkpoint_every_n_steps=1000"]
+
+
+def train(overrides, run_dir, corrupt=None, steps=8):
+    """Train in-process through tinytrain's own module, guards and Trainer; `corrupt(step, grad)`
+    may rewrite the gradient of LAYER."""
+    from tinytrain.fast_paths import select_fast_paths
+    from tinytrain.model import AttentionChoice, hf_config
+    from tinytrain.model_shape import shape_from_config
+    from tinytrain.resolve import resolve
+    from tinytrain.tokenizer import load_from_config
+    from tinytrain.train import build_module, build_trainer, quiet_lightning
+
+    cfg = compose([*SMALL, f"trainer.max_steps={steps}", *overrides])
+    tok = load_from_config(cfg.tokenizer)
+    resolved = resolve(cfg, tok)
+    quiet_lightning()
+    torch.manual_seed(0)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
+    module = build_module(cfg, resolved, tok, hf_config(cfg.model, resolved.vocab.padded, tok), AttentionChoice("sdpa", "test"), fast)
+    if corrupt is not None:
+        param = dict(module.named_parameters())[LAYER]
+        param.register_hook(lambda g: corrupt(module.trainer.global_step, g))
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 4000, (steps * 2, 33), generator=g)
+    loader = torch.utils.data.DataLoader([{"input_ids": r[:-1], "labels": r[1:]} for r in rows], batch_size=2)
+    trainer, _, _ = build_trainer(cfg, run_dir, resolved, shape_from_config(cfg.model, resolved.vocab.padded), None)
+    trainer.fit(module, train_dataloaders=loader)
+    return module, trainer
+
+
+def test_vocab_mismatch_stops_before_the_first_step(tmp_path):
+    r = run_cli(["model.vocab_size=4000", "trainer.progress_bar=false"], tmp_path / "run")
+    assert r.returncode == 2
+    assert "model.vocab_size=4000" in r.stderr and "len(tokenizer) is 4096" in r.stderr
+    assert not (tmp_path / "run" / "metrics.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_injected_nan_is_named_by_layer_and_stops_with_last_good_state(tmp_path):
+    nan_at_step_3 = lambda step, grad: grad * float("nan") if step == 3 else grad  # noqa: E731
+    with pytest.raises(TrainingStopped) as e:
+        train(["guard.nonfinite=stop"], tmp_path, corrupt=nan_at_step_3)
+    msg = str(e.value)
+    assert f"step 3: first non-finite gradient (forward order) in {LAYER}" in msg, msg
+    assert "guard.nonfinite=stop" in msg
+    good = torch.load(tmp_path / "checkpoints" / "last_good.ckpt", weights_only=False)
+    assert good["global_step"] == 3 and all(torch.isfinite(v).all() for v in good["state_dict"].values())
+
+
+def test_skip_policy_skips_then_stops_after_too_many(tmp_path):
+    always_nan = lambda step, grad: grad * float("nan") if step >= 2 else grad  # noqa: E731
+    with pytest.raises(TrainingStopped) as e:
+        train(["guard.max_consecutive_skips=2"], tmp_path, corrupt=always_nan)
+    assert "3 consecutive non-finite steps" in str(e.value)
+    good = torch.load(tmp_path / "checkpoints" / "last_good.ckpt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in good["state_dict"].values())  # skipped steps changed nothing
+
+
+def test_fp16_loss_scale_collapse_is_explained(tmp_path):
+    # Real fp16: an overflowing gradient in one layer makes GradScaler halve the scale every step.
+    overflow = lambda step, grad: grad * float("inf") if step >= 1 else grad  # noqa: E731
+    with pytest.raises(TrainingStopped) as e:
+        train(["precision=fp16", "precision.loss_scale.initial_scale_power=12", "guard.loss_scale_halvings=4", "guard.max_consecutive_skips=100"], tmp_path, corrupt=overflow, steps=20)
+    msg = str(e.value)
+    assert "fp16 loss scale collapsed" in msg and "4 halvings in a row" in msg
+    assert "gradient overflow first seen in" in msg and "layers.1.mlp.down_proj" in msg
+    assert "model.untrained_tokens=mean" in msg and "bf16" in msg
+
+
+def test_grad_norm_spike_is_logged_as_an_event(tmp_path):
+    spike = lambda step, grad: grad * 1e4 if step == 12 else grad  # noqa: E731
+    train(["guard.grad_spike_warmup=3"], tmp_path, corrupt=spike, steps=16)
+    events = [json.loads(line) for line in (tmp_path / "grad_spikes.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == [13] and events[0]["ratio"] > 5  # logged after optimizer step 12

@@ -1,0 +1,106 @@
+"""Each preflight check: a setup that triggers it and a healthy one that passes."""
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import compose
+from tinytrain.cli import run_stages
+from tinytrain.errors import ConfigError
+from tinytrain.preflight import special_token_findings
+
+CHAT = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
+TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.max_position_embeddings=256"]
+
+
+@pytest.fixture(scope="module")
+def yi_like(tmp_path_factory):
+    """A tiny 'pretrained' Llama whose <|im_start|>/<|im_end|> rows were never trained (~0)."""
+    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.tokenizer import load_from_config
+
+    cfg = compose([*TINY, CHAT])
+    tok = load_from_config(cfg.tokenizer)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, hf_config(cfg.model, len(tok), tok), AttentionChoice("sdpa", "test"))
+    with torch.no_grad():
+        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            table[4096:4098] *= 1e-4
+    folder = tmp_path_factory.mktemp("yi_like")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def plan(overrides, tmp_path):
+    return run_stages(compose(["mode=plan", *overrides]), tmp_path)["plan"]
+
+
+def test_healthy_setup_passes(tmp_path):
+    p = plan([*TINY, CHAT], tmp_path)
+    assert p["preflight"] == {"findings": [], "untrained_rows": [], "fix": None}
+
+
+def test_special_tokens_outside_the_embedding(bundled_tokenizer):
+    cfg = compose([])
+    found = special_token_findings(cfg, bundled_tokenizer, rows=2)
+    assert {f.check for f in found} == {"special_tokens"} and any("'<pad>'" in f.message for f in found)
+    assert special_token_findings(cfg, bundled_tokenizer, rows=4096) == []
+    assert special_token_findings(compose(["preflight.special_tokens=off"]), bundled_tokenizer, rows=2) == []
+
+
+def test_vocab_below_tokenizer_stops_or_is_derived_when_relaxed(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan(["model.vocab_size=4000"], tmp_path)
+    assert "4000" in str(e.value) and "4096" in str(e.value)
+    assert plan(["model.vocab_size=4000", "preflight.vocab=warn"], tmp_path)["vocab"]["padded"] == 4096
+
+
+def test_untrained_rows_are_fixed_by_default(yi_like, tmp_path):
+    p = plan([*TINY, CHAT, f"model.pretrained={yi_like}"], tmp_path)
+    assert p["preflight"]["fix"] == "mean"
+    assert {r.split(" (")[0] for r in p["preflight"]["untrained_rows"]} == {"'<|im_start|>'", "'<|im_end|>'"}
+
+
+def test_untrained_rows_policy_error_and_warn(yi_like, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan([*TINY, CHAT, f"model.pretrained={yi_like}", "model.untrained_tokens=error"], tmp_path)
+    assert "<|im_start|>" in str(e.value) and "model.untrained_tokens=mean" in str(e.value)
+    p = plan([*TINY, CHAT, f"model.pretrained={yi_like}", "model.untrained_tokens=warn"], tmp_path)
+    assert [f["check"] for f in p["preflight"]["findings"]] == ["untrained_embeddings"] and p["preflight"]["fix"] is None
+
+
+def test_fp16_with_untrained_rows_is_a_precision_risk(yi_like, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan([*TINY, CHAT, f"model.pretrained={yi_like}", "model.untrained_tokens=warn", "precision=fp16"], tmp_path)
+    assert "[preflight precision_risk]" in str(e.value) and "'<|im_end|>'" in str(e.value) and "bf16" in str(e.value)
+    # fixed rows remove the risk
+    assert plan([*TINY, CHAT, f"model.pretrained={yi_like}", "precision=fp16"], tmp_path)["preflight"]["fix"] == "mean"
+
+
+def test_fp16_on_a_fragile_model_warns(tmp_path):
+    p = plan(["model=tinyllama_1b", "precision=fp16"], tmp_path)
+    assert [f["check"] for f in p["preflight"]["findings"]] == ["precision_risk"]
+    assert "NaN grad_norm" in p["preflight"]["findings"][0]["message"]
+    assert plan(["model=tinyllama_1b", "precision=fp16", "preflight.precision_risk=off"], tmp_path)["preflight"]["findings"] == []
+
+
+def test_pretrained_config_vocab_disagreeing_with_weights(yi_like, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(yi_like, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["vocab_size"] = 5000
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as e:
+        plan([*TINY, CHAT, f"model.pretrained={broken}"], tmp_path)
+    assert "[preflight pretrained_vocab]" in str(e.value) and "5000" in str(e.value) and "4098" in str(e.value)
+
+
+def test_seq_len_beyond_pretrained_positions(yi_like, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan([*TINY, CHAT, f"model.pretrained={yi_like}", "data.seq_len=512"], tmp_path)
+    assert "[preflight positions]" in str(e.value) and "(256)" in str(e.value)
+    assert plan([*TINY, CHAT, f"model.pretrained={yi_like}", "data.seq_len=256"], tmp_path)["batch"]["seq_len"] == 256

@@ -1,0 +1,51 @@
+"""Loss-scale collapse: stop with the likely cause and the fixes instead of DeepSpeed's
+"Current loss scale already at minimum" or a GradScaler quietly scaling toward zero."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+
+from tinytrain.guard_report import TrainingStopped, current_loss_scale
+
+log = logging.getLogger(__name__)
+
+
+class LossScaleGuard(pl.Callback):
+    def __init__(self, max_consecutive_halvings: int, floor: float, untrained_rows: list, nonfinite_guard=None):
+        self.max_halvings = max_consecutive_halvings
+        self.floor = floor
+        self.untrained_rows = untrained_rows  # what preflight saw and was told not to fix
+        self.nonfinite_guard = nonfinite_guard  # names the layer of the last overflow
+        self.previous: float | None = None
+        self.halvings = 0
+        self.start: float | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        scale = current_loss_scale(trainer)
+        if scale is None:
+            return
+        if self.start is None:
+            self.start = scale
+        self.halvings = self.halvings + 1 if self.previous is not None and scale < self.previous else 0
+        self.previous = scale
+        pl_module.log("loss_scale", scale)
+        if self.halvings >= self.max_halvings or scale < self.floor:
+            raise TrainingStopped(self.diagnosis(trainer.global_step, scale))
+
+    def diagnosis(self, step: int, scale: float) -> str:
+        what = f"{self.halvings} halvings in a row" if self.halvings >= self.max_halvings else f"below the floor {self.floor:g}"
+        causes = []
+        if self.untrained_rows:
+            tokens = ", ".join(sorted({repr(r.token) for r in self.untrained_rows}))
+            causes.append(f"untrained embedding rows that preflight found and was told not to fix: {tokens}")
+        layer = getattr(self.nonfinite_guard, "last_bad_parameter", None)
+        if layer:
+            causes.append(f"gradient overflow first seen in {layer}")
+        cause = "; ".join(causes) if causes else "gradients overflow fp16 at every scale tried"
+        return (
+            f"tinytrain: fp16 loss scale collapsed at step {step}: {self.start:g} -> {scale:g} ({what}). Likely cause: {cause}. "
+            "Fix: model.untrained_tokens=mean (rewrites untrained rows), bf16 on a GPU with compute capability >= 8.0, "
+            "a lower trainer.lr, or a gentler policy (precision.loss_scale.initial_scale_power / window / min_scale)."
+        )

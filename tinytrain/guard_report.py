@@ -1,0 +1,60 @@
+"""What the runtime guards share: the stop exception, the loss scale, and the first
+non-finite gradient in forward order."""
+
+from __future__ import annotations
+
+import torch
+
+
+class TrainingStopped(Exception):
+    """A guard stopped the run; the message is the whole diagnosis (cause, step, fixes)."""
+
+
+def current_loss_scale(trainer) -> float | None:
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        return float(scaler.get_scale())
+    engine = getattr(trainer.strategy, "deepspeed_engine", None)
+    optimizer = getattr(engine, "optimizer", None)
+    scale = getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
+    return float(scale) if scale is not None else None
+
+
+class ForwardOrder:
+    """Parameter names in the order the forward pass first uses their modules (recorded once)."""
+
+    def __init__(self):
+        self.names: list[str] | None = None
+        self._hooks = []
+        self._seen: list[str] = []
+
+    def attach(self, model: torch.nn.Module) -> None:
+        for mod_name, module in model.named_modules():
+            if any(True for _ in module.parameters(recurse=False)):
+                self._hooks.append(module.register_forward_pre_hook(self._record(mod_name, module)))
+
+    def _record(self, mod_name, module):
+        def hook(*_):
+            for p_name, _ in module.named_parameters(recurse=False):
+                full = f"{mod_name}.{p_name}" if mod_name else p_name
+                if full not in self._seen:
+                    self._seen.append(full)
+
+        return hook
+
+    def freeze(self, model: torch.nn.Module) -> None:
+        """After the first forward: stop recording; unused parameters go last."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        rest = [n for n, _ in model.named_parameters() if n not in self._seen]
+        self.names = self._seen + rest
+
+
+def first_nonfinite_gradient(model: torch.nn.Module, order: list[str] | None) -> str | None:
+    params = dict(model.named_parameters())
+    for name in order or list(params):
+        p = params.get(name)
+        if p is not None and p.grad is not None and not torch.isfinite(p.grad).all():
+            return name
+    return None

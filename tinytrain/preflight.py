@@ -1,0 +1,119 @@
+"""Preflight: checks that stop known-bad runs before any step (and in mode=plan).
+
+Each check has a name, a severity and a switch: `preflight.<name>=error|warn|off`. Errors are
+collected and raised together; warnings are printed with the plan and kept in plan.json.
+Checks that need weights (untrained embedding rows) run on a pretrained folder or checkpoint's
+vocab tables only; a model trained from scratch has no untrained rows to find.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+# Models whose fp16 training is known to diverge without packing (TinyLlama: NaN grad_norm).
+FP16_FRAGILE = ("tinyllama",)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: str  # "error" | "warn"
+    key: str
+    value: object
+    message: str
+    fix: str
+
+    def render(self) -> str:
+        return f"[{self.check}] {self.key}={self.value!r}: {self.message}. Fix: {self.fix}"
+
+
+def _level(cfg, check: str) -> str:
+    return getattr(cfg.preflight, check).value
+
+
+def finding(cfg, check: str, key: str, value, message: str, fix: str) -> Finding | None:
+    level = _level(cfg, check)
+    if level == "off":
+        return None
+    return Finding(check, level, key, value, message, f"{fix} (or relax with preflight.{check}=warn|off)")
+
+
+def special_token_findings(cfg, tokenizer, rows: int) -> list[Finding]:
+    out = []
+    for name, tid in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids):
+        if tid is None or not 0 <= tid < rows:
+            out.append(finding(cfg, "special_tokens", "tokenizer.path", str(cfg.tokenizer.path), f"special token {name!r} has id {tid}, outside the {rows} embedding rows", "use a tokenizer whose special tokens are in its vocabulary"))
+    return [f for f in out if f]
+
+
+def pretrained_findings(cfg, tokenizer, hf_config, weight_rows: int | None) -> list[Finding]:
+    """A pretrained model's config vocab vs its weight shapes vs the tokenizer; positions vs seq_len."""
+    out = []
+    n = len(tokenizer)
+    path = cfg.model.pretrained
+    saved = getattr(hf_config, "saved_vocab_size", hf_config.vocab_size)
+    if weight_rows is not None and weight_rows != saved:
+        out.append(finding(cfg, "pretrained_vocab", "model.pretrained", path, f"config.json says vocab_size {saved} but the embedding has {weight_rows} rows", "re-export the model so config and weights agree"))
+    rows = weight_rows or saved
+    if rows < n:
+        log.info("pretrained embedding has %d rows for %d tokens: %d new rows will be mean-initialised", rows, n, n - rows)
+    max_pos = hf_config.max_position_embeddings
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    scaling = rope.get("rope_type", "default") != "default"  # linear, dynamic, yarn, llama3 ... extend context
+    if cfg.data.seq_len > max_pos and not scaling:
+        out.append(finding(cfg, "positions", "data.seq_len", cfg.data.seq_len, f"longer than the pretrained model's max_position_embeddings ({max_pos}) and RoPE has no scaling", f"use data.seq_len<={max_pos}, or a model configured for longer context"))
+    return [f for f in out if f]
+
+
+def untrained_findings(cfg, rows, used_ids: set[int]) -> tuple[list[Finding], str]:
+    """Findings for untrained rows and the fix policy to apply ('mean', 'noisy_mean' or '')."""
+    if not rows:
+        return [], ""
+    policy = cfg.model.untrained_tokens.value
+    if policy == "auto":
+        policy = "mean" if any(r.token_id in used_ids for r in rows) else "warn"
+    listing = "; ".join(r.describe() for r in rows)
+    if policy in ("mean", "noisy_mean"):
+        log.warning("untrained embedding rows found, fixing with model.untrained_tokens=%s: %s", policy, listing)
+        return [], policy
+    f = finding(
+        cfg,
+        "untrained_embeddings",
+        "model.untrained_tokens",
+        policy,
+        f"untrained rows for tokens the run uses or may emit: {listing}",
+        "set model.untrained_tokens=mean (rewrite them with the mean of trained rows) before fine-tuning",
+    )
+    if f and policy == "error":
+        f = Finding(f.check, "error", f.key, f.value, f.message, f.fix)
+    return ([f] if f else []), ""
+
+
+def precision_findings(cfg, precision_value: str, unfixed_untrained: list, packed: bool) -> list[Finding]:
+    if precision_value != "16-mixed":
+        return []
+    out = []
+    if unfixed_untrained:
+        tokens = ", ".join(repr(r.token) for r in unfixed_untrained)
+        out.append(finding(cfg, "precision_risk", "precision", "fp16", f"fp16 with untrained embedding rows ({tokens}) drives the loss scale to its minimum (the Yi-6B failure)", "set model.untrained_tokens=mean, or train in bf16 on a GPU with compute capability >= 8.0, or fp32"))
+    name = cfg.model.name.lower()
+    if any(m in name for m in FP16_FRAGILE) and not packed:
+        f = finding(cfg, "precision_risk", "precision", "fp16", f"model={cfg.model.name} is known to give NaN grad_norm in fp16 without packing", "pack the data (data.packing=true), or use bf16 / fp32")
+        out.append(f and Finding(f.check, "warn", f.key, f.value, f.message, f.fix))
+    return [f for f in out if f]
+
+
+def report(findings: list[Finding]) -> list[dict]:
+    """Raise one error for all error findings; log the warnings; return all for plan.json."""
+    errors = [f for f in findings if f.severity == "error"]
+    for f in findings:
+        if f.severity == "warn":
+            log.warning("preflight: %s", f.render())
+    if errors:
+        raise ConfigError([Problem(f.key, f.value, f"[preflight {f.check}] {f.message}", f.fix) for f in errors])
+    return [asdict(f) for f in findings]
