@@ -8,6 +8,9 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
+# Batch keys handed to the model; data/collate.py and data/packing.py produce them.
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
     """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored). Padded vocab
@@ -43,17 +46,23 @@ class CausalLMModule(pl.LightningModule):
         self.true_vocab = true_vocab
         self.checkpoint_metadata = checkpoint_metadata
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # position_ids restarting per document isolate packed documents; with use_cache on (or an
+        # attention_mask alongside), transformers would let them attend to each other.
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+
+    def batch_loss(self, batch: dict) -> torch.Tensor:
+        logits = self(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+        return causal_lm_loss(logits, batch["labels"], self.true_vocab)
 
     def training_step(self, batch, batch_idx):
-        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        loss = self.batch_loss(batch)
         self.log("loss", loss, prog_bar=True)
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
     def validation_step(self, batch, batch_idx):
-        loss = causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        loss = self.batch_loss(batch)
         self.log("val_loss", loss, prog_bar=True, sync_dist=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

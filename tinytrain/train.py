@@ -35,6 +35,9 @@ def quiet_lightning() -> None:
     # The CSV logger shares the run directory with plan.json and the resolved config on purpose.
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # Lightning only knows resumable loaders by their state_dict; tinytrain's sampler position is
+    # restored by the DataPosition callback instead, so a mid-epoch resume is exact.
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention) -> dict:
@@ -42,9 +45,10 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from tinytrain.callbacks.data_position import DataPosition
     from tinytrain.callbacks.loss_summary import LossSummary
     from tinytrain.callbacks.throughput import TokensPerSecond
-    from tinytrain.data import TokenDataModule
+    from tinytrain.data.datamodule import DataModule
     from tinytrain.model import build_model
     from tinytrain.module import CausalLMModule
     from tinytrain.strategy import build_trainer_hardware
@@ -53,14 +57,17 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     t = cfg.trainer
     b = resolved.batch
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    # Data first: bad data is reported before weights are allocated.
+    data = DataModule(cfg.data, tokenizer, b.micro_batch_size, cfg.seed)
+    log.info("\n%s", data.describe())
     model = build_model(cfg.model, model_config, attention)
     module = CausalLMModule(model, t, resolved.vocab.true, checkpoint_metadata(cfg, resolved, tokenizer))
-    data = TokenDataModule(cfg.data, tokenizer, b.micro_batch_size, cfg.seed, resolved.vocab.true)
     hw = build_trainer_hardware(cfg, resolved.precision, on_gpu=not resolved.hardware.is_cpu, devices=devices_per_node(cfg))
     summary = LossSummary()
     callbacks = [
-        TokensPerSecond(b.micro_batch_size * b.accumulate_grad_batches * b.seq_len),
+        TokensPerSecond(),
         summary,
+        DataPosition(data.train_sampler),
         # monitor="step" + mode="max" keeps the newest checkpoints; last.ckpt always points at the newest.
         ModelCheckpoint(
             dirpath=run_dir / "checkpoints",
@@ -92,6 +99,8 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
         default_root_dir=str(run_dir),
+        # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.
+        use_distributed_sampler=False,
     )
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
     val_loss = trainer.callback_metrics.get("val_loss")
