@@ -1,6 +1,6 @@
 """Entry point: `python -m tinytrain key=value ...` wires the stages and nothing else.
 
-compose (Hydra) -> validate -> resolve -> plan -> build + fit (mode=train only).
+compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop] -> plan -> build + fit (mode=train only).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     validate(cfg)
     tokenizer = load_from_config(cfg.tokenizer)
     resolved = resolve(cfg, tokenizer)
+    if cfg.mode == Mode.prepare:
+        return prepare_data(cfg, tokenizer, resolved)
     attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=not resolved.hardware.is_cpu)
     if cfg.model.pretrained:
         model_config = pretrained_config(cfg.model.pretrained)
@@ -59,6 +61,16 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     from tinytrain.train import fit
 
     return fit(cfg, run_dir, tokenizer, resolved, model_config, attention)
+
+
+def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
+    """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
+    from tinytrain.data.datamodule import DataModule
+
+    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, progress=is_rank_zero())
+    if is_rank_zero():
+        print(data.describe(), flush=True)
+    return {"data": data}
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
