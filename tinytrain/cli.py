@@ -67,7 +67,7 @@ def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
     """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
     from tinytrain.data.datamodule import DataModule
 
-    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, progress=is_rank_zero())
+    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=resolved.batch.data_parallel)
     if is_rank_zero():
         print(data.describe(), flush=True)
     return {"data": data}

@@ -19,8 +19,11 @@ from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.data.sampler import ResumableBatchSampler
+from tinytrain.data.sft import SftDataset, SftSample, build_samples
 from tinytrain.data.sources import Source, records
+from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.tokenizer import fingerprint
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
 SPLIT_SEED = 0
@@ -38,10 +41,11 @@ def split_indices(n: int, val_fraction: float, seed: int, what: str) -> tuple[np
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1):
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
+        self.data_parallel = data_parallel
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         if data_cfg.format == DataFormat.text:
             self.train, self.val = self._pretraining(progress)
@@ -56,10 +60,7 @@ class DataModule:
 
     # -- pretraining --------------------------------------------------------------------------
 
-    def _store(self, validation: bool, progress: bool):
-        from tinytrain.data.store import TokenStore, ensure_store
-        from tinytrain.tokenizer import fingerprint
-
+    def _store(self, validation: bool, progress: bool) -> TokenStore:
         d = self.cfg
         if d.store and not validation:
             store = TokenStore.open(d.store)
@@ -92,9 +93,7 @@ class DataModule:
 
     # -- supervised fine-tuning ---------------------------------------------------------------
 
-    def _samples(self, validation: bool):
-        from tinytrain.data.sft import build_samples
-
+    def _samples(self, validation: bool) -> list[SftSample]:
         src = Source.from_config(self.cfg, validation)
         bad = BadRecords(self.cfg.bad_records, src.key)
         samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
@@ -104,8 +103,6 @@ class DataModule:
         return samples
 
     def _sft(self):
-        from tinytrain.data.sft import SftDataset
-
         d = self.cfg
         samples = self._samples(validation=False)
         if d.val_path:
@@ -133,9 +130,15 @@ class DataModule:
         for name, ds in (("train", self.train), ("validation", self.val)):
             if len(ds) == 0:
                 raise ConfigError(Problem("data.seq_len", self.cfg.seq_len, f"the {name} split yields no sequences of {self.cfg.seq_len} tokens", "use a shorter data.seq_len or more data"))
-        if len(self.train) < self.micro_batch_size:
+        needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
+        if len(self.train) < needed:
             raise ConfigError(
-                Problem("trainer.micro_batch_size", self.micro_batch_size, f"larger than the {len(self.train)} training sequences", "use a smaller trainer.micro_batch_size, a shorter data.seq_len or more data")
+                Problem(
+                    "trainer.micro_batch_size",
+                    self.micro_batch_size,
+                    f"micro_batch_size({self.micro_batch_size}) x data_parallel({self.data_parallel}) is more than the {len(self.train)} training sequences",
+                    "use a smaller trainer.micro_batch_size, a shorter data.seq_len or more data",
+                )
             )
 
     def describe(self) -> str:
