@@ -59,7 +59,7 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
     data = DataModule(cfg.data, tokenizer, b.micro_batch_size, cfg.seed, data_parallel=b.data_parallel)
-    log.info("\n%s", data.describe())
+    log.info("%s", data.describe())
     model = build_model(cfg.model, model_config, attention)
     module = CausalLMModule(model, t, resolved.vocab.true, checkpoint_metadata(cfg, resolved, tokenizer))
     hw = build_trainer_hardware(cfg, resolved.precision, on_gpu=not resolved.hardware.is_cpu, devices=devices_per_node(cfg))

@@ -52,7 +52,8 @@ class DataModule:
             self.collate = default_collate  # fixed-size windows
         else:
             self.train, self.val = self._sft()
-            self.collate = PaddedCollator(tokenizer.pad_token_id, data_cfg.pad_to_multiple_of)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
+            self.collate = PaddedCollator(pad, data_cfg.pad_to_multiple_of)
         self._check_sizes()
         grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
         self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
