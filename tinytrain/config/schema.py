@@ -136,11 +136,11 @@ class DataConfig:
     hf_split: str = "train"  # split of a Hugging Face dataset dictionary
     bad_records: BadRecordPolicy = BadRecordPolicy.error
     # Pretraining token store (format=text).
-    cache_dir: str = ".cache/tinytrain"
+    cache_dir: str = ".cache/tinytrain"  # relative to the working directory; stores go in <cache_dir>/stores/
     store: Optional[str] = None  # a store folder built by mode=prepare; used instead of building one
     tokenize_workers: Optional[int] = None  # processes tokenizing; null: one per CPU core; 0: this process
-    append_eos: bool = True
-    prepend_bos: bool = False
+    append_eos: bool = True  # after every document
+    prepend_bos: bool = False  # before every document, and before every SFT sample
     # Packing: per-document position ids isolate documents (the varlen path on flash-attn).
     cross_document_attention: bool = False
     predict_across_documents: bool = False  # false: no label targets the next document's first token
