@@ -1,6 +1,6 @@
 """Entry point: `python -m tinytrain key=value ...` wires the stages and nothing else.
 
-compose (Hydra) -> validate -> resolve -> plan -> build + fit (mode=train only).
+compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop] -> plan -> build + fit (mode=train only).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     validate(cfg)
     tokenizer = load_from_config(cfg.tokenizer)
     resolved = resolve(cfg, tokenizer)
+    if cfg.mode == Mode.prepare:
+        return prepare_data(cfg, tokenizer, resolved)
     attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=not resolved.hardware.is_cpu)
     if cfg.model.pretrained:
         from tinytrain.model import pretrained_config
@@ -115,6 +117,16 @@ def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config):
     unfixed = [] if fix else untrained
     findings += preflight.precision_findings(cfg, resolved.precision.value, unfixed, packed=False)
     return preflight.report(findings), untrained, fix
+
+
+def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
+    """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
+    from tinytrain.data.datamodule import DataModule
+
+    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=resolved.batch.data_parallel)
+    if is_rank_zero():
+        print(data.describe(), flush=True)
+    return {"data": data}
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

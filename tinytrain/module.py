@@ -13,6 +13,9 @@ from tinytrain.checkpoint import repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.grad_norm import clip_grad_norm
 from tinytrain.lean_loss import chunked_lm_loss
 
+# Batch keys handed to the model; data/collate.py and data/packing.py produce them.
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
     """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored). Padded vocab
@@ -63,18 +66,22 @@ class CausalLMModule(pl.LightningModule):
             self.parallelize(self.model, self.device_mesh)
             self._parallelized = True
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # position_ids restarting per document isolate packed documents; with use_cache on (or an
+        # attention_mask alongside), transformers would let them attend to each other.
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
 
-    def loss(self, batch) -> torch.Tensor:
+    def batch_loss(self, batch: dict) -> torch.Tensor:
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         if self.loss_chunk_tokens:
-            hidden = self.model.base_model(input_ids=batch["input_ids"], use_cache=False).last_hidden_state
+            # Large vocabularies: the loss from hidden states, a chunk of tokens at a time.
+            hidden = self.model.base_model(**inputs, use_cache=False).last_hidden_state
             weight = self.model.get_output_embeddings().weight
             return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
-        return causal_lm_loss(self(batch["input_ids"]), batch["labels"], self.true_vocab)
+        return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
 
     def training_step(self, batch, batch_idx):
-        loss = self.loss(batch)
+        loss = self.batch_loss(batch)
         self.log("loss", loss, prog_bar=True)
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
@@ -89,7 +96,7 @@ class CausalLMModule(pl.LightningModule):
             self.log("grad_norm", float(norm))
 
     def validation_step(self, batch, batch_idx):
-        loss = self.loss(batch)
+        loss = self.batch_loss(batch)
         self.log("val_loss", loss, prog_bar=True, sync_dist=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

@@ -108,6 +108,17 @@ def precision_findings(cfg, precision_value: str, unfixed_untrained: list, packe
     return [f for f in out if f]
 
 
+def data_findings(cfg, stores, true_vocab: int) -> list[Finding]:
+    """Every token id in the data must index a real embedding row (a store from another
+    tokenizer is refused earlier, by fingerprint)."""
+    out = []
+    for store in stores:
+        top = store.max_token_id()
+        if top >= true_vocab:
+            out.append(finding(cfg, "data_vocab", "data", str(store.path), f"token id {top} in the data is not below len(tokenizer) {true_vocab}", "rebuild the token store with this run's tokenizer (mode=prepare)"))
+    return [f for f in out if f]
+
+
 def report(findings: list[Finding]) -> list[dict]:
     """Raise one error for all error findings; log the warnings; return all for plan.json."""
     errors = [f for f in findings if f.severity == "error"]

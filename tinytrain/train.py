@@ -30,6 +30,9 @@ def quiet_lightning() -> None:
     # fsdp_tp: the loss slices the gathered logits out of place, which is what FSDP2 asks for.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # Lightning only knows resumable loaders by their state_dict; tinytrain's sampler position is
+    # restored by the DataPosition callback instead, so a mid-epoch resume is exact.
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained_fix: str = ""):
@@ -87,12 +90,13 @@ def guard_callbacks(cfg, run_dir: Path, untrained_rows: list) -> list:
     ]
 
 
-def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), extra_callbacks=()):
+def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=()):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from tinytrain.callbacks.data_position import DataPosition
     from tinytrain.callbacks.loss_summary import LossSummary
     from tinytrain.callbacks.throughput import ThroughputMonitor, peak_tflops
     from tinytrain.strategy import build_trainer_hardware
@@ -106,6 +110,7 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
         throughput,
         summary,
         *guard_callbacks(cfg, run_dir, list(untrained_rows)),
+        *([DataPosition(train_sampler)] if train_sampler is not None else []),
         # monitor="step" + mode="max" keeps the newest checkpoints; last.ckpt always points at the newest.
         ModelCheckpoint(
             dirpath=run_dir / "checkpoints",
@@ -138,6 +143,8 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
         default_root_dir=str(run_dir),
+        # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.
+        use_distributed_sampler=False,
     )
     return trainer, throughput, summary
 
@@ -145,15 +152,20 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
 def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths, untrained: tuple = ([], "")) -> dict:
     import lightning.pytorch as pl
 
-    from tinytrain.data import TokenDataModule
+    from tinytrain.data.datamodule import DataModule
 
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    # Data first: bad data is reported before weights are allocated.
+    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, data_parallel=resolved.batch.data_parallel)
+    log.info("%s", data.describe())
+    from tinytrain import preflight
+
+    preflight.report(preflight.data_findings(cfg, data.stores, resolved.vocab.true))
     untrained_rows, untrained_fix = untrained
     module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained_fix)
-    data = TokenDataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, resolved.vocab.true)
     # Rows the preflight was told to leave alone are what the loss-scale guard will name.
-    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows)
+    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler)
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
     # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
     final = run_dir / "checkpoints" / "final.ckpt"

@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 
 from tinytrain import hardware as hw_table
-from tinytrain.config.schema import DataSource, Mode, Strategy
-from tinytrain.errors import Problem, raise_if_any
+from tinytrain.config.schema import DataFormat, DataSource, Mode, Strategy
+from tinytrain.data.chat_templates import template_problems
+from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.resolve import batch_problems, devices_per_node, unknown_gpu_problem, world_size
-from tinytrain.tokenizer import check_tokenizer_path
+from tinytrain.tokenizer import check_tokenizer_path, load_from_config
 
 
 def model_problems(cfg) -> list[Problem]:
@@ -92,6 +93,10 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
     return problems
 
 
+RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)
+SOURCE_SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
+
+
 def data_problems(cfg) -> list[Problem]:
     d = cfg.data
     problems = []
@@ -100,26 +105,64 @@ def data_problems(cfg) -> list[Problem]:
     max_pos = cfg.model.max_position_embeddings
     if not cfg.model.pretrained and d.seq_len > max_pos:
         problems.append(Problem("data.seq_len", d.seq_len, f"longer than model.max_position_embeddings({max_pos})", f"use data.seq_len<={max_pos} or raise model.max_position_embeddings"))
-    if not 0.0 < d.val_fraction < 1.0:
-        problems.append(Problem("data.val_fraction", d.val_fraction, "must be between 0 and 1", "use e.g. data.val_fraction=0.05"))
-    if d.source == DataSource.text:
-        problems += _text_path_problems(d.path)
-    return problems
+    if d.val_path is None and not 0.0 < d.val_fraction < 1.0:
+        problems.append(Problem("data.val_fraction", d.val_fraction, "must be between 0 and 1", "use e.g. data.val_fraction=0.05, or a separate data.val_path"))
+    sft = d.format != DataFormat.text
+    if sft and d.source not in RECORD_SOURCES:
+        problems.append(Problem("data.format", d.format.value, f"SFT records come from jsonl, parquet or hf sources, not data.source={d.source.value}", "set data.source=jsonl (or parquet, hf)"))
+    if d.store and sft:
+        problems.append(Problem("data.store", d.store, f"a token store holds pretraining text, but data.format={d.format.value} (SFT data is tokenized at the start of each run)", "remove data.store"))
+    elif d.store and not (Path(d.store) / "meta.json").is_file():
+        problems.append(Problem("data.store", d.store, "not a token store (no meta.json there)", "point it at a store folder printed by mode=prepare, or remove data.store to use the cache"))
+    elif not d.store:
+        problems += source_path_problems(d.source, d.path, "data.path")
+    if d.val_path is not None:
+        problems += source_path_problems(d.source, d.val_path, "data.val_path")
+    for key in ("num_workers", "tokenize_workers"):
+        value = getattr(d, key)
+        if value is not None and value < 0:
+            problems.append(Problem(f"data.{key}", value, "must be >= 0", "use 0 to work in the training process"))
+    if d.pad_to_multiple_of < 1:
+        problems.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, "must be >= 1", "use 8 (the default) or 1 for no rounding"))
+    return problems + chat_template_problems(cfg)
 
 
-def _text_path_problems(path: str | None) -> list[Problem]:
+def source_path_problems(source: DataSource, path: str | None, key: str) -> list[Problem]:
+    if source == DataSource.pydoc:
+        if key == "data.val_path":
+            return [Problem(key, path, "data.source=pydoc is one embedded corpus; it is split by data.val_fraction", "remove data.val_path")]
+        return []
     if not path:
-        return [Problem("data.path", path, "data=text needs a path", "set data.path to a text file or a folder of .txt files")]
+        return [Problem(key, path, f"data.source={source.value} needs a path", f"set {key} to a file or folder")]
     p = Path(path)
-    fix = "point data.path at a readable UTF-8 text file or a folder of .txt files"
+    if source == DataSource.hf:
+        looks_local = path.startswith((".", "/", "~")) or p.suffix != ""
+        if looks_local and not p.exists():
+            return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
+        return []
+    suffix = SOURCE_SUFFIX[source]
+    fix = f"point {key} at a readable file or a folder of {suffix} files"
     if not p.exists():
-        return [Problem("data.path", path, "no such file or folder", fix)]
-    if p.is_dir() and not any(p.glob("*.txt")):
-        return [Problem("data.path", path, "folder holds no .txt files", fix)]
-    unreadable = [f for f in ([p] if p.is_file() else p.glob("*.txt")) if not os.access(f, os.R_OK)]
+        return [Problem(key, path, "no such file or folder", fix)]
+    listed = [p] if p.is_file() else sorted(p.rglob(f"*{suffix}"))
+    if not listed:
+        return [Problem(key, path, f"folder holds no {suffix} files", fix)]
+    unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
-        return [Problem("data.path", path, f"not readable: {unreadable[0]}", fix)]
+        return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
     return []
+
+
+def chat_template_problems(cfg) -> list[Problem]:
+    """ChatML needs its markers as special tokens; `tokenizer` needs the tokenizer to have a
+    template. Checked on the loaded tokenizer (some ship the markers already)."""
+    if cfg.data.format == DataFormat.text or check_tokenizer_path(str(cfg.tokenizer.path)) is not None:
+        return []
+    try:
+        tokenizer = load_from_config(cfg.tokenizer)
+    except ConfigError:
+        return []  # the tokenizer's own problem is reported when it loads
+    return template_problems(cfg.data.chat_template, tokenizer)
 
 
 def trainer_problems(cfg) -> list[Problem]:

@@ -18,6 +18,7 @@ def main(option: str, out_path: str) -> None:
 
     from tests.conftest import compose
     from tinytrain import deepspeed_config
+    from tinytrain.fast_paths import select_fast_paths
     from tinytrain.model import choose_attention, flash_attn_installed, hf_config
     from tinytrain.module import causal_lm_loss
     from tinytrain.resolve import resolve
@@ -30,7 +31,8 @@ def main(option: str, out_path: str) -> None:
     ds_config = deepspeed_config.build(cfg.parallel, resolved.batch, resolved.precision, cfg.trainer.grad_clip)
     torch.manual_seed(0)
     attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=False)
-    module = build_module(cfg, resolved, tokenizer, hf_config(cfg.model, resolved.vocab.padded, tokenizer), attention)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
+    module = build_module(cfg, resolved, tokenizer, hf_config(cfg.model, resolved.vocab.padded, tokenizer), attention, fast)
     optimizer = module.configure_optimizers()["optimizer"]  # DeepSpeedCPUAdam when offloading
 
     deepspeed.init_distributed(dist_backend="gloo")

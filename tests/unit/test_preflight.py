@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -104,3 +106,23 @@ def test_seq_len_beyond_pretrained_positions(yi_like, tmp_path):
         plan([*TINY, CHAT, f"model.pretrained={yi_like}", "data.seq_len=512"], tmp_path)
     assert "[preflight positions]" in str(e.value) and "(256)" in str(e.value)
     assert plan([*TINY, CHAT, f"model.pretrained={yi_like}", "data.seq_len=256"], tmp_path)["batch"]["seq_len"] == 256
+
+
+def test_data_token_ids_must_be_below_the_vocab(tmp_path, bundled_tokenizer):
+    from tests.unit.test_token_store import data_cfg, store_for
+    from tinytrain.data.store import TokenStore
+    from tinytrain.preflight import data_findings
+
+    store, _ = store_for(data_cfg(tmp_path), bundled_tokenizer)
+    assert store.meta["max_token_id"] < 4096
+    assert data_findings(compose([]), [store], 4096) == []
+    # A damaged store (an id past the vocab written into it; no recorded maximum): found by a scan.
+    tokens = np.memmap(store.path / "tokens.bin", dtype=np.uint16, mode="r+")
+    tokens[5] = 5000
+    tokens.flush()
+    meta = json.loads((store.path / "meta.json").read_text())
+    del meta["max_token_id"]
+    (store.path / "meta.json").write_text(json.dumps(meta))
+    found = data_findings(compose([]), [TokenStore.open(store.path)], 4096)
+    assert [f.check for f in found] == ["data_vocab"] and "token id 5000" in found[0].message
+    assert data_findings(compose(["preflight.data_vocab=off"]), [TokenStore.open(store.path)], 4096) == []

@@ -60,12 +60,14 @@ def test_tinyllama_matches_the_published_size(tmp_path):
     [(g, o) for g in ("tokenizer", "data", "precision", "parallel", "trainer", "logger", "cluster") for o in options(g)],
 )
 def test_group_option_plans(group, option, tmp_path):
-    needs_shared = (group, option) in {("tokenizer", "llama2"), ("data", "text")}
+    needs_shared = (group, option) in {("tokenizer", "llama2"), ("data", "text"), ("data", "jsonl"), ("data", "alpaca")}
     if needs_shared and not LLAMA2_TOKENIZER.exists():
         pytest.skip("../shared/data absent")
     extra = ["cluster.devices=2"] if (group, option) in {("parallel", "ddp"), ("parallel", "fsdp_tp")} else []
     if (group, option) == ("precision", "bf16"):
         extra = ["hardware.gpu=A800"]
+    if (group, option) == ("data", "chat"):  # ChatML's markers must be special tokens (validate says so)
+        extra = ['tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]']
     p = plan([f"{group}={option}", *extra], tmp_path)
     assert p["tokens_per_step"] == p["batch"]["global_batch_size"] * p["batch"]["seq_len"]
 

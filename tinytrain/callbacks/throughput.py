@@ -19,6 +19,19 @@ from tinytrain.model_shape import ModelShape
 log = logging.getLogger(__name__)
 
 
+def batch_tokens_and_squares(batch: dict) -> tuple[int, int]:
+    """Real tokens in a batch and Σ(attention span²): packed documents by their position ids,
+    padded SFT rows by their attention mask (padding is compute, not model FLOPs)."""
+    rows, seq = batch["input_ids"].shape
+    if "position_ids" in batch:
+        return rows * seq, sum_squared_document_lengths(batch["position_ids"])
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        lengths = mask.sum(dim=1)
+        return int(lengths.sum()), int((lengths * lengths).sum())
+    return rows * seq, rows * seq * seq
+
+
 def seconds_since_process_start() -> float:
     import psutil
 
@@ -65,11 +78,9 @@ class ThroughputMonitor(pl.Callback):
             self._paused += time.perf_counter() - self._validation_start
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        ids = batch["input_ids"]
-        rows, seq = ids.shape
-        squares = sum_squared_document_lengths(batch["position_ids"]) if "position_ids" in batch else rows * seq * seq
-        self._tokens += rows * seq
-        self._flops += batch_flops(self.shape, rows * seq, squares)
+        tokens, squares = batch_tokens_and_squares(batch)
+        self._tokens += tokens
+        self._flops += batch_flops(self.shape, tokens, squares)
         step = trainer.global_step
         if step == self._last_step:  # inside gradient accumulation
             return

@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 class Mode(Enum):
     train = "train"
     plan = "plan"
+    prepare = "prepare"  # build the data (the pretraining token store) and stop
 
 
 class Arch(Enum):
@@ -66,7 +67,43 @@ class NonFinitePolicy(Enum):
 
 class DataSource(Enum):
     pydoc = "pydoc"  # the pydoc_data.topics corpus that ships with every CPython
-    text = "text"  # a UTF-8 text file (documents split by blank lines) or a folder of them
+    text = "text"  # a UTF-8 .txt file or a folder of them
+    jsonl = "jsonl"  # a JSON Lines file or a folder of .jsonl files
+    parquet = "parquet"  # a Parquet file or a folder of .parquet files
+    hf = "hf"  # a Hugging Face dataset: a save_to_disk folder, a local dataset folder, or a hub name
+
+
+class DataFormat(Enum):
+    text = "text"  # documents for pretraining: tokenized into a token store, packed into windows
+    instruction = "instruction"  # SFT records: instruction / input / output (or Alpaca's nested instances[])
+    chat = "chat"  # SFT records: messages = [{role, content}, ...]
+
+
+class TextSplit(Enum):
+    blank_lines = "blank_lines"  # one document per blank-line-separated block
+    file = "file"  # one document per file
+
+
+class BadRecordPolicy(Enum):
+    error = "error"  # stop before training, naming the file and line
+    skip = "skip"  # drop the record, count it and log the first few
+
+
+class TooLongPolicy(Enum):
+    truncate = "truncate"
+    skip = "skip"
+    error = "error"
+
+
+class ChatTemplate(Enum):
+    chatml = "chatml"  # <|im_start|>role ... <|im_end|>; both markers must be special tokens
+    alpaca = "alpaca"  # "### Instruction:" / "### Response:" plain text, EOS after each response
+    tokenizer = "tokenizer"  # the tokenizer's own chat_template (Jinja)
+
+
+class TrainOn(Enum):
+    assistant = "assistant"  # loss on assistant turns only; every prompt token is -100
+    all = "all"  # loss on every token
 
 
 @dataclass
@@ -107,10 +144,36 @@ class TokenizerConfig:
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
+    format: DataFormat = DataFormat.text
+    # A file or folder (text/jsonl/parquet), or a dataset folder or hub name (hf).
     path: Optional[str] = None
-    seq_len: int = 256
+    # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
+    val_path: Optional[str] = None
     val_fraction: float = 0.05
+    seq_len: int = 256
+    # DataLoader worker processes (0: load batches in the training process).
     num_workers: int = 0
+    # Reading sources.
+    text_split: TextSplit = TextSplit.blank_lines  # text files: documents per file or per blank-line block
+    text_field: str = "text"  # jsonl / parquet / hf column holding each document (format=text)
+    hf_split: str = "train"  # split of a Hugging Face dataset dictionary
+    bad_records: BadRecordPolicy = BadRecordPolicy.error
+    # Pretraining token store (format=text).
+    cache_dir: str = ".cache/tinytrain"  # relative to the working directory; stores go in <cache_dir>/stores/
+    store: Optional[str] = None  # a store folder built by mode=prepare; used instead of building one
+    tokenize_workers: Optional[int] = None  # processes tokenizing; null: one per CPU core; 0: this process
+    append_eos: bool = True  # after every document
+    prepend_bos: bool = False  # before every document, and before every SFT sample
+    # Packing: per-document position ids isolate documents (the varlen path on flash-attn).
+    cross_document_attention: bool = False
+    predict_across_documents: bool = False  # false: no label targets the next document's first token
+    # Supervised fine-tuning (format=instruction or chat).
+    chat_template: ChatTemplate = ChatTemplate.chatml
+    train_on: TrainOn = TrainOn.assistant
+    too_long: TooLongPolicy = TooLongPolicy.truncate  # samples longer than seq_len
+    pack: bool = False  # pack samples into seq_len rows (documents isolated); pretraining always packs
+    group_by_length: bool = True  # batches of similar length (less padding) when not packing
+    pad_to_multiple_of: int = 8
 
 
 @dataclass

@@ -1,0 +1,29 @@
+"""Puts the training sampler's position into every checkpoint and restores it on resume, so a
+resumed run continues after the last batch it trained on (nothing repeated, nothing skipped)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+
+class DataPosition(pl.Callback):
+    def __init__(self, sampler):
+        self.sampler = sampler  # data/sampler.py ResumableBatchSampler
+
+    def setup(self, trainer, pl_module, stage):
+        # The strategy knows the data-parallel layout (with tensor parallelism, dp rank != global rank).
+        shard = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
+        if shard:
+            self.sampler.set_shard(shard["rank"], shard["num_replicas"])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # Counted here, not when the sampler yields: loader workers and Lightning prefetch ahead.
+        # Runs before ModelCheckpoint (Lightning calls checkpoint callbacks last), so a checkpoint
+        # saved after this batch counts it.
+        self.sampler.advance()
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.sampler.load_state_dict(state_dict)

@@ -1,0 +1,155 @@
+"""The data a run trains on, built in the main process before the model (so bad data is reported
+before compute is spent, and never from inside a DataLoader worker).
+
+format=text              source -> token store (cached, or data.store) -> document split -> PackedWindows
+format=instruction|chat  source records -> SFT samples -> sample split -> SftDataset or PackedSamples
+
+The validation split is data.val_fraction of the documents (seeded, so no document is in both), or
+a separate source (data.val_path). Each split gets a ResumableBatchSampler; the training one is
+what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import DataLoader, default_collate
+
+from tinytrain.config.schema import DataFormat
+from tinytrain.data.bad_records import BadRecords
+from tinytrain.data.collate import PaddedCollator
+from tinytrain.data.packing import PackedSamples, PackedWindows
+from tinytrain.data.sampler import ResumableBatchSampler
+from tinytrain.data.sft import SftDataset, SftSample, build_samples
+from tinytrain.data.sources import Source, records
+from tinytrain.data.store import TokenStore, ensure_store
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.tokenizer import fingerprint
+
+# The split does not follow the run's seed: runs with different seeds validate on the same documents.
+SPLIT_SEED = 0
+
+
+def split_indices(n: int, val_fraction: float, seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) indices, sorted; at least one of each."""
+    if n < 2:
+        raise ConfigError(
+            Problem("data.val_fraction", val_fraction, f"the source has {n} {what}; splitting off validation needs at least 2", "use more data, data.text_split=blank_lines, or a separate data.val_path")
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+class DataModule:
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1):
+        self.cfg = data_cfg
+        self.tokenizer = tokenizer
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel = data_parallel
+        self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
+        self.lines: list[str] = []  # what was built, for logs and mode=prepare
+        if data_cfg.format == DataFormat.text:
+            self.train, self.val = self._pretraining(progress)
+            self.collate = default_collate  # fixed-size windows
+        else:
+            self.train, self.val = self._sft()
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
+            self.collate = PaddedCollator(pad, data_cfg.pad_to_multiple_of)
+        self._check_sizes()
+        grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
+        self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
+        self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
+
+    # -- pretraining --------------------------------------------------------------------------
+
+    def _store(self, validation: bool, progress: bool) -> TokenStore:
+        d = self.cfg
+        if d.store and not validation:
+            store = TokenStore.open(d.store)
+            store.check_matches(fingerprint(self.tokenizer), str(self.tokenizer.name_or_path), d.append_eos, d.prepend_bos)
+            self.lines.append(f"token store {store.path} (data.store): {store.describe()}")
+            self.stores.append(store)
+            return store
+        src = Source.from_config(d, validation)
+        store, built = ensure_store(src, d, self.tokenizer, progress)
+        how = f"built in {store.meta['build_seconds']:.1f} s with {store.meta['tokenize_workers']} workers" if built else "reused"
+        self.lines.append(f"token store {store.path} ({how}) for {src.describe()}: {store.describe()}; {store.meta['bad_records']}")
+        self.stores.append(store)
+        return store
+
+    def _pretraining(self, progress: bool):
+        d = self.cfg
+        windows = dict(seq_len=d.seq_len, isolate_documents=not d.cross_document_attention, predict_across_documents=d.predict_across_documents)
+        store = self._store(validation=False, progress=progress)
+        if d.val_path:
+            val_store = self._store(validation=True, progress=progress)
+            train_docs, val_docs = np.arange(store.num_documents), np.arange(val_store.num_documents)
+        else:
+            val_store = store
+            train_docs, val_docs = split_indices(store.num_documents, d.val_fraction, SPLIT_SEED, "documents")
+        train, val = PackedWindows(store, train_docs, **windows), PackedWindows(val_store, val_docs, **windows)
+        self.lines.append(
+            f"pretraining: {len(train_docs):,} train documents -> {len(train):,} windows of {d.seq_len}, {len(val_docs):,} validation documents "
+            f"-> {len(val):,} windows; documents {'attend to each other' if d.cross_document_attention else 'isolated (position ids restart per document)'}, "
+            f"labels {'cross' if d.predict_across_documents else 'never cross'} document boundaries"
+        )
+        return train, val
+
+    # -- supervised fine-tuning ---------------------------------------------------------------
+
+    def _samples(self, validation: bool) -> list[SftSample]:
+        src = Source.from_config(self.cfg, validation)
+        bad = BadRecords(self.cfg.bad_records, src.key)
+        samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
+        if not samples:
+            raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+        self.lines.append(f"{src.describe()}: {counts.summary(self.cfg.seq_len)}")
+        return samples
+
+    def _sft(self):
+        d = self.cfg
+        samples = self._samples(validation=False)
+        if d.val_path:
+            train_samples, val_samples = samples, self._samples(validation=True)
+        else:
+            train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples")
+            train_samples, val_samples = [samples[i] for i in train_ids], [samples[i] for i in val_ids]
+        if d.pack:
+            train, val = PackedSamples(train_samples, d.seq_len), PackedSamples(val_samples, d.seq_len)
+            shape = f"packed into {len(train):,} train / {len(val):,} validation rows of up to {d.seq_len} (samples isolated)"
+        else:
+            train, val = SftDataset(train_samples), SftDataset(val_samples)
+            shape = f"padded to the longest in each batch (multiple of {d.pad_to_multiple_of}){', length-grouped' if d.group_by_length else ''}"
+        trained = sum(int((s.labels != -100).sum()) for s in train_samples)
+        total = sum(len(s.input_ids) for s in train_samples)
+        self.lines.append(
+            f"sft ({d.format.value}, template {d.chat_template.value}, train on {d.train_on.value}): {len(train_samples):,} train / {len(val_samples):,} "
+            f"validation samples, {trained:,} of {total:,} train tokens trained on; {shape}"
+        )
+        return train, val
+
+    # -- loaders --------------------------------------------------------------------------------
+
+    def _check_sizes(self) -> None:
+        for name, ds in (("train", self.train), ("validation", self.val)):
+            if len(ds) == 0:
+                raise ConfigError(Problem("data.seq_len", self.cfg.seq_len, f"the {name} split yields no sequences of {self.cfg.seq_len} tokens", "use a shorter data.seq_len or more data"))
+        needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
+        if len(self.train) < needed:
+            raise ConfigError(
+                Problem(
+                    "trainer.micro_batch_size",
+                    self.micro_batch_size,
+                    f"micro_batch_size({self.micro_batch_size}) x data_parallel({self.data_parallel}) is more than the {len(self.train)} training sequences",
+                    "use a smaller trainer.micro_batch_size, a shorter data.seq_len or more data",
+                )
+            )
+
+    def describe(self) -> str:
+        return "\n".join(f"data       {line}" for line in self.lines)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers)

@@ -1,0 +1,103 @@
+"""Packing: fixed windows over a store's token stream (pretraining) and rows of whole samples (SFT),
+with per-document position ids and labels that never cross a document boundary unless configured.
+
+How document isolation reaches attention: position ids restart at 0 at every document and the model
+gets them with no attention_mask and use_cache=False. transformers 5 turns restarting position ids
+into a block-diagonal causal mask on sdpa/eager (masking_utils.find_packed_sequence_indices) and into
+the varlen path on flash_attention_2. With a KV cache or a 2-D attention mask it does not, and packed
+documents silently attend to each other: training passes neither. Verified against each document
+run alone in tests/unit/test_packing.py.
+
+Labels are already shifted (labels[t] is the target for input t).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+IGNORE = -100
+
+
+class PackedWindows(Dataset):
+    """Non-overlapping windows of seq_len inputs over the concatenation of `doc_ids` (in order).
+
+    Window i covers stream tokens [i*L, (i+1)*L] (L inputs plus the next token for the last label),
+    so documents longer than a window continue in the next one, and position ids restart at the
+    window start too (a window starting mid-document sees that document from position 0)."""
+
+    def __init__(self, store, doc_ids: np.ndarray, seq_len: int, isolate_documents: bool = True, predict_across_documents: bool = False):
+        self.store = store
+        self.seq_len = seq_len
+        self.isolate = isolate_documents
+        self.predict_across = predict_across_documents
+        doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        self.doc_starts = store.offsets[doc_ids]  # where each chosen document starts in the token file
+        lengths = store.offsets[doc_ids + 1] - self.doc_starts
+        self.stream_starts = np.concatenate([[0], np.cumsum(lengths)])  # ... and in the packed stream
+        self.num_tokens = int(self.stream_starts[-1])
+        self.n = max(0, (self.num_tokens - 1) // seq_len)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        start = i * self.seq_len
+        pos = np.arange(start, start + self.seq_len + 1)
+        doc = np.searchsorted(self.stream_starts, pos, side="right") - 1
+        tokens = self.store.tokens[self.doc_starts[doc] + (pos - self.stream_starts[doc])].astype(np.int64)
+        labels = tokens[1:].copy()
+        if not self.predict_across:
+            labels[doc[1:] != doc[:-1]] = IGNORE  # e.g. EOS -> the next document's first token
+        item = {"input_ids": torch.from_numpy(tokens[:-1]), "labels": torch.from_numpy(labels)}
+        if self.isolate:
+            segment_start = np.maximum(self.stream_starts[doc[:-1]], start)
+            item["position_ids"] = torch.from_numpy(pos[:-1] - segment_start)
+        return item
+
+
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: samples, longest first, each into the row with the least room that
+    still fits it. Deterministic. Every length must be <= capacity."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row index), sorted
+    for i in order:
+        at = bisect.bisect_left(free, (lengths[i], -1))
+        if at == len(free):
+            rows.append([i])
+            room, row = capacity - lengths[i], len(rows) - 1
+        else:
+            room, row = free.pop(at)
+            rows[row].append(i)
+            room -= lengths[i]
+        if room > 0:
+            bisect.insort(free, (room, row))
+    return rows
+
+
+class PackedSamples(Dataset):
+    """Rows of whole SFT samples; each sample's position ids start at 0 and its last label is
+    already -100, so no label crosses into the next sample."""
+
+    def __init__(self, samples: Sequence, capacity: int):
+        self.samples = samples
+        self.rows = pack_rows([len(s.input_ids) for s in samples], capacity)
+        self.lengths = [sum(len(samples[i].input_ids) for i in row) for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, r: int) -> dict[str, torch.Tensor]:
+        parts = [self.samples[i] for i in self.rows[r]]
+        return {
+            "input_ids": torch.from_numpy(np.concatenate([p.input_ids for p in parts]).astype(np.int64)),
+            "labels": torch.from_numpy(np.concatenate([p.labels for p in parts]).astype(np.int64)),
+            "position_ids": torch.from_numpy(np.concatenate([np.arange(len(p.input_ids)) for p in parts])),
+        }

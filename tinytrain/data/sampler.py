@@ -1,0 +1,108 @@
+"""A batch sampler whose position is a checkpointable pair (epoch, batches consumed).
+
+The batch order of an epoch is a pure function of (seed, epoch, dataset size, batch size), so a
+resumed run rebuilds it and continues after the last batch the model trained on: nothing repeated,
+nothing skipped, and the same order as a run that was never interrupted. Consumption is counted by the training loop (callbacks/data_position.py), not by
+iteration, because DataLoader workers and Lightning's fetcher read ahead of training.
+
+Batches are formed globally and dealt round-robin to data-parallel ranks, and the position is kept
+in global batches, so the same checkpoint resumes on another world size at the same sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+log = logging.getLogger(__name__)
+
+MEGABATCH = 64  # length grouping sorts within groups of this many batches, so order stays random
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    def __init__(self, num_samples: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, lengths: Sequence[int] | None = None):
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.lengths = None if lengths is None else np.asarray(lengths)
+        self.epoch = 0
+        self.consumed = 0  # global batches of this epoch already trained on
+        self.rank, self.world = 0, 1
+        self._cache: tuple[int, int, list[list[int]]] | None = None
+
+    def set_shard(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        """Every batch of an epoch, in order, trimmed so each rank gets the same number."""
+        if self._cache is None or self._cache[:2] != (epoch, self.world):
+            if not self.shuffle:
+                batches = self._cut(np.arange(self.num_samples))
+            elif self.lengths is None:
+                batches = self._cut(np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
+            else:
+                batches = self._grouped_by_length(epoch)
+            usable = len(batches) - len(batches) % self.world
+            self._cache = (epoch, self.world, batches[:usable])
+        return self._cache[2]
+
+    def _cut(self, order: np.ndarray) -> list[list[int]]:
+        batches = [order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches
+
+    def _grouped_by_length(self, epoch: int) -> list[list[int]]:
+        """Within each megabatch of a random order, sort by length and cut into batches; then shuffle
+        the batches and put the one holding the longest sample first (an out-of-memory shows at step 1)."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.num_samples)
+        span = self.batch_size * MEGABATCH
+        groups = [order[i : i + span] for i in range(0, len(order), span)]
+        if not groups:
+            return []
+        batches = self._cut(np.concatenate([g[np.argsort(-self.lengths[g], kind="stable")] for g in groups]))
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+        if batches:
+            longest = max(range(len(batches)), key=lambda b: self.lengths[batches[b]].max())
+            batches.insert(0, batches.pop(longest))
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # The sampler counts its own epochs: a pass that starts after the last one was fully
+        # consumed starts the next epoch. (Lightning's epoch number is not used: after resuming
+        # from a checkpoint taken at an epoch's end it skips one.) This runs on the first batch
+        # requested, not when an iterator is merely created.
+        if self.consumed >= len(self.global_batches(self.epoch)):
+            self.epoch, self.consumed = self.epoch + 1, 0
+        mine = self.global_batches(self.epoch)[self.rank :: self.world]
+        yield from mine[self.consumed // self.world :]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the full epoch: Lightning counts resumed batches itself)."""
+        return len(self.global_batches(self.epoch)) // self.world
+
+    def advance(self) -> None:
+        """One batch was trained on by every rank."""
+        self.consumed += self.world
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed_batches": self.consumed, "num_samples": self.num_samples, "batch_size": self.batch_size, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        same_data = (state["num_samples"], state["batch_size"], state["seed"]) == (self.num_samples, self.batch_size, self.seed)
+        self.epoch = state["epoch"]
+        if not same_data:
+            log.warning(
+                "the checkpoint's data position is for %d samples in batches of %d (seed %d); this run has %d in batches of %d "
+                "(seed %d): starting epoch %d from its first batch",
+                state["num_samples"], state["batch_size"], state["seed"], self.num_samples, self.batch_size, self.seed, self.epoch,
+            )
+            self.consumed = 0
+            return
+        self.consumed = state["consumed_batches"]
