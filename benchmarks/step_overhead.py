@@ -3,10 +3,11 @@
 The tinytrain side is the real thing: the LightningModule and the Trainer that `fit` builds
 (tinytrain.train.build_module / build_trainer, with its callbacks and CSV logging). The raw side
 is forward, loss, backward, clip_grad_norm_, AdamW step, scheduler step, zero_grad. Both iterate
-an identical DataLoader; a step is timed from one batch to the next. Raw runs before and after
-tinytrain and its median is taken over both blocks (this machine is noisy).
+an identical DataLoader; a step is timed from one batch to the next. Blocks alternate
+raw, tinytrain, raw, tinytrain, ..., raw (--rounds tinytrain blocks), and each side's median is
+taken over all its blocks (this machine is noisy).
 
-    python benchmarks/step_overhead.py [--steps 40] [--warmup 5]
+    python benchmarks/step_overhead.py [--steps 40] [--warmup 5] [--rounds 2]
 Target: ratio <= 1.05.
 """
 
@@ -38,18 +39,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     n = args.steps + args.warmup + 1
     cfg, tokenizer, resolved, model_config, shape, fast, attention = setup([*OVERRIDES, f"trainer.max_steps={n}", "trainer.warmup_steps=2"])
     micro, seq = resolved.batch.micro_batch_size, resolved.batch.seq_len
     loader = torch.utils.data.DataLoader(synthetic_batches(n, resolved.vocab.true, micro, seq), batch_size=micro, shuffle=False)
     print(f"model {cfg.model.name} ({shape.hidden}x{shape.layers}), batch {micro}x{seq}, {args.steps} timed steps after {args.warmup} warm-up, {torch.get_num_threads()} threads")
-    raw_a = raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)
-    ours = tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, args.warmup)
-    raw_b = raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)
-    raw, tt = median(raw_a + raw_b), median(ours)
-    print(f"raw PyTorch loop    median step {raw * 1000:8.1f} ms  (blocks: {median(raw_a) * 1000:.1f} / {median(raw_b) * 1000:.1f} ms)")
-    print(f"tinytrain (Trainer) median step {tt * 1000:8.1f} ms")
+    raw_blocks = [raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)]
+    ours_blocks = []
+    for _ in range(args.rounds):
+        ours_blocks.append(tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, args.warmup))
+        raw_blocks.append(raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup))
+    raw, tt = median(sum(raw_blocks, [])), median(sum(ours_blocks, []))
+
+    def blocks(bs):
+        return " / ".join(f"{median(b) * 1000:.1f}" for b in bs)
+
+    print(f"raw PyTorch loop    median step {raw * 1000:8.1f} ms  (blocks: {blocks(raw_blocks)} ms)")
+    print(f"tinytrain (Trainer) median step {tt * 1000:8.1f} ms  (blocks: {blocks(ours_blocks)} ms)")
     print(f"ratio tinytrain / raw = {tt / raw:.3f}  (target <= 1.05)")
 
 

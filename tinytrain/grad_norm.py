@@ -24,10 +24,12 @@ def total_grad_norm(parameters) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
-def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
-    """Scale gradients so their total norm is at most max_norm; returns the pre-clip norm."""
+def clip_grad_norm(parameters, max_norm: float, total: torch.Tensor | None = None) -> torch.Tensor:
+    """Scale gradients so their total norm is at most max_norm; returns the pre-clip norm.
+    `total`: the norm already measured this step (the non-finite guard's pass), if any."""
     parameters = [p for p in parameters if p.grad is not None]
-    total = total_grad_norm(parameters)
+    if total is None:
+        total = total_grad_norm(parameters)
     if max_norm != float("inf"):
         scale = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
         if scale < 1.0:

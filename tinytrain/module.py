@@ -105,7 +105,8 @@ class CausalLMModule(pl.LightningModule):
         if not self.clip_in_module:
             return
         max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
-        self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm))
+        measured = self.__dict__.pop("step_grad_norm", None)  # set by the non-finite guard this step
+        self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm, measured))
 
     def configure_optimizers(self):
         t = self.t

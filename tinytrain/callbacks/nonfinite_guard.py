@@ -38,8 +38,13 @@ class NonFiniteGuard(pl.Callback):
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         if not grads:
             return
+        sharded = any(hasattr(g, "to_local") for g in grads)
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        if bool(torch.stack(torch._foreach_norm(local)).isfinite().all()):  # one fused pass, one sync
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local)))  # one fused pass
+        if not sharded:
+            # The module's clipping reuses this norm instead of a second pass over the gradients.
+            pl_module.step_grad_norm = total
+        if bool(torch.isfinite(total)):  # one sync
             self.consecutive = 0
             return
         if self.order.names is None:
