@@ -90,6 +90,33 @@ def guard_callbacks(cfg, run_dir: Path, untrained_rows: list) -> list:
     ]
 
 
+def extra_loggers(cfg, run_dir: Path) -> list:
+    """wandb when asked for, with the resolved config and the plan attached (imported only then)."""
+    if not cfg.logger.wandb:
+        return []
+    import json
+
+    from lightning.pytorch.loggers import WandbLogger
+    from omegaconf import OmegaConf
+
+    lg = cfg.logger
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plan = run_dir / "plan.json"
+    if plan.exists():
+        config["plan"] = json.loads(plan.read_text())
+    return [
+        WandbLogger(
+            project=lg.wandb_project,
+            entity=lg.wandb_entity,
+            group=lg.wandb_group,
+            tags=list(lg.wandb_tags),
+            name=lg.wandb_name or cfg.run.name,
+            save_dir=str(run_dir),
+            config=config,
+        )
+    ]
+
+
 def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=()):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
     import lightning.pytorch as pl
@@ -138,7 +165,7 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
         limit_val_batches=t.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps,
-        logger=CSVLogger(save_dir=str(run_dir), name="", version=""),
+        logger=[CSVLogger(save_dir=str(run_dir), name="", version=""), *extra_loggers(cfg, run_dir)],
         callbacks=callbacks,
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,

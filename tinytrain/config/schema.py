@@ -275,7 +275,14 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     name: str = "csv"
-    csv: bool = True
+    csv: bool = True  # metrics.csv in the run directory (always written; the loss curve reads it)
+    # Weights & Biases (logger=wandb); WANDB_MODE=offline works with no key or network.
+    wandb: bool = False
+    wandb_project: str = "tinytrain"
+    wandb_entity: Optional[str] = None
+    wandb_group: Optional[str] = None
+    wandb_tags: list[str] = field(default_factory=list)
+    wandb_name: Optional[str] = None  # null: run.name
 
 
 @dataclass

@@ -1,0 +1,26 @@
+"""logger=wandb in offline mode: no key, no network; the run file holds the config, the plan and the metrics."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.wandb_records import read_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_offline_wandb_run_holds_config_plan_and_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true"}
+    r = run_cli(["experiment=smoke", "logger=wandb", "logger.wandb_group=ci", "logger.wandb_tags=[smoke]", "trainer.progress_bar=false"], run_dir, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    config, history = read_run(Path(runs[0]))
+    assert config["model"]["name"] == "tiny" and config["logger"]["wandb_group"] == "ci"
+    assert config["plan"]["vocab"]["padded"] == 4096 and config["plan"]["precision"]["value"] == "32-true"
+    losses = [row["loss"] for row in history if "loss" in row]
+    assert len(losses) >= 3 and losses[-1] < losses[0]
+    assert any("val_loss" in row for row in history) and any("tokens_per_s" in row for row in history)
+    assert (run_dir / "metrics.csv").exists()  # the CSV metrics are kept next to wandb
