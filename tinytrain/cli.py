@@ -49,13 +49,13 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.model_shape import shape_from_hf
 
         model_config = pretrained_config(cfg.model.pretrained)
-        model_config.saved_vocab_size = model_config.vocab_size  # what preflight checks the weights against
+        saved_vocab = model_config.vocab_size  # what preflight checks the weights against
         model_config.vocab_size = resolved.vocab.padded
         shape = shape_from_hf(model_config)
     else:
         # The transformers config is built only to train: importing its modeling code would
         # double the time of a plan.
-        model_config = None
+        model_config, saved_vocab = None, None
         shape = shape_from_config(cfg.model, resolved.vocab.padded)
     params = parameter_count(shape)
     deepspeed = None
@@ -68,7 +68,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.checkpoint import check_compatible, read
 
         init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
-    preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config)
+    preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config, saved_vocab)
     memory = memory_section(cfg, resolved, shape, params, attention)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
@@ -96,7 +96,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix))
 
 
-def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config):
+def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config, saved_vocab: int | None):
     """Findings (raises on errors), untrained rows found in pretrained weights, and the fix to apply."""
     from tinytrain import preflight
     from tinytrain.embedding_health import candidate_token_ids, find_untrained, pretrained_tables
@@ -106,7 +106,7 @@ def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config):
     if cfg.model.pretrained:
         tables = pretrained_tables(cfg.model.pretrained)
         rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
-        findings += preflight.pretrained_findings(cfg, tokenizer, pretrained_hf_config, rows)
+        findings += preflight.pretrained_findings(cfg, tokenizer, pretrained_hf_config, saved_vocab, rows)
     untrained, fix = [], ""
     if tables:
         candidates = candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens)
@@ -133,11 +133,9 @@ def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
 def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
 
-    from tinytrain.errors import ConfigError
+    from tinytrain.errors import ConfigError, TrainingStopped
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    from tinytrain.guard_report import TrainingStopped
-
     try:
         result = run_stages(cfg, run_dir)
     except ConfigError as e:

@@ -34,6 +34,10 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class TrainingStopped(Exception):
+    """A runtime guard stopped the run; the message is the whole diagnosis (cause, step, fixes)."""
+
+
 def raise_if_any(problems: list[Problem]) -> None:
     if problems:
         raise ConfigError(problems)

@@ -1,13 +1,9 @@
-"""What the runtime guards share: the stop exception, the loss scale, and the first
-non-finite gradient in forward order."""
+"""What the runtime guards share: the loss scale and the first non-finite gradient in forward
+order (the stop exception, TrainingStopped, is in errors.py)."""
 
 from __future__ import annotations
 
 import torch
-
-
-class TrainingStopped(Exception):
-    """A guard stopped the run; the message is the whole diagnosis (cause, step, fixes)."""
 
 
 def current_loss_scale(trainer) -> float | None:

@@ -51,12 +51,12 @@ def special_token_findings(cfg, tokenizer, rows: int) -> list[Finding]:
     return [f for f in out if f]
 
 
-def pretrained_findings(cfg, tokenizer, hf_config, weight_rows: int | None) -> list[Finding]:
-    """A pretrained model's config vocab vs its weight shapes vs the tokenizer; positions vs seq_len."""
+def pretrained_findings(cfg, tokenizer, hf_config, saved: int, weight_rows: int | None) -> list[Finding]:
+    """A pretrained model's config vocab (`saved`, from its config.json) vs its weight shapes vs
+    the tokenizer; positions vs seq_len."""
     out = []
     n = len(tokenizer)
     path = cfg.model.pretrained
-    saved = getattr(hf_config, "saved_vocab_size", hf_config.vocab_size)
     if weight_rows is not None and weight_rows != saved:
         out.append(finding(cfg, "pretrained_vocab", "model.pretrained", path, f"config.json says vocab_size {saved} but the embedding has {weight_rows} rows", "re-export the model so config and weights agree"))
     rows = weight_rows or saved

@@ -35,7 +35,7 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
-def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained_fix: str = ""):
+def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], "")):
     from tinytrain import checkpoint
     from tinytrain.config.schema import Strategy
     from tinytrain.model import build_model
@@ -47,8 +47,12 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         names = checkpoint.vocab_param_names(model)
         state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
         model.load_state_dict(state, strict=True)
-    if untrained_fix:
-        fix_untrained_rows(model, tokenizer, cfg, resolved.vocab.true, noisy=untrained_fix == "noisy_mean")
+    rows, fix = untrained
+    if fix:
+        # The rows preflight found, rewritten on the weights this run trains (after any resize).
+        from tinytrain.embedding_health import fix_rows, vocab_tables
+
+        fix_rows(vocab_tables(model), rows, resolved.vocab.true, noisy=fix == "noisy_mean", seed=cfg.seed)
     if fast.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:
@@ -65,15 +69,6 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         fused_adamw=fast.fused_adamw,
         loss_chunk_tokens=fast.loss_chunk_tokens,
     )
-
-
-def fix_untrained_rows(model, tokenizer, cfg, true_vocab: int, noisy: bool) -> None:
-    """The preflight's fix, on the weights this run will train (after any resize)."""
-    from tinytrain.embedding_health import candidate_token_ids, find_untrained, fix_rows, vocab_tables
-
-    tables = vocab_tables(model)
-    rows = find_untrained(tables, candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens), true_vocab)
-    fix_rows(tables, rows, true_vocab, noisy, seed=cfg.seed)
 
 
 def guard_callbacks(cfg, run_dir: Path, untrained_rows: list) -> list:
@@ -190,7 +185,7 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
 
     preflight.report(preflight.data_findings(cfg, data.stores, resolved.vocab.true))
     untrained_rows, untrained_fix = untrained
-    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained_fix)
+    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained)
     # Rows the preflight was told to leave alone are what the loss-scale guard will name.
     trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler)
     trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import compose, run_cli
-from tinytrain.guard_report import TrainingStopped
+from tinytrain.errors import TrainingStopped
 
 pytestmark = pytest.mark.slow
 LAYER = "model.model.layers.1.mlp.down_proj.weight"

@@ -126,3 +126,28 @@ def test_data_token_ids_must_be_below_the_vocab(tmp_path, bundled_tokenizer):
     found = data_findings(compose([]), [TokenStore.open(store.path)], 4096)
     assert [f.check for f in found] == ["data_vocab"] and "token id 5000" in found[0].message
     assert data_findings(compose(["preflight.data_vocab=off"]), [TokenStore.open(store.path)], 4096) == []
+
+
+def test_fix_rewrites_the_found_rows_on_the_built_model(yi_like):
+    from tinytrain.cli import run_preflight
+    from tinytrain.fast_paths import select_fast_paths
+    from tinytrain.model import AttentionChoice, pretrained_config
+    from tinytrain.resolve import resolve
+    from tinytrain.tokenizer import load_from_config
+    from tinytrain.train import build_module
+
+    cfg = compose([*TINY, CHAT, f"model.pretrained={yi_like}"])
+    tok = load_from_config(cfg.tokenizer)
+    resolved = resolve(cfg, tok)
+    config = pretrained_config(str(yi_like))
+    saved = config.vocab_size
+    config.vocab_size = resolved.vocab.padded
+    _, rows, fix = run_preflight(cfg, tok, resolved, config, saved)
+    assert fix == "mean" and {r.token_id for r in rows} == {4096, 4097}
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
+    model = build_module(cfg, resolved, tok, config, AttentionChoice("sdpa", "test"), fast, (rows, fix)).model
+    for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        trained_mean = table[:4096].mean(0)
+        torch.testing.assert_close(table[4096], trained_mean, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(table[4097], trained_mean, atol=1e-5, rtol=1e-4)
+    assert model.get_input_embeddings().weight.shape[0] == resolved.vocab.padded

@@ -7,7 +7,8 @@ import logging
 
 import lightning.pytorch as pl
 
-from tinytrain.guard_report import TrainingStopped, current_loss_scale
+from tinytrain.errors import TrainingStopped
+from tinytrain.guard_report import current_loss_scale
 
 log = logging.getLogger(__name__)
 

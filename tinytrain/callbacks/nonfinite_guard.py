@@ -13,7 +13,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from tinytrain.guard_report import ForwardOrder, TrainingStopped, current_loss_scale, first_nonfinite_gradient
+from tinytrain.errors import TrainingStopped
+from tinytrain.guard_report import ForwardOrder, current_loss_scale, first_nonfinite_gradient
 
 log = logging.getLogger(__name__)
 
