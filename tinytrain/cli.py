@@ -135,6 +135,9 @@ def hydra_main(cfg: DictConfig):
 
     from tinytrain.errors import ConfigError, TrainingStopped
 
+    # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
+    # without main(): the resolvers the config refers to are registered again.
+    register_resolvers()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = run_stages(cfg, run_dir)

@@ -12,7 +12,8 @@ from pathlib import Path
 from tinytrain.memory import activation_memory, model_state_memory, plan_memory
 from tinytrain.model import AttentionChoice
 from tinytrain.model_shape import ModelShape
-from tinytrain.resolve import Resolved
+from tinytrain.resolve import Resolved, devices_per_node
+from tinytrain.slurm import current_task
 
 
 def memory_section(cfg, resolved: Resolved, shape: ModelShape, params_total: int, attention: AttentionChoice) -> dict:
@@ -24,6 +25,15 @@ def memory_section(cfg, resolved: Resolved, shape: ModelShape, params_total: int
     flash = attention.implementation == "flash_attention_2"
     acts = activation_memory(shape.layers, shape.hidden, shape.heads, b.seq_len, b.micro_batch_size, shape.vocab, par.tp, flash)
     return plan_memory(states, acts, resolved.hardware.memory_gb).to_dict()
+
+
+def cluster_section(cfg) -> dict:
+    task = current_task()
+    if cfg.cluster.name == "slurm":
+        source = f"allocation of Slurm job {task.job_id}" if task else "cluster.nodes x cluster.devices (no Slurm job here)"
+    else:
+        source = f"cluster={cfg.cluster.name}"
+    return {"name": cfg.cluster.name, "nodes": cfg.cluster.nodes, "devices_per_node": devices_per_node(cfg), "source": source}
 
 
 def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionChoice, model_name: str, memory: dict, deepspeed: dict | None) -> dict:
@@ -47,6 +57,7 @@ def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionC
             "source": "hardware.gpu" if (cfg.hardware.gpu and cfg.mode.value == "plan") else "detected",
         },
         "params": {"total": params_total},
+        "cluster": cluster_section(cfg),
         "parallel": {"strategy": cfg.parallel.strategy.value, "tp": cfg.parallel.tp, "dp": b.data_parallel},
         "world_size": resolved.world_size,
         "batch": {
@@ -89,7 +100,9 @@ def render_plan(plan: dict) -> str:
             f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, "
             f"hysteresis {ls['hysteresis']}, minimum {ls['min_scale']}"
         )
+    c = plan["cluster"]
     lines += [
+        f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
         f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x dp {plan['parallel']['dp']}",
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",

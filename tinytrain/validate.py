@@ -14,6 +14,7 @@ from tinytrain.config.schema import DataFormat, DataSource, Mode, Strategy
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.resolve import batch_problems, devices_per_node, unknown_gpu_problem, world_size
+from tinytrain.slurm import allocation_problems, current_task
 from tinytrain.tokenizer import check_tokenizer_path, load_from_config
 
 
@@ -201,6 +202,14 @@ def tokenizer_problems(cfg) -> list[Problem]:
     return [problem] if problem else []
 
 
+def slurm_problems(cfg) -> list[Problem]:
+    """Inside a Slurm job, training needs the config's nodes x devices to be the job's tasks."""
+    task = current_task()
+    if cfg.mode != Mode.train or task is None:
+        return []
+    return allocation_problems(cfg.cluster.nodes, devices_per_node(cfg), cfg.cluster.name, task)
+
+
 def unknown_key_problems(cfg) -> list[Problem]:
     """Keys added with `+key=value` that no schema declares (Hydra lets `+` add anything)."""
     import dataclasses
@@ -221,6 +230,7 @@ def validate(cfg) -> None:
         unknown_key_problems(cfg)
         + model_problems(cfg)
         + parallel_problems(cfg)
+        + slurm_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
         + hardware_problems(cfg)

@@ -66,6 +66,8 @@ def test_group_option_plans(group, option, tmp_path):
     extra = ["cluster.devices=2"] if (group, option) in {("parallel", "ddp"), ("parallel", "fsdp_tp")} else []
     if (group, option) == ("precision", "bf16"):
         extra = ["hardware.gpu=A800"]
+    if (group, option) == ("cluster", "slurm"):  # 1 node x 8 GPUs on a login node: one process per GPU
+        extra = ["parallel=ddp"]
     if (group, option) == ("data", "chat"):  # ChatML's markers must be special tokens (validate says so)
         extra = ['tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]']
     p = plan([f"{group}={option}", *extra], tmp_path)
@@ -80,3 +82,28 @@ def test_experiment_presets_plan(experiment, tmp_path):
     assert p["precision"]["value"] == "bf16-mixed"
     if experiment == "tinyllama_pretrain":
         assert p["vocab"]["true"] == 32000 and p["batch"]["seq_len"] == 2048
+
+
+@pytest.mark.parametrize("launcher", options("hydra/launcher"))
+def test_launcher_presets_render_sbatch_options(launcher, tmp_path):
+    """Each submitit preset composes, instantiates Hydra's SlurmLauncher, and renders the sbatch
+    header submitit would submit: one task per GPU, the signal before the time limit."""
+    import submitit
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=[f"hydra/launcher={launcher}", "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    params = dict(instantiate(cfg.hydra.launcher, submitit_folder=str(tmp_path), name="grid").params)
+    assert params["tasks_per_node"] == params["gpus_per_node"]
+    # The launcher's own translation to submitit's parameters (BaseSubmititLauncher.launch).
+    executor = submitit.AutoExecutor(cluster="slurm", folder=tmp_path, slurm_max_num_timeout=params.pop("max_num_timeout"))
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items() if k != "submitit_folder"})
+    header = _make_sbatch_string(command="true", folder=tmp_path, **executor._executor.parameters)
+    for line in ("--gpus-per-node=8", "--ntasks-per-node=8", "--partition=gpu", "--signal=USR2@300"):
+        assert f"#SBATCH {line}\n" in header
