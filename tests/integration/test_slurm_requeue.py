@@ -1,0 +1,57 @@
+"""Preemption on a real Slurm: a job sent SIGUSR1 mid-run checkpoints, is requeued, resumes
+(SLURM_RESTART_COUNT=1) and finishes with the per-step losses of an uninterrupted run."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.slurm_jobs import CPU_TASKS, SHORT_RUN, finish, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SCRIPT = REPO / "slurm" / "single_node.sbatch"
+# Long enough to be interrupted after the first periodic checkpoint (step 5) and go on after it.
+RUN = [*SHORT_RUN, "trainer.max_steps=30", "trainer.checkpoint_every_n_steps=5", "trainer.val_every_n_steps=10"]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+# TODO(resume): remove this mark when the `resume` branch is merged. Written against its expected
+# behaviour (a step-boundary checkpoint on SIGUSR1, scontrol requeue, resume=auto, metrics.csv
+# continued). Without it Lightning's own SLURM handler checkpoints mid-step: the resumed run's step
+# numbers are one ahead of the uninterrupted run's and metrics.csv loses the steps before the signal.
+@pytest.mark.xfail(strict=True, reason="needs the resume branch: step-boundary checkpoint on SIGUSR1 and resume=auto")
+def test_sigusr1_checkpoints_requeues_and_resumes_on_the_same_trajectory(slurm, tmp_path):
+    interrupted, reference = tmp_path / "interrupted", tmp_path / "reference"
+    interrupted.mkdir(), reference.mkdir()
+    job_id = submit(slurm, SCRIPT, CPU_TASKS, RUN, interrupted)
+    checkpoints = interrupted / "job" / "checkpoints"
+    wait_for(lambda: any(checkpoints.glob("step*.ckpt")), 180, f"periodic checkpoint in {checkpoints}")
+    # To srun's tasks (python), as --signal=USR1@N would; the batch shell does not get it.
+    slurm.run(["scancel", "--signal=USR1", str(job_id)])
+    reference_id = submit(slurm, SCRIPT, CPU_TASKS, RUN, reference)
+
+    job = slurm.wait(job_id, 400, until=lambda j: j.restarts >= 1 and j.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+    resumed = finish(slurm, job_id, interrupted)
+    assert job.restarts == 1
+    first, _, second = resumed.log.partition("restart 1,")  # the script's banner per start
+    assert "restart 0," in first and second, resumed.log[-4000:]
+    uninterrupted = finish(slurm, reference_id, reference)
+
+    losses, expected = resumed.losses(), uninterrupted.losses()
+    assert sorted(losses) == sorted(expected) == list(range(30)), f"steps logged: {sorted(losses)}"
+    assert [losses[s] for s in range(30)] == pytest.approx([expected[s] for s in range(30)], rel=1e-5)
+    # It resumed rather than started over: the second start's first step is a later step of the
+    # uninterrupted run (at or after the periodic checkpoint the signal came after).
+    first_loss = float(re.search(r"loss (\S+) \(first step\)", second).group(1))
+    resumed_at = [s for s in range(30) if abs(expected[s] - first_loss) < 5e-5]  # printed to 4 places
+    assert resumed_at and resumed_at[0] >= 5, (first_loss, expected)
