@@ -1,6 +1,7 @@
 """Entry point: `python -m tinytrain key=value ...` wires the stages and nothing else.
 
-compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop] -> plan -> build + fit (mode=train only).
+compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop] -> plan
+-> [mode=sbatch: write the Slurm job script] -> build + fit (mode=train only).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.config.resolvers import register_resolvers
-from tinytrain.config.schema import Mode, Strategy, register_schemas
+from tinytrain.config.schema import PLANNING_MODES, Mode, Strategy, register_schemas
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("tinytrain")
@@ -82,7 +83,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
             (run_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed, indent=2) + "\n")
         (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         print(render_plan(plan), flush=True)
-    if cfg.mode == Mode.plan:
+    if cfg.mode in PLANNING_MODES:
         if is_rank_zero():
             print(f"plan written to {run_dir / 'plan.json'}")
         return {"plan": plan}
@@ -141,6 +142,11 @@ def hydra_main(cfg: DictConfig):
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = run_stages(cfg, run_dir)
+        if cfg.mode == Mode.sbatch:
+            from tinytrain import sbatch
+
+            path = sbatch.write(cfg, list(HydraConfig.get().overrides.task), run_dir)
+            print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
     except ConfigError as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.memory import activation_memory, model_state_memory, plan_memory
 from tinytrain.model import AttentionChoice
 from tinytrain.model_shape import ModelShape
@@ -54,7 +55,7 @@ def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionC
             "gpu": None if hw.is_cpu else hw.name,
             "compute_capability": None if hw.is_cpu else ".".join(map(str, hw.compute_capability)),
             "memory_gb": hw.memory_gb,
-            "source": "hardware.gpu" if (cfg.hardware.gpu and cfg.mode.value == "plan") else "detected",
+            "source": "hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
         },
         "params": {"total": params_total},
         "cluster": cluster_section(cfg),

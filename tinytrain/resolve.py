@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from tinytrain import hardware as hw_table
-from tinytrain.config.schema import Mode
+from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.precision import LossScalePolicy, PrecisionDecision, resolve_precision
 from tinytrain.vocab import VocabPlan, plan_vocab
@@ -21,12 +21,12 @@ log = logging.getLogger(__name__)
 
 
 def effective_hardware(cfg) -> hw_table.Hardware:
-    """`hardware.gpu` in mode=plan; otherwise the accelerator this process will train on."""
+    """`hardware.gpu` in mode=plan or sbatch; otherwise the accelerator this process will train on."""
     name = cfg.hardware.gpu
     planned = hw_table.lookup_gpu(name) if name else None
     if name and planned is None:
         raise ConfigError(unknown_gpu_problem(name))
-    if cfg.mode == Mode.plan and planned is not None:
+    if cfg.mode in PLANNING_MODES and planned is not None:
         return planned
     detected = hw_table.detect()
     if planned is not None and planned.name != detected.name:
@@ -90,7 +90,7 @@ class BatchPlan:
 def devices_per_node(cfg) -> int:
     if cfg.cluster.devices is not None:
         return cfg.cluster.devices
-    if cfg.mode == Mode.plan and cfg.hardware.gpu:
+    if cfg.mode in PLANNING_MODES and cfg.hardware.gpu:
         return 1
     import torch
 

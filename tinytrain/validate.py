@@ -14,6 +14,7 @@ from tinytrain.config.schema import DataFormat, DataSource, Mode, Strategy
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.resolve import batch_problems, devices_per_node, unknown_gpu_problem, world_size
+from tinytrain.sbatch import sbatch_problems
 from tinytrain.slurm import allocation_problems, current_task
 from tinytrain.tokenizer import check_tokenizer_path, load_from_config
 
@@ -203,7 +204,10 @@ def tokenizer_problems(cfg) -> list[Problem]:
 
 
 def slurm_problems(cfg) -> list[Problem]:
-    """Inside a Slurm job, training needs the config's nodes x devices to be the job's tasks."""
+    """mode=sbatch needs the Slurm settings; inside a Slurm job, training needs the config's
+    nodes x devices to be the job's tasks."""
+    if cfg.mode == Mode.sbatch:
+        return sbatch_problems(cfg)
     task = current_task()
     if cfg.mode != Mode.train or task is None:
         return []

@@ -1,4 +1,5 @@
-"""Every shipped sbatch script runs unmodified on a real Slurm and its training finishes.
+"""Every shipped sbatch script, and one written by mode=sbatch, runs unmodified on a real Slurm
+and its training finishes.
 
 Only what a CPU machine needs changes, and only the way a user would change it: sbatch options on
 the command line (two tasks of one core; one node for the multi-node scripts) and tinytrain
@@ -12,8 +13,8 @@ import json
 
 import pytest
 
-from tests.conftest import REPO
-from tests.integration.slurm_jobs import BUNDLED_TOKENIZER, CPU_TASKS, SHORT_RUN, finish, submit
+from tests.conftest import REPO, run_cli
+from tests.integration.slurm_jobs import BUNDLED_TOKENIZER, CPU_TASKS, SHORT_RUN, finish, job_env, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SLURM_DIR = REPO / "slurm"
@@ -82,3 +83,13 @@ def test_script_trains_on_slurm(script, slurm, pretrained_tiny, instructions, tm
 
 # What each script asks for and keeps on the CPU.
 PRECISION = {"single_node.sbatch": "32-true", "multi_node.sbatch": "32-true", "a800_pretrain.sbatch": "bf16-mixed", "v100_finetune.sbatch": "16-mixed"}
+
+
+def test_script_rendered_by_mode_sbatch_trains_on_slurm(slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["mode=sbatch", "cluster=slurm", "cluster.devices=2", "cluster.cpus_per_task=1", "cluster.partition=debug", "parallel=ddp", *SHORT_RUN], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    job_id = slurm.sbatch(run_dir / "job.sbatch", env=job_env())
+    done = finish(slurm, job_id, tmp_path, name="run")
+    assert "world size 2 = tp 1 x dp 2" in done.log and "(first step) ->" in done.log
+    assert sorted(done.losses()) == list(range(6))

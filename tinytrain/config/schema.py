@@ -18,6 +18,11 @@ class Mode(Enum):
     train = "train"
     plan = "plan"
     prepare = "prepare"  # build the data (the pretraining token store) and stop
+    sbatch = "sbatch"  # plan, then write <run dir>/job.sbatch that trains this run on Slurm
+
+
+# Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
+PLANNING_MODES = (Mode.plan, Mode.sbatch)
 
 
 class Arch(Enum):
@@ -291,6 +296,13 @@ class ClusterConfig:
     nodes: int = 1
     # Processes per node; null means every visible GPU, or 1 on a CPU machine.
     devices: Optional[int] = None
+    # Slurm job settings that mode=sbatch writes into job.sbatch (cluster=slurm).
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    time: str = "24:00:00"  # --time, within the partition's limit
+    cpus_per_task: Optional[int] = None
+    # --signal=USR1@N: tinytrain checkpoints and requeues the job this long before the time limit.
+    signal_delay_s: int = 300
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""mode=sbatch: the Slurm batch script that trains the run just planned, written next to its plan.
+
+The script asks Slurm for exactly what the plan assumed (cluster.nodes x cluster.devices tasks, one
+GPU each) and starts `srun python -m tinytrain` with the same overrides, training into the same run
+directory, so a requeued job finds its checkpoints there.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from tinytrain.errors import Problem
+
+SCRIPT_NAME = "job.sbatch"
+# Overrides the rendered command sets itself.
+OWN_KEYS = ("mode", "hydra.run.dir")
+
+
+def sbatch_problems(cfg) -> list[Problem]:
+    c = cfg.cluster
+    if c.name != "slurm":
+        return [Problem("cluster", c.name, "mode=sbatch writes a Slurm job, and this cluster option has no Slurm settings", "add cluster=slurm (and cluster.nodes, cluster.devices, cluster.partition as needed)")]
+    problems = []
+    if c.devices is None or c.devices < 1:
+        problems.append(Problem("cluster.devices", c.devices, "mode=sbatch needs the GPUs (tasks) per node", "set cluster.devices=8 (or the node's GPU count)"))
+    if c.cpus_per_task is not None and c.cpus_per_task < 1:
+        problems.append(Problem("cluster.cpus_per_task", c.cpus_per_task, "must be >= 1", "use the node's cores / GPUs, or null to leave it to Slurm"))
+    if c.signal_delay_s < 0:
+        problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "use e.g. 300 (seconds before the time limit)"))
+    return problems
+
+
+def training_overrides(overrides: list[str]) -> list[str]:
+    """The command line's overrides without the ones the script sets (mode, the run directory)."""
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in OWN_KEYS]
+
+
+def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
+    c = cfg.cluster
+    run_dir = run_dir.resolve()
+    args = [*training_overrides(overrides), f"hydra.run.dir={run_dir}"]
+    directives = [
+        f"--job-name={cfg.run.name}",
+        f"--nodes={c.nodes}",
+        f"--ntasks-per-node={c.devices}",  # one task per GPU, as Lightning expects
+        f"--gpus-per-node={c.devices}",
+        *([f"--cpus-per-task={c.cpus_per_task}"] if c.cpus_per_task else []),
+        f"--time={c.time}",
+        f"--signal=USR1@{c.signal_delay_s}",  # to srun's tasks: checkpoint, then requeue
+        "--requeue",
+        "--open-mode=append",  # a requeued job appends to the same log
+        f"--output={run_dir}/slurm-%j.out",
+        f"--chdir={workdir.resolve()}",  # relative paths in the config mean what they meant here
+        *([f"--partition={c.partition}"] if c.partition else []),
+        *([f"--account={c.account}"] if c.account else []),
+    ]
+    command = " ".join(shlex.quote(a) for a in [python, "-m", "tinytrain", *args])
+    lines = [
+        "#!/bin/bash",
+        "# Written by tinytrain from:",
+        f"#   python -m tinytrain {' '.join(shlex.quote(o) for o in overrides)}",
+        f"# Its plan: {run_dir / 'plan.json'}. Submit with: sbatch {run_dir / SCRIPT_NAME} [more overrides]",
+        *(f"#SBATCH {d}" for d in directives),
+        "",
+        "set -euo pipefail",
+        "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+        "export PYTHONUNBUFFERED=1",
+        "export NCCL_DEBUG=WARN",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}, $(date)"',
+        f'srun --kill-on-bad-exit=1 {command} "$@"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(cfg, overrides: list[str], run_dir: Path) -> Path:
+    path = run_dir / SCRIPT_NAME
+    path.write_text(render(cfg, overrides, run_dir, Path.cwd()))
+    path.chmod(0o755)
+    return path
