@@ -1,12 +1,12 @@
 """launch/ sweep definitions: well formed for wandb, every parameter a tinytrain key whose values
-compose and validate, and the agent's command line composes under Hydra with a run directory per run."""
+compose, build their data and plan, and the agent's command line composes under Hydra with a run directory per run."""
 
 import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, compose
 from tests.sweep_definitions import SWEEP_FILES, agent_command, edge_values, load, sample, tinytrain_args
-from tinytrain.validate import validate
+from tinytrain.cli import run_stages
 
 AGENT_ENV = {"WANDB_SWEEP_ID": "sweep01", "WANDB_RUN_ID": "run0001"}  # what wandb's agent sets for a run
 DISTRIBUTIONS = {"uniform", "log_uniform_values", "int_uniform", "q_uniform", "q_log_uniform_values", "normal", "log_normal"}
@@ -37,15 +37,18 @@ def test_definition_is_well_formed(path):
 
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=IDS)
-def test_every_parameter_value_composes_and_validates(path, monkeypatch):
+def test_every_parameter_value_composes_builds_its_data_and_plans(path, monkeypatch, tmp_path):
     for key, value in AGENT_ENV.items():
         monkeypatch.setenv(key, value)
     sweep = load(path)
     for name, spec in sweep["parameters"].items():
         for value in edge_values(spec):
-            cfg = compose(tinytrain_args(agent_command(sweep, {name: value})))
+            args = tinytrain_args(agent_command(sweep, {name: value}))
+            cfg = compose([*args, "mode=prepare"])
             assert OmegaConf.select(cfg, name) == value, (name, value)
-            validate(cfg)
+            # Validation, the data (and the batch it must fill), then preflight and the plan.
+            run_stages(cfg, tmp_path)
+            run_stages(compose([*args, "mode=plan"]), tmp_path)
 
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=IDS)
