@@ -133,35 +133,50 @@ def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from tinytrain.errors import ConfigError, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
     register_resolvers()
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun:
+        name_multirun_job(cfg, hydra_cfg.job.num)
     try:
         result = run_stages(cfg, run_dir)
         if cfg.mode == Mode.sbatch:
             from tinytrain import sbatch
 
-            path = sbatch.write(cfg, list(HydraConfig.get().overrides.task), run_dir)
+            path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
             print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
-    except ConfigError as e:
+    except (ConfigError, TrainingStopped) as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
-        print(f"{e.render()}\n(set HYDRA_FULL_ERROR=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
-    except TrainingStopped as e:
-        if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
+        message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
+        print(message, file=sys.stderr)
+        if multirun:
+            # Hydra marks the job failed and runs the next one; after the last job the sweeper
+            # raises the first failure again and main() exits with its code.
             raise
-        print(str(e), file=sys.stderr)
-        sys.exit(3)
+        sys.exit(2 if isinstance(e, ConfigError) else 3)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss")
 
 
+def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
+    """The jobs of one multirun share run.name (the sweep's); in wandb they are the sweep's group
+    and each is named after its job number, unless the user named them."""
+    if cfg.logger.wandb_group is None:
+        cfg.logger.wandb_group = cfg.run.name
+    if cfg.logger.wandb_name is None:
+        cfg.logger.wandb_name = f"{cfg.run.name}/{job_num}"
+
+
 def main() -> None:
+    from tinytrain.errors import TrainingStopped
     from tinytrain.friendly_errors import friendly_message
 
     register_resolvers()
@@ -173,6 +188,11 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
+    except TrainingStopped as e:  # a multirun job's, raised again by the sweeper after the last job
+        if os.environ["TINYTRAIN_TRACEBACK"] == "1":
+            raise
+        print(str(e), file=sys.stderr)
+        sys.exit(3)
     except Exception as e:  # noqa: BLE001 - every exception is either explained or re-raised
         message = friendly_message(e, sys.argv[1:])
         if message is None or os.environ["TINYTRAIN_TRACEBACK"] == "1":

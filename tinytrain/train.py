@@ -112,6 +112,17 @@ def extra_loggers(cfg, run_dir: Path) -> list:
     ]
 
 
+def end_wandb_run(cfg, failed: bool) -> None:
+    """A local multirun trains its jobs in one process, and Lightning's WandbLogger logs into a
+    wandb run that is still open: each job's run ends with the job."""
+    if not cfg.logger.wandb:
+        return
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+
+
 def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=()):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
     import lightning.pytorch as pl
@@ -188,10 +199,15 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained)
     # Rows the preflight was told to leave alone are what the loss-scale guard will name.
     trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler)
-    trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
-    # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
     final = run_dir / "checkpoints" / "final.ckpt"
-    trainer.save_checkpoint(final)
+    failed = True
+    try:
+        trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+        # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
+        trainer.save_checkpoint(final)
+        failed = False
+    finally:
+        end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
     result = {
         "first_loss": summary.first,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -49,4 +50,7 @@ def test_multirun_of_two_learning_rates(slurm, tmp_path):
     for num in ("0", "1"):
         run_dir = tmp_path / "multirun" / "grid" / num
         assert (run_dir / "metrics.csv").exists() and (run_dir / "checkpoints" / "final.ckpt").exists()
+        result = json.loads((run_dir / "result.json").read_text())  # written inside the Slurm job
+        assert result["status"] == "completed" and result["val_loss"] == results[next(o for o in result["overrides"] if o.startswith("trainer.lr="))]
+    assert "jobs best first" in r.stdout
     assert logs.count("cluster    slurm: 1 node(s) x 1 device(s) per node, from allocation of Slurm job") == 2

@@ -1,6 +1,10 @@
 """Non-finite loss or gradient: name the first parameter (forward order) with a non-finite
 gradient, the step and the loss scale; skip the step (up to N in a row) or stop.
 
+Under fp16 dynamic loss scaling an overflowing step is the scaler's normal business (it skips the
+step and halves the scale), so there the count of skips in a row is left to the loss-scale guard
+(`guard.loss_scale_halvings`, callbacks/loss_scale_guard.py), which can name the cause.
+
 `stop` saves the last good state first: the hook runs before the optimizer step, so the weights
 are still those of the last finite step.
 """
@@ -56,7 +60,8 @@ class NonFiniteGuard(pl.Callback):
         scale = current_loss_scale(trainer)
         where = f"step {trainer.global_step}: first non-finite gradient (forward order) in {name}"
         scale_text = f", loss scale {scale:g}" if scale is not None else ""
-        if self.policy == "stop" or self.consecutive > self.max_skips:
+        scaling = scale is not None
+        if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
             path = self.checkpoint_dir / "last_good.ckpt"
             trainer.save_checkpoint(path)
             why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
@@ -65,7 +70,7 @@ class NonFiniteGuard(pl.Callback):
                 "Fix: lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; "
                 "in fp16 also see the loss-scale policy (precision.loss_scale.*)."
             )
-        log.warning("non-finite gradient at %s%s: step skipped (%d in a row)", where, scale_text, self.consecutive)
+        log.warning("non-finite gradient at %s%s: step skipped (%d in a row)%s", where, scale_text, self.consecutive, "; the loss scale halves" if scaling else "")
         if getattr(trainer.precision_plugin, "scaler", None) is None:
             # Without a GradScaler nothing else skips it: no gradients, no update for any parameter.
             for p in pl_module.parameters():

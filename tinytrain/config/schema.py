@@ -285,9 +285,9 @@ class LoggerConfig:
     wandb: bool = False
     wandb_project: str = "tinytrain"
     wandb_entity: Optional[str] = None
-    wandb_group: Optional[str] = None
+    wandb_group: Optional[str] = None  # null: none; in a multirun, run.name (the sweep's)
     wandb_tags: list[str] = field(default_factory=list)
-    wandb_name: Optional[str] = None  # null: run.name
+    wandb_name: Optional[str] = None  # null: run.name; in a multirun, run.name/<job number>
 
 
 @dataclass

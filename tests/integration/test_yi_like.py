@@ -1,0 +1,95 @@
+"""The Yi-6B failure on CPU: a pretrained Llama whose <|im_start|>/<|im_end|> rows were never
+trained, fine-tuned in fp16 (real autocast + GradScaler through Lightning's MixedPrecision plugin)
+on ChatML data with an aggressive loss-scale policy.
+
+Why it overflows: every ChatML sample starts with <|im_start|>, and a position whose embedding is
+~0 stays ~0 through the layers (it attends only to itself). RMSNorm's backward at a ~0 input
+multiplies the gradient by 1/sqrt(eps) (~316), once per norm the position crosses, so gradients
+reaching the lower layers overflow fp16 at loss scales a healthy model trains at. With the check
+relaxed the scale halves step after step and the loss-scale guard stops the run naming the rows;
+with the default policy preflight rewrites the rows and the same run trains.
+"""
+
+import csv
+import math
+
+import pytest
+import torch
+
+from tests.conftest import compose, run_cli
+
+pytestmark = pytest.mark.slow
+
+CHAT = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
+# Twelve thin layers: the overflow compounds per layer, as it does in a deep model.
+SHAPE = ["model.num_layers=12", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.max_position_embeddings=256"]
+# fp16 starting at 2^24: a healthy model needs 6 halvings (steps 0-5) to find its scale; the
+# loss-scale guard's default (guard.loss_scale_halvings=8) leaves room for that.
+FINE_TUNE = [
+    "data=chat",
+    CHAT,
+    "data.seq_len=128",
+    "precision=fp16",
+    "precision.loss_scale.initial_scale_power=24",
+    "trainer.max_steps=16",
+    "trainer.warmup_steps=2",
+    "trainer.micro_batch_size=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_every_n_steps=1000",
+    "trainer.progress_bar=false",
+    "trainer.export=false",
+    "trainer.plot=false",
+]
+
+
+@pytest.fixture(scope="module")
+def yi_like(tmp_path_factory):
+    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.tokenizer import load_from_config
+
+    cfg = compose([*SHAPE, CHAT])
+    tok = load_from_config(cfg.tokenizer)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, hf_config(cfg.model, len(tok), tok), AttentionChoice("sdpa", "test"))
+    with torch.no_grad():
+        # Trained embedding tables share a common direction (their mean row is far from 0); the
+        # mean-row fix relies on it, so the stand-in for a pretrained model has one too.
+        common = torch.randn(cfg.model.hidden_size) * 0.05
+        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            table += common
+            table[[tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")]] *= 1e-4
+    folder = tmp_path_factory.mktemp("yi_like")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def logged(run_dir, column):
+    rows = csv.DictReader(open(run_dir / "metrics.csv"))
+    return [float(r[column]) for r in rows if r.get(column)]
+
+
+def test_relaxed_check_hits_the_collapse_guard_naming_the_tokens(yi_like, tmp_path):
+    relaxed = ["model.untrained_tokens=warn", "preflight.precision_risk=warn"]
+    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}", *relaxed], tmp_path / "run")
+    assert r.returncode == 3, r.stderr[-3000:]
+    msg = r.stderr
+    assert "fp16 loss scale collapsed" in msg and "8 halvings in a row" in msg, msg[-3000:]
+    assert "untrained embedding rows that preflight found and was told not to fix: '<|im_end|>', '<|im_start|>'" in msg
+    assert "model.untrained_tokens=mean" in msg
+    # The non-finite guard defers to the loss-scale guard under fp16 scaling: every step skipped.
+    assert all(not math.isfinite(n) for n in logged(tmp_path / "run", "grad_norm"))
+
+
+def test_default_policy_fixes_the_rows_and_trains(yi_like, tmp_path):
+    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}"], tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    for token in ("<|im_start|>", "<|im_end|>"):
+        assert f"{token!r}" in out and "rewrote" in out.lower(), out[-3000:]
+    losses = logged(tmp_path / "run", "loss")
+    scales = logged(tmp_path / "run", "loss_scale")
+    assert len(losses) == 16 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+    # The scale settles where a healthy model's does (2^18 here), far above the relaxed run's.
+    assert min(scales) >= 2.0**17, scales
