@@ -1,21 +1,23 @@
 """A real single-node Slurm on localhost for tests: Debian's slurmctld + slurmd, all state in a temp dir.
 
 Authentication is `auth/none` + `cred/none` (no munge daemon to manage; Slurm 22.05 has no
-`auth/slurm`). The node claims 8 GPUs as a GRES with no device files and 64 CPUs
-(`SlurmdParameters=config_overrides`), so the shipped sbatch scripts' GPU and CPU requests are
-accepted unchanged on a machine without GPUs (Slurm 22.05 drops a GPU without a device file, so
-each fake GPU is a link to /dev/null); the jobs themselves train on the CPU. Ports are
-picked free at start, so clusters of concurrent test runs do not meet. Client commands find this
-cluster through `SLURM_CONF`, set in `env()`; nothing under /etc is read or written.
+`auth/slurm`). The node claims 8 GPUs and 64 CPUs (`SlurmdParameters=config_overrides`), so the
+shipped sbatch scripts' GPU and CPU requests are accepted unchanged on a machine without GPUs; the
+jobs themselves train on the CPU. Each fake GPU is a link to /dev/null, because Slurm 22.05 drops a
+GPU without a device file. Ports are picked free at start, so clusters of concurrent test runs do
+not meet. Client commands find this cluster through `SLURM_CONF`, set in `env()`; nothing under
+/etc is read or written. slurmd launches jobs as their user, so the cluster needs root.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,16 @@ MIN_JOB_AGE_S = 3600
 
 def missing_binaries() -> list[str]:
     return [b for b in (*DAEMONS, *CLIENTS) if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+
+
+def cannot_run_reason() -> str | None:
+    """Why a test cluster cannot start here, or None."""
+    missing = missing_binaries()
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} not found); as root: {APT_INSTALL} (.ci/run does it)"
+    if os.geteuid() != 0:
+        return "the test Slurm runs slurmd, which launches jobs as their user, so it needs root"
+    return None
 
 
 def _binary(name: str) -> str:
@@ -72,7 +84,8 @@ for job_id in ids:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
     for line in out.splitlines():
         f = dict(t.partition("=")[::2] for t in line.split())
-        task = f.get("ArrayTaskId")
+        task = f.get("ArrayTaskId", "")
+        task = f"[{{task}}]" if "-" in task or "," in task else task  # sacct writes pending ranges so
         name = f"{{f['ArrayJobId']}}_{{task}}" if task else f["JobId"]
         print(f"{{name}}|{{f['JobState']}}|{{f.get('NodeList', '')}}")
 """
@@ -143,7 +156,7 @@ class SlurmCluster:
     # --- daemons -------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> None:
         self.write_config()
-        # -i: ignore state left by an earlier run (there is none; the folder is fresh).
+        # -i: a fresh folder has no saved state to recover, which is not an error.
         self.procs["slurmctld"] = self._spawn([_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         self.procs["slurmd"] = self._spawn([_binary("slurmd"), "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd")
         deadline = time.monotonic() + timeout
@@ -169,7 +182,7 @@ class SlurmCluster:
         if not self.procs:
             return
         # Jobs first: a slurmd shut down under running steps leaves their slurmstepd behind.
-        self.run(["scancel", "--user", os.environ.get("USER", "root")], check=False)
+        self.run(["scancel", "--user", pwd.getpwuid(os.getuid()).pw_name], check=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
             time.sleep(0.5)
@@ -201,8 +214,6 @@ class SlurmCluster:
 
     def sacct_standin(self, bin_dir: Path) -> Path:
         """Writes `sacct` into bin_dir (put it first on PATH for submitit only)."""
-        import sys
-
         bin_dir.mkdir(parents=True, exist_ok=True)
         path = bin_dir / "sacct"
         path.write_text(SACCT_STANDIN.format(python=sys.executable))

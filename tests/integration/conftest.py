@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.slurm_cluster import APT_INSTALL, SlurmCluster, missing_binaries
+from tests.slurm_cluster import SlurmCluster, cannot_run_reason
 
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} not found); as root: {APT_INSTALL} (.ci/run does it)")
+    reason = cannot_run_reason()
+    if reason:
+        pytest.skip(reason)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()

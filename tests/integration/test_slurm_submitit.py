@@ -35,7 +35,7 @@ def test_multirun_of_two_learning_rates(slurm, tmp_path):
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{logs}"
 
     # The command returns once both results are written; the jobs themselves still have to exit.
-    jobs = slurm.wait_all(timeout=60)
+    jobs = [j for j in slurm.wait_all(timeout=60) if j.fields.get("StdOut", "").startswith(str(submitit_dir))]
     assert [j.state for j in jobs] == ["COMPLETED", "COMPLETED"], [j.fields for j in jobs]
 
     # Each job's return value is tinytrain's: the final validation loss.
