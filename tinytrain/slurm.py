@@ -46,6 +46,17 @@ def current_task(env: Mapping[str, str] = os.environ) -> SlurmTask | None:
     )
 
 
+def tasks_per_node(default: int, env: Mapping[str, str] = os.environ) -> int:
+    """cluster=slurm's devices: the job's --ntasks-per-node, else its tasks / nodes (a job that gave
+    only --ntasks=1), else `default` outside a job (what a login node plans for)."""
+    if "SLURM_NTASKS" not in env:
+        return default
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    if per_node.isdigit():
+        return int(per_node)
+    return max(int(env["SLURM_NTASKS"]) // int(env.get("SLURM_NNODES", "1")), 1)
+
+
 def allocation_problems(nodes: int, devices: int, cluster_name: str, task: SlurmTask | None) -> list[Problem]:
     """Problems of running `nodes x devices` processes as this Slurm task (none outside Slurm)."""
     if task is None:

@@ -96,3 +96,19 @@ def test_training_config_disagreeing_with_the_job_stops_before_building(in_job):
     assert "cluster.devices=8" in str(e.value) and "4 task(s) per node" in str(e.value)
     # Planning inside a job for another size is fine: only training must match the allocation.
     validate(compose(["mode=plan", "cluster=slurm", "parallel=ddp", "cluster.devices=8"]))
+
+
+def test_devices_of_cluster_slurm():
+    from tinytrain.slurm import tasks_per_node
+
+    assert tasks_per_node(8, {}) == 8  # a login node: what to plan for
+    assert tasks_per_node(8, SRUN_2x4) == 4
+    # `sbatch --ntasks=1` (one GPU, no --ntasks-per-node): one task on the node.
+    assert tasks_per_node(8, {"SLURM_NTASKS": "1", "SLURM_NNODES": "1"}) == 1
+
+
+def test_one_task_job_without_tasks_per_node_trains(in_job, tmp_path):
+    in_job({"SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "tinytrain", "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"})
+    cfg = compose(["cluster=slurm"])
+    assert (cfg.cluster.nodes, cfg.cluster.devices) == (1, 1)
+    validate(cfg)

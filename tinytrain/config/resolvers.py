@@ -35,12 +35,19 @@ def _precision(*, _root_) -> str:
     return precision_decision(_root_).value
 
 
+def _slurm_tasks_per_node(default: int) -> int:
+    from tinytrain.slurm import tasks_per_node
+
+    return tasks_per_node(default)
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "tt.asset": _asset,
         "tt.true_vocab": _true_vocab,
         "tt.padded_vocab": _padded_vocab,
         "tt.precision": _precision,
+        "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
