@@ -1,7 +1,7 @@
 """Preemption and resume through real processes (tests/integration/resume_driver.py runs the CLI):
 
-- SIGUSR1 mid-run: a checkpoint at the next step boundary, exit 75; `resume=auto` in the same run
-  directory finishes the run, and the result equals an uninterrupted run's: loss, lr, grad_norm,
+- SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit 75;
+  `resume=auto` in the same run directory finishes the run, and the result equals an uninterrupted run's: loss, lr, grad_norm,
   loss scale and validation loss to the bit, every batch trained exactly once. fp32 on one
   process, and fp16 on two FSDP2 x TP processes with the signal sent to rank 0 only.
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
@@ -79,6 +79,16 @@ def metrics(run_dir) -> list[tuple[str, dict]]:
         return [(r["step"], {k: r[k] for k in COMPARED if r.get(k)}) for r in csv.DictReader(f)]
 
 
+def slurm_job(tmp_path) -> dict:
+    """The environment of a Slurm array task, with an `scontrol` that records how it was called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    return {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_NAME": "pretrain", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Both reference runs, started at once in the background; `uninterrupted(variant)` waits."""
@@ -101,14 +111,20 @@ def uninterrupted(tmp_path_factory):
 def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
     args, ranks = [*RUN, *VARIANTS[variant]], RANKS[variant]
     run_dir = tmp_path / "run"
-    proc = start(run_dir, args)
+    slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
+    proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
     wait_for(lambda: len(batches(run_dir)) >= 5 * ranks, proc, "step 5")  # every rank logs its batches
-    proc.send_signal(signal.SIGUSR1)  # under DDP rank 0 alone: the ranks agree at the step boundary
+    proc.send_signal(signal.SIGUSR1)  # to rank 0 alone: the ranks agree at the step boundary
     out = finish(proc, run_dir)
     assert proc.returncode == 75, out[-3000:]
     step = int(out.split("SIGUSR1 at step ")[1].split(":")[0])
     assert 5 <= step < 12
-    assert f"checkpoint saved to checkpoints/step{step:07d}.ckpt; resume with the same run directory" in out
+    saved = f"checkpoint saved to checkpoints/step{step:07d}.ckpt"
+    if slurm:
+        assert (tmp_path / "scontrol.calls").read_text() == "requeue 4240_3\n"
+        assert f"{saved}; the requeued job resumes from it" in out and "Slurm job 4240_3 requeued" in out
+    else:
+        assert f"{saved}; resume with the same run directory" in out
     assert not (run_dir / "checkpoints" / "final.ckpt").exists()  # stopped: no final checkpoint, no export
     ckpt = torch.load(run_dir / "checkpoints" / f"step{step:07d}.ckpt", weights_only=True)
     assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
