@@ -1,9 +1,10 @@
 """Preemption and resume through real processes (tests/integration/resume_driver.py runs the CLI):
 
-- SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit 75;
-  `resume=auto` in the same run directory finishes the run, and the result equals an uninterrupted run's: loss, lr, grad_norm,
-  loss scale and validation loss to the bit, every batch trained exactly once. fp32 on one
-  process, and fp16 on two FSDP2 x TP processes with the signal sent to rank 0 only.
+- SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit
+  75; `resume=auto` in the same run directory finishes the run, and the result equals an
+  uninterrupted run's: loss, lr, grad_norm, loss scale and validation loss to the bit, every batch
+  trained exactly once. fp32 on one process (as a Slurm array task), and fp16 on two FSDP2 x TP
+  processes with the signal sent to rank 0 only.
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
