@@ -10,6 +10,7 @@ the gather drops real rows and shifts the rest (tests/integration/test_tensor_pa
 from __future__ import annotations
 
 import logging
+import pickle
 
 import torch
 
@@ -55,25 +56,57 @@ def metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str) -> d
     }
 
 
-def read(path: str) -> dict:
+def read(path: str, key: str = "checkpoint.init_from", weights_only: bool = False) -> dict:
+    """The checkpoint, memory-mapped (tensors are read when touched). `key` names the setting that
+    pointed at it in the error."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except (OSError, RuntimeError) as e:
-        raise ConfigError(Problem("checkpoint.init_from", path, f"cannot read checkpoint: {e}", "point it at a .ckpt file saved by tinytrain")) from e
+        return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise ConfigError(Problem(key, path, f"cannot read checkpoint: {e}", "point it at a .ckpt file saved by tinytrain")) from e
+
+
+def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
+    meta = ckpt.get("tinytrain")
+    if meta is None:
+        raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
+    return meta
+
+
+def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
+    return f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) than this run's (fingerprint {fingerprint}, {vocab.true} tokens)"
 
 
 def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> dict:
-    meta = ckpt.get("tinytrain")
-    if meta is None:
-        raise ConfigError(Problem("checkpoint.init_from", path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
+    """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
+    meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
     if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
         raise ConfigError(
             Problem(
                 "checkpoint.init_from",
                 path,
-                f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) "
-                f"than this run's (fingerprint {fingerprint}, {vocab.true} tokens)",
+                other_tokenizer(meta, fingerprint, vocab),
                 "use the checkpoint's tokenizer, or set checkpoint.allow_tokenizer_change=true to keep rows by id and mean-initialise new ones",
+            )
+        )
+    return meta
+
+
+def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str) -> dict:
+    """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
+    tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
+    meta = tinytrain_metadata(ckpt, path, "resume")
+    fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
+    if meta["tokenizer_fingerprint"] != fingerprint:
+        raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
+    if meta["model"] != model_name:
+        raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
+    if meta["padded_vocab"] != vocab.padded:
+        raise ConfigError(
+            Problem(
+                "resume",
+                path,
+                f"saved with vocab padded to {meta['padded_vocab']} (multiple {meta['vocab_multiple']} x tp {meta['tp']}); this run pads to {vocab.padded} (multiple {vocab.multiple} x tp {vocab.tp}), and the optimizer state cannot be re-padded",
+                f"resume with the same parallel.tp and model.vocab_multiple, {fresh}",
             )
         )
     return meta

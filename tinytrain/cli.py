@@ -69,6 +69,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         from tinytrain.checkpoint import check_compatible, read
 
         init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
+    resume = resume_point(cfg, run_dir, resolved)
     preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config, saved_vocab)
     memory = memory_section(cfg, resolved, shape, params, attention)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded)
@@ -76,6 +77,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     plan["fast_paths"] = fast.to_dict()
     plan["preflight"] = {"findings": preflight, "untrained_rows": [r.describe() for r in untrained], "fix": fix or None}
     plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
+    plan["resume"] = resume and resume.to_dict()
     if is_rank_zero():
         run_dir.mkdir(parents=True, exist_ok=True)
         write_plan(plan, run_dir)
@@ -94,7 +96,27 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if model_config is None:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     model_config.use_cache = False
-    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix))
+    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix), resume)
+
+
+def resume_point(cfg: DictConfig, run_dir: Path, resolved):
+    """The checkpoint this run continues from (tinytrain/resume.py), checked against this run;
+    rank 0 of a training run also clears what interrupted saves left behind."""
+    from tinytrain import resume
+
+    checkpoints = run_dir / "checkpoints"
+    point = resume.resolve_resume(cfg.resume, checkpoints, resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name)
+    if cfg.mode != Mode.train or not is_rank_zero():
+        return point
+    for path in resume.leftover_temp_files(checkpoints):
+        log.warning("removed %s: a checkpoint save that was interrupted (the previous checkpoint is intact)", path.relative_to(run_dir))
+    for path in resume.set_aside(point.skipped if point else []):
+        log.warning("renamed an unreadable checkpoint to %s", path.relative_to(run_dir))
+    if point is not None:
+        log.info("%s", point.describe(run_dir))
+        if cfg.checkpoint.init_from:
+            log.info("checkpoint.init_from=%s not applied: the run continues from its own checkpoint", cfg.checkpoint.init_from)
+    return point
 
 
 def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config, saved_vocab: int | None):
@@ -135,7 +157,7 @@ def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from tinytrain.errors import ConfigError, TrainingStopped
+    from tinytrain.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
@@ -162,6 +184,10 @@ def hydra_main(cfg: DictConfig):
             # raises the first failure again and main() exits with its code.
             raise
         sys.exit(2 if isinstance(e, ConfigError) else 3)
+    except Preempted as e:
+        if is_rank_zero():
+            print(str(e), file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss")
 

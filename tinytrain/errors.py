@@ -38,6 +38,14 @@ class TrainingStopped(Exception):
     """A runtime guard stopped the run; the message is the whole diagnosis (cause, step, fixes)."""
 
 
+# EX_TEMPFAIL (sysexits.h): stopped on purpose with a checkpoint saved; running again resumes.
+PREEMPTED_EXIT_CODE = 75
+
+
+class Preempted(Exception):
+    """SIGUSR1 / SIGTERM: a checkpoint was saved and the run stopped (callbacks/preemption.py)."""
+
+
 def raise_if_any(problems: list[Problem]) -> None:
     if problems:
         raise ConfigError(problems)

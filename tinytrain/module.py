@@ -128,6 +128,12 @@ class CausalLMModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Lightning resumes load weights after this hook (single, ddp): re-pad for this run.
-        padded = self.model.get_input_embeddings().weight.shape[0]
-        if all(name in checkpoint["state_dict"] for name in self.vocab_names):
-            repad_vocab(checkpoint["state_dict"], self.vocab_names, padded)
+        # fsdp_tp loads them in the strategy, which re-pads first (strategy.py) and leaves no state_dict.
+        if "state_dict" in checkpoint:
+            self.repad_state_dict(checkpoint["state_dict"])
+
+    def repad_state_dict(self, state_dict: dict) -> None:
+        """Checkpoints hold len(tokenizer) vocab rows; this run's tables have the padded count."""
+        padded = self.model.get_input_embeddings().weight.shape[0]  # the global shape, also when sharded
+        if all(name in state_dict for name in self.vocab_names):
+            repad_vocab(state_dict, self.vocab_names, padded)

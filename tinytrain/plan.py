@@ -125,6 +125,9 @@ def render_plan(plan: dict) -> str:
     if plan.get("init_from"):
         i = plan["init_from"]
         lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
+    if plan.get("resume"):
+        r = plan["resume"]
+        lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
     if plan["deepspeed"]:
         ds = plan["deepspeed"]
         zero = ds["zero_optimization"]

@@ -1,5 +1,6 @@
-"""The Slurm task this process runs as, read from the environment srun gives it, and what a config
-that disagrees with it would do.
+"""What tinytrain needs from Slurm: the job's id (a run name stable across requeues), a requeue,
+Lightning's cluster environment without its own requeue handler, and the task this process runs as
+(nodes, tasks per node) with what a config that disagrees with it would do.
 
 Lightning's SLURMEnvironment takes ranks and the world size from the same variables whenever
 SLURM_NTASKS is set (salloc shells, named `bash` or `interactive`, excepted), so a config whose
@@ -8,14 +9,59 @@ nodes x devices differ from the job's is caught here, before any data or weights
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tinytrain.errors import Problem
 
-# Lightning leaves jobs with these names to other launchers (its `_is_slurm_interactive_mode`).
-INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+log = logging.getLogger(__name__)
+
+
+def interactive(env: Mapping[str, str]) -> bool:
+    # Lightning's rule too: an allocation named bash/interactive (salloc, srun --pty) runs commands by hand.
+    return env.get("SLURM_JOB_NAME") in ("bash", "interactive")
+
+
+def job_id(env: Mapping[str, str] = os.environ) -> str | None:
+    """`<array job>_<task>` for a task of an array job (what `scontrol requeue` takes), else the job
+    id; None outside Slurm and in an interactive allocation (each command there is its own run)."""
+    if interactive(env):
+        return None
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def requeue(job: str) -> tuple[bool, str]:
+    """`scontrol requeue <job>`: (worked, what happened). Slurm then ends this job's processes
+    (SIGTERM, SIGKILL after KillWait) and starts the job again."""
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"scontrol requeue {job} failed: {e}"
+    if done.returncode != 0:
+        return False, f"scontrol requeue {job} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+    return True, f"Slurm job {job} requeued"
+
+
+def run_name(env: Mapping[str, str] = os.environ) -> str | None:
+    """`slurm-<job>`: the same for every task of the job and again after a requeue."""
+    job = job_id(env)
+    return f"slurm-{job}" if job else None
+
+
+def cluster_plugins() -> list:
+    """Under Slurm: Lightning's SLURMEnvironment with auto_requeue off. Its requeue handler saves a
+    checkpoint inside the signal handler, in the middle of a step; callbacks/preemption.py saves at
+    the next step boundary instead."""
+    if current_task() is None:  # SLURMEnvironment.detect(), without its warning
+        return []
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)]
 
 
 @dataclass(frozen=True)
@@ -33,7 +79,7 @@ class SlurmTask:
 
 def current_task(env: Mapping[str, str] = os.environ) -> SlurmTask | None:
     """The Slurm task this process is, as Lightning will see it; None outside Slurm."""
-    if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in INTERACTIVE_JOB_NAMES:
+    if "SLURM_NTASKS" not in env or interactive(env):
         return None
     per_node = env.get("SLURM_NTASKS_PER_NODE")
     return SlurmTask(

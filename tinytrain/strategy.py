@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from tinytrain.config.schema import Strategy
 from tinytrain.precision import PrecisionDecision
@@ -39,21 +40,69 @@ def build_strategy(cfg, on_gpu: bool, data_parallel: int, deepspeed_config: dict
 
         return DDPStrategy(process_group_backend=backend)
     if kind == Strategy.deepspeed:
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(config=deepspeed_config, process_group_backend=backend)
+        return atomic_deepspeed_strategy()(config=deepspeed_config, process_group_backend=backend)
     if kind == Strategy.fsdp_tp:
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
         # One full checkpoint file on rank 0: tinytrain unpads it after the gather and any tp
         # can load it (tinytrain/checkpoint.py).
-        return ModelParallelStrategy(
+        return repadding_model_parallel_strategy()(
             data_parallel_size=data_parallel,
             tensor_parallel_size=cfg.parallel.tp,
             save_distributed_checkpoint=False,
             process_group_backend=backend,
         )
     return "auto"
+
+
+def atomic_deepspeed_strategy():
+    """Lightning's DeepSpeedStrategy whose checkpoint folder appears only when every rank has
+    written its shards: saved under a temp name, renamed by rank 0 after a barrier. Not run on
+    CPU (Lightning's DeepSpeed refuses it); the folder move is tested on its own."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from tinytrain.checkpoint_files import publish_directory, temp_path
+
+    class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+            final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank
+            tmp = Path(self.broadcast(str(temp_path(final))))
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            self.barrier("tinytrain.atomic_deepspeed_save")
+            if self.is_global_zero:
+                publish_directory(tmp, final)
+            self.barrier("tinytrain.atomic_deepspeed_published")
+
+    return AtomicDeepSpeedStrategy
+
+
+def repadding_model_parallel_strategy():
+    """Lightning's ModelParallelStrategy (FSDP2 x TP) whose resume re-pads the vocab rows first.
+
+    It loads a full checkpoint into the sharded model itself, before the module's
+    on_load_checkpoint, so the re-padding the module does for single/ddp happens here: the same
+    steps as Lightning's loader for a full-checkpoint file, with the re-pad in between. The
+    optimizer state was saved from the padded parameters and loads as it is.
+    """
+    import torch
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state, _rekey_optimizer_state_if_needed
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    class RepaddingModelParallelStrategy(ModelParallelStrategy):
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            path = Path(self.broadcast(str(checkpoint_path)))
+            if path.is_dir():  # a distributed checkpoint (tinytrain does not write them)
+                return super().load_checkpoint(path, weights_only)
+            module = self.lightning_module
+            checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+            state = checkpoint.pop("state_dict")
+            module.repad_state_dict(state)
+            _load_raw_module_state(state, self.model, strict=module.strict_loading)
+            options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
+            for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
+            return checkpoint
+
+    return RepaddingModelParallelStrategy
 
 
 def build_trainer_hardware(cfg, decision: PrecisionDecision, on_gpu: bool, devices: int, data_parallel: int, deepspeed_config: dict | None) -> TrainerHardware:

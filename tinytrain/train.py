@@ -6,6 +6,7 @@ Everything here runs after the plan, so configuration problems have already been
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from tinytrain.fast_paths import FastPaths
@@ -35,7 +36,9 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
-def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], "")):
+def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], ""), resuming: bool = False):
+    """`resuming`: the weights come from the resume checkpoint, so neither checkpoint.init_from nor
+    the untrained-row fix is applied (Lightning loads the checkpoint over them)."""
     from tinytrain import checkpoint
     from tinytrain.config.schema import Strategy
     from tinytrain.model import build_model
@@ -43,12 +46,12 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
     from tinytrain.tensor_parallel import parallelize
 
     model = build_model(cfg.model, model_config, attention)
-    if cfg.checkpoint.init_from:
+    if cfg.checkpoint.init_from and not resuming:
         names = checkpoint.vocab_param_names(model)
         state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
         model.load_state_dict(state, strict=True)
     rows, fix = untrained
-    if fix:
+    if fix and not resuming:
         # The rows preflight found, rewritten on the weights this run trains (after any resize).
         from tinytrain.embedding_health import fix_rows, vocab_tables
 
@@ -108,6 +111,10 @@ def extra_loggers(cfg, run_dir: Path) -> list:
             name=lg.wandb_name or cfg.run.name,
             save_dir=str(run_dir),
             config=config,
+            # One wandb run per run directory: a resumed (requeued) run continues its history. A wandb
+            # sweep agent names the run it started in WANDB_RUN_ID; that id must be kept.
+            id=os.environ.get("WANDB_RUN_ID") or wandb_run_id(cfg.run.name, run_dir),
+            resume="allow",
         )
     ]
 
@@ -123,15 +130,31 @@ def end_wandb_run(cfg, failed: bool) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
-def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=()):
-    """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one)."""
+def wandb_run_id(run_name: str, run_dir: Path) -> str:
+    """Stable for a run directory, distinct between directories (wandb ids are unique per project)."""
+    import hashlib
+    import re
+
+    where = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
+
+
+def build_trainer(
+    cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=(), resume_step: int | None = None, preemption=None
+):
+    """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
+    `resume_step`: the step of the checkpoint this run resumes from (metrics.csv keeps the rows before it)."""
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     from tinytrain.callbacks.data_position import DataPosition
     from tinytrain.callbacks.loss_summary import LossSummary
+    from tinytrain.callbacks.preemption import Preemption
+    from tinytrain.callbacks.rng_state import RNGState
+    from tinytrain.callbacks.step_checkpoints import StepCheckpoints
     from tinytrain.callbacks.throughput import ThroughputMonitor, peak_tflops
+    from tinytrain.checkpoint_io import AtomicCheckpointIO
+    from tinytrain.metrics_csv import ResumableCSVLogger
+    from tinytrain.slurm import cluster_plugins
     from tinytrain.strategy import build_trainer_hardware
 
     t = cfg.trainer
@@ -144,26 +167,23 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
         summary,
         *guard_callbacks(cfg, run_dir, list(untrained_rows)),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
-        # monitor="step" + mode="max" keeps the newest checkpoints; last.ckpt always points at the newest.
-        ModelCheckpoint(
-            dirpath=run_dir / "checkpoints",
-            filename="step{step:07d}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=t.checkpoint_every_n_steps,
-            monitor="step",
-            mode="max",
-            save_top_k=3,
-            save_last=True,
-        ),
+        RNGState(),
+        # After DataPosition: a checkpoint it saves has counted the step's batch.
+        preemption or Preemption(run_dir),
+        # Checkpoint callbacks run last (Lightning orders them so).
+        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last),
         *extra_callbacks,
     ]
+    plugins = [*cluster_plugins(), AtomicCheckpointIO()]
+    if not isinstance(hw.precision, str):
+        plugins.append(hw.precision)
     trainer = pl.Trainer(
         accelerator=hw.accelerator,
         devices=hw.devices,
         num_nodes=hw.num_nodes,
         strategy=hw.strategy,
         precision=hw.precision if isinstance(hw.precision, str) else None,
-        plugins=None if isinstance(hw.precision, str) else [hw.precision],
+        plugins=plugins,
         max_steps=t.max_steps,
         accumulate_grad_batches=b.accumulate_grad_batches,
         val_check_interval=t.val_every_n_steps * b.accumulate_grad_batches,
@@ -171,7 +191,7 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
         limit_val_batches=t.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps,
-        logger=[CSVLogger(save_dir=str(run_dir), name="", version=""), *extra_loggers(cfg, run_dir)],
+        logger=[ResumableCSVLogger(run_dir, resume_step), *extra_loggers(cfg, run_dir)],
         callbacks=callbacks,
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
@@ -182,11 +202,15 @@ def build_trainer(cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, dee
     return trainer, throughput, summary
 
 
-def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths, untrained: tuple = ([], "")) -> dict:
+def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths, untrained: tuple = ([], ""), resume=None) -> dict:
+    """`resume`: the ResumePoint (tinytrain/resume.py) to continue from, or None for a fresh start."""
     import lightning.pytorch as pl
 
+    from tinytrain.callbacks.preemption import Preemption
     from tinytrain.data.datamodule import DataModule
 
+    preemption = Preemption(run_dir)
+    preemption.install_early()  # a SIGUSR1 while the data is built is honoured at the first step
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
@@ -196,13 +220,16 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
 
     preflight.report(preflight.data_findings(cfg, data.stores, resolved.vocab.true))
     untrained_rows, untrained_fix = untrained
-    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained)
+    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained, resuming=resume is not None)
     # Rows the preflight was told to leave alone are what the loss-scale guard will name.
-    trainer, throughput, summary = build_trainer(cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler)
+    trainer, throughput, summary = build_trainer(
+        cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler, resume_step=resume and resume.step, preemption=preemption
+    )
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
     try:
-        trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader())
+        # Raises Preempted (callbacks/preemption.py) after a signal: no final checkpoint, no export.
+        trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader(), ckpt_path=resume and str(resume.path))
         # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
         trainer.save_checkpoint(final)
         failed = False
@@ -236,7 +263,10 @@ def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, 
             final_checkpoint = consolidated
         export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, run_dir / "hf_export")
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
-    print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
+    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
+        print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
+    else:
+        print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")

@@ -52,16 +52,17 @@ class Finished:
             return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")}
 
 
-def submit(slurm: SlurmCluster, script: Path, options: list[str], args: list[str], out_dir: Path, name: str = "job") -> int:
+def submit(slurm: SlurmCluster, script: Path, options: list[str], args: list[str], out_dir: Path) -> int:
     """Submit a script from the repo root (as the README says) with its log and run directory in
-    out_dir; returns the job id."""
+    out_dir; returns the job id. The run is named by the job (slurm-<job id>), as on a cluster."""
     options = [f"--output={out_dir}/%x-%j.out", *options]
-    return slurm.sbatch(script, options, [*args, f"run.root={out_dir}", f"run.name={name}"], env=job_env(), cwd=REPO)
+    return slurm.sbatch(script, options, [*args, f"run.root={out_dir}"], env=job_env(), cwd=REPO)
 
 
-def finish(slurm: SlurmCluster, job_id: int, out_dir: Path, timeout: float = 300, name: str = "job") -> Finished:
+def finish(slurm: SlurmCluster, job_id: int, out_dir: Path, timeout: float = 300, run_dir: Path | None = None) -> Finished:
+    """Waits for the job; it must have completed. Its run directory: run_dir, else run.name's default."""
     job = slurm.wait(job_id, timeout)
     log_path = Path(job.fields["StdOut"])
     log = log_path.read_text(errors="replace") if log_path.exists() else f"(no log at {log_path})"
     assert job.state == "COMPLETED", f"job {job_id} ended {job.state} ({job.fields.get('ExitCode')}):\n{log[-6000:]}"
-    return Finished(job, log, out_dir / name)
+    return Finished(job, log, run_dir or out_dir / f"slurm-{job_id}")

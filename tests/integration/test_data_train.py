@@ -32,7 +32,7 @@ def test_prepare_then_train_on_the_packed_store(tmp_path):
     assert r.returncode == 0, out[-3000:]
     assert "(data.store)" in out and "documents isolated" in out
     assert len(losses(run_dir)) > 0
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoints" / "step0000008.ckpt", map_location="cpu", weights_only=False)
     position = next(v for k, v in ckpt["callbacks"].items() if k.startswith("DataPosition"))
     assert position["consumed_batches"] == 8 and position["batch_size"] == 4  # smoke: 8 steps of micro batch 4
 

@@ -71,7 +71,7 @@ def test_script_trains_on_slurm(script, slurm, pretrained_tiny, instructions, tm
     options, overrides = SCRIPT_ARGS[script]
     overrides = [o.format(pretrained=pretrained_tiny, instructions=instructions) for o in overrides]
     job_id = submit(slurm, SLURM_DIR / script, [*CPU_TASKS, *options], [*SHORT_RUN, *overrides], tmp_path)
-    done = finish(slurm, job_id, tmp_path)
+    done = finish(slurm, job_id, tmp_path)  # every task in the one run directory, slurm-<job id>
     assert "restart 0" in done.log
     assert "cluster    slurm: 1 node(s) x 2 device(s) per node, from allocation of Slurm job" in done.log
     assert "world size 2 = tp 1 x dp 2" in done.log
@@ -90,6 +90,6 @@ def test_script_rendered_by_mode_sbatch_trains_on_slurm(slurm, tmp_path):
     r = run_cli(["mode=sbatch", "cluster=slurm", "cluster.devices=2", "cluster.cpus_per_task=1", "cluster.partition=debug", "parallel=ddp", *SHORT_RUN], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     job_id = slurm.sbatch(run_dir / "job.sbatch", env=job_env())
-    done = finish(slurm, job_id, tmp_path, name="run")
+    done = finish(slurm, job_id, tmp_path, run_dir=run_dir)
     assert "world size 2 = tp 1 x dp 2" in done.log and "(first step) ->" in done.log
     assert sorted(done.losses()) == list(range(6))

@@ -29,7 +29,7 @@ def smoke_run(tmp_path_factory):
 
 def test_run_directory_holds_every_output(smoke_run):
     run_dir, _ = smoke_run
-    for name in ("config_resolved.yaml", "plan.json", "metrics.csv", "loss_curve.png", "checkpoints/last.ckpt", "hf_export/config.json", "hf_export/tokenizer.json"):
+    for name in ("config_resolved.yaml", "plan.json", "metrics.csv", "loss_curve.png", "checkpoints/final.ckpt", "checkpoints/step0000008.ckpt", "hf_export/config.json", "hf_export/tokenizer.json"):
         assert (run_dir / name).exists(), name
     assert (run_dir / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -42,7 +42,7 @@ def test_metrics_are_logged(smoke_run):
 
 
 def test_checkpoint_records_vocab_metadata(smoke_run):
-    ckpt = torch.load(smoke_run[0] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(smoke_run[0] / "checkpoints" / "final.ckpt", map_location="cpu", weights_only=False)
     meta = ckpt["tinytrain"]
     assert (meta["true_vocab"], meta["padded_vocab"], meta["vocab_multiple"], meta["tp"]) == (4098, 4160, 64, 1)
     assert len(meta["tokenizer_fingerprint"]) == 16
@@ -71,7 +71,7 @@ def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):
     r = run_cli(["experiment=smoke", "precision=fp16", "precision.loss_scale.initial_scale_power=10", "trainer.progress_bar=false"], run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "precision  16-mixed" in r.stdout
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoints" / "final.ckpt", map_location="cpu", weights_only=False)
     # Lightning stores the GradScaler's state only when the fp16 plugin (not bf16) trained.
     scaler = ckpt["MixedPrecision"]
     assert scaler["scale"] <= 2.0**10 and scaler["growth_interval"] == 1000

@@ -16,6 +16,7 @@ CASES = {
     "bf16 on V100": (["mode=plan", "hardware.gpu=V100", "precision=bf16"], ["V100", "precision=fp16"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     "added unknown key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
+    "missing resume checkpoint": (["mode=plan", "resume=missing/step0000040.ckpt"], ["resume='missing/step0000040.ckpt'", "neither auto, never"]),
 }
 
 

@@ -1,11 +1,16 @@
-"""cluster=slurm: the job's allocation read from srun's environment, plans for a cluster from a login
-node, and a config that disagrees with the job stopped before training."""
+"""Slurm: a run name stable across requeues from the job id, array tasks named as scontrol wants
+them, Lightning's cluster environment without its own requeue handler; cluster=slurm's nodes and
+tasks per node read from srun's environment, plans for a cluster from a login node, and a config
+that disagrees with the job stopped before training."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from tests.conftest import compose
+from tinytrain import slurm
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
 from tinytrain.slurm import SlurmTask, allocation_problems, current_task
@@ -13,12 +18,15 @@ from tinytrain.validate import validate
 
 # What srun gives each of 2 nodes x 4 tasks (a subset: the variables tinytrain and Lightning read).
 SRUN_2x4 = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "tinytrain", "SLURM_NNODES": "2", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
+SLURM_VARS = (*SRUN_2x4, "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")
 
 
 @pytest.fixture(autouse=True)
-def outside_slurm(monkeypatch):
-    for var in SRUN_2x4:
+def no_slurm(monkeypatch):
+    """Every test starts outside Slurm, even when the suite itself runs in a Slurm job."""
+    for var in SLURM_VARS:
         monkeypatch.delenv(var, raising=False)
+    return monkeypatch
 
 
 @pytest.fixture
@@ -30,6 +38,46 @@ def in_job(monkeypatch):
             monkeypatch.setenv(key, value)
 
     return enter
+
+
+def test_job_ids():
+    assert slurm.job_id({}) is None
+    assert slurm.job_id({"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "pretrain"}) == "4242"
+    array_task = {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "8"}
+    assert slurm.job_id(array_task) == "4242_8"
+    assert slurm.run_name(array_task) == "slurm-4242_8"
+    # salloc / srun --pty: every command typed there is a run of its own
+    assert slurm.job_id({"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "interactive"}) is None
+
+
+def test_run_name_comes_from_the_job(no_slurm):
+    no_slurm.setenv("SLURM_JOB_ID", "4242")
+    assert compose().run.name == "slurm-4242"
+    no_slurm.setenv("SLURM_ARRAY_JOB_ID", "4240")
+    no_slurm.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert compose().run.name == "slurm-4240_3"
+    assert compose(["run.name=mine"]).run.name == "mine"
+
+
+def test_run_name_outside_slurm_is_the_start_time(no_slurm):
+    cfg = compose()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", cfg.run.name)
+    assert cfg.run.name == cfg.run.name  # one value per config, however often it is read
+
+
+def test_lightning_requeue_handler_is_off_under_srun(no_slurm):
+    assert slurm.cluster_plugins() == []
+    no_slurm.setenv("SLURM_NTASKS", "2")
+    no_slurm.setenv("SLURM_NTASKS_PER_NODE", "2")
+    no_slurm.setenv("SLURM_JOB_ID", "4242")
+    (env,) = slurm.cluster_plugins()
+    assert type(env).__name__ == "SLURMEnvironment" and env.auto_requeue is False
+
+
+def test_requeue_reports_a_missing_scontrol(no_slurm):
+    no_slurm.setenv("PATH", "/nonexistent")
+    ok, what = slurm.requeue("4242")
+    assert not ok and "scontrol requeue 4242 failed" in what
 
 
 def test_task_read_from_srun_environment():

@@ -18,8 +18,8 @@ class DataPosition(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Counted here, not when the sampler yields: loader workers and Lightning prefetch ahead.
-        # Runs before ModelCheckpoint (Lightning calls checkpoint callbacks last), so a checkpoint
-        # saved after this batch counts it.
+        # Runs before StepCheckpoints (Lightning calls checkpoint callbacks last) and before the
+        # preemption save (listed after this callback), so a checkpoint saved after this batch counts it.
         self.sampler.advance()
 
     def state_dict(self) -> dict:

@@ -41,6 +41,16 @@ def _slurm_tasks_per_node(default: int) -> int:
     return tasks_per_node(default)
 
 
+def _run_name() -> str:
+    from datetime import datetime
+
+    from tinytrain import slurm
+
+    # Every srun task evaluates this itself: a timestamp could differ between tasks of one job,
+    # and a requeued job must find its own directory again.
+    return slurm.run_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "tt.asset": _asset,
@@ -51,3 +61,6 @@ def register_resolvers() -> None:
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
+    if not OmegaConf.has_resolver("tt.run_name"):
+        # Cached like Hydra's `now`: one name per process, however often run.name is read.
+        OmegaConf.register_new_resolver("tt.run_name", _run_name, use_cache=True)

@@ -246,6 +246,8 @@ class CheckpointConfig:
     # Accept a checkpoint trained with another tokenizer: rows are kept by id, new rows get the
     # mean of the old ones and are listed in the log.
     allow_tokenizer_change: bool = False
+    # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
+    keep_last: int = 3
 
 
 @dataclass
@@ -313,7 +315,8 @@ class HardwareConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "${now:%Y-%m-%d_%H-%M-%S}"
+    # slurm-<job id> under Slurm (stable across requeues, the same for every task), else the start time.
+    name: str = "${tt.run_name:}"
     root: str = "runs"
 
 
@@ -321,6 +324,9 @@ class RunConfig:
 class Config:
     mode: Mode = Mode.train
     seed: int = 1234
+    # auto: continue from the newest complete checkpoint of the run directory (none: start fresh);
+    # never: start fresh (refused where checkpoints exist); or a checkpoint file to continue from.
+    resume: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)

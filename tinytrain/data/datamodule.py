@@ -12,6 +12,7 @@ what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stop
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, default_collate
 
 from tinytrain.config.schema import DataFormat
@@ -148,8 +149,14 @@ class DataModule:
     def describe(self) -> str:
         return "\n".join(f"data       {line}" for line in self.lines)
 
+    # Each loader has its own generator: without one, every new iterator (each epoch, each
+    # validation) draws its workers' seed from the global torch RNG, and a resumed run, which
+    # creates its iterators at other moments, would see different random draws afterwards.
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers)
+        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers)
+        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
+
+    def _generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.train_sampler.seed)

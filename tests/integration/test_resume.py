@@ -1,0 +1,178 @@
+"""Preemption and resume through real processes (tests/integration/resume_driver.py runs the CLI):
+
+- SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit
+  75; `resume=auto` in the same run directory finishes the run, and the result equals an
+  uninterrupted run's: loss, lr, grad_norm, loss scale and validation loss to the bit, every batch
+  trained exactly once. fp32 on one process (as a Slurm array task), and fp16 on two FSDP2 x TP
+  processes with the signal sent to rank 0 only.
+- SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
+  the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
+"""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from tests.conftest import REPO, compose
+
+pytestmark = pytest.mark.slow
+
+MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+# 12 steps, checkpoints every 4 (the newest 2 kept), validation every 4, a row of metrics per step.
+RUN = ["experiment=smoke", *MODEL, "data.seq_len=32", "trainer.max_steps=12", "trainer.log_every_n_steps=1", "checkpoint.keep_last=2", "trainer.progress_bar=false", "trainer.export=false", "trainer.plot=false"]
+VARIANTS = {
+    "fp32": [],
+    # Two ranks (FSDP2 x TP, tp 2): the signal goes to rank 0 only and the ranks agree at the step
+    # boundary. Checkpoints hold 4097 vocab rows, the sharded tables 4224 (64 x tp 2): re-padded on
+    # load. The fp16 loss scale starts at 2^4 and doubles every 2 clean steps: a resume that lost
+    # the GradScaler's state would show in loss_scale (and in the gradients' rounding).
+    "fp16-fsdp_tp": [
+        "parallel=fsdp_tp",
+        "cluster.devices=2",
+        "parallel.tp=2",
+        'tokenizer.add_special_tokens=["<|x|>"]',
+        "precision=fp16",
+        "precision.loss_scale.initial_scale_power=4",
+        "precision.loss_scale.window=2",
+    ],
+}
+RANKS = {"fp32": 1, "fp16-fsdp_tp": 2}  # processes; both tp ranks train the same batch
+COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
+
+
+def start(run_dir, args, env=None) -> subprocess.Popen:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    full_env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})})
+    with (run_dir / "out.log").open("a") as out:
+        return subprocess.Popen([sys.executable, "-m", "tests.integration.resume_driver", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(proc: subprocess.Popen, run_dir, timeout=240) -> str:
+    proc.wait(timeout=timeout)
+    return (run_dir / "out.log").read_text()
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def batches(run_dir) -> list[str]:
+    path = run_dir / "batches.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def metrics(run_dir) -> list[tuple[str, dict]]:
+    """Every logged row (tokens_per_s is a timing, so left out), as the exact strings written."""
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [(r["step"], {k: r[k] for k in COMPARED if r.get(k)}) for r in csv.DictReader(f)]
+
+
+def slurm_job(tmp_path) -> dict:
+    """The environment of a Slurm array task, with an `scontrol` that records how it was called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    return {"SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_NAME": "pretrain", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Both reference runs, started at once in the background; `uninterrupted(variant)` waits."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    procs = {variant: (root / variant, start(root / variant, [*RUN, *extra])) for variant, extra in VARIANTS.items()}
+
+    def done(variant):
+        run_dir, proc = procs[variant]
+        out = finish(proc, run_dir)
+        assert proc.returncode == 0, out[-3000:]
+        return run_dir
+
+    yield done
+    for _, proc in procs.values():
+        proc.kill()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
+    args, ranks = [*RUN, *VARIANTS[variant]], RANKS[variant]
+    run_dir = tmp_path / "run"
+    slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
+    proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
+    wait_for(lambda: len(batches(run_dir)) >= 5 * ranks, proc, "step 5")  # every rank logs its batches
+    proc.send_signal(signal.SIGUSR1)  # to rank 0 alone: the ranks agree at the step boundary
+    out = finish(proc, run_dir)
+    assert proc.returncode == 75, out[-3000:]
+    step = int(out.split("SIGUSR1 at step ")[1].split(":")[0])
+    assert 5 <= step < 12
+    saved = f"checkpoint saved to checkpoints/step{step:07d}.ckpt"
+    if slurm:
+        assert (tmp_path / "scontrol.calls").read_text() == "requeue 4240_3\n"
+        assert f"{saved}; the requeued job resumes from it" in out and "Slurm job 4240_3 requeued" in out
+    else:
+        assert f"{saved}; resume with the same run directory" in out
+    assert not (run_dir / "checkpoints" / "final.ckpt").exists()  # stopped: no final checkpoint, no export
+    ckpt = torch.load(run_dir / "checkpoints" / f"step{step:07d}.ckpt", weights_only=True)
+    assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
+    assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step  # tp 2 x dp 1: one batch a step
+
+    proc = start(run_dir, args)
+    out = finish(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert f"resuming from checkpoints/step{step:07d}.ckpt (step {step})" in out
+
+    reference = uninterrupted(variant)
+    assert metrics(run_dir) == metrics(reference)
+    trained, expected = batches(run_dir), batches(reference)
+    assert Counter(trained) == Counter(expected) and set(Counter(expected).values()) == {ranks}  # each batch once (per rank)
+    if ranks == 1:
+        assert trained == expected  # and in the same order
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["final.ckpt", "step0000008.ckpt", "step0000012.ckpt"]
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_during_a_slow_checkpoint_write_keeps_the_previous_one(tmp_path, uninterrupted):
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    proc = start(run_dir, RUN, env={"TT_TEST_STALL_SAVE": "2"})  # the step-8 save hangs half written
+    partial = wait_for(lambda: [p for p in checkpoints.glob("step0000008.ckpt.tmp-*") if p.stat().st_size > 0], proc, "the step-8 save")[0]
+    proc.send_signal(signal.SIGKILL)
+    finish(proc, run_dir)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step0000004.ckpt", partial.name]
+    with pytest.raises(RuntimeError):
+        torch.load(partial, weights_only=True)
+
+    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.tokenizer import load_from_config
+
+    previous = torch.load(checkpoints / "step0000004.ckpt", weights_only=True)
+    assert previous["global_step"] == 4
+    cfg = compose(RUN)
+    tokenizer = load_from_config(cfg.tokenizer)
+    model = build_model(cfg.model, hf_config(cfg.model, len(tokenizer), tokenizer), AttentionChoice("sdpa", "test"))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in previous["state_dict"].items()}, strict=True)
+
+    proc = start(run_dir, RUN)
+    out = finish(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert f"removed checkpoints/{partial.name}: a checkpoint save that was interrupted" in out
+    assert "resuming from checkpoints/step0000004.ckpt (step 4)" in out
+    assert not partial.exists()
+    reference = uninterrupted("fp32")
+    assert metrics(run_dir) == metrics(reference)  # the killed run's rows after step 4 were replaced
+    expected = batches(reference)
+    assert batches(run_dir) == expected[:8] + expected[4:]  # steps 5-8 trained again after the crash

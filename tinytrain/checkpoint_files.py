@@ -1,0 +1,77 @@
+"""Checkpoint files on disk: their names, atomic publication, listing and pruning.
+
+A checkpoint is written under a temp name in its own folder (`<name>.tmp-<pid>`) and renamed onto
+its final name when complete (`os.replace` is atomic within one filesystem), then the folder is
+fsynced so the rename survives a crash. A file with a final name is therefore complete; a killed
+writer leaves only a temp file, which resume ignores and removes. Step checkpoints are named
+`step<N:07d>.ckpt` (a file, or a folder of shards under DeepSpeed).
+
+No Lightning here: `mode=plan` lists checkpoints to show what it would resume from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+TEMP_MARK = ".tmp-"
+STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
+
+
+def temp_path(final: Path, pid: int | None = None) -> Path:
+    """Where `final` is written before it is complete: the same folder, so the rename stays atomic."""
+    return final.with_name(f"{final.name}{TEMP_MARK}{os.getpid() if pid is None else pid}")
+
+
+def is_temp(path: Path) -> bool:
+    return TEMP_MARK in path.name
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_directory(tmp: Path, final: Path) -> None:
+    """Move a completely written checkpoint folder onto its final name. A folder cannot be renamed
+    over a non-empty one, so an existing one is moved aside first and deleted after."""
+    old = None
+    if final.exists():
+        old = temp_path(final).with_name(temp_path(final).name + "-old")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_directory(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def step_checkpoint_name(step: int) -> str:
+    return f"step{step:07d}.ckpt"
+
+
+def step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete step checkpoint, newest first; temp files never match."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := STEP_NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir():  # DeepSpeed: a folder of shards
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def prune(directory: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` step checkpoints; returns what was deleted."""
+    removed = [path for _, path in step_checkpoints(directory)[keep_last:]]
+    for path in removed:
+        remove(path)
+    return removed
