@@ -19,6 +19,18 @@ from tests.integration.slurm_jobs import BUNDLED_TOKENIZER, CPU_TASKS, SHORT_RUN
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SLURM_DIR = REPO / "slurm"
 
+# Per script: sbatch options and tinytrain overrides on top of CPU_TASKS and SHORT_RUN.
+SCRIPT_ARGS = {
+    "single_node.sbatch": ([], []),
+    "multi_node.sbatch": (["--nodes=1"], ["parallel=ddp"]),
+    # TinyLlama's recipe on the tiny model with the bundled tokenizer and the pydoc corpus; bf16 stays.
+    "a800_pretrain.sbatch": (["--nodes=1"], ["parallel=ddp", "model=tiny", "tokenizer=bundled", f"tokenizer.path={BUNDLED_TOKENIZER}", "data=pydoc", "data.path=null"]),
+    # The fine-tuning recipe on a small pretrained folder and generated instructions; fp16 stays.
+    "v100_finetune.sbatch": ([], ["parallel=ddp", "model.pretrained={pretrained}", "tokenizer.path={pretrained}", "data.path={instructions}"]),
+}
+# What each script asks for and keeps on the CPU.
+PRECISION = {"single_node.sbatch": "32-true", "multi_node.sbatch": "32-true", "a800_pretrain.sbatch": "bf16-mixed", "v100_finetune.sbatch": "16-mixed"}
+
 
 def scripts() -> list[str]:
     return sorted(p.name for p in SLURM_DIR.glob("*.sbatch"))
@@ -55,23 +67,14 @@ def test_every_script_is_covered():
     assert set(scripts()) == set(SCRIPT_ARGS)
 
 
-# Per script: sbatch options and tinytrain overrides on top of CPU_TASKS and SHORT_RUN.
-SCRIPT_ARGS = {
-    "single_node.sbatch": ([], []),
-    "multi_node.sbatch": (["--nodes=1"], ["parallel=ddp"]),
-    # TinyLlama's recipe on the tiny model with the bundled tokenizer and the pydoc corpus; bf16 stays.
-    "a800_pretrain.sbatch": (["--nodes=1"], ["parallel=ddp", "model=tiny", "tokenizer=bundled", f"tokenizer.path={BUNDLED_TOKENIZER}", "data=pydoc", "data.path=null"]),
-    # The fine-tuning recipe on a small pretrained folder and generated instructions; fp16 stays.
-    "v100_finetune.sbatch": ([], ["parallel=ddp", "model.pretrained={pretrained}", "tokenizer.path={pretrained}", "data.path={instructions}"]),
-}
-
-
 @pytest.mark.parametrize("script", sorted(SCRIPT_ARGS))
 def test_script_trains_on_slurm(script, slurm, pretrained_tiny, instructions, tmp_path):
     options, overrides = SCRIPT_ARGS[script]
     overrides = [o.format(pretrained=pretrained_tiny, instructions=instructions) for o in overrides]
     job_id = submit(slurm, SLURM_DIR / script, [*CPU_TASKS, *options], [*SHORT_RUN, *overrides], tmp_path)
-    done = finish(slurm, job_id, tmp_path)  # every task in the one run directory, slurm-<job id>
+    done = finish(slurm, job_id, tmp_path)
+    # Both tasks ran Hydra and trained in one run directory, named by the job.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [f"slurm-{job_id}"]
     assert "restart 0" in done.log
     assert "cluster    slurm: 1 node(s) x 2 device(s) per node, from allocation of Slurm job" in done.log
     assert "world size 2 = tp 1 x dp 2" in done.log
@@ -79,10 +82,6 @@ def test_script_trains_on_slurm(script, slurm, pretrained_tiny, instructions, tm
     assert sorted(done.losses()) == list(range(6))
     plan = json.loads((done.run_dir / "plan.json").read_text())
     assert plan["precision"]["value"] == PRECISION[script]
-
-
-# What each script asks for and keeps on the CPU.
-PRECISION = {"single_node.sbatch": "32-true", "multi_node.sbatch": "32-true", "a800_pretrain.sbatch": "bf16-mixed", "v100_finetune.sbatch": "16-mixed"}
 
 
 def test_script_rendered_by_mode_sbatch_trains_on_slurm(slurm, tmp_path):
