@@ -25,6 +25,7 @@ plan: setup
 	$(PY) -m tinytrain mode=plan $(ARGS)
 
 test: setup
+	@bash .ci/install-slurm
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 clean:
