@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -43,6 +44,43 @@ def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: in
         text=True,
         timeout=timeout,
     )
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """The rows of a run's metrics.csv, as the strings written."""
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def logged(run_dir: Path, key: str) -> list[float]:
+    """Every value of one metric, in the order logged."""
+    return [float(r[key]) for r in metrics_rows(run_dir) if r.get(key)]
+
+
+def write_untrained_chat_rows_model(folder: Path, overrides: list[str], common_direction_std: float = 0.0) -> Path:
+    """A tiny 'pretrained' Llama (+ its tokenizer) whose <|im_start|>/<|im_end|> rows were never
+    trained: both embedding tables' rows for them scaled by 1e-4 (the Yi-6B case). Trained tables
+    share a common direction (their mean row is far from 0); `common_direction_std` > 0 adds one,
+    which the mean-row fix relies on."""
+    import torch
+
+    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.tokenizer import load_from_config
+
+    cfg = compose([*overrides, 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'])
+    tok = load_from_config(cfg.tokenizer)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, hf_config(cfg.model, len(tok), tok), AttentionChoice("sdpa", "test"))
+    untrained = [tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")]
+    common = torch.randn(cfg.model.hidden_size) * common_direction_std if common_direction_std else None
+    with torch.no_grad():
+        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            if common is not None:
+                table += common
+            table[untrained] *= 1e-4
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

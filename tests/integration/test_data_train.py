@@ -1,23 +1,17 @@
 """End to end through `python -m tinytrain`: prepare a token store, train on it, and train on SFT
 data (packed chat, padded instructions)."""
 
-import csv
 import re
 
 import pytest
 import torch
 
-from tests.conftest import SHARED_DATA, run_cli
+from tests.conftest import SHARED_DATA, logged, run_cli
 
 pytestmark = pytest.mark.slow
 
 SMOKE = ["experiment=smoke", "trainer.progress_bar=false", "trainer.export=false", "trainer.plot=false"]
 CHAT_TOKENS = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
-
-
-def losses(run_dir):
-    with (run_dir / "metrics.csv").open() as f:
-        return [float(r["loss"]) for r in csv.DictReader(f) if r.get("loss")]
 
 
 def test_prepare_then_train_on_the_packed_store(tmp_path):
@@ -31,7 +25,7 @@ def test_prepare_then_train_on_the_packed_store(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "(data.store)" in out and "documents isolated" in out
-    assert len(losses(run_dir)) > 0
+    assert len(logged(run_dir, "loss")) > 0
     ckpt = torch.load(run_dir / "checkpoints" / "step0000008.ckpt", map_location="cpu", weights_only=False)
     position = next(v for k, v in ckpt["callbacks"].items() if k.startswith("DataPosition"))
     assert position["consumed_batches"] == 8 and position["batch_size"] == 4  # smoke: 8 steps of micro batch 4
@@ -43,7 +37,7 @@ def test_packed_chat_sft_trains(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "packed into" in out and "template chatml" in out
-    assert all(loss == loss for loss in losses(run_dir))  # finite
+    assert all(loss == loss for loss in logged(run_dir, "loss"))  # finite
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "alpaca_seed_tasks.jsonl").exists(), reason="../shared/data/alpaca_seed_tasks.jsonl absent")
@@ -53,4 +47,4 @@ def test_alpaca_instruction_sft_trains(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert re.search(r"175 records -> \d+ samples", out) and "padded to the longest" in out
-    assert len(losses(run_dir)) > 0
+    assert len(logged(run_dir, "loss")) > 0

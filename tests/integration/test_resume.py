@@ -9,7 +9,6 @@
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
 
-import csv
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import REPO, compose
+from tests.conftest import REPO, compose, metrics_rows
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +75,7 @@ def batches(run_dir) -> list[str]:
 
 def metrics(run_dir) -> list[tuple[str, dict]]:
     """Every logged row (tokens_per_s is a timing, so left out), as the exact strings written."""
-    with (run_dir / "metrics.csv").open(newline="") as f:
-        return [(r["step"], {k: r[k] for k in COMPARED if r.get(k)}) for r in csv.DictReader(f)]
+    return [(r["step"], {k: r[k] for k in COMPARED if r.get(k)}) for r in metrics_rows(run_dir)]
 
 
 def slurm_job(tmp_path) -> dict:

@@ -1,7 +1,6 @@
 """Sweeps: wandb's own agent runs each launch/ definition's command (planned, offline), and a
 local Hydra multirun trains every job, returns its final val_loss and survives a failing job."""
 
-import csv
 import json
 import logging
 import os
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, logged, run_cli
 from tests.integration.wandb_records import read_run
 from tests.sweep_definitions import SWEEP_FILES, agent_command, load, sample
 
@@ -55,11 +54,6 @@ def test_wandb_agent_runs_the_sweep_command(path, tmp_path, monkeypatch, caplog)
         assert node == value, (key, node, value)
 
 
-def last_val_loss(metrics_csv: Path) -> float:
-    rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("val_loss")]
-    return float(rows[-1]["val_loss"])
-
-
 @pytest.mark.slow
 def test_local_multirun_returns_val_loss_and_survives_a_failed_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -80,7 +74,7 @@ def test_local_multirun_returns_val_loss_and_survives_a_failed_job(tmp_path):
         result = json.loads((job_dir / "result.json").read_text())
         assert result["status"] == "completed" and f"trainer.lr={lr}" in result["overrides"]
         # The job's return value (what a sweeper optimises) is its final validation loss.
-        assert result["val_loss"] == pytest.approx(last_val_loss(job_dir / "metrics.csv"), rel=1e-6)
+        assert result["val_loss"] == pytest.approx(logged(job_dir, "val_loss")[-1], rel=1e-6)
         # Each job has its own wandb run (Lightning would reuse a run left open by the job before).
         runs = list((job_dir / "wandb").glob("offline-run-*/run-*.wandb"))
         assert len(runs) == 1, runs

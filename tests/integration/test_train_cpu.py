@@ -1,22 +1,12 @@
 """Real CPU training through `python -m tinytrain`: outputs, fp16 loss scaling, DDP over gloo."""
 
-import csv
 
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import logged, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def metrics(run_dir):
-    with (run_dir / "metrics.csv").open() as f:
-        return list(csv.DictReader(f))
-
-
-def column(rows, key):
-    return [float(r[key]) for r in rows if r.get(key)]
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +25,10 @@ def test_run_directory_holds_every_output(smoke_run):
 
 
 def test_metrics_are_logged(smoke_run):
-    rows = metrics(smoke_run[0])
+    run_dir = smoke_run[0]
     for key in ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss"):
-        assert column(rows, key), key
-    assert max(column(rows, "lr")) <= 3e-3 * (1 + 1e-6)  # logged as float32
+        assert logged(run_dir, key), key
+    assert max(logged(run_dir, "lr")) <= 3e-3 * (1 + 1e-6)  # logged as float32
 
 
 def test_checkpoint_records_vocab_metadata(smoke_run):
@@ -83,7 +73,7 @@ def test_ddp_two_processes_over_gloo(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world size 2 = tp 1 x dp 2" in r.stdout
     assert (run_dir / "hf_export" / "config.json").exists()
-    assert len(column(metrics(run_dir), "loss")) > 0
+    assert len(logged(run_dir, "loss")) > 0
 
 
 def test_lean_paths_train_the_same(smoke_run, tmp_path):
@@ -92,6 +82,6 @@ def test_lean_paths_train_the_same(smoke_run, tmp_path):
     r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.loss_chunk_tokens=48", "trainer.activation_checkpointing=true"], run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "chunked loss (48 tokens)" in r.stdout
-    ours, base = column(metrics(run_dir), "loss"), column(metrics(smoke_run[0]), "loss")
+    ours, base = logged(run_dir, "loss"), logged(smoke_run[0], "loss")
     assert len(ours) == len(base) > 0
     assert ours == pytest.approx(base, rel=1e-4)

@@ -10,13 +10,11 @@ relaxed the scale halves step after step and the loss-scale guard stops the run 
 with the default policy preflight rewrites the rows and the same run trains.
 """
 
-import csv
 import math
 
 import pytest
-import torch
 
-from tests.conftest import compose, run_cli
+from tests.conftest import logged, run_cli, write_untrained_chat_rows_model
 
 pytestmark = pytest.mark.slow
 
@@ -44,29 +42,7 @@ FINE_TUNE = [
 
 @pytest.fixture(scope="module")
 def yi_like(tmp_path_factory):
-    from tinytrain.model import AttentionChoice, build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
-
-    cfg = compose([*SHAPE, CHAT])
-    tok = load_from_config(cfg.tokenizer)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, hf_config(cfg.model, len(tok), tok), AttentionChoice("sdpa", "test"))
-    with torch.no_grad():
-        # Trained embedding tables share a common direction (their mean row is far from 0); the
-        # mean-row fix relies on it, so the stand-in for a pretrained model has one too.
-        common = torch.randn(cfg.model.hidden_size) * 0.05
-        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
-            table += common
-            table[[tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")]] *= 1e-4
-    folder = tmp_path_factory.mktemp("yi_like")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-def logged(run_dir, column):
-    rows = csv.DictReader(open(run_dir / "metrics.csv"))
-    return [float(r[column]) for r in rows if r.get(column)]
+    return write_untrained_chat_rows_model(tmp_path_factory.mktemp("yi_like"), SHAPE, common_direction_std=0.05)
 
 
 def test_relaxed_check_hits_the_collapse_guard_naming_the_tokens(yi_like, tmp_path):

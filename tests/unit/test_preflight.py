@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import compose
+from tests.conftest import compose, write_untrained_chat_rows_model
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
 from tinytrain.preflight import special_token_findings
@@ -19,20 +19,7 @@ TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "mode
 @pytest.fixture(scope="module")
 def yi_like(tmp_path_factory):
     """A tiny 'pretrained' Llama whose <|im_start|>/<|im_end|> rows were never trained (~0)."""
-    from tinytrain.model import AttentionChoice, build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
-
-    cfg = compose([*TINY, CHAT])
-    tok = load_from_config(cfg.tokenizer)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, hf_config(cfg.model, len(tok), tok), AttentionChoice("sdpa", "test"))
-    with torch.no_grad():
-        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
-            table[4096:4098] *= 1e-4
-    folder = tmp_path_factory.mktemp("yi_like")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return write_untrained_chat_rows_model(tmp_path_factory.mktemp("yi_like"), TINY)
 
 
 def plan(overrides, tmp_path):
