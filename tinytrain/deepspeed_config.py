@@ -47,6 +47,14 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
     return ds
 
 
+def for_lightning(ds: dict) -> dict:
+    """The config handed to Lightning's DeepSpeedStrategy: Lightning sets
+    gradient_accumulation_steps itself (from Trainer.accumulate_grad_batches) and refuses a
+    config that has it, so the strategy gets a copy without it. deepspeed_config.json keeps it:
+    it is what DeepSpeed runs with."""
+    return {k: copy.deepcopy(v) for k, v in ds.items() if k != "gradient_accumulation_steps"}
+
+
 def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     items = []
     for key, value in d.items():

@@ -27,8 +27,10 @@ from tinytrain.vocab import VocabPlan
 log = logging.getLogger(__name__)
 
 AUTO, NEVER = "auto", "never"
-# DeepSpeed saves a folder; its client state (step, tinytrain metadata) is in this file.
-DEEPSPEED_STATE = Path("checkpoint") / "mp_rank_00_model_states.pt"
+# DeepSpeed saves a folder (Lightning's tag "checkpoint"); its client state (step, tinytrain
+# metadata) is in rank 0's model-states file: one per model-parallel rank under ZeRO-1/2, one
+# per data-parallel rank under ZeRO-3.
+DEEPSPEED_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,15 @@ def read_state(path: Path, key: str = "resume") -> dict:
     """The checkpoint's top-level dict (global_step, tinytrain metadata, ...), memory-mapped and
     read as Lightning will read it (weights_only; DeepSpeed's own loader is not so strict)."""
     if path.is_dir():
-        return read(str(path / DEEPSPEED_STATE), key)
+        return read(str(deepspeed_state_file(path)), key)
     return read(str(path), key, weights_only=True)
+
+
+def deepspeed_state_file(folder: Path) -> Path:
+    """The file of a DeepSpeed checkpoint folder that holds its client state (the first
+    candidate when none exists, so the error names a file that should be there)."""
+    candidates = [folder / "checkpoint" / name for name in DEEPSPEED_STATE_FILES]
+    return next((c for c in candidates if c.is_file()), candidates[0])
 
 
 def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]] | None:

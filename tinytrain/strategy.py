@@ -40,7 +40,10 @@ def build_strategy(cfg, on_gpu: bool, data_parallel: int, deepspeed_config: dict
 
         return DDPStrategy(process_group_backend=backend)
     if kind == Strategy.deepspeed:
-        return atomic_deepspeed_strategy()(config=deepspeed_config, process_group_backend=backend)
+        from tinytrain.deepspeed_config import for_lightning
+
+        cls = atomic_deepspeed_strategy(on_cpu=cfg.parallel.deepspeed_on_cpu and not on_gpu)
+        return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
     if kind == Strategy.fsdp_tp:
         # One full checkpoint file on rank 0: tinytrain unpads it after the gather and any tp
         # can load it (tinytrain/checkpoint.py).
@@ -53,10 +56,13 @@ def build_strategy(cfg, on_gpu: bool, data_parallel: int, deepspeed_config: dict
     return "auto"
 
 
-def atomic_deepspeed_strategy():
+def atomic_deepspeed_strategy(on_cpu: bool = False):
     """Lightning's DeepSpeedStrategy whose checkpoint folder appears only when every rank has
-    written its shards: saved under a temp name, renamed by rank 0 after a barrier. Not run on
-    CPU (Lightning's DeepSpeed refuses it); the folder move is tested on its own."""
+    written its shards: saved under a temp name, renamed by rank 0 after a barrier.
+
+    `on_cpu` (parallel.deepspeed_on_cpu, for tests): the same strategy with Lightning's three
+    CUDA-only checks lifted, so CI runs the code a GPU run uses on DeepSpeed's CPU accelerator
+    over gloo. Not for real training: it is slow, and says nothing about NCCL or GPU memory."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from tinytrain.checkpoint_files import publish_directory, temp_path
@@ -71,7 +77,57 @@ def atomic_deepspeed_strategy():
                 publish_directory(tmp, final)
             self.barrier("tinytrain.atomic_deepspeed_published")
 
-    return AtomicDeepSpeedStrategy
+    if not on_cpu:
+        return AtomicDeepSpeedStrategy
+    return cpu_deepspeed_strategy(AtomicDeepSpeedStrategy)
+
+
+def cpu_deepspeed_strategy(base):
+    """`base` without Lightning 2.6's refusals of CPU (the three places it assumes CUDA)."""
+    import argparse
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+    from lightning.pytorch.strategies.ddp import DDPStrategy
+    from lightning.fabric.utilities.seed import reset_seed
+
+    class CPUDeepSpeedStrategy(base):
+        def setup_environment(self):
+            # DeepSpeedStrategy.setup_environment refuses any accelerator but CUDAAccelerator.
+            if self.precision_plugin.precision == "16-mixed":
+                allow_fp16_on_cpu()
+            DDPStrategy.setup_environment(self)
+
+        def setup_distributed(self):
+            # DeepSpeedStrategy's version first checks device index == local rank; CPU devices have none.
+            reset_seed()
+            self.set_world_ranks()
+            self._init_deepspeed_distributed()
+
+        def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+            # Lightning passes device_rank=root_device.index (None on CPU), which DeepSpeed compares with >= 0.
+            import deepspeed
+
+            engine, ds_optimizer, _, _ = deepspeed.initialize(
+                args=argparse.Namespace(device_rank=self.local_rank),
+                config=self.config,
+                model=model,
+                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                optimizer=optimizer,
+                lr_scheduler=lr_scheduler,
+                dist_init_required=False,
+            )
+            return engine, ds_optimizer
+
+    assert issubclass(CPUDeepSpeedStrategy, DeepSpeedStrategy)
+    return CPUDeepSpeedStrategy
+
+
+def allow_fp16_on_cpu() -> None:
+    """DeepSpeed's CPU accelerator reports fp16 only on CPUs with AVX512-FP16; torch's CPU
+    kernels run fp16 either way (slowly), which is all a test of the fp16 path needs."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    CPU_Accelerator.is_fp16_supported = lambda self: True
 
 
 def repadding_model_parallel_strategy():

@@ -67,12 +67,12 @@ def deepspeed_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel.zero_stage", par.zero_stage, "must be 1, 2 or 3", "pick parallel=zero1|zero2|zero3|zero2_offload|zero3_offload"))
     if par.offload_params and par.zero_stage != 3:
         problems.append(Problem("parallel.offload_params", True, f"parameter offload needs ZeRO stage 3 (got {par.zero_stage})", "use parallel=zero3_offload"))
-    if cfg.mode == Mode.train and _no_cuda():
+    if cfg.mode == Mode.train and not par.deepspeed_on_cpu and _no_cuda():
         problems.append(
             Problem(
                 "parallel",
                 par.name,
-                "Lightning's DeepSpeedStrategy runs only on CUDA GPUs and this machine has none",
+                "Lightning's DeepSpeedStrategy runs only on CUDA GPUs and this machine has none (parallel.deepspeed_on_cpu=true runs it on CPU for tests only: slow, and proves nothing about NCCL or GPU memory)",
                 "plan it here with mode=plan hardware.gpu=A800 (or V100), train it on a GPU node, or use parallel=ddp on CPU",
             )
         )

@@ -78,3 +78,28 @@ def test_deepspeed_training_on_cpu_is_refused_before_building(tmp_path):
     with pytest.raises(ConfigError) as e:
         validate(compose(["parallel=zero2"]))
     assert "CUDA" in str(e.value) and "mode=plan" in str(e.value)
+
+
+def test_lightning_gets_the_config_without_gradient_accumulation_steps(tmp_path):
+    """Lightning sets gradient_accumulation_steps from accumulate_grad_batches and refuses a config
+    that has it (tests/integration/test_deepspeed.py trains through it); deepspeed_config.json
+    keeps it: it is what DeepSpeed runs with."""
+    from tinytrain.deepspeed_config import for_lightning
+
+    ds = plan([*CLUSTER, "hardware.gpu=A800"], tmp_path)["deepspeed"]
+    handed = for_lightning(ds)
+    assert "gradient_accumulation_steps" not in handed and ds["gradient_accumulation_steps"] == 4
+    assert {k: v for k, v in ds.items() if k != "gradient_accumulation_steps"} == handed
+    handed["zero_optimization"]["stage"] = 3  # Lightning edits its copy; the plan's stays as planned
+    assert ds["zero_optimization"]["stage"] == 2
+
+
+def test_training_deepspeed_without_cuda_is_refused_unless_the_test_switch_says_so():
+    from tinytrain.validate import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose(["parallel=zero2"]))
+    problem = e.value.problems[0]
+    assert (problem.key, problem.value) == ("parallel", "zero2") and "only on CUDA GPUs" in problem.message
+    assert "parallel.deepspeed_on_cpu" in problem.message  # named as the testing switch it is
+    validate(compose(["parallel=zero2", "parallel.deepspeed_on_cpu=true"]))

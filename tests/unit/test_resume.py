@@ -117,3 +117,29 @@ def test_a_missing_resume_path_is_a_config_error():
 def test_keep_last_must_keep_one():
     with pytest.raises(ConfigError, match="checkpoint.keep_last=0"):
         validate(compose(["checkpoint.keep_last=0"]))
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"],  # ZeRO-1/2
+        ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"],  # ZeRO-3
+    ],
+    ids=["zero2", "zero3"],
+)
+def test_a_deepspeed_folder_resumes_from_its_client_state(tmp_path, files):
+    """DeepSpeed writes a folder; rank 0's model-states file holds the step and tinytrain's metadata
+    under every ZeRO stage (ZeRO-3 names it per data-parallel rank)."""
+    folder = tmp_path / "step0000008.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    for name in files:
+        state = {"global_step": 8, "tinytrain": metadata(VOCAB, FINGERPRINT, "tiny")} if "model_states" in name else {}
+        torch.save(state, folder / name)
+    point = resolve("auto", tmp_path)
+    assert (point.path.name, point.step) == ("step0000008.ckpt", 8)
+
+
+def test_a_deepspeed_folder_without_client_state_is_named(tmp_path):
+    (tmp_path / "step0000008.ckpt" / "checkpoint").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt"):
+        resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)

@@ -210,6 +210,9 @@ class ParallelConfig:
     offload_params: bool = False
     # deepspeed: keys added to / replacing the generated DeepSpeed config (nested dicts merge).
     deepspeed_overrides: dict[str, Any] = field(default_factory=dict)
+    # deepspeed on a machine without CUDA, for tests only: DeepSpeed's CPU accelerator over gloo
+    # through the same strategy code a GPU run uses (slow; proves nothing about NCCL or memory).
+    deepspeed_on_cpu: bool = False
 
 
 @dataclass
