@@ -7,13 +7,27 @@ import torch
 
 
 def current_loss_scale(trainer) -> float | None:
+    """The fp16 loss scale (GradScaler's or DeepSpeed's), None without fp16 loss scaling (DeepSpeed
+    keeps a static scale of 1 under fp32/bf16: that is no loss scaling)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None:
         return float(scaler.get_scale())
-    engine = getattr(trainer.strategy, "deepspeed_engine", None)
+    engine = deepspeed_engine(trainer)
+    if engine is None or not engine.fp16_enabled():
+        return None
     optimizer = getattr(engine, "optimizer", None)
     scale = getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", None)
     return float(scale) if scale is not None else None
+
+
+def deepspeed_engine(trainer):
+    """The DeepSpeed engine training this run, None under other strategies (and before setup)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    if not isinstance(trainer.strategy, DeepSpeedStrategy):
+        return None
+    engine = trainer.strategy.deepspeed_engine
+    return engine if hasattr(engine, "was_step_applied") else None
 
 
 class ForwardOrder:

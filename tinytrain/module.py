@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tinytrain.checkpoint import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint import repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.grad_norm import clip_grad_norm
+from tinytrain.guard_report import deepspeed_engine
 from tinytrain.lean_loss import chunked_lm_loss
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -90,10 +91,18 @@ class CausalLMModule(pl.LightningModule):
         if self.clip_in_module:
             return
         # DeepSpeed clips inside its engine; report the norm it measured (pre-clip).
-        engine = getattr(self.trainer.strategy, "deepspeed_engine", None)
+        engine = deepspeed_engine(self.trainer)
         norm = engine.get_global_grad_norm() if engine is not None else None
         if norm is not None:
             self.log("grad_norm", float(norm))
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        # DeepSpeed skips a step whose fp16 gradients overflowed (and halves the loss scale); the
+        # schedule waits with it, as DeepSpeed's own scheduler handling does. Lightning would step it.
+        engine = deepspeed_engine(self.trainer)
+        if engine is not None and not engine.was_step_applied():
+            return
+        scheduler.step()
 
     def validation_step(self, batch, batch_idx):
         loss = self.batch_loss(batch)

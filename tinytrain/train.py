@@ -34,6 +34,10 @@ def quiet_lightning() -> None:
     # Lightning only knows resumable loaders by their state_dict; tinytrain's sampler position is
     # restored by the DataPosition callback instead, so a mid-epoch resume is exact.
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    # DeepSpeed: tinytrain clips through DeepSpeed's config and measures there (module.py), and
+    # DeepSpeed 0.19 still calls torch.distributed's deprecated collectives.
+    warnings.filterwarnings("ignore", message=r"Since DeepSpeed handles gradient clipping internally")
+    warnings.filterwarnings("ignore", message=r"`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
 
 
 def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], ""), resuming: bool = False):
@@ -74,16 +78,19 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
     )
 
 
-def guard_callbacks(cfg, run_dir: Path, untrained_rows: list) -> list:
+def guard_callbacks(cfg, run_dir: Path, precision, untrained_rows: list) -> list:
+    """`precision`: the PrecisionDecision; the loss-scale guard (and the loss_scale metric) exist
+    only where fp16 loss scaling does."""
     from tinytrain.callbacks.grad_spike import GradSpikeMonitor
     from tinytrain.callbacks.loss_scale_guard import LossScaleGuard
     from tinytrain.callbacks.nonfinite_guard import NonFiniteGuard
 
     g = cfg.guard
     nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints")
+    loss_scale = [LossScaleGuard(g.loss_scale_halvings, precision.loss_scale, untrained_rows, nonfinite)] if precision.loss_scale else []
     return [
         nonfinite,
-        LossScaleGuard(g.loss_scale_halvings, float(cfg.precision.loss_scale.min_scale), untrained_rows, nonfinite),
+        *loss_scale,
         GradSpikeMonitor(g.grad_spike_factor, g.grad_spike_warmup, run_dir / "grad_spikes.jsonl"),
     ]
 
@@ -165,7 +172,7 @@ def build_trainer(
     callbacks = [
         throughput,
         summary,
-        *guard_callbacks(cfg, run_dir, list(untrained_rows)),
+        *guard_callbacks(cfg, run_dir, resolved.precision, list(untrained_rows)),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         RNGState(),
         # After DataPosition: a checkpoint it saves has counted the step's batch.

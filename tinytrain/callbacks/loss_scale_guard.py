@@ -9,14 +9,15 @@ import lightning.pytorch as pl
 
 from tinytrain.errors import TrainingStopped
 from tinytrain.guard_report import current_loss_scale
+from tinytrain.precision import LossScalePolicy
 
 log = logging.getLogger(__name__)
 
 
 class LossScaleGuard(pl.Callback):
-    def __init__(self, max_consecutive_halvings: int, floor: float, untrained_rows: list, nonfinite_guard=None):
+    def __init__(self, max_consecutive_halvings: int, policy: LossScalePolicy, untrained_rows: list, nonfinite_guard=None):
         self.max_halvings = max_consecutive_halvings
-        self.floor = floor
+        self.floor = policy.min_scale
         self.untrained_rows = untrained_rows  # what preflight saw and was told not to fix
         self.nonfinite_guard = nonfinite_guard  # names the layer of the last overflow
         self.previous: float | None = None
@@ -29,14 +30,20 @@ class LossScaleGuard(pl.Callback):
             return
         if self.start is None:
             self.start = scale
-        self.halvings = self.halvings + 1 if self.previous is not None and scale < self.previous else 0
+        halved = self.previous is not None and scale < self.previous
+        self.halvings = self.halvings + 1 if halved else 0
         self.previous = scale
         pl_module.log("loss_scale", scale)
-        if self.halvings >= self.max_halvings or scale < self.floor:
-            raise TrainingStopped(self.diagnosis(trainer.global_step, scale))
+        # A halving onto the floor stops too: DeepSpeed raises "Current loss scale already at
+        # minimum" on the next overflow, and GradScaler would go on below it.
+        if self.halvings >= self.max_halvings or scale < self.floor or (halved and scale <= self.floor):
+            self.stop(self.diagnosis(trainer.global_step, scale))
+
+    def stop(self, message: str) -> None:
+        raise TrainingStopped(message)
 
     def diagnosis(self, step: int, scale: float) -> str:
-        what = f"{self.halvings} halvings in a row" if self.halvings >= self.max_halvings else f"below the floor {self.floor:g}"
+        what = f"{self.halvings} halvings in a row" if self.halvings >= self.max_halvings else f"down to the floor precision.loss_scale.min_scale={self.floor:g}"
         causes = []
         if self.untrained_rows:
             tokens = ", ".join(sorted({repr(r.token) for r in self.untrained_rows}))

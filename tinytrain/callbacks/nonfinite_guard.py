@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import torch
 
 from tinytrain.errors import TrainingStopped
-from tinytrain.guard_report import ForwardOrder, current_loss_scale, first_nonfinite_gradient
+from tinytrain.guard_report import ForwardOrder, current_loss_scale, deepspeed_engine, first_nonfinite_gradient
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,8 @@ class NonFiniteGuard(pl.Callback):
                 "in fp16 also see the loss-scale policy (precision.loss_scale.*)."
             )
         log.warning("non-finite gradient at %s%s: step skipped (%d in a row)%s", where, scale_text, self.consecutive, "; the loss scale halves" if scaling else "")
-        if getattr(trainer.precision_plugin, "scaler", None) is None:
-            # Without a GradScaler nothing else skips it: no gradients, no update for any parameter.
+        if getattr(trainer.precision_plugin, "scaler", None) is None and deepspeed_engine(trainer) is None:
+            # Without a GradScaler or DeepSpeed (whose optimizer checks for overflow itself)
+            # nothing else skips it: no gradients, no update for any parameter.
             for p in pl_module.parameters():
                 p.grad = None
