@@ -15,6 +15,13 @@ CONF_DIR = REPO / "conf"
 SHARED_DATA = REPO.parent / "shared" / "data"
 LLAMA2_TOKENIZER = SHARED_DATA / "llama2-tokenizer" / "tokenizer.model"
 
+# DeepSpeed's compiled CPU ops (shared-memory comm ~30-70 s, cpu_adam ~45-100 s on 2 cores) are
+# built on first use into the venv, once per fresh venv (a CI run), and reused by every later test
+# process, which inherits this.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# parallel=zero* through Lightning's DeepSpeedStrategy on DeepSpeed's CPU accelerator, two ranks over gloo.
+DEEPSPEED_ON_CPU = ["cluster.devices=2", "parallel.deepspeed_on_cpu=true"]
+
 needs_llama2 = pytest.mark.skipif(not LLAMA2_TOKENIZER.exists(), reason=f"../shared/data/llama2-tokenizer absent (looked at {LLAMA2_TOKENIZER})")
 
 
@@ -32,12 +39,13 @@ def compose(overrides: list[str] | tuple[str, ...] = ()):
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
-def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m tinytrain args...` from the repo root, writing into run_dir."""
+def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
+    """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
+    with test instruments, tests.integration.instrumented_cli)."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "tinytrain", *args, f"hydra.run.dir={run_dir}"],
+        [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
         env=full_env,
         capture_output=True,

@@ -1,11 +1,13 @@
-"""`python -m tinytrain` with two instruments, for tests/integration/test_resume.py.
+"""`python -m tinytrain` with instruments for the tests that run it (test_resume.py, test_yi_like.py).
 
-Usage: python -m tests.integration.resume_driver <tinytrain overrides...>
+Usage: python -m tests.integration.instrumented_cli <tinytrain overrides...>
 Environment:
   TT_TEST_BATCH_LOG=<file>  append a line per training batch: the step it trains and a digest of
                             its input ids (which samples a run saw, in order)
   TT_TEST_STALL_SAVE=<n>    the n-th checkpoint save of this process writes half its bytes and
                             then hangs, as on a slow disk, until the test kills the process
+  TT_TEST_NO_LOSS_SCALE_GUARD=1  the loss-scale guard watches but never stops the run (what
+                            happens without it)
 """
 
 import hashlib
@@ -50,11 +52,19 @@ def stall_save(n: int) -> None:
     AtomicCheckpointIO.write = write
 
 
+def disarm_loss_scale_guard() -> None:
+    from tinytrain.callbacks.loss_scale_guard import LossScaleGuard
+
+    LossScaleGuard.stop = lambda self, message: None
+
+
 if __name__ == "__main__":
     if os.environ.get("TT_TEST_BATCH_LOG"):
         record_batches(os.environ["TT_TEST_BATCH_LOG"])
     if os.environ.get("TT_TEST_STALL_SAVE"):
         stall_save(int(os.environ["TT_TEST_STALL_SAVE"]))
+    if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
+        disarm_loss_scale_guard()
     from tinytrain.cli import main
 
     sys.argv = ["tinytrain", *sys.argv[1:]]

@@ -1,10 +1,11 @@
-"""Preemption and resume through real processes (tests/integration/resume_driver.py runs the CLI):
+"""Preemption and resume through real processes (tests.integration.instrumented_cli.py runs the CLI):
 
 - SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit
   75; `resume=auto` in the same run directory finishes the run, and the result equals an
   uninterrupted run's: loss, lr, grad_norm, loss scale and validation loss to the bit, every batch
-  trained exactly once. fp32 on one process (as a Slurm array task), and fp16 on two FSDP2 x TP
-  processes with the signal sent to rank 0 only.
+  trained exactly once. fp32 on one process (as a Slurm array task), fp16 on two FSDP2 x TP
+  processes, and DeepSpeed on two ranks (ZeRO-2 fp32, ZeRO-3 fp16; a checkpoint is a folder of
+  shards), with the signal sent to rank 0 only.
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
@@ -19,7 +20,8 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import REPO, compose, metrics_rows
+from tests.conftest import DEEPSPEED_ON_CPU, REPO, compose, metrics_rows
+from tinytrain.resume import read_state
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +43,21 @@ VARIANTS = {
         "precision.loss_scale.initial_scale_power=4",
         "precision.loss_scale.window=2",
     ],
+    # DeepSpeed's ZeRO-3 checkpoint keeps its client state in zero_pp_rank_0_mp_rank_00_model_states.pt
+    # (resume read only ZeRO-1/2's mp_rank_00_model_states.pt once); its fp16 loss scale is DeepSpeed's own.
+    "zero2-fp32": ["parallel=zero2", *DEEPSPEED_ON_CPU],
+    "zero3-fp16": [
+        "parallel=zero3",
+        *DEEPSPEED_ON_CPU,
+        'tokenizer.add_special_tokens=["<|x|>"]',
+        "precision=fp16",
+        "precision.loss_scale.initial_scale_power=4",
+        "precision.loss_scale.window=2",
+    ],
 }
-RANKS = {"fp32": 1, "fp16-fsdp_tp": 2}  # processes; both tp ranks train the same batch
+# (processes, ranks that train each batch): both tp ranks train the same batch; DeepSpeed's two
+# data-parallel ranks train different ones.
+RANKS = {"fp32": (1, 1), "fp16-fsdp_tp": (2, 2), "zero2-fp32": (2, 1), "zero3-fp16": (2, 1)}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
 
 
@@ -51,10 +66,10 @@ def start(run_dir, args, env=None) -> subprocess.Popen:
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
     full_env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})})
     with (run_dir / "out.log").open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.integration.resume_driver", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "tests.integration.instrumented_cli", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def finish(proc: subprocess.Popen, run_dir, timeout=240) -> str:
+def finish(proc: subprocess.Popen, run_dir, timeout=420) -> str:
     proc.wait(timeout=timeout)
     return (run_dir / "out.log").read_text()
 
@@ -108,7 +123,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
-    args, ranks = [*RUN, *VARIANTS[variant]], RANKS[variant]
+    args, (ranks, copies) = [*RUN, *VARIANTS[variant]], RANKS[variant]
     run_dir = tmp_path / "run"
     slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
     proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
@@ -125,9 +140,9 @@ def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(
     else:
         assert f"{saved}; resume with the same run directory" in out
     assert not (run_dir / "checkpoints" / "final.ckpt").exists()  # stopped: no final checkpoint, no export
-    ckpt = torch.load(run_dir / "checkpoints" / f"step{step:07d}.ckpt", weights_only=True)
+    ckpt = read_state(run_dir / "checkpoints" / f"step{step:07d}.ckpt")  # a file, or DeepSpeed's folder
     assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
-    assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step  # tp 2 x dp 1: one batch a step
+    assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step  # one batch per rank a step
 
     proc = start(run_dir, args)
     out = finish(proc, run_dir)
@@ -137,7 +152,7 @@ def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(
     reference = uninterrupted(variant)
     assert metrics(run_dir) == metrics(reference)
     trained, expected = batches(run_dir), batches(reference)
-    assert Counter(trained) == Counter(expected) and set(Counter(expected).values()) == {ranks}  # each batch once (per rank)
+    assert Counter(trained) == Counter(expected) and set(Counter(expected).values()) == {copies}  # each batch once (per tp rank)
     if ranks == 1:
         assert trained == expected  # and in the same order
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["final.ckpt", "step0000008.ckpt", "step0000012.ckpt"]

@@ -8,13 +8,17 @@ multiplies the gradient by 1/sqrt(eps) (~316), once per norm the position crosse
 reaching the lower layers overflow fp16 at loss scales a healthy model trains at. With the check
 relaxed the scale halves step after step and the loss-scale guard stops the run naming the rows;
 with the default policy preflight rewrites the rows and the same run trains.
+
+The same through DeepSpeed ZeRO-2 fp16 (two ranks on DeepSpeed's CPU accelerator), where the
+failure came from: DeepSpeed's own loss scaler halves down to `min_loss_scale` and then raises
+"Current loss scale already at minimum"; tinytrain's guard stops first, with its diagnosis.
 """
 
 import math
 
 import pytest
 
-from tests.conftest import logged, run_cli, write_untrained_chat_rows_model
+from tests.conftest import DEEPSPEED_ON_CPU, logged, run_cli, write_untrained_chat_rows_model
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +42,12 @@ FINE_TUNE = [
     "trainer.export=false",
     "trainer.plot=false",
 ]
+RELAXED = ["model.untrained_tokens=warn", "preflight.precision_risk=warn"]
+ZERO2 = ["parallel=zero2", *DEEPSPEED_ON_CPU]
+# A floor of 2^20 sits above where this model's scale collapses: DeepSpeed halves 2^24 down to it
+# within a few steps and raises on the next overflow there.
+HIGH_FLOOR = "precision.loss_scale.min_scale=1048576"
+DEEPSPEED_GIVES_UP = "Current loss scale already at minimum"
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +56,7 @@ def yi_like(tmp_path_factory):
 
 
 def test_relaxed_check_hits_the_collapse_guard_naming_the_tokens(yi_like, tmp_path):
-    relaxed = ["model.untrained_tokens=warn", "preflight.precision_risk=warn"]
-    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}", *relaxed], tmp_path / "run")
+    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}", *RELAXED], tmp_path / "run")
     assert r.returncode == 3, r.stderr[-3000:]
     msg = r.stderr
     assert "fp16 loss scale collapsed" in msg and "8 halvings in a row" in msg, msg[-3000:]
@@ -68,4 +77,37 @@ def test_default_policy_fixes_the_rows_and_trains(yi_like, tmp_path):
     assert len(losses) == 16 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0]
     # The scale settles where a healthy model's does (2^18 here), far above the relaxed run's.
+    assert min(scales) >= 2.0**17, scales
+
+
+def test_deepspeed_fp16_without_the_guard_dies_in_deepspeed(yi_like, tmp_path):
+    """What the guard prevents: the run tinytrain stops below, with the guard disarmed."""
+    args = [*FINE_TUNE, f"model.pretrained={yi_like}", *RELAXED, *ZERO2, HIGH_FLOOR]
+    r = run_cli(args, tmp_path / "run", env={"TT_TEST_NO_LOSS_SCALE_GUARD": "1"}, module="tests.integration.instrumented_cli")
+    assert r.returncode == 1 and DEEPSPEED_GIVES_UP in r.stderr, r.stderr[-3000:]
+    assert min(logged(tmp_path / "run", "loss_scale")) == 2.0**20
+
+
+def test_deepspeed_fp16_guard_stops_first_naming_the_tokens(yi_like, tmp_path):
+    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}", *RELAXED, *ZERO2, HIGH_FLOOR], tmp_path / "run")
+    assert r.returncode == 3, r.stderr[-3000:]
+    msg = r.stderr
+    assert DEEPSPEED_GIVES_UP not in msg
+    assert "fp16 loss scale collapsed" in msg and "down to the floor precision.loss_scale.min_scale=1.04858e+06" in msg, msg[-3000:]
+    assert "untrained embedding rows that preflight found and was told not to fix: '<|im_end|>', '<|im_start|>'" in msg
+    assert "1.67772e+07 -> 1.04858e+06" in msg  # 2^24 down to the floor 2^20
+    scales = logged(tmp_path / "run", "loss_scale")
+    assert scales[:2] == [2.0**24, 2.0**23]  # DeepSpeed's hysteresis 2: the first overflow does not halve
+    # Every step was skipped, and the LR schedule waited with DeepSpeed (still at its first warm-up value).
+    lrs = logged(tmp_path / "run", "lr")
+    assert len(lrs) >= 4 and lrs == pytest.approx([1.5e-3] * len(lrs))
+
+
+def test_deepspeed_fp16_default_policy_fixes_the_rows_and_trains(yi_like, tmp_path):
+    r = run_cli([*FINE_TUNE, f"model.pretrained={yi_like}", *ZERO2], tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = logged(tmp_path / "run", "loss")
+    scales = logged(tmp_path / "run", "loss_scale")
+    assert len(losses) == 16 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
     assert min(scales) >= 2.0**17, scales
