@@ -142,7 +142,7 @@ def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(
     assert not (run_dir / "checkpoints" / "final.ckpt").exists()  # stopped: no final checkpoint, no export
     ckpt = read_state(run_dir / "checkpoints" / f"step{step:07d}.ckpt")  # a file, or DeepSpeed's folder
     assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
-    assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step  # one batch per rank a step
+    assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step * (ranks // copies)  # a batch per data-parallel rank a step
 
     proc = start(run_dir, args)
     out = finish(proc, run_dir)
