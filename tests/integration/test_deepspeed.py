@@ -105,8 +105,9 @@ def hf_logits_equal_consolidated(run_dir) -> None:
         ("zero3_offload", []),
         ("zero2", FP16),
         ("zero3", FP16),
+        ("zero3", ["precision=bf16"]),  # the A800 path: DeepSpeed's bf16 block (torch's CPU bf16 kernels)
     ],
-    ids=["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero2-fp16", "zero3-fp16"],
+    ids=["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "zero2-fp16", "zero3-fp16", "zero3-bf16"],
 )
 def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_path):
     run_dir = tmp_path / "run"
@@ -125,14 +126,15 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
     assert ran["zero_optimization"]["stage"] == stage and ran["gradient_accumulation_steps"] == 1
     assert ("offload_optimizer" in ran["zero_optimization"]) == option.endswith("offload")
     scales = logged(run_dir, "loss_scale")
-    if extra:
+    assert ("bf16" in ran) == ("precision=bf16" in extra) and ("fp16" in ran) == (extra == FP16)
+    if extra == FP16:
         # DeepSpeed's own scale, following tinytrain's policy: it starts at 2^8 and only ever
         # doubles or halves (no clean window of 2 steps passes without doubling).
         assert ran["fp16"]["initial_scale_power"] == 8 and ran["fp16"]["loss_scale_window"] == 2
         assert len(scales) == 8 and scales[0] <= 2.0**8 and max(scales) > 2.0**8, scales
         assert all(b in (a / 2, a, a * 2) for a, b in zip(scales, scales[1:])), scales
     else:
-        assert scales == []  # no loss scaling under fp32: no loss_scale values (DeepSpeed's static 1.0 is not one)
+        assert scales == []  # no loss scaling under fp32/bf16: no loss_scale values (DeepSpeed's static 1.0 is not one)
     hf_logits_equal_consolidated(run_dir)
 
 
