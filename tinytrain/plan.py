@@ -59,7 +59,7 @@ def build_plan(cfg, resolved: Resolved, params_total: int, attention: AttentionC
         },
         "params": {"total": params_total},
         "cluster": cluster_section(cfg),
-        "parallel": {"strategy": cfg.parallel.strategy.value, "tp": cfg.parallel.tp, "dp": b.data_parallel},
+        "parallel": {"strategy": cfg.parallel.strategy.value, "tp": cfg.parallel.tp, "dp": b.data_parallel, "deepspeed_on_cpu": bool(deepspeed) and cfg.parallel.deepspeed_on_cpu and hw.is_cpu},
         "world_size": resolved.world_size,
         "batch": {
             "micro_batch_size": b.micro_batch_size,
@@ -133,7 +133,8 @@ def render_plan(plan: dict) -> str:
         zero = ds["zero_optimization"]
         offload = [k.removeprefix("offload_") for k in ("offload_optimizer", "offload_param") if k in zero]
         dtype = "bf16" if "bf16" in ds else "fp16" if "fp16" in ds else "fp32"
-        lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json")
+        on_cpu = " (on DeepSpeed's CPU accelerator: parallel.deepspeed_on_cpu, for tests only)" if plan["parallel"]["deepspeed_on_cpu"] else ""
+        lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json{on_cpu}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ def quiet_lightning() -> None:
     # DeepSpeed 0.19 still calls torch.distributed's deprecated collectives.
     warnings.filterwarnings("ignore", message=r"Since DeepSpeed handles gradient clipping internally")
     warnings.filterwarnings("ignore", message=r"`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+    logging.getLogger("compilers").setLevel(logging.WARNING)  # DeepSpeed's op builder probing for libaio with gcc
 
 
 def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], ""), resuming: bool = False):

@@ -115,6 +115,8 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
         r = run_cli([*RUN, f"parallel={option}", *extra], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
+    assert "written to deepspeed_config.json (on DeepSpeed's CPU accelerator: parallel.deepspeed_on_cpu, for tests only)" in r.stdout
+    assert "gcc" not in r.stdout + r.stderr  # DeepSpeed's op builder probes stay out of the log
     losses = logged(run_dir, "loss")
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.5, losses
     # Each checkpoint folder appeared complete (renamed into place after every rank wrote its part).
