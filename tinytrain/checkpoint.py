@@ -10,11 +10,11 @@ the gather drops real rows and shifts the rest (tests/integration/test_tensor_pa
 from __future__ import annotations
 
 import logging
-import pickle
 
 import torch
 
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.safe_load import load_file
 from tinytrain.vocab import VocabPlan, unpad_rows
 
 log = logging.getLogger(__name__)
@@ -56,13 +56,10 @@ def metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str) -> d
     }
 
 
-def read(path: str, key: str = "checkpoint.init_from", weights_only: bool = False) -> dict:
-    """The checkpoint, memory-mapped (tensors are read when touched). `key` names the setting that
-    pointed at it in the error."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise ConfigError(Problem(key, path, f"cannot read checkpoint: {e}", "point it at a .ckpt file saved by tinytrain")) from e
+def read(path: str, key: str = "checkpoint.init_from") -> dict:
+    """The checkpoint, memory-mapped (tensors are read when touched), loaded without running code
+    from it (safe_load.py). `key` names the setting that pointed at it in the error."""
+    return load_file(path, key)
 
 
 def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint import MODULE_PREFIX, unpad_vocab, vocab_param_names
+from tinytrain.safe_load import load_file
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,6 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
 
 
 def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path) -> Path:
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    ckpt = load_file(ckpt_path, "export")
     state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
     return export_state_dict(state, model_config, tokenizer, true_vocab, out_dir)

@@ -22,6 +22,7 @@ from pathlib import Path
 from tinytrain.checkpoint import check_resumable, read
 from tinytrain.checkpoint_files import is_temp, remove, step_checkpoints
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.safe_load import check_deepspeed_folder, deepspeed_globals, load_file
 from tinytrain.vocab import VocabPlan
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,12 @@ class ResumePoint:
 
 def read_state(path: Path, key: str = "resume") -> dict:
     """The checkpoint's top-level dict (global_step, tinytrain metadata, ...), memory-mapped and
-    read as Lightning will read it (weights_only; DeepSpeed's own loader is not so strict)."""
+    read without running code from it; a DeepSpeed folder has each file checked first, since
+    DeepSpeed's own loader unpickles anything."""
     if path.is_dir():
-        return read(str(deepspeed_state_file(path)), key)
-    return read(str(path), key, weights_only=True)
+        check_deepspeed_folder(path, key)
+        return load_file(deepspeed_state_file(path), key, deepspeed_globals())
+    return read(str(path), key)
 
 
 def deepspeed_state_file(folder: Path) -> Path:

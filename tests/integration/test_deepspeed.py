@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import DEEPSPEED_ON_CPU, compose, logged, run_cli
+from tinytrain.resume import read_state
 
 pytestmark = pytest.mark.slow
 
@@ -122,6 +123,8 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
     # Each checkpoint folder appeared complete (renamed into place after every rank wrote its part).
     assert watcher.first_seen == {"step0000004.ckpt": True, "step0000008.ckpt": True, "final.ckpt": True}
     assert not [p.name for p in (run_dir / "checkpoints").iterdir() if ".tmp-" in p.name]
+    for name in watcher.first_seen:  # each shard passes the no-pickled-code check resume makes (safe_load.py)
+        assert read_state(run_dir / "checkpoints" / name)["tinytrain"]["true_vocab"] == TRUE_VOCAB
 
     ran = json.loads((run_dir / "deepspeed_config.json").read_text())
     stage = int(option[4])

@@ -140,6 +140,10 @@ def test_a_deepspeed_folder_resumes_from_its_client_state(tmp_path, files):
 
 
 def test_a_deepspeed_folder_without_client_state_is_named(tmp_path):
-    (tmp_path / "step0000008.ckpt" / "checkpoint").mkdir(parents=True)
+    folder = tmp_path / "step0000008.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="folder without DeepSpeed checkpoint files"):
+        resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)
+    torch.save({}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt"):
         resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)

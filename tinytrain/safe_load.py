@@ -1,0 +1,64 @@
+"""Checkpoint files are read without running code from them.
+
+`torch.load(weights_only=False)` unpickles whatever a file holds, and a pickle can call any
+function: a checkpoint from elsewhere could run code on the login node. Every loader in tinytrain
+reads with `weights_only=True`, which admits tensors and plain containers only, plus the few
+classes DeepSpeed pickles into its own shards (DEEPSPEED_GLOBALS). Anything else is refused with
+the name of what the file holds. DeepSpeed loads its shard folders with weights_only=False itself,
+so a folder is checked file by file before DeepSpeed sees it (memory-mapped: the tensors are not read).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from tinytrain.errors import ConfigError, Problem
+
+UNSUPPORTED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
+
+
+def deepspeed_globals() -> list:
+    """What DeepSpeed 0.19 pickles into a ZeRO checkpoint besides tensors (found by loading the
+    shards of every zero* option in fp32, bf16 and fp16)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_file(path: Path | str, key: str, allowed: list | None = None) -> dict:
+    """A checkpoint file's dict, memory-mapped. `key` names the setting that pointed at it."""
+    try:
+        with torch.serialization.safe_globals(allowed or []):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        found = UNSUPPORTED_GLOBAL.search(str(e))
+        what = f"it pickles {found.group(1)}" if found else "it holds objects other than tensors and plain containers"
+        raise ConfigError(
+            Problem(
+                key,
+                str(path),
+                f"refused: {what}, which tinytrain never saves; loading it could run code from the file",
+                "use a checkpoint saved by tinytrain, or a Hugging Face folder (safetensors) through model.pretrained",
+            )
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise ConfigError(Problem(key, str(path), f"cannot read checkpoint: {' '.join(str(e).split())[:300]}", "point it at a checkpoint saved by tinytrain")) from e
+    if not isinstance(ckpt, dict):
+        raise ConfigError(Problem(key, str(path), f"is not a checkpoint: it holds a {type(ckpt).__name__}, not a dict", "point it at a checkpoint saved by tinytrain"))
+    return ckpt
+
+
+def check_deepspeed_folder(folder: Path, key: str) -> None:
+    """Every .pt file of a DeepSpeed checkpoint folder holds only what DeepSpeed itself saves."""
+    allowed = deepspeed_globals()
+    files = sorted(folder.rglob("*.pt"))
+    if not files:
+        raise ConfigError(Problem(key, str(folder), "is a folder without DeepSpeed checkpoint files (*.pt)", "point it at a checkpoint folder saved by tinytrain under parallel=zero*"))
+    for path in files:
+        load_file(path, key, allowed)
