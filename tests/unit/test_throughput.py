@@ -95,3 +95,21 @@ def test_chunked_loss_equals_full_loss_and_gradients():
     torch.testing.assert_close(h.grad, grads[0])
     torch.testing.assert_close(w.grad, grads[1])
     assert torch.all(w.grad[true_vocab:] == 0)  # padding rows get no gradient
+
+
+def test_packed_sft_rows_count_no_padding():
+    import numpy as np
+
+    from tinytrain.callbacks.throughput import batch_tokens_and_squares
+    from tinytrain.data.collate import PaddedCollator
+    from tinytrain.data.packing import PackedSamples
+    from tinytrain.data.sft import SftSample
+
+    lengths = [9, 5, 12, 3, 7]  # rows of capacity 16: [12, 3], [9, 7], [5] -> padded to width 16
+    samples = [SftSample(np.arange(n) + 5, np.full(n, -100)) for n in lengths]
+    rows = PackedSamples(samples, capacity=16)
+    batch = PaddedCollator(pad_id=0, multiple=8)([rows[i] for i in range(len(rows))])
+    assert batch["input_ids"].shape == (3, 16)
+    tokens, squares = batch_tokens_and_squares(batch)
+    assert tokens == sum(lengths) == 36  # not 3 x 16 = 48
+    assert squares == sum(n * n for n in lengths)
