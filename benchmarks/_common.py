@@ -33,7 +33,7 @@ def setup(overrides: list[str]):
     tokenizer = load_from_config(cfg.tokenizer)
     resolved = resolve(cfg, tokenizer)
     on_gpu = not resolved.hardware.is_cpu
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
     model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     shape = shape_from_config(cfg.model, resolved.vocab.padded)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu, resolved.vocab.padded)

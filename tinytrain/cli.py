@@ -44,7 +44,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     resolved = resolve(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, tokenizer, resolved)
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=not resolved.hardware.is_cpu)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
     if cfg.model.pretrained:
         from tinytrain.model import pretrained_config
         from tinytrain.model_shape import shape_from_hf

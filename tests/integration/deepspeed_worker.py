@@ -30,7 +30,7 @@ def main(option: str, out_path: str) -> None:
     resolved = resolve(cfg, tokenizer)
     ds_config = deepspeed_config.build(cfg.parallel, resolved.batch, resolved.precision, cfg.trainer.grad_clip)
     torch.manual_seed(0)
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=False)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
     module = build_module(cfg, resolved, tokenizer, hf_config(cfg.model, resolved.vocab.padded, tokenizer), attention, fast)
     optimizer = module.configure_optimizers()["optimizer"]  # DeepSpeedCPUAdam when offloading
