@@ -49,7 +49,7 @@ class CausalLMModule(pl.LightningModule):
     code, tinytrain/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload."""
 
-    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0):
+    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -60,6 +60,7 @@ class CausalLMModule(pl.LightningModule):
         self.cpu_adam = cpu_adam
         self.fused_adamw = fused_adamw
         self.loss_chunk_tokens = loss_chunk_tokens
+        self.liger_loss = liger_loss
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
 
     def configure_model(self):
@@ -81,11 +82,15 @@ class CausalLMModule(pl.LightningModule):
 
     def batch_loss(self, batch: dict) -> torch.Tensor:
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-        if self.loss_chunk_tokens:
-            # Large vocabularies: the loss from hidden states, a chunk of tokens at a time.
+        if self.loss_chunk_tokens or self.liger_loss:
+            # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
             hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
             hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for flash-attn
             weight = self.model.get_output_embeddings().weight
+            if self.liger_loss:
+                from tinytrain.liger import fused_linear_cross_entropy
+
+                return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
             return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
 

@@ -51,7 +51,7 @@ def test_peak_by_precision_and_graceful_omission():
 
 
 def trainer(**kw):
-    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, **kw})
+    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,8 @@ def trainer(**kw):
 def test_fast_path_selection(strategy, on_gpu, vocab, fused, chunk):
     f = select_fast_paths(trainer(), strategy, on_gpu, vocab)
     assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, False, False)
-    assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing"}
+    assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing", "liger"}
+    assert not f.liger  # liger-kernel is not installed here (tests/unit/test_fast_paths.py covers it)
 
 
 def test_fast_path_overrides():
