@@ -23,7 +23,7 @@ def compose(overrides: list[str]):
 
 def setup(overrides: list[str]):
     """(cfg, tokenizer, resolved, model_config, shape, fast, attention) for a run."""
-    from tinytrain.fast_paths import select_fast_paths
+    from tinytrain.fast_paths import liger_installed, select_fast_paths
     from tinytrain.model import choose_attention, flash_attn_installed, hf_config
     from tinytrain.model_shape import shape_from_config
     from tinytrain.resolve import resolve
@@ -33,10 +33,10 @@ def setup(overrides: list[str]):
     tokenizer = load_from_config(cfg.tokenizer)
     resolved = resolve(cfg, tokenizer)
     on_gpu = not resolved.hardware.is_cpu
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
     model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     shape = shape_from_config(cfg.model, resolved.vocab.padded)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu, resolved.vocab.padded)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
     return cfg, tokenizer, resolved, model_config, shape, fast, attention
 
 

@@ -8,12 +8,15 @@ per second / the hardware table's dense peak.
 
     python benchmarks/mfu.py                      # on a GPU machine
     python benchmarks/mfu.py --tiny --steps 4     # CPU smoke check: tiny model, MFU omitted
+    python benchmarks/mfu.py --compile --liger    # torch.compile and liger-kernel on both sides
+`--json PATH` also writes the figures (benchmarks/gpu_check.py collects them).
 Target on an H100: >= 55% MFU and ahead of the raw loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -28,6 +31,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="trainer.compile=true on the tinytrain side and torch.compile on the raw side")
+    parser.add_argument("--liger", action="store_true", help="trainer.liger=true on the tinytrain side and liger's kernels on the raw side (CUDA only)")
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     if args.tiny:
         model, micro, seq = ["model=tiny"], 2, 128
@@ -44,6 +49,7 @@ def main() -> None:
         "trainer.val_every_n_steps=100000",
         "trainer.checkpoint_every_n_steps=100000",
         f"trainer.compile={str(args.compile).lower()}",
+        f"trainer.liger={'true' if args.liger else 'false'}",
     ]
     cfg, tokenizer, resolved, model_config, shape, fast, attention = setup(overrides)
 
@@ -63,6 +69,10 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
     raw_model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attention.implementation).to(device)
+    if args.liger:
+        from tinytrain.liger import apply_kernels
+
+        apply_kernels(raw_model, cfg.model.arch)
     if args.compile:
         raw_model.compile()
     opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.trainer.lr, fused=device.type == "cuda")
@@ -76,6 +86,14 @@ def main() -> None:
     print(f"tinytrain : {describe(ours)}")
     print(f"raw loop  : {describe(raw)}")
     print(f"ratio tinytrain / raw tokens/s = {raw / ours:.3f}")
+    if args.json:
+        mfu = (lambda seconds: flops / seconds / (peak * 1e12)) if peak else (lambda seconds: None)
+        peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        figures = {"attention": attention.implementation, "precision": resolved.precision.value, "compile": args.compile, "liger": args.liger,
+                   "tinytrain_tokens_per_s": tokens / ours, "raw_tokens_per_s": tokens / raw, "ratio": raw / ours,
+                   "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": peak_gib}
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
 
 
 if __name__ == "__main__":

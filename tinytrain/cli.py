@@ -31,7 +31,7 @@ def is_rank_zero() -> bool:
 
 
 def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
-    from tinytrain.fast_paths import select_fast_paths
+    from tinytrain.fast_paths import liger_installed, select_fast_paths
     from tinytrain.model import choose_attention, flash_attn_installed
     from tinytrain.model_shape import parameter_count, shape_from_config
     from tinytrain.plan import build_plan, memory_section, render_plan, write_plan
@@ -44,7 +44,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     resolved = resolve(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, tokenizer, resolved)
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), on_gpu=not resolved.hardware.is_cpu)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
     if cfg.model.pretrained:
         from tinytrain.model import pretrained_config
         from tinytrain.model_shape import shape_from_hf
@@ -72,7 +72,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     resume = resume_point(cfg, run_dir, resolved)
     preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config, saved_vocab)
     memory = memory_section(cfg, resolved, shape, params, attention)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
     plan["fast_paths"] = fast.to_dict()
     plan["preflight"] = {"findings": preflight, "untrained_rows": [r.describe() for r in untrained], "fix": fix or None}

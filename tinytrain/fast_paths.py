@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Strategy
+from tinytrain.errors import ConfigError, Problem
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
 # computed from hidden states in chunks of tokens instead.
@@ -18,19 +20,29 @@ class FastPaths:
     loss_chunk_tokens: int  # 0: plain cross-entropy over full logits
     activation_checkpointing: bool
     reasons: dict
+    liger: bool = False  # liger-kernel's RMSNorm, SwiGLU and RoPE kernels
+    liger_loss: bool = False  # liger's fused linear cross-entropy (no logits tensor at all)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_vocab: int) -> FastPaths:
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0) -> FastPaths:
     reasons = {}
     fused = on_gpu and strategy != Strategy.fsdp_tp and strategy != Strategy.deepspeed
     reasons["fused_adamw"] = (
         "CUDA tensors" if fused else "DeepSpeed/DTensor parameters or CPU: foreach AdamW" if on_gpu else "CPU: foreach AdamW"
     )
+    liger, liger_loss = select_liger(trainer_cfg.liger, strategy, on_gpu, liger_available, zero_stage, reasons)
     chunk = trainer_cfg.loss_chunk_tokens
-    if chunk is None:
+    if liger_loss:
+        chunk = 0
+        reasons["loss_chunk_tokens"] = "off: liger's fused linear cross-entropy never builds the logits"
+    elif chunk is None:
         auto = padded_vocab >= CHUNKED_LOSS_MIN_VOCAB and strategy != Strategy.fsdp_tp
         chunk = 1024 if auto else 0
         if auto:
@@ -47,4 +59,30 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_voca
     reasons["compile"] = "trainer.compile=true" if trainer_cfg.compile else "off (trainer.compile=true turns it on)"
     ac = trainer_cfg.activation_checkpointing
     reasons["activation_checkpointing"] = "on: recompute each layer in backward" if ac else "off (memory allows; trainer.activation_checkpointing=true trades compute for memory)"
-    return FastPaths(fused, bool(trainer_cfg.compile), int(chunk), bool(ac), reasons)
+    return FastPaths(fused, bool(trainer_cfg.compile), int(chunk), bool(ac), reasons, liger, liger_loss)
+
+
+def select_liger(requested: bool | None, strategy: Strategy, on_gpu: bool, available: bool, zero_stage: int, reasons: dict) -> tuple[bool, bool]:
+    """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.
+    Triton kernels need CUDA; under fsdp_tp the norms and the lm_head are DTensors, which they are
+    not checked on; under ZeRO-3 the lm_head weight is partitioned outside the model's forward, so the
+    fused loss (which reads it directly) stays off there."""
+    blocker = "CPU: Triton kernels need a CUDA GPU" if not on_gpu else "fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights" if strategy == Strategy.fsdp_tp else None
+    if requested is False:
+        reasons["liger"] = "off (trainer.liger=false)"
+        return False, False
+    if blocker:
+        if requested:
+            raise ConfigError(Problem("trainer.liger", True, f"liger-kernel cannot run here ({blocker})", "set trainer.liger=null (on where it can run) or false"))
+        reasons["liger"] = f"off: {blocker}"
+        return False, False
+    if not available:
+        if requested:
+            reasons["liger"] = "as configured; liger-kernel is not installed on this machine: the one that trains needs it (pip install -e '.[gpu]')"
+            return True, zero_stage != 3
+        reasons["liger"] = "off: liger-kernel is not installed (pip install -e '.[gpu]')"
+        return False, False
+    fused_loss = zero_stage != 3
+    how = "RMSNorm, SwiGLU, RoPE kernels" + (" and fused linear cross-entropy" if fused_loss else "; loss unfused: ZeRO-3 partitions the lm_head outside the forward")
+    reasons["liger"] = ("as configured: " if requested else "liger-kernel installed and a CUDA GPU: ") + how
+    return True, fused_loss

@@ -13,9 +13,10 @@ from tinytrain.checkpoint import repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.grad_norm import clip_grad_norm
 from tinytrain.guard_report import deepspeed_engine
 from tinytrain.lean_loss import chunked_lm_loss
+from tinytrain.packed_attention import flatten_for_flash, is_flash
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
@@ -49,7 +50,7 @@ class CausalLMModule(pl.LightningModule):
     code, tinytrain/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload."""
 
-    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0):
+    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -60,6 +61,7 @@ class CausalLMModule(pl.LightningModule):
         self.cpu_adam = cpu_adam
         self.fused_adamw = fused_adamw
         self.loss_chunk_tokens = loss_chunk_tokens
+        self.liger_loss = liger_loss
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
 
     def configure_model(self):
@@ -67,17 +69,29 @@ class CausalLMModule(pl.LightningModule):
             self.parallelize(self.model, self.device_mesh)
             self._parallelized = True
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor:
+        logits = self.model(**self.model_kwargs(input_ids, attention_mask, position_ids, cu_seq_lens, max_length)).logits
+        return logits.view(*input_ids.shape, -1) if logits.shape[0] != input_ids.shape[0] else logits
+
+    def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
-        # attention_mask alongside), transformers would let them attend to each other.
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+        # attention_mask alongside), transformers would let them attend to each other. On
+        # flash-attn the rows go in as one flattened row with the boundaries (packed_attention.py).
+        if position_ids is not None and attention_mask is None and is_flash(self.model):
+            return {**flatten_for_flash(input_ids, position_ids, cu_seq_lens, max_length), "use_cache": False}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": False}
 
     def batch_loss(self, batch: dict) -> torch.Tensor:
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-        if self.loss_chunk_tokens:
-            # Large vocabularies: the loss from hidden states, a chunk of tokens at a time.
-            hidden = self.model.base_model(**inputs, use_cache=False).last_hidden_state
+        if self.loss_chunk_tokens or self.liger_loss:
+            # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
+            hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
+            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for flash-attn
             weight = self.model.get_output_embeddings().weight
+            if self.liger_loss:
+                from tinytrain.liger import fused_linear_cross_entropy
+
+                return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
             return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
 

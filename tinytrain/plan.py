@@ -115,8 +115,8 @@ def render_plan(plan: dict) -> str:
     )
     if plan.get("fast_paths"):
         f = plan["fast_paths"]
-        on = [k for k in ("fused_adamw", "compile", "activation_checkpointing") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
-        lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}")
+        on = [k for k in ("fused_adamw", "compile", "activation_checkpointing", "liger") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
+        lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
     pf = plan.get("preflight")
     if pf:
         warnings = [f for f in pf["findings"] if f["severity"] == "warn"]

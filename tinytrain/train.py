@@ -61,6 +61,10 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         from tinytrain.embedding_health import fix_rows, vocab_tables
 
         fix_rows(vocab_tables(model), rows, resolved.vocab.true, noisy=fix == "noisy_mean", seed=cfg.seed)
+    if fast.liger:
+        from tinytrain.liger import apply_kernels
+
+        apply_kernels(model, cfg.model.arch)
     if fast.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:
@@ -76,6 +80,7 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         cpu_adam=strategy == Strategy.deepspeed and cfg.parallel.offload_optimizer,
         fused_adamw=fast.fused_adamw,
         loss_chunk_tokens=fast.loss_chunk_tokens,
+        liger_loss=fast.liger_loss,
     )
 
 

@@ -3,8 +3,7 @@
 import torch
 
 from tinytrain.export import export_state_dict
-from tinytrain.model import choose_attention, hf_config
-from tinytrain.config.schema import Attention
+from tinytrain.model import hf_config
 from tests.conftest import compose
 from tinytrain.tokenizer import load_tokenizer
 
@@ -32,9 +31,3 @@ def test_export_unpads_to_true_vocab(tmp_path, bundled_tokenizer):
         after = reloaded(input_ids=ids).logits
     torch.testing.assert_close(after, before)
 
-
-def test_attention_choice():
-    assert choose_attention(Attention.auto, flash_installed=True, on_gpu=True).implementation == "flash_attention_2"
-    assert choose_attention(Attention.auto, flash_installed=True, on_gpu=False).implementation == "sdpa"
-    assert choose_attention(Attention.auto, flash_installed=False, on_gpu=True).implementation == "sdpa"
-    assert choose_attention(Attention.eager, flash_installed=True, on_gpu=True).implementation == "eager"

@@ -51,7 +51,7 @@ def test_peak_by_precision_and_graceful_omission():
 
 
 def trainer(**kw):
-    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, **kw})
+    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,8 @@ def trainer(**kw):
 def test_fast_path_selection(strategy, on_gpu, vocab, fused, chunk):
     f = select_fast_paths(trainer(), strategy, on_gpu, vocab)
     assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, False, False)
-    assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing"}
+    assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing", "liger"}
+    assert not f.liger  # liger-kernel is not installed here (tests/unit/test_fast_paths.py covers it)
 
 
 def test_fast_path_overrides():
@@ -95,3 +96,21 @@ def test_chunked_loss_equals_full_loss_and_gradients():
     torch.testing.assert_close(h.grad, grads[0])
     torch.testing.assert_close(w.grad, grads[1])
     assert torch.all(w.grad[true_vocab:] == 0)  # padding rows get no gradient
+
+
+def test_packed_sft_rows_count_no_padding():
+    import numpy as np
+
+    from tinytrain.callbacks.throughput import batch_tokens_and_squares
+    from tinytrain.data.collate import PaddedCollator
+    from tinytrain.data.packing import PackedSamples
+    from tinytrain.data.sft import SftSample
+
+    lengths = [9, 5, 12, 3, 7]  # rows of capacity 16: [12, 3], [9, 7], [5] -> padded to width 16
+    samples = [SftSample(np.arange(n) + 5, np.full(n, -100)) for n in lengths]
+    rows = PackedSamples(samples, capacity=16)
+    batch = PaddedCollator(pad_id=0, multiple=8)([rows[i] for i in range(len(rows))])
+    assert batch["input_ids"].shape == (3, 16)
+    tokens, squares = batch_tokens_and_squares(batch)
+    assert tokens == sum(lengths) == 36  # not 3 x 16 = 48
+    assert squares == sum(n * n for n in lengths)

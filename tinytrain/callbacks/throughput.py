@@ -21,10 +21,15 @@ log = logging.getLogger(__name__)
 
 def batch_tokens_and_squares(batch: dict) -> tuple[int, int]:
     """Real tokens in a batch and Σ(attention span²): packed documents by their position ids,
-    padded SFT rows by their attention mask (padding is compute, not model FLOPs)."""
+    padded SFT rows by their attention mask (padding is compute, not model FLOPs). The padding of
+    a packed SFT row is one more segment of position ids (data/collate.py), of `padding` tokens."""
     rows, seq = batch["input_ids"].shape
     if "position_ids" in batch:
-        return rows * seq, sum_squared_document_lengths(batch["position_ids"])
+        tokens, squares = rows * seq, sum_squared_document_lengths(batch["position_ids"])
+        if "padding" in batch:
+            pad = batch["padding"]
+            tokens, squares = tokens - int(pad.sum()), squares - int((pad * pad).sum())
+        return tokens, squares
     mask = batch.get("attention_mask")
     if mask is not None:
         lengths = mask.sum(dim=1)

@@ -274,10 +274,12 @@ class TrainerConfig:
     progress_bar: bool = True
     # Fast paths (tinytrain/fast_paths.py): torch.compile of the model; activation checkpointing
     # (recompute layers in backward); cross-entropy from hidden states in chunks of this many
-    # tokens (null: on for vocabularies >= 65536, 0: off).
+    # tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and loss
+    # (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).
     compile: bool = False
     activation_checkpointing: bool = False
     loss_chunk_tokens: Optional[int] = None
+    liger: Optional[bool] = None
     export: bool = True
     plot: bool = True
 

@@ -6,13 +6,41 @@ Unpacked samples get an attention_mask (1 = real token). Packed rows carry posit
 their padding becomes one more segment (positions 0, 1, ... after the last sample), which the
 model's packed-sequence mask keeps apart from the real tokens, so no attention_mask is needed (and
 passing one would switch the packed-sequence mask off).
+
+Packed batches also carry their document boundaries for flash-attn's varlen kernel, computed here on
+the CPU (in the loader workers) so the GPU never waits on a device-to-host copy to find them:
+`cu_seq_lens`, where every document starts in the batch flattened to one row (and the total), and
+`max_length`, the longest. Packed SFT rows carry `padding` (padding tokens per row), so throughput
+can leave padding out.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils.data import default_collate
 
 IGNORE = -100
+
+
+def document_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(cu_seq_lens, max_length) of the (rows, seq) batch flattened to one row: a document starts
+    where its position ids restart at 0, and so does every row."""
+    starts = position_ids == 0
+    starts[:, 0] = True
+    flat = starts.reshape(-1).nonzero().view(-1)
+    cu = torch.cat([flat, torch.tensor([position_ids.numel()])]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def with_document_boundaries(batch: dict) -> dict:
+    if "position_ids" in batch:
+        batch["cu_seq_lens"], batch["max_length"] = document_boundaries(batch["position_ids"])
+    return batch
+
+
+def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict:
+    """Fixed-size pretraining windows: stacked, plus their document boundaries when isolated."""
+    return with_document_boundaries(default_collate(samples))
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -33,6 +61,7 @@ class PaddedCollator:
         }
         if packed:
             batch["position_ids"] = torch.arange(width).repeat(len(samples), 1)
+            batch["padding"] = torch.zeros(len(samples), dtype=torch.long)
         else:
             batch["attention_mask"] = torch.zeros((len(samples), width), dtype=torch.long)
         for row, s in enumerate(samples):
@@ -42,6 +71,7 @@ class PaddedCollator:
             if packed:
                 batch["position_ids"][row, :n] = s["position_ids"]
                 batch["position_ids"][row, n:] = torch.arange(width - n)
+                batch["padding"][row] = width - n
             else:
                 batch["attention_mask"][row, :n] = 1
-        return batch
+        return with_document_boundaries(batch)

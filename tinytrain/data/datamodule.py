@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 
 from tinytrain.config.schema import DataFormat
 from tinytrain.data.bad_records import BadRecords
-from tinytrain.data.collate import PaddedCollator
+from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples
@@ -51,7 +51,7 @@ class DataModule:
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         if data_cfg.format == DataFormat.text:
             self.train, self.val = self._pretraining(progress)
-            self.collate = default_collate  # fixed-size windows
+            self.collate = collate_windows  # fixed-size windows
         else:
             self.train, self.val = self._sft()
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
