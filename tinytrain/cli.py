@@ -6,6 +6,7 @@ compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,7 +17,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.config.resolvers import register_resolvers
+from tinytrain import run_lock
 from tinytrain.config.schema import PLANNING_MODES, Mode, Strategy, register_schemas
+from tinytrain.errors import ConfigError, Problem
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("tinytrain")
@@ -40,6 +43,8 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     from tinytrain.validate import validate
 
     validate(cfg)
+    if cfg.mode in PLANNING_MODES and is_rank_zero():
+        refuse_trained_directory(run_dir)
     tokenizer = load_from_config(cfg.tokenizer)
     resolved = resolve(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
@@ -97,6 +102,24 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     model_config.use_cache = False
     return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix), resume)
+
+
+def refuse_trained_directory(run_dir: Path) -> None:
+    """A plan written into a trained run's directory would replace the plan.json and
+    config_resolved.yaml that describe its checkpoints."""
+    from tinytrain.checkpoint_files import step_checkpoints
+
+    checkpoints = run_dir / "checkpoints"
+    trained = [p.name for _, p in step_checkpoints(checkpoints)] + [p.name for p in (checkpoints / "final.ckpt",) if p.exists()]
+    if trained:
+        raise ConfigError(
+            Problem(
+                "hydra.run.dir",
+                str(run_dir),
+                f"holds a trained run (checkpoints/{trained[0]}); a plan here would replace the plan.json and config_resolved.yaml that describe it",
+                "plan into a new directory (run.name=<new>), or continue that run with mode=train (resume=auto)",
+            )
+        )
 
 
 def resume_point(cfg: DictConfig, run_dir: Path, resolved):
@@ -157,7 +180,7 @@ def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from tinytrain.errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, TrainingStopped
+    from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
@@ -168,12 +191,14 @@ def hydra_main(cfg: DictConfig):
     if multirun:
         name_multirun_job(cfg, hydra_cfg.job.num)
     try:
-        result = run_stages(cfg, run_dir)
-        if cfg.mode == Mode.sbatch:
-            from tinytrain import sbatch
+        # Rank 0 holds the run directory for the run's life; other ranks run under it.
+        with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
+            result = run_stages(cfg, run_dir)
+            if cfg.mode == Mode.sbatch:
+                from tinytrain import sbatch
 
-            path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
-            print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
+                path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
+                print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
     except (ConfigError, TrainingStopped) as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
@@ -214,6 +239,13 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
+    except KeyboardInterrupt:
+        # Ctrl-C before training (during training the first one saves a checkpoint and exits 75),
+        # or a second Ctrl-C during training: what is on disk is complete (atomic saves).
+        if os.environ["TINYTRAIN_TRACEBACK"] == "1":
+            raise
+        print("tinytrain: interrupted (Ctrl-C); checkpoints already on disk are complete, resume=auto continues from the newest", file=sys.stderr)
+        sys.exit(130)
     except TrainingStopped as e:  # a multirun job's, raised again by the sweeper after the last job
         if os.environ["TINYTRAIN_TRACEBACK"] == "1":
             raise

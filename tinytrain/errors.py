@@ -43,7 +43,7 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class Preempted(Exception):
-    """SIGUSR1 / SIGTERM: a checkpoint was saved and the run stopped (callbacks/preemption.py)."""
+    """SIGUSR1 / SIGTERM / SIGINT: a checkpoint was saved and the run stopped (callbacks/preemption.py)."""
 
 
 def raise_if_any(problems: list[Problem]) -> None:

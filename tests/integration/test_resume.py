@@ -1,11 +1,11 @@
 """Preemption and resume through real processes (tests.integration.instrumented_cli.py runs the CLI):
 
-- SIGUSR1 mid-run: a checkpoint at the next step boundary, `scontrol requeue` under Slurm, exit
-  75; `resume=auto` in the same run directory finishes the run, and the result equals an
+- SIGUSR1 (SIGINT, SIGTERM) mid-run: a checkpoint at the next step boundary, `scontrol requeue`
+  under Slurm (SIGUSR1 only), exit 75; `resume=auto` in the same run directory finishes the run, and the result equals an
   uninterrupted run's: loss, lr, grad_norm, loss scale and validation loss to the bit, every batch
   trained exactly once. fp32 on one process (as a Slurm array task), fp16 on two FSDP2 x TP
   processes, and DeepSpeed on two ranks (ZeRO-2 fp32, ZeRO-3 fp16; a checkpoint is a folder of
-  shards), with the signal sent to rank 0 only.
+  shards; stopped by Ctrl-C's SIGINT and by SIGTERM), with the signal sent to rank 0 only.
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
@@ -58,6 +58,8 @@ VARIANTS = {
 # (processes, ranks that train each batch): both tp ranks train the same batch; DeepSpeed's two
 # data-parallel ranks train different ones.
 RANKS = {"fp32": (1, 1), "fp16-fsdp_tp": (2, 2), "zero2-fp32": (2, 1), "zero3-fp16": (2, 1)}
+# SIGINT (Ctrl-C) and SIGTERM stop the same way as Slurm's SIGUSR1, without the requeue.
+SIGNAL = {"fp32": signal.SIGUSR1, "fp16-fsdp_tp": signal.SIGUSR1, "zero2-fp32": signal.SIGINT, "zero3-fp16": signal.SIGTERM}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
 
 
@@ -122,16 +124,17 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_sigusr1_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
+def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
     args, (ranks, copies) = [*RUN, *VARIANTS[variant]], RANKS[variant]
     run_dir = tmp_path / "run"
     slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
     proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
     wait_for(lambda: len(batches(run_dir)) >= 5 * ranks, proc, "step 5")  # every rank logs its batches
-    proc.send_signal(signal.SIGUSR1)  # to rank 0 alone: the ranks agree at the step boundary
+    sent = SIGNAL[variant]
+    proc.send_signal(sent)  # to rank 0 alone: the ranks agree at the step boundary
     out = finish(proc, run_dir)
     assert proc.returncode == 75, out[-3000:]
-    step = int(out.split("SIGUSR1 at step ")[1].split(":")[0])
+    step = int(out.split(f"{sent.name} at step ")[1].split(":")[0])
     assert 5 <= step < 12
     saved = f"checkpoint saved to checkpoints/step{step:07d}.ckpt"
     if slurm:

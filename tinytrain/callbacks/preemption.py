@@ -1,10 +1,11 @@
-"""SIGUSR1 and SIGTERM: save a checkpoint at the next optimizer-step boundary, requeue on Slurm, stop.
+"""SIGUSR1, SIGTERM and SIGINT: save a checkpoint at the next optimizer-step boundary, requeue on Slurm, stop.
 
 SIGUSR1 is Slurm's warning before the time limit or a preemption (`#SBATCH --signal=USR1@90`):
 checkpoint, `scontrol requeue` the job (rank 0), exit 75; the requeued job resumes from the
 checkpoint (resume=auto, run directory from the job id). SIGTERM (scancel, the time limit itself,
-`kill`) saves the same way and exits 75 without requeueing; if the save cannot finish before
-SIGKILL, the atomic write leaves the previous checkpoint as it was.
+`kill`) and SIGINT (Ctrl-C) save the same way and exit 75 without requeueing; if the save cannot
+finish before SIGKILL, the atomic write leaves the previous checkpoint as it was. A second Ctrl-C
+stops at once, without a checkpoint.
 
 The handlers only set a flag: saving inside a signal handler would save in the middle of a step,
 and collectives there can deadlock. At each optimizer-step boundary (after the data position has
@@ -45,7 +46,14 @@ class Preemption(pl.Callback):
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        self.received.append(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and name in self.received:
+            # Ctrl-C again: the user will not wait for the step boundary.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        if name == "SIGINT":
+            log.warning("Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, without one)")
+        self.received.append(name)
 
     def install_early(self) -> None:
         """Before data and model building: a SIGUSR1 then is remembered (its default action would
@@ -58,7 +66,7 @@ class Preemption(pl.Callback):
         self.step_seen = trainer.global_step
         # After Lightning installed its handlers (register_signal_handlers); its teardown restores
         # the ones from before fit.
-        self.handle([signal.SIGUSR1, signal.SIGTERM])
+        self.handle([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step_seen:  # inside gradient accumulation

@@ -1,0 +1,46 @@
+"""A run directory belongs to one run: a second process is refused while the first holds it, and a
+plan never overwrites the record of a trained run."""
+
+import os
+
+import pytest
+
+from tests.conftest import compose, run_cli
+from tinytrain.cli import run_stages
+from tinytrain.errors import ConfigError
+from tinytrain.run_lock import LOCK_NAME, hold
+
+
+def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+    with hold(tmp_path, "train"):
+        assert f"pid {os.getpid()}" in (tmp_path / LOCK_NAME).read_text()
+        with pytest.raises(ConfigError) as e:
+            with hold(tmp_path, "plan"):
+                pass
+        problem = e.value.problems[0]
+        assert problem.key == "hydra.run.dir" and f"in use by tinytrain mode=train, pid {os.getpid()}" in problem.message
+        assert "run.name=<new>" in problem.fix
+    with hold(tmp_path, "train"):  # released when the first run ended
+        pass
+
+
+def test_the_cli_refuses_a_directory_another_process_holds(tmp_path):
+    with hold(tmp_path, "train"):
+        r = run_cli(["mode=plan"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"is in use by tinytrain mode=train, pid {os.getpid()}" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("trained", ["step0000004.ckpt", "final.ckpt"])
+@pytest.mark.parametrize("mode", ["plan", "sbatch"])
+def test_a_plan_does_not_overwrite_a_trained_run(tmp_path, trained, mode):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / trained).write_bytes(b"weights")
+    (tmp_path / "plan.json").write_text("the trained run's plan")
+    with pytest.raises(ConfigError) as e:
+        run_stages(compose([f"mode={mode}", *(["cluster=slurm", "parallel=ddp"] if mode == "sbatch" else [])]), tmp_path)
+    problem = e.value.problems[0]
+    assert problem.key == "hydra.run.dir" and f"holds a trained run (checkpoints/{trained})" in problem.message
+    assert "run.name=<new>" in problem.fix
+    assert (tmp_path / "plan.json").read_text() == "the trained run's plan"
