@@ -61,7 +61,7 @@ def disk_full(error: BaseException, folder: Path) -> bool:
 
 
 def disk_full_message(final: Path) -> str:
-    kept = [p for _, p in step_checkpoints(final.parent) if p != final]
+    kept = [p for _, p in step_checkpoints(final.parent)]  # (a file of the same name is the old one, intact)
     previous = f"the previous checkpoint {kept[0].name} is intact" if kept else "no earlier checkpoint was lost"
     return (
         f"tinytrain: disk full while saving {final}; {previous} (a save in progress never replaces one). "
