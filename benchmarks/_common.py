@@ -22,22 +22,20 @@ def compose(overrides: list[str]):
 
 
 def setup(overrides: list[str]):
-    """(cfg, tokenizer, resolved, model_config, shape, fast, attention) for a run."""
-    from tinytrain.fast_paths import liger_installed, select_fast_paths
-    from tinytrain.model import choose_attention, flash_attn_installed, hf_config
-    from tinytrain.model_shape import shape_from_config
-    from tinytrain.resolve import resolve
+    """(cfg, tokenizer, plan, model_config) for a run: tinytrain's own planning stage."""
+    import tempfile
+
+    from tinytrain.model import model_config
+    from tinytrain.planner import make_plan
     from tinytrain.tokenizer import load_from_config
+    from tinytrain.validate import validate
 
     cfg = compose(overrides)
+    validate(cfg)
     tokenizer = load_from_config(cfg.tokenizer)
-    resolved = resolve(cfg, tokenizer)
-    on_gpu = not resolved.hardware.is_cpu
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
-    model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
-    shape = shape_from_config(cfg.model, resolved.vocab.padded)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
-    return cfg, tokenizer, resolved, model_config, shape, fast, attention
+    with tempfile.TemporaryDirectory() as run_dir:
+        plan = make_plan(cfg, tokenizer, Path(run_dir))
+    return cfg, tokenizer, plan, model_config(cfg.model, plan, tokenizer)
 
 
 def median(xs: list[float]) -> float:
@@ -90,7 +88,7 @@ def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmu
     return times[warmup:]
 
 
-def tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, warmup: int) -> list[float]:
+def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int) -> list[float]:
     """The real tinytrain path (build_module + build_trainer) over `loader`; seconds per step."""
     import tempfile
     import time
@@ -113,9 +111,9 @@ def tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attenti
 
     quiet_lightning()
     torch.manual_seed(cfg.seed)
-    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast)
+    module = build_module(cfg, plan, tokenizer)
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer, _, _ = build_trainer(cfg, Path(run_dir), resolved, shape, None, extra_callbacks=[timer])
+        trainer, _, _ = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[timer])
         trainer.fit(module, train_dataloaders=loader)
     return timer.times[warmup:]

@@ -51,18 +51,20 @@ def main() -> None:
         f"trainer.compile={str(args.compile).lower()}",
         f"trainer.liger={'true' if args.liger else 'false'}",
     ]
-    cfg, tokenizer, resolved, model_config, shape, fast, attention = setup(overrides)
+    cfg, tokenizer, plan, model_config = setup(overrides)
+    attention = plan.attention
 
     from tinytrain.callbacks.throughput import peak_tflops
+    from tinytrain.precision import Dtype
     from tinytrain.flops import batch_flops
 
-    peak, note = peak_tflops(resolved.hardware, resolved.precision.value)
-    loader = torch.utils.data.DataLoader(synthetic_batches(n, resolved.vocab.true, micro, seq), batch_size=micro, shuffle=False)
+    peak, note = peak_tflops(plan.hardware, plan.precision.dtype)
+    loader = torch.utils.data.DataLoader(synthetic_batches(n, plan.vocab.true, micro, seq), batch_size=micro, shuffle=False)
     tokens = micro * seq
-    flops = batch_flops(shape, tokens, micro * seq * seq)
-    print(f"{cfg.model.name}: batch {micro}x{seq}, precision {resolved.precision.value}, attention {attention.implementation}, {note}")
+    flops = batch_flops(plan.shape, tokens, micro * seq * seq)
+    print(f"{cfg.model.name}: batch {micro}x{seq}, precision {plan.precision.lightning}, attention {attention.implementation}, {note}")
 
-    ours = median(tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, args.warmup))
+    ours = median(tinytrain_steps(cfg, tokenizer, plan, loader, args.warmup))
 
     from transformers import AutoModelForCausalLM
 
@@ -76,8 +78,8 @@ def main() -> None:
     if args.compile:
         raw_model.compile()
     opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.trainer.lr, fused=device.type == "cuda")
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(resolved.precision.value)
-    raw = median(raw_steps(raw_model, opt, loader, resolved.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype))
+    dtype = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}.get(plan.precision.dtype)
+    raw = median(raw_steps(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype))
 
     def describe(seconds: float) -> str:
         mfu = f"MFU {100 * flops / seconds / (peak * 1e12):5.1f}%" if peak else "MFU omitted"
@@ -89,7 +91,7 @@ def main() -> None:
     if args.json:
         mfu = (lambda seconds: flops / seconds / (peak * 1e12)) if peak else (lambda seconds: None)
         peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-        figures = {"attention": attention.implementation, "precision": resolved.precision.value, "compile": args.compile, "liger": args.liger,
+        figures = {"attention": attention.implementation, "precision": plan.precision.lightning, "compile": args.compile, "liger": args.liger,
                    "tinytrain_tokens_per_s": tokens / ours, "raw_tokens_per_s": tokens / raw, "ratio": raw / ours,
                    "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": peak_gib}
         with open(args.json, "w") as f:

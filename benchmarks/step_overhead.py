@@ -42,15 +42,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     n = args.steps + args.warmup + 1
-    cfg, tokenizer, resolved, model_config, shape, fast, attention = setup([*OVERRIDES, f"trainer.max_steps={n}", "trainer.warmup_steps=2"])
-    micro, seq = resolved.batch.micro_batch_size, resolved.batch.seq_len
-    loader = torch.utils.data.DataLoader(synthetic_batches(n, resolved.vocab.true, micro, seq), batch_size=micro, shuffle=False)
-    print(f"model {cfg.model.name} ({shape.hidden}x{shape.layers}), batch {micro}x{seq}, {args.steps} timed steps after {args.warmup} warm-up, {torch.get_num_threads()} threads")
-    raw_blocks = [raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup)]
+    cfg, tokenizer, plan, model_config = setup([*OVERRIDES, f"trainer.max_steps={n}", "trainer.warmup_steps=2"])
+    micro, seq = plan.batch.micro_batch_size, plan.batch.seq_len
+    loader = torch.utils.data.DataLoader(synthetic_batches(n, plan.vocab.true, micro, seq), batch_size=micro, shuffle=False)
+    print(f"model {cfg.model.name} ({plan.shape.hidden}x{plan.shape.layers}), batch {micro}x{seq}, {args.steps} timed steps after {args.warmup} warm-up, {torch.get_num_threads()} threads")
+    raw_blocks = [raw_block(model_config, cfg, plan.vocab.true, loader, args.warmup)]
     ours_blocks = []
     for _ in range(args.rounds):
-        ours_blocks.append(tinytrain_steps(cfg, tokenizer, resolved, model_config, shape, fast, attention, loader, args.warmup))
-        raw_blocks.append(raw_block(model_config, cfg, resolved.vocab.true, loader, args.warmup))
+        ours_blocks.append(tinytrain_steps(cfg, tokenizer, plan, loader, args.warmup))
+        raw_blocks.append(raw_block(model_config, cfg, plan.vocab.true, loader, args.warmup))
     raw, tt = median(sum(raw_blocks, [])), median(sum(ours_blocks, []))
 
     def blocks(bs):

@@ -72,7 +72,8 @@ def write_untrained_chat_rows_model(folder: Path, overrides: list[str], common_d
     which the mean-row fix relies on."""
     import torch
 
-    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.attention import AttentionChoice
+    from tinytrain.model import build_model, hf_config
     from tinytrain.tokenizer import load_from_config
 
     cfg = compose([*overrides, 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'])

@@ -15,7 +15,7 @@ import torch
 
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.safe_load import load_file
-from tinytrain.vocab import VocabPlan, unpad_rows
+from tinytrain.vocab import unpad_rows
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,6 @@ def repad_vocab(state_dict: dict, names: list[str], padded: int) -> None:
             state_dict[name] = torch.cat([w, pad])
 
 
-def metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str) -> dict:
-    return {
-        "true_vocab": vocab.true,
-        "padded_vocab": vocab.padded,
-        "vocab_multiple": vocab.multiple,
-        "tp": vocab.tp,
-        "tokenizer_fingerprint": tokenizer_fingerprint,
-        "model": model_name,
-    }
-
-
 def read(path: str, key: str = "checkpoint.init_from") -> dict:
     """The checkpoint, memory-mapped (tensors are read when touched), loaded without running code
     from it (safe_load.py). `key` names the setting that pointed at it in the error."""
@@ -67,65 +56,3 @@ def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
     if meta is None:
         raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
     return meta
-
-
-def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
-    return f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) than this run's (fingerprint {fingerprint}, {vocab.true} tokens)"
-
-
-def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> dict:
-    """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
-    meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
-    if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
-        raise ConfigError(
-            Problem(
-                "checkpoint.init_from",
-                path,
-                other_tokenizer(meta, fingerprint, vocab),
-                "use the checkpoint's tokenizer, or set checkpoint.allow_tokenizer_change=true to keep rows by id and mean-initialise new ones",
-            )
-        )
-    return meta
-
-
-def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str) -> dict:
-    """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
-    tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
-    meta = tinytrain_metadata(ckpt, path, "resume")
-    fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
-    if meta["tokenizer_fingerprint"] != fingerprint:
-        raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
-    if meta["model"] != model_name:
-        raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
-    if meta["padded_vocab"] != vocab.padded:
-        raise ConfigError(
-            Problem(
-                "resume",
-                path,
-                f"saved with vocab padded to {meta['padded_vocab']} (multiple {meta['vocab_multiple']} x tp {meta['tp']}); this run pads to {vocab.padded} (multiple {vocab.multiple} x tp {vocab.tp}), and the optimizer state cannot be re-padded",
-                f"resume with the same parallel.tp and model.vocab_multiple, {fresh}",
-            )
-        )
-    return meta
-
-
-def weights_for_run(path: str, names: list[str], vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, tokenizer) -> dict:
-    """The checkpoint's HF-model state dict, resized to this run's tokenizer and re-padded for its tp."""
-    ckpt = read(path)
-    meta = check_compatible(ckpt, path, vocab, fingerprint, allow_tokenizer_change)
-    state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
-    unpad_vocab(state, names, meta["true_vocab"])  # tolerate checkpoints saved padded
-    old, new = meta["true_vocab"], vocab.true
-    if new > old:
-        added = tokenizer.convert_ids_to_tokens(list(range(old, new)))
-        for name in names:
-            w = state[name]
-            state[name] = torch.cat([w, w.float().mean(0, keepdim=True).to(w.dtype).expand(new - old, -1)])
-        log.warning("tokenizer changed: %d new rows mean-initialised in %s: %s", new - old, ", ".join(names), ", ".join(added))
-    elif new < old:
-        for name in names:
-            state[name] = state[name][:new].clone()
-        log.warning("tokenizer changed: dropped %d rows (ids %d..%d) from %s", old - new, new, old - 1, ", ".join(names))
-    repad_vocab(state, names, vocab.padded)
-    log.info("weights from %s (saved with tp %d, %d rows) -> %s", path, meta["tp"], meta["true_vocab"], vocab.describe())
-    return state

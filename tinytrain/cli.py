@@ -1,7 +1,8 @@
 """Entry point: `python -m tinytrain key=value ...` wires the stages and nothing else.
 
-compose (Hydra) -> validate -> resolve -> [mode=prepare: build the data and stop] -> plan
--> [mode=sbatch: write the Slurm job script] -> build + fit (mode=train only).
+compose (Hydra) -> validate -> [mode=prepare: build the data and stop] -> plan (resolve, start
+points, preflight: one RunPlan) -> [mode=plan / sbatch: write the plan (and the Slurm job
+script) and stop] -> build + fit -> save (mode=train).
 """
 
 from __future__ import annotations
@@ -33,12 +34,10 @@ def is_rank_zero() -> bool:
     return True
 
 
-def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
-    from tinytrain.fast_paths import liger_installed, select_fast_paths
-    from tinytrain.model import choose_attention, flash_attn_installed
-    from tinytrain.model_shape import parameter_count, shape_from_config
-    from tinytrain.plan import build_plan, memory_section, render_plan, write_plan
-    from tinytrain.resolve import resolve
+def run_stages(cfg: DictConfig, run_dir: Path):
+    """The stages in order; each call is one stage. Returns what the mode produced: the data
+    (prepare), the RunPlan (plan, sbatch) or the training result (train)."""
+    from tinytrain.planner import make_plan
     from tinytrain.tokenizer import load_from_config
     from tinytrain.validate import validate
 
@@ -46,62 +45,31 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)
     tokenizer = load_from_config(cfg.tokenizer)
-    resolved = resolve(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
-        return prepare_data(cfg, tokenizer, resolved)
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), resolved.hardware)
-    if cfg.model.pretrained:
-        from tinytrain.model import pretrained_config
-        from tinytrain.model_shape import shape_from_hf
-
-        model_config = pretrained_config(cfg.model.pretrained)
-        saved_vocab = model_config.vocab_size  # what preflight checks the weights against
-        model_config.vocab_size = resolved.vocab.padded
-        shape = shape_from_hf(model_config)
-    else:
-        # The transformers config is built only to train: importing its modeling code would
-        # double the time of a plan.
-        model_config, saved_vocab = None, None
-        shape = shape_from_config(cfg.model, resolved.vocab.padded)
-    params = parameter_count(shape)
-    deepspeed = None
-    if cfg.parallel.strategy == Strategy.deepspeed:
-        from tinytrain import deepspeed_config
-
-        deepspeed = deepspeed_config.build(cfg.parallel, resolved.batch, resolved.precision, cfg.trainer.grad_clip)
-    init_from = None
-    if cfg.checkpoint.init_from:
-        from tinytrain.checkpoint import check_compatible, read
-
-        init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
-    resume = resume_point(cfg, run_dir, resolved)
-    preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config, saved_vocab)
-    memory = memory_section(cfg, resolved, shape, params, attention)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
-    plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
-    plan["fast_paths"] = fast.to_dict()
-    plan["preflight"] = {"findings": preflight, "untrained_rows": [r.describe() for r in untrained], "fix": fix or None}
-    plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}
-    plan["resume"] = resume and resume.to_dict()
+        return prepare_data(cfg, tokenizer)
+    plan = make_plan(cfg, tokenizer, run_dir)
     if is_rank_zero():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_plan(plan, run_dir)
-        if deepspeed is not None:
-            (run_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed, indent=2) + "\n")
-        (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        print(render_plan(plan), flush=True)
+        write_plan_files(cfg, plan, run_dir)
+        print(plan.render(), flush=True)
     if cfg.mode in PLANNING_MODES:
         if is_rank_zero():
             print(f"plan written to {run_dir / 'plan.json'}")
-        return {"plan": plan}
+        return plan
+    if is_rank_zero():
+        clean_up_after_interrupted_saves(cfg, plan, run_dir)
 
-    from tinytrain.model import hf_config
     from tinytrain.train import fit
 
-    if model_config is None:
-        model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
-    model_config.use_cache = False
-    return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix), resume)
+    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer)
+
+
+def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
+    """plan.json, config_resolved.yaml and deepspeed_config.json: views of the one plan."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(plan.resolved_config(cfg)))
+    if plan.deepspeed is not None:
+        (run_dir / "deepspeed_config.json").write_text(json.dumps(plan.deepspeed, indent=2) + "\n")
 
 
 def refuse_trained_directory(run_dir: Path) -> None:
@@ -122,57 +90,32 @@ def refuse_trained_directory(run_dir: Path) -> None:
         )
 
 
-def resume_point(cfg: DictConfig, run_dir: Path, resolved):
-    """The checkpoint this run continues from (tinytrain/resume.py), checked against this run;
-    rank 0 of a training run also clears what interrupted saves left behind."""
+def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> None:
+    """Rank 0 of a training run: remove what killed saves left, set aside checkpoints that did
+    not load (resume=auto skipped them), and say where the run continues from."""
     from tinytrain import resume
 
-    checkpoints = run_dir / "checkpoints"
-    point = resume.resolve_resume(cfg.resume, checkpoints, resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name)
-    if cfg.mode != Mode.train or not is_rank_zero():
-        return point
-    for path in resume.leftover_temp_files(checkpoints):
+    for path in resume.leftover_temp_files(run_dir / "checkpoints"):
         log.warning("removed %s: a checkpoint save that was interrupted (the previous checkpoint is intact)", path.relative_to(run_dir))
+    point = plan.resume
     for path in resume.set_aside(point.skipped if point else []):
         log.warning("renamed an unreadable checkpoint to %s", path.relative_to(run_dir))
     if point is not None:
         log.info("%s", point.describe(run_dir))
         if cfg.checkpoint.init_from:
             log.info("checkpoint.init_from=%s not applied: the run continues from its own checkpoint", cfg.checkpoint.init_from)
-    return point
 
 
-def run_preflight(cfg, tokenizer, resolved, pretrained_hf_config, saved_vocab: int | None):
-    """Findings (raises on errors), untrained rows found in pretrained weights, and the fix to apply."""
-    from tinytrain import preflight
-    from tinytrain.embedding_health import candidate_token_ids, find_untrained, pretrained_tables
-
-    findings = preflight.special_token_findings(cfg, tokenizer, resolved.vocab.padded)
-    tables = {}
-    if cfg.model.pretrained:
-        tables = pretrained_tables(cfg.model.pretrained)
-        rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
-        findings += preflight.pretrained_findings(cfg, tokenizer, pretrained_hf_config, saved_vocab, rows)
-    untrained, fix = [], ""
-    if tables:
-        candidates = candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens)
-        untrained = find_untrained(tables, candidates, min(len(tokenizer), min(t.shape[0] for t in tables.values())))
-        used = {tokenizer.convert_tokens_to_ids(t) for t in cfg.tokenizer.add_special_tokens} | {tokenizer.eos_token_id}
-        found, fix = preflight.untrained_findings(cfg, untrained, used)
-        findings += found
-    unfixed = [] if fix else untrained
-    findings += preflight.precision_findings(cfg, resolved.precision.value, unfixed, packed=False)
-    return preflight.report(findings), untrained, fix
-
-
-def prepare_data(cfg: DictConfig, tokenizer, resolved) -> dict:
+def prepare_data(cfg: DictConfig, tokenizer):
     """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
     from tinytrain.data.datamodule import DataModule
+    from tinytrain.layout import batch_layout, world_size
 
-    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=resolved.batch.data_parallel)
+    batch, _ = batch_layout(cfg, world_size(cfg))
+    data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
     if is_rank_zero():
         print(data.describe(), flush=True)
-    return {"data": data}
+    return data
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -214,7 +157,7 @@ def hydra_main(cfg: DictConfig):
             print(str(e), file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
     # Hydra multirun sweepers optimise the task's return value.
-    return result.get("val_loss")
+    return result.get("val_loss") if isinstance(result, dict) else None
 
 
 def name_multirun_job(cfg: DictConfig, job_num: int) -> None:

@@ -12,8 +12,8 @@ import copy
 import difflib
 
 from tinytrain.errors import ConfigError, Problem
-from tinytrain.precision import PrecisionDecision
-from tinytrain.resolve import BatchPlan
+from tinytrain.precision import Dtype, PrecisionDecision
+from tinytrain.layout import BatchPlan
 
 OVERRIDES_KEY = "parallel.deepspeed_overrides"
 
@@ -36,9 +36,9 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
         "steps_per_print": 10**9,  # tinytrain logs metrics itself
         "wall_clock_breakdown": False,
     }
-    if precision.value == "bf16-mixed":
+    if precision.dtype is Dtype.bf16:
         ds["bf16"] = {"enabled": True}
-    elif precision.value == "16-mixed":
+    elif precision.is_fp16:
         ds["fp16"] = precision.loss_scale.to_deepspeed()
     if parallel_cfg.offload_optimizer:
         # Lightning builds the optimizer from configure_optimizers; with offload it must be

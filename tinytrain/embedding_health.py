@@ -76,26 +76,3 @@ def fix_rows(tables: dict[str, torch.Tensor], rows: list[UntrainedRow], true_voc
             row = mean + (0.1 * std * torch.randn(mean.shape, generator=g) if noisy else 0)
             weight[tid] = row.to(weight.dtype)
             log.warning("rewrote %s row of %r (id %d) with the %s of the trained rows", name, next(r.token for r in rows if r.token_id == tid), tid, "noisy mean" if noisy else "mean")
-
-
-def pretrained_tables(folder: str) -> dict[str, torch.Tensor]:
-    """The input-embedding and lm_head tables of a local HF model, read alone from safetensors
-    (no model is built), keyed like vocab_tables()."""
-    import json
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    root = Path(folder)
-    index = root / "model.safetensors.index.json"
-    files = json.loads(index.read_text())["weight_map"] if index.exists() else None
-    wanted = {"model.embed_tokens.weight": "input embeddings", "lm_head.weight": "lm_head"}
-    tables = {}
-    for key, table in wanted.items():
-        file = root / (files[key] if files and key in files else "model.safetensors")
-        if not file.exists():
-            continue
-        with safe_open(str(file), framework="pt") as f:
-            if key in f.keys():
-                tables[table] = f.get_tensor(key)
-    return tables

@@ -28,7 +28,7 @@ class ModelStateMemory:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_memory(strategy: str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0, bytes_per_param_16: int = 2) -> ModelStateMemory:
+def model_state_memory(strategy: str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:
     """Bytes per GPU for parameters, gradients and optimizer state."""
     p = float(params)
     if strategy == "deepspeed":

@@ -44,14 +44,15 @@ def shape_from_config(model_cfg, padded_vocab: int) -> ModelShape:
     )
 
 
-def shape_from_hf(config) -> ModelShape:
+def shape_from_hf(config, padded_vocab: int) -> ModelShape:
+    """A pretrained model's shape, with this run's padded vocab rows."""
     return ModelShape(
         hidden=config.hidden_size,
         layers=config.num_hidden_layers,
         heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads,
         intermediate=config.intermediate_size,
-        vocab=config.vocab_size,
+        vocab=padded_vocab,
         tied_embeddings=bool(config.tie_word_embeddings),
         qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
     )

@@ -48,9 +48,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 class CausalLMModule(pl.LightningModule):
     """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
     code, tinytrain/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
-    `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload."""
+    `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
+    `for_plan`; the keywords are for tests and benchmarks that need one piece."""
 
-    def __init__(self, model: torch.nn.Module, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -63,6 +64,33 @@ class CausalLMModule(pl.LightningModule):
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
+        # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
+        # clipping needs no second pass over the gradients; used once.
+        self.measured_grad_norm: torch.Tensor | None = None
+
+    @classmethod
+    def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan) -> CausalLMModule:
+        from tinytrain.config.schema import Strategy
+
+        strategy, fast = plan.parallel.strategy, plan.fast_paths
+        parallelize = None
+        if strategy == Strategy.fsdp_tp:
+            from tinytrain.tensor_parallel import parallelize
+        return cls(
+            model,
+            trainer_cfg=trainer_cfg,
+            true_vocab=plan.vocab.true,
+            checkpoint_metadata=plan.checkpoint_metadata(),
+            parallelize=parallelize,
+            clip_in_module=strategy != Strategy.deepspeed,
+            cpu_adam=strategy == Strategy.deepspeed and plan.parallel.offload_optimizer,
+            fused_adamw=fast.fused_adamw,
+            loss_chunk_tokens=fast.loss_chunk_tokens,
+            liger_loss=fast.liger_loss,
+        )
+
+    def remember_grad_norm(self, total: torch.Tensor) -> None:
+        self.measured_grad_norm = total
 
     def configure_model(self):
         if self.parallelize is not None and not getattr(self, "_parallelized", False):
@@ -128,7 +156,7 @@ class CausalLMModule(pl.LightningModule):
         if not self.clip_in_module:
             return
         max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
-        measured = self.__dict__.pop("step_grad_norm", None)  # set by the non-finite guard this step
+        measured, self.measured_grad_norm = self.measured_grad_norm, None
         self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm, measured))
 
     def configure_optimizers(self):

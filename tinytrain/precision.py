@@ -1,18 +1,25 @@
-"""Precision policy: hardware + request -> Lightning precision, loss-scale policy, reason.
+"""Precision policy: hardware + request -> compute dtype, loss-scale policy, reason.
 
-Pure. The loss-scale policy is one object mapped into both DeepSpeed's fp16 block and torch's
-GradScaler, so the two can never disagree.
+Pure. The decision is a `Dtype`; Lightning's precision string is derived from it in one place
+(`PrecisionDecision.lightning`). The loss-scale policy is one object mapped into both
+DeepSpeed's fp16 block and torch's GradScaler, so the two can never disagree.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
 
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.hardware import Hardware, describe
 
 REQUESTS = ("auto", "bf16", "fp16", "fp32")
-LIGHTNING_PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", "fp32": "32-true"}
+
+
+class Dtype(str, enum.Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
 
 
 @dataclass(frozen=True)
@@ -21,10 +28,11 @@ class LossScalePolicy:
     (after `hysteresis` consecutive overflows, DeepSpeed), doubles after `window` clean steps,
     never below `min_scale`."""
 
-    initial_scale_power: int = 16
-    window: int = 1000
-    hysteresis: int = 2
-    min_scale: float = 1.0
+    # Built from precision.loss_scale (config/schema.py holds the defaults, once).
+    initial_scale_power: int
+    window: int
+    hysteresis: int
+    min_scale: float
 
     def to_deepspeed(self) -> dict:
         return {
@@ -49,17 +57,23 @@ class LossScalePolicy:
 
 @dataclass(frozen=True)
 class PrecisionDecision:
-    value: str  # Lightning precision string: bf16-mixed | 16-mixed | 32-true
+    dtype: Dtype
     reason: str
     loss_scale: LossScalePolicy | None  # set only for fp16
 
     @property
-    def short(self) -> str:
-        return {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32"}[self.value]
+    def lightning(self) -> str:
+        """Lightning's name for it: the Trainer's `precision`, plan.json's `precision.value`."""
+        return {Dtype.bf16: "bf16-mixed", Dtype.fp16: "16-mixed", Dtype.fp32: "32-true"}[self.dtype]
+
+    @property
+    def is_fp16(self) -> bool:
+        return self.dtype is Dtype.fp16
 
     def to_dict(self) -> dict:
         return {
-            "value": self.value,
+            "value": self.lightning,
+            "dtype": self.dtype.value,
             "reason": self.reason,
             "loss_scale": asdict(self.loss_scale) if self.loss_scale else None,
         }
@@ -73,12 +87,12 @@ def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> Pr
     where = describe(hw)
     if request == "auto":
         if hw.is_cpu:
-            return PrecisionDecision("32-true", "fp32 because no GPU (cpu)", None)
+            return PrecisionDecision(Dtype.fp32, "fp32 because no GPU (cpu)", None)
         major, minor = hw.compute_capability
         if hw.bf16 and hw.compute_capability >= (8, 0):
-            return PrecisionDecision("bf16-mixed", f"bf16 because compute capability {major}.{minor} >= 8.0 ({hw.name})", None)
+            return PrecisionDecision(Dtype.bf16, f"bf16 because compute capability {major}.{minor} >= 8.0 ({hw.name})", None)
         return PrecisionDecision(
-            "16-mixed",
+            Dtype.fp16,
             f"fp16 with dynamic loss scaling because {hw.name} has compute capability {major}.{minor} < 8.0 (no native bf16)",
             policy,
         )
@@ -92,8 +106,8 @@ def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> Pr
                     "use precision=fp16 (dynamic loss scaling) or precision=auto, or train on an A100/A800/H100-class GPU",
                 )
             )
-        return PrecisionDecision("bf16-mixed", f"bf16 as requested ({where} supports it)", None)
+        return PrecisionDecision(Dtype.bf16, f"bf16 as requested ({where} supports it)", None)
     if request == "fp16":
         note = " through an explicit CPU GradScaler plugin" if hw.is_cpu else ""
-        return PrecisionDecision("16-mixed", f"fp16 as requested on {where}{note}, dynamic loss scaling", policy)
-    return PrecisionDecision("32-true", f"fp32 as requested on {where}", None)
+        return PrecisionDecision(Dtype.fp16, f"fp16 as requested on {where}{note}, dynamic loss scaling", policy)
+    return PrecisionDecision(Dtype.fp32, f"fp32 as requested on {where}", None)

@@ -9,8 +9,11 @@ vocab tables only; a model trained from scratch has no untrained rows to find.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from tinytrain.config.schema import DataFormat
+from tinytrain.embedding_health import UntrainedRow, candidate_token_ids, find_untrained
+from tinytrain.pretrained import pretrained_tables
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -94,8 +97,13 @@ def untrained_findings(cfg, rows, used_ids: set[int]) -> tuple[list[Finding], st
     return ([f] if f else []), ""
 
 
-def precision_findings(cfg, precision_value: str, unfixed_untrained: list, packed: bool) -> list[Finding]:
-    if precision_value != "16-mixed":
+def packs(data_cfg) -> bool:
+    """Pretraining always packs documents into rows; SFT packs when data.pack=true."""
+    return data_cfg.format == DataFormat.text or data_cfg.pack
+
+
+def precision_findings(cfg, fp16: bool, unfixed_untrained: list, packed: bool) -> list[Finding]:
+    if not fp16:
         return []
     out = []
     if unfixed_untrained:
@@ -103,7 +111,7 @@ def precision_findings(cfg, precision_value: str, unfixed_untrained: list, packe
         out.append(finding(cfg, "precision_risk", "precision", "fp16", f"fp16 with untrained embedding rows ({tokens}) drives the loss scale to its minimum (the Yi-6B failure)", "set model.untrained_tokens=mean, or train in bf16 on a GPU with compute capability >= 8.0, or fp32"))
     name = cfg.model.name.lower()
     if any(m in name for m in FP16_FRAGILE) and not packed:
-        f = finding(cfg, "precision_risk", "precision", "fp16", f"model={cfg.model.name} is known to give NaN grad_norm in fp16 without packing", "pack the data (data.packing=true), or use bf16 / fp32")
+        f = finding(cfg, "precision_risk", "precision", "fp16", f"model={cfg.model.name} is known to give NaN grad_norm in fp16 without packing", "pack the data (data.pack=true), or use bf16 / fp32")
         out.append(f and Finding(f.check, "warn", f.key, f.value, f.message, f.fix))
     return [f for f in out if f]
 
@@ -128,3 +136,48 @@ def report(findings: list[Finding]) -> list[dict]:
     if errors:
         raise ConfigError([Problem(f.key, f.value, f"[preflight {f.check}] {f.message}", f.fix) for f in errors])
     return [asdict(f) for f in findings]
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """What the planning-time checks found (as plan.json shows them), the untrained rows found in
+    pretrained weights and the fix chosen for them ("mean", "noisy_mean", or "": left alone)."""
+
+    findings: list[dict] = field(default_factory=list)
+    untrained: list[UntrainedRow] = field(default_factory=list)
+    fix: str = ""
+
+    @property
+    def rows_to_fix(self) -> list[UntrainedRow]:
+        return self.untrained if self.fix else []
+
+    @property
+    def unfixed_rows(self) -> list[UntrainedRow]:
+        """Rows left as they are: the loss-scale guard names them if fp16 collapses."""
+        return [] if self.fix else self.untrained
+
+    def to_dict(self) -> dict:
+        return {"findings": self.findings, "untrained_rows": [r.describe() for r in self.untrained], "fix": self.fix or None}
+
+
+def run(cfg, tokenizer, padded_vocab: int, fp16: bool, pretrained_config=None) -> PreflightReport:
+    """Every planning-time check (raises one ConfigError for all errors). `pretrained_config`: the
+    transformers config of model.pretrained, whose vocab and positions are checked against the
+    weights, the tokenizer and data.seq_len. The data's own check runs once it is built
+    (`data_findings`)."""
+    findings = special_token_findings(cfg, tokenizer, padded_vocab)
+    tables = {}
+    if cfg.model.pretrained:
+        tables = pretrained_tables(cfg.model.pretrained)
+        rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
+        findings += pretrained_findings(cfg, tokenizer, pretrained_config, pretrained_config.vocab_size, rows)
+    untrained, fix = [], ""
+    if tables:
+        candidates = candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens)
+        untrained = find_untrained(tables, candidates, min(len(tokenizer), min(t.shape[0] for t in tables.values())))
+        used = {tokenizer.convert_tokens_to_ids(t) for t in cfg.tokenizer.add_special_tokens} | {tokenizer.eos_token_id}
+        found, fix = untrained_findings(cfg, untrained, used)
+        findings += found
+    report_so_far = PreflightReport(untrained=untrained, fix=fix)
+    findings += precision_findings(cfg, fp16, report_so_far.unfixed_rows, packed=packs(cfg.data))
+    return PreflightReport(report(findings), untrained, fix)

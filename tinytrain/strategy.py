@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tinytrain.config.schema import Strategy
 from tinytrain.precision import PrecisionDecision
+from tinytrain.run_plan import ParallelLayout, RunPlan
+
+if TYPE_CHECKING:
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from lightning.pytorch.strategies import Strategy as LightningStrategy
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerHardware:
     accelerator: str  # "cpu" | "gpu"
     devices: int
     num_nodes: int
-    strategy: object  # a Lightning strategy or its name
-    precision: object  # Lightning precision string or plugin
+    strategy: LightningStrategy | str  # "auto" for one process
+    precision: str  # Lightning's name for the plan's precision
+    precision_plugin: MixedPrecision | None  # replaces `precision` where set (fp16 outside DeepSpeed)
 
 
-def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: Strategy):
-    """Lightning's own string, except fp16 outside DeepSpeed: an explicit MixedPrecision plugin
-    carries the loss-scale policy into GradScaler (and on CPU stops Lightning silently swapping
-    in bf16). Under DeepSpeed the policy travels in the generated config's fp16 block."""
-    if decision.value != "16-mixed" or strategy == Strategy.deepspeed:
-        return decision.value
+def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: Strategy) -> MixedPrecision | None:
+    """fp16 outside DeepSpeed: an explicit MixedPrecision plugin carries the loss-scale policy
+    into GradScaler (and on CPU stops Lightning silently swapping in bf16). Elsewhere None:
+    Lightning's own name does, and under DeepSpeed the policy travels in the generated config's
+    fp16 block."""
+    if not decision.is_fp16 or strategy == Strategy.deepspeed:
+        return None
     import torch
     from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -32,9 +40,9 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: St
     return MixedPrecision("16-mixed", device, scaler=scaler)
 
 
-def build_strategy(cfg, on_gpu: bool, data_parallel: int, deepspeed_config: dict | None):
+def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None):
     backend = "nccl" if on_gpu else "gloo"
-    kind = cfg.parallel.strategy
+    kind = parallel.strategy
     if kind == Strategy.ddp:
         from lightning.pytorch.strategies import DDPStrategy
 
@@ -42,14 +50,14 @@ def build_strategy(cfg, on_gpu: bool, data_parallel: int, deepspeed_config: dict
     if kind == Strategy.deepspeed:
         from tinytrain.deepspeed_config import for_lightning
 
-        cls = atomic_deepspeed_strategy(on_cpu=cfg.parallel.deepspeed_on_cpu and not on_gpu)
+        cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
         return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
     if kind == Strategy.fsdp_tp:
         # One full checkpoint file on rank 0: tinytrain unpads it after the gather and any tp
         # can load it (tinytrain/checkpoint.py).
         return repadding_model_parallel_strategy()(
-            data_parallel_size=data_parallel,
-            tensor_parallel_size=cfg.parallel.tp,
+            data_parallel_size=parallel.dp,
+            tensor_parallel_size=parallel.tp,
             save_distributed_checkpoint=False,
             process_group_backend=backend,
         )
@@ -161,12 +169,13 @@ def repadding_model_parallel_strategy():
     return RepaddingModelParallelStrategy
 
 
-def build_trainer_hardware(cfg, decision: PrecisionDecision, on_gpu: bool, devices: int, data_parallel: int, deepspeed_config: dict | None) -> TrainerHardware:
-    accelerator = "gpu" if on_gpu else "cpu"
+def build_trainer_hardware(plan: RunPlan) -> TrainerHardware:
+    accelerator = "gpu" if plan.on_gpu else "cpu"
     return TrainerHardware(
         accelerator,
-        devices,
-        cfg.cluster.nodes,
-        build_strategy(cfg, on_gpu, data_parallel, deepspeed_config),
-        precision_plugin(decision, accelerator, cfg.parallel.strategy),
+        plan.cluster.devices_per_node,
+        plan.cluster.nodes,
+        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed),
+        plan.precision.lightning,
+        precision_plugin(plan.precision, accelerator, plan.parallel.strategy),
     )

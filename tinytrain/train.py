@@ -9,9 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from tinytrain.fast_paths import FastPaths
-from tinytrain.model_shape import ModelShape
-from tinytrain.resolve import Resolved, devices_per_node
+from tinytrain.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +39,26 @@ def quiet_lightning() -> None:
     logging.getLogger("compilers").setLevel(logging.WARNING)  # DeepSpeed's op builder probing for libaio with gcc
 
 
-def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fast: FastPaths, untrained: tuple = ([], ""), resuming: bool = False):
-    """`resuming`: the weights come from the resume checkpoint, so neither checkpoint.init_from nor
-    the untrained-row fix is applied (Lightning loads the checkpoint over them)."""
+def build_module(cfg, plan: RunPlan, tokenizer):
+    """The LightningModule for the plan. A resumed run gets neither checkpoint.init_from nor the
+    untrained-row fix: Lightning loads the resume checkpoint over them."""
     from tinytrain import checkpoint
-    from tinytrain.config.schema import Strategy
-    from tinytrain.model import build_model
+    from tinytrain.init_weights import weights_for_run
+    from tinytrain.model import build_model, model_config
     from tinytrain.module import CausalLMModule
-    from tinytrain.tensor_parallel import parallelize
 
-    model = build_model(cfg.model, model_config, attention)
-    if cfg.checkpoint.init_from and not resuming:
+    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    fresh = plan.resume is None
+    if plan.init_from and fresh:
         names = checkpoint.vocab_param_names(model)
-        state = checkpoint.weights_for_run(cfg.checkpoint.init_from, names, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, tokenizer)
+        state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
         model.load_state_dict(state, strict=True)
-    rows, fix = untrained
-    if fix and not resuming:
+    if plan.preflight.rows_to_fix and fresh:
         # The rows preflight found, rewritten on the weights this run trains (after any resize).
         from tinytrain.embedding_health import fix_rows, vocab_tables
 
-        fix_rows(vocab_tables(model), rows, resolved.vocab.true, noisy=fix == "noisy_mean", seed=cfg.seed)
+        fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+    fast = plan.fast_paths
     if fast.liger:
         from tinytrain.liger import apply_kernels
 
@@ -69,31 +67,20 @@ def build_module(cfg, resolved: Resolved, tokenizer, model_config, attention, fa
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:
         model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
-    strategy = cfg.parallel.strategy
-    return CausalLMModule(
-        model,
-        cfg.trainer,
-        resolved.vocab.true,
-        checkpoint.metadata(resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name),
-        parallelize=parallelize if strategy == Strategy.fsdp_tp else None,
-        clip_in_module=strategy != Strategy.deepspeed,
-        cpu_adam=strategy == Strategy.deepspeed and cfg.parallel.offload_optimizer,
-        fused_adamw=fast.fused_adamw,
-        loss_chunk_tokens=fast.loss_chunk_tokens,
-        liger_loss=fast.liger_loss,
-    )
+    return CausalLMModule.for_plan(model, cfg.trainer, plan)
 
 
-def guard_callbacks(cfg, run_dir: Path, precision, untrained_rows: list) -> list:
-    """`precision`: the PrecisionDecision; the loss-scale guard (and the loss_scale metric) exist
-    only where fp16 loss scaling does."""
+def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
+    """The loss-scale guard (and the loss_scale metric) exist only where fp16 loss scaling does;
+    it names the untrained rows preflight was told to leave alone."""
     from tinytrain.callbacks.grad_spike import GradSpikeMonitor
     from tinytrain.callbacks.loss_scale_guard import LossScaleGuard
     from tinytrain.callbacks.nonfinite_guard import NonFiniteGuard
 
     g = cfg.guard
+    policy = plan.precision.loss_scale
     nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints")
-    loss_scale = [LossScaleGuard(g.loss_scale_halvings, precision.loss_scale, untrained_rows, nonfinite)] if precision.loss_scale else []
+    loss_scale = [LossScaleGuard(g.loss_scale_halvings, policy, plan.preflight.unfixed_rows, nonfinite)] if policy else []
     return [
         nonfinite,
         *loss_scale,
@@ -101,20 +88,14 @@ def guard_callbacks(cfg, run_dir: Path, precision, untrained_rows: list) -> list
     ]
 
 
-def extra_loggers(cfg, run_dir: Path) -> list:
+def extra_loggers(cfg, plan: RunPlan, run_dir: Path) -> list:
     """wandb when asked for, with the resolved config and the plan attached (imported only then)."""
     if not cfg.logger.wandb:
         return []
-    import json
-
     from lightning.pytorch.loggers import WandbLogger
-    from omegaconf import OmegaConf
 
     lg = cfg.logger
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    plan = run_dir / "plan.json"
-    if plan.exists():
-        config["plan"] = json.loads(plan.read_text())
+    config = {**plan.resolved_config(cfg), "plan": plan.to_dict()}
     return [
         WandbLogger(
             project=lg.wandb_project,
@@ -152,11 +133,9 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
 
 
-def build_trainer(
-    cfg, run_dir: Path, resolved: Resolved, shape: ModelShape, deepspeed_config: dict | None, untrained_rows=(), train_sampler=None, extra_callbacks=(), resume_step: int | None = None, preemption=None
-):
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
-    `resume_step`: the step of the checkpoint this run resumes from (metrics.csv keeps the rows before it)."""
+    A resumed run's metrics.csv keeps the rows before the step it resumes from."""
     import lightning.pytorch as pl
 
     from tinytrain.callbacks.data_position import DataPosition
@@ -171,14 +150,14 @@ def build_trainer(
     from tinytrain.strategy import build_trainer_hardware
 
     t = cfg.trainer
-    b = resolved.batch
-    hw = build_trainer_hardware(cfg, resolved.precision, not resolved.hardware.is_cpu, devices_per_node(cfg), b.data_parallel, deepspeed_config)
+    b = plan.batch
+    hw = build_trainer_hardware(plan)
     summary = LossSummary()
-    throughput = ThroughputMonitor(shape, *peak_tflops(resolved.hardware, resolved.precision.value))
+    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype))
     callbacks = [
         throughput,
         summary,
-        *guard_callbacks(cfg, run_dir, resolved.precision, list(untrained_rows)),
+        *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         RNGState(),
         # After DataPosition: a checkpoint it saves has counted the step's batch.
@@ -187,15 +166,13 @@ def build_trainer(
         StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last),
         *extra_callbacks,
     ]
-    plugins = [*cluster_plugins(), AtomicCheckpointIO()]
-    if not isinstance(hw.precision, str):
-        plugins.append(hw.precision)
+    plugins = [*cluster_plugins(), AtomicCheckpointIO(), *([hw.precision_plugin] if hw.precision_plugin else [])]
     trainer = pl.Trainer(
         accelerator=hw.accelerator,
         devices=hw.devices,
         num_nodes=hw.num_nodes,
         strategy=hw.strategy,
-        precision=hw.precision if isinstance(hw.precision, str) else None,
+        precision=None if hw.precision_plugin else hw.precision,
         plugins=plugins,
         max_steps=t.max_steps,
         accumulate_grad_batches=b.accumulate_grad_batches,
@@ -204,7 +181,7 @@ def build_trainer(
         limit_val_batches=t.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps,
-        logger=[ResumableCSVLogger(run_dir, resume_step), *extra_loggers(cfg, run_dir)],
+        logger=[ResumableCSVLogger(run_dir, plan.resume and plan.resume.step), *extra_loggers(cfg, plan, run_dir)],
         callbacks=callbacks,
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
@@ -215,8 +192,9 @@ def build_trainer(
     return trainer, throughput, summary
 
 
-def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attention, deepspeed_config: dict | None, shape: ModelShape, fast: FastPaths, untrained: tuple = ([], ""), resume=None) -> dict:
-    """`resume`: the ResumePoint (tinytrain/resume.py) to continue from, or None for a fresh start."""
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
+    """Build the data, the module and the trainer for the plan, train, save the final checkpoint
+    and (rank 0) export. A plan with a resume point continues from it."""
     import lightning.pytorch as pl
 
     from tinytrain.callbacks.preemption import Preemption
@@ -227,17 +205,14 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
-    data = DataModule(cfg.data, tokenizer, resolved.batch.micro_batch_size, cfg.seed, data_parallel=resolved.batch.data_parallel)
+    data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
     log.info("%s", data.describe())
     from tinytrain import preflight
 
-    preflight.report(preflight.data_findings(cfg, data.stores, resolved.vocab.true))
-    untrained_rows, untrained_fix = untrained
-    module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained, resuming=resume is not None)
-    # Rows the preflight was told to leave alone are what the loss-scale guard will name.
-    trainer, throughput, summary = build_trainer(
-        cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler, resume_step=resume and resume.step, preemption=preemption
-    )
+    preflight.report(preflight.data_findings(cfg, data.stores, plan.vocab.true))
+    module = build_module(cfg, plan, tokenizer)
+    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, preemption=preemption)
+    resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
     try:
@@ -256,12 +231,13 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         **throughput.summary(),
     }
     if trainer.is_global_zero:
-        finish(cfg, run_dir, final, model_config, tokenizer, resolved, result)
+        finish(cfg, plan, run_dir, final, tokenizer, result)
     return result
 
 
-def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, resolved: Resolved, result: dict) -> None:
+def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
     from tinytrain.export import export_checkpoint
+    from tinytrain.model import model_config
     from tinytrain.plot import plot_loss
 
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
@@ -274,7 +250,7 @@ def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, 
             consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
-        export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, run_dir / "hf_export")
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, run_dir / "hf_export")
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
         print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")

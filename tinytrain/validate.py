@@ -13,7 +13,7 @@ from tinytrain import hardware as hw_table
 from tinytrain.config.schema import DataFormat, DataSource, Mode, Strategy
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.errors import ConfigError, Problem, raise_if_any
-from tinytrain.resolve import batch_problems, devices_per_node, unknown_gpu_problem, world_size
+from tinytrain.layout import batch_layout, devices_per_node, world_size
 from tinytrain.sbatch import sbatch_problems
 from tinytrain.slurm import allocation_problems, current_task
 from tinytrain.tokenizer import check_tokenizer_path, load_from_config
@@ -56,7 +56,7 @@ def parallel_problems(cfg) -> list[Problem]:
         problems.append(
             Problem("parallel", cfg.parallel.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1")
         )
-    _, batch = batch_problems(cfg, world)
+    _, batch = batch_layout(cfg, world)
     return problems + batch
 
 
@@ -187,7 +187,7 @@ def trainer_problems(cfg) -> list[Problem]:
 def hardware_problems(cfg) -> list[Problem]:
     name = cfg.hardware.gpu
     if name and hw_table.lookup_gpu(name) is None:
-        return [unknown_gpu_problem(name)]
+        return [Problem("hardware.gpu", name, "unknown GPU", f"use one of {', '.join(hw_table.known_gpu_names())}")]
     return []
 
 

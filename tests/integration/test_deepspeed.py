@@ -72,7 +72,8 @@ def hf_logits_equal_consolidated(run_dir) -> None:
     are those of the consolidated (padded) weights over the true vocab."""
     from transformers import AutoModelForCausalLM
 
-    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.attention import AttentionChoice
+    from tinytrain.model import build_model, hf_config
     from tinytrain.tokenizer import load_from_config
 
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_export")

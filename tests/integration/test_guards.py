@@ -17,27 +17,23 @@ SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "mod
 def train(overrides, run_dir, corrupt=None, steps=8):
     """Train in-process through tinytrain's own module, guards and Trainer; `corrupt(step, grad)`
     may rewrite the gradient of LAYER."""
-    from tinytrain.fast_paths import select_fast_paths
-    from tinytrain.model import AttentionChoice, hf_config
-    from tinytrain.model_shape import shape_from_config
-    from tinytrain.resolve import resolve
+    from tinytrain.planner import make_plan
     from tinytrain.tokenizer import load_from_config
     from tinytrain.train import build_module, build_trainer, quiet_lightning
 
     cfg = compose([*SMALL, f"trainer.max_steps={steps}", *overrides])
     tok = load_from_config(cfg.tokenizer)
-    resolved = resolve(cfg, tok)
+    plan = make_plan(cfg, tok, run_dir)
     quiet_lightning()
     torch.manual_seed(0)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
-    module = build_module(cfg, resolved, tok, hf_config(cfg.model, resolved.vocab.padded, tok), AttentionChoice("sdpa", "test"), fast)
+    module = build_module(cfg, plan, tok)
     if corrupt is not None:
         param = dict(module.named_parameters())[LAYER]
         param.register_hook(lambda g: corrupt(module.trainer.global_step, g))
     g = torch.Generator().manual_seed(0)
     rows = torch.randint(0, 4000, (steps * 2, 33), generator=g)
     loader = torch.utils.data.DataLoader([{"input_ids": r[:-1], "labels": r[1:]} for r in rows], batch_size=2)
-    trainer, _, _ = build_trainer(cfg, run_dir, resolved, shape_from_config(cfg.model, resolved.vocab.padded), None)
+    trainer, _, _ = build_trainer(cfg, plan, run_dir)
     trainer.fit(module, train_dataloaders=loader)
     return module, trainer
 

@@ -173,7 +173,8 @@ def test_sigkill_during_a_slow_checkpoint_write_keeps_the_previous_one(tmp_path,
     with pytest.raises(RuntimeError):
         torch.load(partial, weights_only=True)
 
-    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.attention import AttentionChoice
+    from tinytrain.model import build_model, hf_config
     from tinytrain.tokenizer import load_from_config
 
     previous = torch.load(checkpoints / "step0000004.ckpt", weights_only=True)

@@ -42,7 +42,8 @@ def pretrained_tiny(tmp_path_factory):
     import torch
 
     from tests.conftest import compose
-    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.attention import AttentionChoice
+    from tinytrain.model import build_model, hf_config
     from tinytrain.tokenizer import load_from_config
 
     cfg = compose(["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.max_position_embeddings=256"])

@@ -14,9 +14,12 @@ import torch
 
 from tests.conftest import REPO, compose, run_cli
 from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
-from tinytrain.checkpoint import vocab_param_names, weights_for_run
+from tinytrain.checkpoint import vocab_param_names
+from tinytrain.init_weights import weights_for_run
+from tinytrain.start_points import init_point
 from tinytrain.cli import run_stages
-from tinytrain.model import AttentionChoice, build_model, hf_config
+from tinytrain.attention import AttentionChoice
+from tinytrain.model import build_model, hf_config
 from tinytrain.tokenizer import fingerprint, load_from_config
 from tinytrain.vocab import plan_vocab
 
@@ -55,7 +58,7 @@ def test_saved_at_tp2_reloads_at_tp1_with_same_logits(tp2):
 
     vocab_tp1 = plan_vocab(n, 64, 1)
     model = build_model(cfg.model, hf_config(cfg.model, vocab_tp1.padded, tok), AttentionChoice("sdpa", "test"))
-    state = weights_for_run(str(out / "tp2.ckpt"), vocab_param_names(model), vocab_tp1, fingerprint(tok), False, tok)
+    state = weights_for_run(init_point(str(out / "tp2.ckpt"), vocab_tp1, fingerprint(tok), False), vocab_param_names(model), vocab_tp1, tok)
     model.load_state_dict(state, strict=True)
     assert model.get_input_embeddings().weight.shape[0] == 4160
     inputs, _ = fixed_batch(n)
@@ -80,7 +83,7 @@ def test_unpadding_shards_before_gathering_loses_rows(tp2):
 def test_tp4_plan_accepts_the_tp2_checkpoint(tp2, tmp_path):
     out, _ = tp2
     cfg = compose(["mode=plan", *MODEL_OVERRIDES, TOKENS, "parallel=fsdp_tp", "parallel.tp=4", "cluster.devices=4", f"checkpoint.init_from={out / 'tp2.ckpt'}"])
-    plan = run_stages(cfg, tmp_path)["plan"]
+    plan = run_stages(cfg, tmp_path).to_dict()
     assert plan["vocab"]["padded"] == 4352 and plan["init_from"]["tp"] == 2 and plan["init_from"]["true_vocab"] == 4097
 
 
@@ -98,7 +101,7 @@ def test_other_tokenizer_is_refused_unless_allowed(tp2, tmp_path):
     tok = load_from_config(cfg.tokenizer)
     vocab = plan_vocab(len(tok), 64, 1)
     model = build_model(cfg.model, hf_config(cfg.model, vocab.padded, tok), AttentionChoice("sdpa", "test"))
-    state = weights_for_run(str(out / "tp2.ckpt"), vocab_param_names(model), vocab, fingerprint(tok), True, tok)
+    state = weights_for_run(init_point(str(out / "tp2.ckpt"), vocab, fingerprint(tok), True), vocab_param_names(model), vocab, tok)
     rows = state["model.embed_tokens.weight"]
     assert rows.shape[0] == vocab.padded
     torch.testing.assert_close(rows[4097], rows[4098])  # both new rows: the mean of the old ones

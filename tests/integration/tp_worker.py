@@ -32,8 +32,10 @@ def main(out_dir: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from tests.conftest import compose
-    from tinytrain.checkpoint import metadata, unpad_vocab, vocab_param_names
-    from tinytrain.model import AttentionChoice, build_model, hf_config
+    from tinytrain.checkpoint import unpad_vocab, vocab_param_names
+    from tinytrain.start_points import checkpoint_metadata
+    from tinytrain.attention import AttentionChoice
+    from tinytrain.model import build_model, hf_config
     from tinytrain.module import causal_lm_loss
     from tinytrain.tensor_parallel import parallelize
     from tinytrain.tokenizer import fingerprint, load_from_config
@@ -75,7 +77,7 @@ def main(out_dir: Path) -> None:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         unpad_vocab(full, names, n)  # after the gather
-        checkpoint = {"state_dict": {f"model.{k}": v for k, v in full.items()}, "tinytrain": metadata(vocab, fingerprint(tok), "tp-test")}
+        checkpoint = {"state_dict": {f"model.{k}": v for k, v in full.items()}, "tinytrain": checkpoint_metadata(vocab, fingerprint(tok), "tp-test")}
         torch.save(checkpoint, out_dir / "tp2.ckpt")
         torch.save(
             {"loss_tp": loss_tp.item(), "loss_ref": loss_ref.item(), "losses": losses, "logits": logits, "shard_first_rows": torch.cat(shares), "padded": vocab.padded},

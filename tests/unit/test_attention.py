@@ -8,7 +8,7 @@ from tests.conftest import run_cli
 from tinytrain.config.schema import Attention
 from tinytrain.errors import ConfigError
 from tinytrain.hardware import CPU, lookup_gpu
-from tinytrain.model import choose_attention
+from tinytrain.attention import choose_attention
 
 CASES = [
     # gpu, flash-attn installed, chosen, words of the reason

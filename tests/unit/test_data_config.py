@@ -120,7 +120,7 @@ def test_mode_prepare_builds_and_stops(tmp_path, capsys):
     result = run_stages(compose(overrides), tmp_path / "run")
     out = capsys.readouterr().out
     assert "token store" in out and "built in" in out and "windows of 16" in out
-    assert result["data"].train.store.num_documents == 30
+    assert result.train.store.num_documents == 30
     assert not (tmp_path / "run" / "plan.json").exists()  # nothing past the data
     run_stages(compose(overrides), tmp_path / "run")
     assert "(reused)" in capsys.readouterr().out

@@ -12,7 +12,7 @@ CLUSTER = ["parallel=zero2", "cluster.nodes=2", "cluster.devices=8", "trainer.mi
 
 
 def plan(overrides, tmp_path):
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path)["plan"]
+    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
 
 
 def test_v100_fp16_block_is_the_loss_scale_policy(tmp_path):

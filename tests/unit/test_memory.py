@@ -36,7 +36,7 @@ def test_tp_divides_model_states():
 
 
 def test_plan_warns_when_it_does_not_fit(tmp_path):
-    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=V100"]), tmp_path)["plan"]
+    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=V100"]), tmp_path).to_dict()
     assert p["memory_per_gpu"]["fits"] is False and "does NOT fit" in p["memory_per_gpu"]["note"]
-    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"]), tmp_path)["plan"]
+    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"]), tmp_path).to_dict()
     assert p["memory_per_gpu"]["fits"] is True

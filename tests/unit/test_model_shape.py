@@ -19,7 +19,7 @@ def test_analytic_count_matches_meta_model(model, vocab, bundled_tokenizer):
         meta = AutoModelForCausalLM.from_config(config)
     expected = sum(p.numel() for p in meta.parameters())
     assert parameter_count(shape_from_config(cfg.model, vocab)) == expected
-    assert shape_from_hf(config) == shape_from_config(cfg.model, vocab)
+    assert shape_from_hf(config, vocab) == shape_from_config(cfg.model, vocab)
 
 
 def test_plan_imports_no_training_stack(tmp_path):

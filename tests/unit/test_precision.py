@@ -2,14 +2,14 @@ import pytest
 
 from tinytrain.errors import ConfigError
 from tinytrain.hardware import CPU, gpu_from_device_name, lookup_gpu
-from tinytrain.precision import LossScalePolicy, resolve_precision
+from tinytrain.precision import Dtype, LossScalePolicy, resolve_precision
 
 POLICY = LossScalePolicy(initial_scale_power=12, window=200, hysteresis=3, min_scale=0.5)
 
 
 def test_v100_auto_is_fp16_with_the_loss_scale_policy():
     d = resolve_precision(lookup_gpu("V100"), "auto", POLICY)
-    assert d.value == "16-mixed"
+    assert d.lightning == "16-mixed"
     assert d.loss_scale == POLICY
     assert "7.0" in d.reason and "V100" in d.reason
 
@@ -17,7 +17,7 @@ def test_v100_auto_is_fp16_with_the_loss_scale_policy():
 @pytest.mark.parametrize("gpu", ["A800", "A100", "H100", "H800", "H20", "L40S", "RTX4090", "A10"])
 def test_ampere_and_newer_auto_is_bf16(gpu):
     d = resolve_precision(lookup_gpu(gpu), "auto", POLICY)
-    assert d.value == "bf16-mixed"
+    assert d.lightning == "bf16-mixed"
     assert d.loss_scale is None
     assert "bf16 because compute capability" in d.reason
 
@@ -29,13 +29,13 @@ def test_t4_is_fp16_even_when_torch_reports_emulated_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     t4 = gpu_from_device_name("Tesla T4", (7, 5))
     d = resolve_precision(t4, "auto", POLICY)
-    assert d.value == "16-mixed"
+    assert d.lightning == "16-mixed"
     assert d.loss_scale == POLICY
 
 
 def test_cpu_auto_is_fp32():
     d = resolve_precision(CPU(), "auto", POLICY)
-    assert (d.value, d.loss_scale) == ("32-true", None)
+    assert (d.dtype, d.lightning, d.loss_scale) == (Dtype.fp32, "32-true", None)
 
 
 def test_bf16_on_v100_is_an_error_naming_gpu_and_fix():
@@ -47,7 +47,7 @@ def test_bf16_on_v100_is_an_error_naming_gpu_and_fix():
 
 def test_explicit_fp16_on_cpu_keeps_policy():
     d = resolve_precision(CPU(), "fp16", POLICY)
-    assert d.value == "16-mixed" and d.loss_scale == POLICY
+    assert d.lightning == "16-mixed" and d.loss_scale == POLICY
     assert "GradScaler" in d.reason
 
 

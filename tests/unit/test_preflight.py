@@ -23,7 +23,7 @@ def yi_like(tmp_path_factory):
 
 
 def plan(overrides, tmp_path):
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path)["plan"]
+    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
 
 
 def test_healthy_setup_passes(tmp_path):
@@ -68,11 +68,16 @@ def test_fp16_with_untrained_rows_is_a_precision_risk(yi_like, tmp_path):
     assert plan([*TINY, CHAT, f"model.pretrained={yi_like}", "precision=fp16"], tmp_path)["preflight"]["fix"] == "mean"
 
 
-def test_fp16_on_a_fragile_model_warns(tmp_path):
-    p = plan(["model=tinyllama_1b", "precision=fp16"], tmp_path)
+def test_fp16_on_a_fragile_model_warns_only_without_packing(tmp_path):
+    unpacked_sft = ["model=tinyllama_1b", "precision=fp16", "data=chat", CHAT]
+    p = plan(unpacked_sft, tmp_path)
     assert [f["check"] for f in p["preflight"]["findings"]] == ["precision_risk"]
-    assert "NaN grad_norm" in p["preflight"]["findings"][0]["message"]
-    assert plan(["model=tinyllama_1b", "precision=fp16", "preflight.precision_risk=off"], tmp_path)["preflight"]["findings"] == []
+    finding = p["preflight"]["findings"][0]
+    assert "NaN grad_norm" in finding["message"] and finding["fix"].startswith("pack the data (data.pack=true)")
+    assert plan([*unpacked_sft, "data.pack=true"], tmp_path)["preflight"]["findings"] == []
+    # Pretraining always packs its documents into rows: nothing to warn about.
+    assert plan(["model=tinyllama_1b", "precision=fp16"], tmp_path)["preflight"]["findings"] == []
+    assert plan([*unpacked_sft, "preflight.precision_risk=off"], tmp_path)["preflight"]["findings"] == []
 
 
 def test_pretrained_config_vocab_disagreeing_with_weights(yi_like, tmp_path):
@@ -115,26 +120,19 @@ def test_data_token_ids_must_be_below_the_vocab(tmp_path, bundled_tokenizer):
     assert data_findings(compose(["preflight.data_vocab=off"]), [TokenStore.open(store.path)], 4096) == []
 
 
-def test_fix_rewrites_the_found_rows_on_the_built_model(yi_like):
-    from tinytrain.cli import run_preflight
-    from tinytrain.fast_paths import select_fast_paths
-    from tinytrain.model import AttentionChoice, pretrained_config
-    from tinytrain.resolve import resolve
+def test_fix_rewrites_the_found_rows_on_the_built_model(yi_like, tmp_path):
+    from tinytrain.planner import make_plan
     from tinytrain.tokenizer import load_from_config
     from tinytrain.train import build_module
 
     cfg = compose([*TINY, CHAT, f"model.pretrained={yi_like}"])
     tok = load_from_config(cfg.tokenizer)
-    resolved = resolve(cfg, tok)
-    config = pretrained_config(str(yi_like))
-    saved = config.vocab_size
-    config.vocab_size = resolved.vocab.padded
-    _, rows, fix = run_preflight(cfg, tok, resolved, config, saved)
-    assert fix == "mean" and {r.token_id for r in rows} == {4096, 4097}
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, False, resolved.vocab.padded)
-    model = build_module(cfg, resolved, tok, config, AttentionChoice("sdpa", "test"), fast, (rows, fix)).model
+    plan = make_plan(cfg, tok, tmp_path)
+    assert plan.preflight.fix == "mean" and {r.token_id for r in plan.preflight.rows_to_fix} == {4096, 4097}
+    assert plan.preflight.unfixed_rows == []  # nothing left for the loss-scale guard to name
+    model = build_module(cfg, plan, tok).model
     for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
         trained_mean = table[:4096].mean(0)
         torch.testing.assert_close(table[4096], trained_mean, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(table[4097], trained_mean, atol=1e-5, rtol=1e-4)
-    assert model.get_input_embeddings().weight.shape[0] == resolved.vocab.padded
+    assert model.get_input_embeddings().weight.shape[0] == plan.vocab.padded

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from tests.conftest import compose
-from tinytrain.checkpoint import metadata
+from tinytrain.start_points import checkpoint_metadata
 from tinytrain.errors import ConfigError
-from tinytrain.resume import leftover_temp_files, resolve_resume, set_aside
+from tinytrain.resume import leftover_temp_files, set_aside
+from tinytrain.start_points import resolve_resume
 from tinytrain.validate import validate
 from tinytrain.vocab import plan_vocab
 
@@ -20,7 +21,7 @@ FINGERPRINT = "181f2c58d6466988"
 def save(directory, step, vocab=VOCAB, fingerprint=FINGERPRINT, model="tiny"):
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step{step:07d}.ckpt"
-    torch.save({"global_step": step, "tinytrain": metadata(vocab, fingerprint, model), "state_dict": {"model.w": torch.zeros(4096)}}, path)
+    torch.save({"global_step": step, "tinytrain": checkpoint_metadata(vocab, fingerprint, model), "state_dict": {"model.w": torch.zeros(4096)}}, path)
     return path
 
 
@@ -133,7 +134,7 @@ def test_a_deepspeed_folder_resumes_from_its_client_state(tmp_path, files):
     folder = tmp_path / "step0000008.ckpt" / "checkpoint"
     folder.mkdir(parents=True)
     for name in files:
-        state = {"global_step": 8, "tinytrain": metadata(VOCAB, FINGERPRINT, "tiny")} if "model_states" in name else {}
+        state = {"global_step": 8, "tinytrain": checkpoint_metadata(VOCAB, FINGERPRINT, "tiny")} if "model_states" in name else {}
         torch.save(state, folder / name)
     point = resolve("auto", tmp_path)
     assert (point.path.name, point.step) == ("step0000008.ckpt", 8)

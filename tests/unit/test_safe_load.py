@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from tests.conftest import compose
-from tinytrain.checkpoint import metadata, read
+from tinytrain.checkpoint import read
+from tinytrain.start_points import checkpoint_metadata
 from tinytrain.errors import ConfigError
 from tinytrain.export import export_checkpoint
-from tinytrain.resume import read_state, resolve_resume
+from tinytrain.resume import read_state
+from tinytrain.start_points import resolve_resume
 from tinytrain.vocab import plan_vocab
 
 VOCAB = plan_vocab(4096, 64, 1)
@@ -30,7 +32,7 @@ class RunsCode:
 
 
 def hostile(path: Path, marker: Path) -> Path:
-    torch.save({"global_step": 4, "tinytrain": metadata(VOCAB, "f", "tiny"), "state_dict": {}, "extra": RunsCode(marker)}, path)
+    torch.save({"global_step": 4, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny"), "state_dict": {}, "extra": RunsCode(marker)}, path)
     return path
 
 
@@ -61,7 +63,7 @@ def test_resume_refuses_a_deepspeed_folder_with_a_pickled_callable_in_any_shard(
     marker = tmp_path / "ran"
     folder = tmp_path / "step0000004.ckpt" / "checkpoint"
     folder.mkdir(parents=True)
-    torch.save({"global_step": 4, "tinytrain": metadata(VOCAB, "f", "tiny")}, folder / "mp_rank_00_model_states.pt")
+    torch.save({"global_step": 4, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny")}, folder / "mp_rank_00_model_states.pt")
     hostile(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
     refused(lambda: read_state(tmp_path / "step0000004.ckpt"), marker, "resume")
 

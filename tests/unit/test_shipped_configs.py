@@ -14,7 +14,7 @@ def options(group: str) -> list[str]:
 
 def plan(overrides, tmp_path: Path) -> dict:
     cfg = compose(["mode=plan", *overrides])
-    return run_stages(cfg, tmp_path)["plan"]
+    return run_stages(cfg, tmp_path).to_dict()
 
 
 # Analytic counts: embeddings + lm_head (unless tied) + per layer (attention + MLP + 2 norms) + final norm.

@@ -123,7 +123,7 @@ def test_srun_with_fewer_tasks_than_the_allocation():
 
 
 def test_plan_on_a_login_node_uses_the_given_cluster(tmp_path):
-    plan = run_stages(compose(["mode=plan", "cluster=slurm", "cluster.nodes=4", "parallel=ddp", "hardware.gpu=A800"]), tmp_path)["plan"]
+    plan = run_stages(compose(["mode=plan", "cluster=slurm", "cluster.nodes=4", "parallel=ddp", "hardware.gpu=A800"]), tmp_path).to_dict()
     assert plan["world_size"] == 32  # 4 nodes x the default 8 GPUs per node
     assert plan["batch"]["global_batch_size"] == 8 * 32
     assert plan["cluster"] == {"name": "slurm", "nodes": 4, "devices_per_node": 8, "source": "cluster.nodes x cluster.devices (no Slurm job here)"}
@@ -131,7 +131,7 @@ def test_plan_on_a_login_node_uses_the_given_cluster(tmp_path):
 
 def test_plan_inside_a_job_reads_the_allocation(in_job, tmp_path):
     in_job(SRUN_2x4)
-    plan = run_stages(compose(["mode=plan", "cluster=slurm", "parallel=ddp"]), tmp_path)["plan"]
+    plan = run_stages(compose(["mode=plan", "cluster=slurm", "parallel=ddp"]), tmp_path).to_dict()
     assert plan["world_size"] == 8
     assert plan["cluster"]["source"] == "allocation of Slurm job 4242"
 

@@ -11,6 +11,7 @@ from tinytrain.flops import batch_flops, matmul_parameters, sum_squared_document
 from tinytrain.hardware import CPU, gpu_from_device_name, lookup_gpu
 from tinytrain.lean_loss import chunked_lm_loss
 from tinytrain.model_shape import ModelShape, parameter_count
+from tinytrain.precision import Dtype
 from tinytrain.module import causal_lm_loss
 
 SMALL = ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=32, tied_embeddings=False, qkv_bias=False)
@@ -35,13 +36,13 @@ def test_packed_batches_use_squared_document_lengths():
 
 def test_peak_by_precision_and_graceful_omission():
     h100 = lookup_gpu("H100")
-    assert peak_tflops(h100, "bf16-mixed")[0] == 989.0
-    assert peak_tflops(lookup_gpu("V100"), "16-mixed")[0] == 125.0
-    assert peak_tflops(lookup_gpu("A800"), "bf16-mixed")[0] == 312.0
+    assert peak_tflops(h100, Dtype.bf16)[0] == 989.0
+    assert peak_tflops(lookup_gpu("V100"), Dtype.fp16)[0] == 125.0
+    assert peak_tflops(lookup_gpu("A800"), Dtype.bf16)[0] == 312.0
     for hw, precision, why in [
-        (gpu_from_device_name("NVIDIA Future 9000", (10, 0)), "bf16-mixed", "not in the hardware table"),
-        (CPU(), "32-true", "CPU"),
-        (h100, "32-true", "fp32"),
+        (gpu_from_device_name("NVIDIA Future 9000", (10, 0)), Dtype.bf16, "not in the hardware table"),
+        (CPU(), Dtype.fp32, "CPU"),
+        (h100, Dtype.fp32, "fp32"),
     ]:
         peak, note = peak_tflops(hw, precision)
         assert peak is None and why in note

@@ -48,7 +48,7 @@ class NonFiniteGuard(pl.Callback):
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local)))  # one fused pass
         if not sharded:
             # The module's clipping reuses this norm instead of a second pass over the gradients.
-            pl_module.step_grad_norm = total
+            pl_module.remember_grad_norm(total)
         if bool(torch.isfinite(total)):  # one sync
             self.consecutive = 0
             return

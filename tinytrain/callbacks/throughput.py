@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 
 from tinytrain.flops import batch_flops, sum_squared_document_lengths
 from tinytrain.model_shape import ModelShape
+from tinytrain.precision import Dtype
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,16 @@ def seconds_since_process_start() -> float:
     return time.time() - psutil.Process().create_time()
 
 
-def peak_tflops(hardware, precision_value: str) -> tuple[float | None, str]:
+def peak_tflops(hardware, dtype: Dtype) -> tuple[float | None, str]:
     """(peak dense TFLOP/s per device, why) for MFU."""
     if hardware.is_cpu:
         return None, "MFU omitted: no tensor-core peak for a CPU"
-    if precision_value == "32-true":
+    if dtype is Dtype.fp32:
         return None, f"MFU omitted: fp32 on {hardware.name} has no dense peak in the hardware table"
-    peak = hardware.peak_bf16_tflops if precision_value == "bf16-mixed" else hardware.peak_fp16_tflops
+    peak = hardware.peak_bf16_tflops if dtype is Dtype.bf16 else hardware.peak_fp16_tflops
     if peak is None:
         return None, f"MFU omitted: {hardware.name} is not in the hardware table (tinytrain/hardware.py)"
-    kind = "bf16" if precision_value == "bf16-mixed" else "fp16"
-    return peak, f"{kind} dense peak {peak:g} TFLOP/s ({hardware.name})"
+    return peak, f"{dtype.value} dense peak {peak:g} TFLOP/s ({hardware.name})"
 
 
 class ThroughputMonitor(pl.Callback):

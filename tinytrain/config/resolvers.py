@@ -1,8 +1,6 @@
-"""OmegaConf resolvers, registered before Hydra composes.
-
-Each resolver is a thin call into the one pure function that owns the value
-(vocab.padded_vocab_size, precision.resolve_precision), which the plan and the trainer call too.
-"""
+"""OmegaConf resolvers, registered before Hydra composes: paths of bundled assets and what the
+Slurm environment says (tasks per node, the run name of a job). Values tinytrain derives (vocab,
+precision) are not resolvers: the plan decides each once (tinytrain/run_plan.py)."""
 
 from __future__ import annotations
 
@@ -15,24 +13,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 def _asset(name: str) -> str:
     return str(ASSETS / name)
-
-
-def _true_vocab(*, _root_) -> int:
-    from tinytrain.tokenizer import load_from_config
-
-    return len(load_from_config(_root_.tokenizer))
-
-
-def _padded_vocab(*, _root_) -> int:
-    from tinytrain.vocab import padded_vocab_size
-
-    return padded_vocab_size(_true_vocab(_root_=_root_), _root_.model.vocab_multiple, _root_.parallel.tp)
-
-
-def _precision(*, _root_) -> str:
-    from tinytrain.resolve import precision_decision
-
-    return precision_decision(_root_).value
 
 
 def _slurm_tasks_per_node(default: int) -> int:
@@ -54,9 +34,6 @@ def _run_name() -> str:
 def register_resolvers() -> None:
     for name, fn in {
         "tt.asset": _asset,
-        "tt.true_vocab": _true_vocab,
-        "tt.padded_vocab": _padded_vocab,
-        "tt.precision": _precision,
         "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
     }.items():
         if not OmegaConf.has_resolver(name):

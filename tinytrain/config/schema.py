@@ -2,7 +2,8 @@
 
 Hydra merges each group's YAML into these types, so a misspelled key or a wrong type is
 rejected with the key's full name before anything runs. Defaults live here and nowhere else.
-Derived values (`model.vocab_size`, `precision.value`) default to resolvers (config/resolvers.py).
+Derived values (`model.vocab_size`, `precision.value`) are null here and decided once, by the plan
+(tinytrain/run_plan.py); config_resolved.yaml and wandb's config show them filled in.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ class ModelConfig:
     attention: Attention = Attention.auto
     # Rows of the embedding and lm_head are padded to a multiple of vocab_multiple x parallel.tp.
     vocab_multiple: int = 64
-    # Derived from len(tokenizer); set it by hand only to pin a larger, already-padded size.
-    vocab_size: int = "${tt.padded_vocab:}"  # type: ignore[assignment]
+    # null: derived from len(tokenizer); set it by hand only to pin a larger, already-padded size.
+    vocab_size: Optional[int] = None
     # A local Hugging Face model folder to fine-tune; null trains from scratch.
     pretrained: Optional[str] = None
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
@@ -193,8 +194,9 @@ class LossScaleConfig:
 class PrecisionConfig:
     request: PrecisionRequest = PrecisionRequest.auto
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
-    # Derived on the machine that trains (or for hardware.gpu in mode=plan).
-    value: str = "${tt.precision:}"
+    # Derived on the machine that trains (or for hardware.gpu in mode=plan); null here, filled in
+    # config_resolved.yaml from the plan.
+    value: Optional[str] = None
 
 
 @dataclass
@@ -286,8 +288,7 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "csv"
-    csv: bool = True  # metrics.csv in the run directory (always written; the loss curve reads it)
+    name: str = "csv"  # metrics.csv in the run directory is always written; the loss curve reads it
     # Weights & Biases (logger=wandb); WANDB_MODE=offline works with no key or network.
     wandb: bool = False
     wandb_project: str = "tinytrain"
@@ -347,22 +348,6 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
-GROUP_SCHEMAS = {
-    "model": ModelConfig,
-    "tokenizer": TokenizerConfig,
-    "data": DataConfig,
-    "precision": PrecisionConfig,
-    "parallel": ParallelConfig,
-    "trainer": TrainerConfig,
-    "logger": LoggerConfig,
-    "cluster": ClusterConfig,
-}
-
-
 def register_schemas() -> None:
-    """The top-level schema is the first default of conf/config.yaml; each group's schema is
-    also stored on its own (`schema/<group>`) for tools that compose one group alone."""
-    cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
-    for group, schema in GROUP_SCHEMAS.items():
-        cs.store(group=f"schema/{group}", name=group, node=schema)
+    """The top-level schema is the first default of conf/config.yaml: every group merges into it."""
+    ConfigStore.instance().store(name="config_schema", node=Config)

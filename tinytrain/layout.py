@@ -1,0 +1,77 @@
+"""The run's layout: processes per node, world size, and the batch arithmetic over them.
+
+One owner: validate reports `batch_layout`'s problems; resolving uses its plan, unchecked again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinytrain.config.schema import PLANNING_MODES
+from tinytrain.errors import Problem
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch_size: int
+    accumulate_grad_batches: int
+    data_parallel: int
+    global_batch_size: int
+    seq_len: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+def devices_per_node(cfg) -> int:
+    if cfg.cluster.devices is not None:
+        return cfg.cluster.devices
+    if cfg.mode in PLANNING_MODES and cfg.hardware.gpu:
+        return 1
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def world_size(cfg) -> int:
+    return cfg.cluster.nodes * devices_per_node(cfg)
+
+
+def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
+    t = cfg.trainer
+    tp = cfg.parallel.tp
+    problems = []
+    if tp < 1 or world % tp:
+        problems.append(
+            Problem("parallel.tp", tp, f"must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "choose a tp that divides the number of processes")
+        )
+        return None, problems
+    dp = world // tp
+    micro = t.micro_batch_size
+    if t.global_batch_size is None:
+        accum = t.accumulate_grad_batches or 1
+        return BatchPlan(micro, accum, dp, micro * dp * accum, cfg.data.seq_len), problems
+    per_step = micro * dp
+    if t.global_batch_size % per_step:
+        problems.append(
+            Problem(
+                "trainer.global_batch_size",
+                t.global_batch_size,
+                f"not a multiple of micro_batch_size({micro}) x data_parallel({dp}) = {per_step}",
+                f"use a multiple of {per_step}, or change trainer.micro_batch_size",
+            )
+        )
+        return None, problems
+    accum = t.global_batch_size // per_step
+    if t.accumulate_grad_batches is not None and t.accumulate_grad_batches != accum:
+        problems.append(
+            Problem(
+                "trainer.accumulate_grad_batches",
+                t.accumulate_grad_batches,
+                f"disagrees with global_batch_size({t.global_batch_size}) / (micro_batch_size({micro}) x data_parallel({dp})) = {accum}",
+                "set only one of trainer.global_batch_size and trainer.accumulate_grad_batches",
+            )
+        )
+        return None, problems
+    return BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len), problems
