@@ -25,10 +25,10 @@ def setup(overrides: list[str]):
     """(cfg, tokenizer, plan, model_config) for a run: tinytrain's own planning stage."""
     import tempfile
 
-    from tinytrain.model import model_config
-    from tinytrain.planner import make_plan
-    from tinytrain.tokenizer import load_from_config
-    from tinytrain.validate import validate
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import model_config
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.plan.validate import validate
 
     cfg = compose(overrides)
     validate(cfg)
@@ -66,7 +66,7 @@ def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmu
 
     import torch
 
-    from tinytrain.module import causal_lm_loss
+    from tinytrain.model.module import causal_lm_loss
 
     device = next(model.parameters()).device
     times, last = [], None
@@ -96,7 +96,8 @@ def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int) -> list[float]:
     import lightning.pytorch as pl
     import torch
 
-    from tinytrain.train import build_module, build_trainer, quiet_lightning
+    from tinytrain.train.fit import build_module
+    from tinytrain.train.trainer import build_trainer, quiet_lightning
 
     class StepTimer(pl.Callback):
         def __init__(self):

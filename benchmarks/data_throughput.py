@@ -132,7 +132,7 @@ def main() -> None:
     # The raw ceiling uses the tokenizer's own thread pool; size it to the same worker count
     # before tokenizers starts it (the first parallel call).
     os.environ["RAYON_NUM_THREADS"] = str(args.workers)
-    from tinytrain.tokenizer import load_tokenizer
+    from tinytrain.data.tokenizer import load_tokenizer
 
     if not (SHARED / "llama2-tokenizer" / "tokenizer.model").exists():
         sys.exit(f"needs ../shared/data (looked in {SHARED})")

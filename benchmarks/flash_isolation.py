@@ -1,7 +1,7 @@
 """Packed documents stay isolated on flash-attn: the training forward of a packed batch (micro
 batch 1 and 4) against each document run alone. On a GPU with flash-attn importable it uses the
 real kernel in bf16; otherwise (`--reference`, or no flash-attn) transformers' flash dispatch with
-tinytrain/flash_reference.py's CPU stand-in, in fp32.
+tinytrain/model/flash_reference.py's CPU stand-in, in fp32.
 
     python benchmarks/flash_isolation.py [--reference] [--json PATH]
 """
@@ -37,13 +37,13 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tinytrain.data.collate import with_document_boundaries
-    from tinytrain.module import MODEL_INPUTS, CausalLMModule
+    from tinytrain.model.module import MODEL_INPUTS, CausalLMModule
 
     real = not args.reference and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
     if real:
         implementation, device, dtype, atol = "flash_attention_2", "cuda", torch.bfloat16, 2e-2  # bf16 round-off
     else:
-        from tinytrain.flash_reference import use_reference_flash
+        from tinytrain.model.flash_reference import use_reference_flash
 
         implementation, device, dtype, atol = use_reference_flash(), "cpu", torch.float32, 1e-5
     torch.manual_seed(0)

@@ -3,7 +3,7 @@
 Default: the TinyLlama-1.1B architecture (vocab 32000, as with its Llama-2 tokenizer), seq 2048,
 bf16 where the GPU has it, random tokens. tinytrain runs through build_module + build_trainer
 (its fast paths: flash-attn 2 when installed, fused AdamW); the raw loop uses the same HF model
-class and attention with torch.autocast and fused AdamW. MFU = model FLOPs (tinytrain/flops.py)
+class and attention with torch.autocast and fused AdamW. MFU = model FLOPs (tinytrain/plan/flops.py)
 per second / the hardware table's dense peak.
 
     python benchmarks/mfu.py                      # on a GPU machine
@@ -19,7 +19,6 @@ import argparse
 import json
 
 import torch
-
 from _common import median, raw_steps, setup, synthetic_batches, tinytrain_steps
 
 
@@ -54,9 +53,9 @@ def main() -> None:
     cfg, tokenizer, plan, model_config = setup(overrides)
     attention = plan.attention
 
-    from tinytrain.callbacks.throughput import peak_tflops
-    from tinytrain.precision import Dtype
-    from tinytrain.flops import batch_flops
+    from tinytrain.plan.flops import batch_flops
+    from tinytrain.plan.precision import Dtype
+    from tinytrain.train.callbacks.throughput import peak_tflops
 
     peak, note = peak_tflops(plan.hardware, plan.precision.dtype)
     loader = torch.utils.data.DataLoader(synthetic_batches(n, plan.vocab.true, micro, seq), batch_size=micro, shuffle=False)
@@ -72,7 +71,7 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     raw_model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attention.implementation).to(device)
     if args.liger:
-        from tinytrain.liger import apply_kernels
+        from tinytrain.model.liger import apply_kernels
 
         apply_kernels(raw_model, cfg.model.arch)
     if args.compile:

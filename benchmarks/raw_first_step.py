@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 from tinytrain.config.resolvers import ASSETS
-from tinytrain.corpus import pydoc_documents
+from tinytrain.data.corpus import pydoc_documents
 
 tok = PreTrainedTokenizerFast.from_pretrained(str(ASSETS / "bundled_tokenizer"))
 ids = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _common import median, raw_steps, setup, synthetic_batches, tinytrain_steps
 
 OVERRIDES = ["trainer.micro_batch_size=8", "data.seq_len=256", "trainer.progress_bar=false", "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000"]
@@ -25,7 +24,7 @@ OVERRIDES = ["trainer.micro_batch_size=8", "data.seq_len=256", "trainer.progress
 def raw_block(model_config, cfg, true_vocab, loader, warmup: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    from tinytrain.module import param_groups, warmup_cosine
+    from tinytrain.model.module import param_groups, warmup_cosine
 
     t = cfg.trainer
     torch.manual_seed(cfg.seed)

@@ -72,9 +72,9 @@ def write_untrained_chat_rows_model(folder: Path, overrides: list[str], common_d
     which the mean-row fix relies on."""
     import torch
 
-    from tinytrain.attention import AttentionChoice
-    from tinytrain.model import build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.plan.attention import AttentionChoice
 
     cfg = compose([*overrides, 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'])
     tok = load_from_config(cfg.tokenizer)
@@ -94,6 +94,6 @@ def write_untrained_chat_rows_model(folder: Path, overrides: list[str], common_d
 
 @pytest.fixture(scope="session")
 def bundled_tokenizer():
-    from tinytrain.tokenizer import load_tokenizer
+    from tinytrain.data.tokenizer import load_tokenizer
 
     return load_tokenizer(str(REPO / "tinytrain" / "assets" / "bundled_tokenizer"))

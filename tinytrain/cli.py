@@ -17,9 +17,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from tinytrain.checkpoint import run_lock
 from tinytrain.config.resolvers import register_resolvers
-from tinytrain import run_lock
-from tinytrain.config.schema import PLANNING_MODES, Mode, Strategy, register_schemas
+from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -37,9 +37,9 @@ def is_rank_zero() -> bool:
 def run_stages(cfg: DictConfig, run_dir: Path):
     """The stages in order; each call is one stage. Returns what the mode produced: the data
     (prepare), the RunPlan (plan, sbatch) or the training result (train)."""
-    from tinytrain.planner import make_plan
-    from tinytrain.tokenizer import load_from_config
-    from tinytrain.validate import validate
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.plan.validate import validate
 
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
@@ -58,7 +58,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if is_rank_zero():
         clean_up_after_interrupted_saves(cfg, plan, run_dir)
 
-    from tinytrain.train import fit
+    from tinytrain.train.fit import fit
 
     return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer)
 
@@ -75,7 +75,7 @@ def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
 def refuse_trained_directory(run_dir: Path) -> None:
     """A plan written into a trained run's directory would replace the plan.json and
     config_resolved.yaml that describe its checkpoints."""
-    from tinytrain.checkpoint_files import step_checkpoints
+    from tinytrain.checkpoint.files import step_checkpoints
 
     checkpoints = run_dir / "checkpoints"
     trained = [p.name for _, p in step_checkpoints(checkpoints)] + [p.name for p in (checkpoints / "final.ckpt",) if p.exists()]
@@ -93,7 +93,7 @@ def refuse_trained_directory(run_dir: Path) -> None:
 def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> None:
     """Rank 0 of a training run: remove what killed saves left, set aside checkpoints that did
     not load (resume=auto skipped them), and say where the run continues from."""
-    from tinytrain import resume
+    from tinytrain.checkpoint import resume
 
     for path in resume.leftover_temp_files(run_dir / "checkpoints"):
         log.warning("removed %s: a checkpoint save that was interrupted (the previous checkpoint is intact)", path.relative_to(run_dir))
@@ -109,7 +109,7 @@ def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> No
 def prepare_data(cfg: DictConfig, tokenizer):
     """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
     from tinytrain.data.datamodule import DataModule
-    from tinytrain.layout import batch_layout, world_size
+    from tinytrain.plan.layout import batch_layout, world_size
 
     batch, _ = batch_layout(cfg, world_size(cfg))
     data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
@@ -138,7 +138,7 @@ def hydra_main(cfg: DictConfig):
         with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
             result = run_stages(cfg, run_dir)
             if cfg.mode == Mode.sbatch:
-                from tinytrain import sbatch
+                from tinytrain.cluster import sbatch
 
                 path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
                 print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
@@ -170,8 +170,8 @@ def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
 
 
 def main() -> None:
+    from tinytrain.config.friendly_errors import friendly_message
     from tinytrain.errors import TrainingStopped
-    from tinytrain.friendly_errors import friendly_message
 
     register_resolvers()
     register_schemas()

@@ -17,7 +17,7 @@ import time
 
 
 def record_batches(path: str) -> None:
-    from tinytrain.module import CausalLMModule
+    from tinytrain.model.module import CausalLMModule
 
     train = CausalLMModule.training_step
 
@@ -35,7 +35,7 @@ def stall_save(n: int) -> None:
 
     import torch
 
-    from tinytrain.checkpoint_io import AtomicCheckpointIO
+    from tinytrain.train.atomic_io import AtomicCheckpointIO
 
     saves = []
 
@@ -53,7 +53,7 @@ def stall_save(n: int) -> None:
 
 
 def disarm_loss_scale_guard() -> None:
-    from tinytrain.callbacks.loss_scale_guard import LossScaleGuard
+    from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
     LossScaleGuard.stop = lambda self, message: None
 

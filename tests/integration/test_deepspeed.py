@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import DEEPSPEED_ON_CPU, compose, logged, run_cli
-from tinytrain.resume import read_state
+from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
 
@@ -72,9 +72,9 @@ def hf_logits_equal_consolidated(run_dir) -> None:
     are those of the consolidated (padded) weights over the true vocab."""
     from transformers import AutoModelForCausalLM
 
-    from tinytrain.attention import AttentionChoice
-    from tinytrain.model import build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.plan.attention import AttentionChoice
 
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_export")
     assert exported.config.vocab_size == TRUE_VOCAB

@@ -17,9 +17,10 @@ SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "mod
 def train(overrides, run_dir, corrupt=None, steps=8):
     """Train in-process through tinytrain's own module, guards and Trainer; `corrupt(step, grad)`
     may rewrite the gradient of LAYER."""
-    from tinytrain.planner import make_plan
-    from tinytrain.tokenizer import load_from_config
-    from tinytrain.train import build_module, build_trainer, quiet_lightning
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.train.fit import build_module
+    from tinytrain.train.trainer import build_trainer, quiet_lightning
 
     cfg = compose([*SMALL, f"trainer.max_steps={steps}", *overrides])
     tok = load_from_config(cfg.tokenizer)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import DEEPSPEED_ON_CPU, REPO, compose, metrics_rows
-from tinytrain.resume import read_state
+from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ VARIANTS = {
 # data-parallel ranks train different ones.
 RANKS = {"fp32": (1, 1), "fp16-fsdp_tp": (2, 2), "zero2-fp32": (2, 1), "zero3-fp16": (2, 1)}
 # Slurm's SIGUSR1 everywhere but FSDP2 x TP, which gets Ctrl-C's SIGINT: it stops the same way,
-# without the requeue (SIGTERM shares SIGINT's path, see tinytrain/callbacks/preemption.py).
+# without the requeue (SIGTERM shares SIGINT's path, see tinytrain/train/callbacks/preemption.py).
 SIGNAL = {"fp32": signal.SIGUSR1, "fp16-fsdp_tp": signal.SIGINT, "zero2-fp32": signal.SIGUSR1, "zero3-fp16": signal.SIGUSR1}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
 
@@ -173,9 +173,9 @@ def test_sigkill_during_a_slow_checkpoint_write_keeps_the_previous_one(tmp_path,
     with pytest.raises(RuntimeError):
         torch.load(partial, weights_only=True)
 
-    from tinytrain.attention import AttentionChoice
-    from tinytrain.model import build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.plan.attention import AttentionChoice
 
     previous = torch.load(checkpoints / "step0000004.ckpt", weights_only=True)
     assert previous["global_step"] == 4

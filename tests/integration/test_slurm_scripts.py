@@ -14,7 +14,14 @@ import json
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.integration.slurm_jobs import BUNDLED_TOKENIZER, CPU_TASKS, SHORT_RUN, finish, job_env, submit
+from tests.integration.slurm_jobs import (
+    BUNDLED_TOKENIZER,
+    CPU_TASKS,
+    SHORT_RUN,
+    finish,
+    job_env,
+    submit,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SLURM_DIR = REPO / "slurm"
@@ -42,9 +49,9 @@ def pretrained_tiny(tmp_path_factory):
     import torch
 
     from tests.conftest import compose
-    from tinytrain.attention import AttentionChoice
-    from tinytrain.model import build_model, hf_config
-    from tinytrain.tokenizer import load_from_config
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.plan.attention import AttentionChoice
 
     cfg = compose(["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.max_position_embeddings=256"])
     tok = load_from_config(cfg.tokenizer)

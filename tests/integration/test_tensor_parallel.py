@@ -14,14 +14,14 @@ import torch
 
 from tests.conftest import REPO, compose, run_cli
 from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
-from tinytrain.checkpoint import vocab_param_names
-from tinytrain.init_weights import weights_for_run
-from tinytrain.start_points import init_point
+from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.cli import run_stages
-from tinytrain.attention import AttentionChoice
-from tinytrain.model import build_model, hf_config
-from tinytrain.tokenizer import fingerprint, load_from_config
-from tinytrain.vocab import plan_vocab
+from tinytrain.data.tokenizer import fingerprint, load_from_config
+from tinytrain.model.build import build_model, hf_config
+from tinytrain.model.init_weights import weights_for_run
+from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.start_points import init_point
+from tinytrain.plan.vocab import plan_vocab
 
 pytestmark = pytest.mark.slow
 TOKENS = f'tokenizer.add_special_tokens=["{ODD_TOKEN}"]'

@@ -18,7 +18,12 @@ import math
 
 import pytest
 
-from tests.conftest import DEEPSPEED_ON_CPU, logged, run_cli, write_untrained_chat_rows_model
+from tests.conftest import (
+    DEEPSPEED_ON_CPU,
+    logged,
+    run_cli,
+    write_untrained_chat_rows_model,
+)
 
 pytestmark = pytest.mark.slow
 

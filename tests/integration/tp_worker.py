@@ -28,18 +28,21 @@ def fixed_batch(true_vocab: int):
 def main(out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
     from torch.distributed.device_mesh import init_device_mesh
 
     from tests.conftest import compose
-    from tinytrain.checkpoint import unpad_vocab, vocab_param_names
-    from tinytrain.start_points import checkpoint_metadata
-    from tinytrain.attention import AttentionChoice
-    from tinytrain.model import build_model, hf_config
-    from tinytrain.module import causal_lm_loss
-    from tinytrain.tensor_parallel import parallelize
-    from tinytrain.tokenizer import fingerprint, load_from_config
-    from tinytrain.vocab import plan_vocab
+    from tinytrain.checkpoint.format import unpad_vocab, vocab_param_names
+    from tinytrain.data.tokenizer import fingerprint, load_from_config
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.model.module import causal_lm_loss
+    from tinytrain.model.tensor_parallel import parallelize
+    from tinytrain.plan.attention import AttentionChoice
+    from tinytrain.plan.start_points import checkpoint_metadata
+    from tinytrain.plan.vocab import plan_vocab
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -6,9 +6,9 @@ import os
 import pytest
 
 from tests.conftest import compose, run_cli
+from tinytrain.checkpoint.run_lock import LOCK_NAME, hold
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
-from tinytrain.run_lock import LOCK_NAME, hold
 
 
 def test_a_second_holder_is_refused_naming_the_first(tmp_path):

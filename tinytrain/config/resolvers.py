@@ -1,6 +1,6 @@
 """OmegaConf resolvers, registered before Hydra composes: paths of bundled assets and what the
 Slurm environment says (tasks per node, the run name of a job). Values tinytrain derives (vocab,
-precision) are not resolvers: the plan decides each once (tinytrain/run_plan.py)."""
+precision) are not resolvers: the plan decides each once (tinytrain/plan/run_plan.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _asset(name: str) -> str:
 
 
 def _slurm_tasks_per_node(default: int) -> int:
-    from tinytrain.slurm import tasks_per_node
+    from tinytrain.cluster.slurm import tasks_per_node
 
     return tasks_per_node(default)
 
@@ -24,7 +24,7 @@ def _slurm_tasks_per_node(default: int) -> int:
 def _run_name() -> str:
     from datetime import datetime
 
-    from tinytrain import slurm
+    from tinytrain.cluster import slurm
 
     # Every srun task evaluates this itself: a timestamp could differ between tasks of one job,
     # and a requeued job must find its own directory again.

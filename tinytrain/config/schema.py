@@ -3,7 +3,7 @@
 Hydra merges each group's YAML into these types, so a misspelled key or a wrong type is
 rejected with the key's full name before anything runs. Defaults live here and nowhere else.
 Derived values (`model.vocab_size`, `precision.value`) are null here and decided once, by the plan
-(tinytrain/run_plan.py); config_resolved.yaml and wandb's config show them filled in.
+(tinytrain/plan/run_plan.py); config_resolved.yaml and wandb's config show them filled in.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class PreflightConfig:
 
 @dataclass
 class GuardConfig:
-    """Runtime guards (tinytrain/callbacks/*_guard.py)."""
+    """Runtime guards (tinytrain/train/callbacks/*_guard.py)."""
 
     nonfinite: NonFinitePolicy = NonFinitePolicy.skip
     max_consecutive_skips: int = 3
@@ -274,7 +274,7 @@ class TrainerConfig:
     val_batches: int = 8
     checkpoint_every_n_steps: int = 100
     progress_bar: bool = True
-    # Fast paths (tinytrain/fast_paths.py): torch.compile of the model; activation checkpointing
+    # Fast paths (tinytrain/plan/fast_paths.py): torch.compile of the model; activation checkpointing
     # (recompute layers in backward); cross-entropy from hidden states in chunks of this many
     # tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and loss
     # (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).

@@ -23,8 +23,8 @@ from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples
 from tinytrain.data.sources import Source, records
 from tinytrain.data.store import TokenStore, ensure_store
+from tinytrain.data.tokenizer import fingerprint
 from tinytrain.errors import ConfigError, Problem
-from tinytrain.tokenizer import fingerprint
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
 SPLIT_SEED = 0

@@ -5,10 +5,10 @@ How document isolation reaches attention: position ids restart at 0 at every doc
 gets them with no attention_mask and use_cache=False. transformers 5 turns restarting position ids
 into a block-diagonal causal mask on sdpa/eager (masking_utils.find_packed_sequence_indices). On
 flash_attention_2 it does so only for a batch of one row, so the module flattens a packed batch into
-one row with the boundaries the collator computed (tinytrain/packed_attention.py). With a KV cache
+one row with the boundaries the collator computed (tinytrain/model/packed_attention.py). With a KV cache
 or a 2-D attention mask, packed documents would silently attend to each other: training passes
-neither. Verified against each document run alone in tests/unit/test_packing.py (sdpa, eager) and
-tests/unit/test_flash_packing.py (transformers' flash dispatch with a CPU stand-in kernel).
+neither. Verified against each document run alone in tests/unit/data/test_packing.py (sdpa, eager) and
+tests/unit/model/test_flash_packing.py (transformers' flash dispatch with a CPU stand-in kernel).
 
 Labels are already shifted (labels[t] is the target for input t).
 """

@@ -67,7 +67,7 @@ def fingerprint(src: Source) -> str:
     """Changes whenever what the source reads would change (files, their size or mtime, options)."""
     payload: dict = {"kind": src.kind.value, "bad_records": src.bad_records.value}
     if src.kind == DataSource.pydoc:
-        from tinytrain.corpus import pydoc_documents
+        from tinytrain.data.corpus import pydoc_documents
 
         payload["content"] = hashlib.sha256("\x00".join(pydoc_documents()).encode()).hexdigest()
     elif src.kind == DataSource.hf:
@@ -85,7 +85,7 @@ def fingerprint(src: Source) -> str:
 def documents(src: Source, bad: BadRecords, field: str | None = None) -> Iterator[str]:
     """Pretraining documents as strings; empty documents are dropped (they carry no tokens)."""
     if src.kind == DataSource.pydoc:
-        from tinytrain.corpus import pydoc_documents
+        from tinytrain.data.corpus import pydoc_documents
 
         yield from (d for d in pydoc_documents() if d.strip())
     elif src.kind == DataSource.text:

@@ -272,7 +272,7 @@ def ensure_store(src, data_cfg, tokenizer, progress: bool = True) -> tuple[Token
 
     from tinytrain.data import sources
     from tinytrain.data.bad_records import BadRecords
-    from tinytrain.tokenizer import fingerprint
+    from tinytrain.data.tokenizer import fingerprint
 
     tokenizer_fp = fingerprint(tokenizer)
     source_fp = sources.fingerprint(src)

@@ -1,0 +1,74 @@
+"""Checkpoint files: atomic writes that never replace a good checkpoint with a partial one, the
+step-checkpoint listing that ignores temp files, pruning to the newest K, folder publication."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinytrain.checkpoint.files import (
+    is_temp,
+    prune,
+    publish_directory,
+    step_checkpoint_name,
+    step_checkpoints,
+    temp_path,
+)
+from tinytrain.errors import TrainingStopped
+from tinytrain.train.atomic_io import AtomicCheckpointIO
+
+
+def touch(directory, *names):
+    for name in names:
+        (directory / name).write_bytes(b"x")
+
+
+def test_listing_is_newest_first_and_ignores_temp_and_other_files(tmp_path):
+    touch(tmp_path, "step0000004.ckpt", "step0000012.ckpt", "step0000008.ckpt", "step0000016.ckpt.tmp-123", "final.ckpt", "last_good.ckpt", "step0000020.ckpt.unreadable")
+    assert [(s, p.name) for s, p in step_checkpoints(tmp_path)] == [(12, "step0000012.ckpt"), (8, "step0000008.ckpt"), (4, "step0000004.ckpt")]
+    assert step_checkpoints(tmp_path / "absent") == []
+    assert step_checkpoint_name(40) == "step0000040.ckpt"
+
+
+def test_prune_keeps_the_newest_k_files_and_folders(tmp_path):
+    touch(tmp_path, "step0000004.ckpt", "step0000008.ckpt", "final.ckpt", "step0000016.ckpt.tmp-9")
+    (tmp_path / "step0000012.ckpt").mkdir()  # DeepSpeed: a folder of shards
+    touch(tmp_path / "step0000012.ckpt", "shard")
+    removed = prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in removed) == ["step0000004.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final.ckpt", "step0000008.ckpt", "step0000012.ckpt", "step0000016.ckpt.tmp-9"]
+    prune(tmp_path, keep_last=1)
+    assert [p.name for _, p in step_checkpoints(tmp_path)] == ["step0000012.ckpt"]
+
+
+def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "step0000004.ckpt"
+    io.save_checkpoint({"global_step": 4, "w": torch.arange(3)}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 4
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+
+    class DiskFull(AtomicCheckpointIO):
+        def write(self, checkpoint, f):
+            f.write(b"partial bytes")
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(TrainingStopped, match="disk full while saving .*step0000004.ckpt; the previous checkpoint step0000004.ckpt is intact"):
+        DiskFull().save_checkpoint({"global_step": 8}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 4  # the good one is untouched
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_temp_names_sit_next_to_the_final_name():
+    tmp = temp_path(Path("run") / "checkpoints" / "step0000008.ckpt", pid=77)
+    assert tmp.parent.name == "checkpoints" and tmp.name == "step0000008.ckpt.tmp-77" and is_temp(tmp)
+
+
+def test_publish_directory_replaces_an_existing_folder(tmp_path):
+    final, tmp = tmp_path / "step0000008.ckpt", tmp_path / "step0000008.ckpt.tmp-5"
+    for folder, content in ((final, b"old"), (tmp, b"new")):
+        folder.mkdir()
+        (folder / "shard").write_bytes(content)
+    publish_directory(tmp, final)
+    assert (final / "shard").read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["step0000008.ckpt"]

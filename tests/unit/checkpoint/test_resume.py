@@ -1,0 +1,149 @@
+"""`resume`: the newest complete checkpoint (temp files ignored, an unreadable newest skipped),
+`never` refusing a directory with checkpoints, an explicit path, and the checks against the run."""
+
+import logging
+
+import pytest
+import torch
+
+from tests.conftest import compose
+from tinytrain.checkpoint.resume import leftover_temp_files, set_aside
+from tinytrain.errors import ConfigError
+from tinytrain.plan.start_points import checkpoint_metadata, resolve_resume
+from tinytrain.plan.validate import validate
+from tinytrain.plan.vocab import plan_vocab
+
+VOCAB = plan_vocab(4096, 64, 1)
+FINGERPRINT = "181f2c58d6466988"
+
+
+def save(directory, step, vocab=VOCAB, fingerprint=FINGERPRINT, model="tiny"):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step{step:07d}.ckpt"
+    torch.save({"global_step": step, "tinytrain": checkpoint_metadata(vocab, fingerprint, model), "state_dict": {"model.w": torch.zeros(4096)}}, path)
+    return path
+
+
+def resolve(value, directory, model="tiny"):
+    return resolve_resume(value, directory, VOCAB, FINGERPRINT, model)
+
+
+def test_auto_picks_the_newest_complete_checkpoint(tmp_path):
+    save(tmp_path, 4)
+    save(tmp_path, 8)
+    (tmp_path / "step0000012.ckpt.tmp-4242").write_bytes(b"half a checkpoint")
+    point = resolve("auto", tmp_path)
+    assert (point.path.name, point.step, point.skipped) == ("step0000008.ckpt", 8, [])
+    assert point.describe(tmp_path.parent) == f"resuming from {tmp_path.name}/step0000008.ckpt (step 8)"
+
+
+def test_auto_without_checkpoints_starts_fresh(tmp_path):
+    assert resolve("auto", tmp_path / "checkpoints") is None
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    save(tmp_path, 4)
+    good = save(tmp_path, 8)
+    truncated = tmp_path / "step0000012.ckpt"
+    data = good.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])  # a copy cut short
+    with caplog.at_level(logging.WARNING):
+        point = resolve("auto", tmp_path)
+    assert point.step == 8 and [p.name for p, _ in point.skipped] == ["step0000012.ckpt"]
+    assert "step0000012.ckpt does not load" in caplog.text
+    moved = set_aside(point.skipped)
+    assert [p.name for p in moved] == ["step0000012.ckpt.unreadable"] and not truncated.exists()
+    assert resolve("auto", tmp_path).step == 8
+
+
+def test_auto_refuses_to_start_over_when_no_checkpoint_loads(tmp_path):
+    (tmp_path / "step0000004.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="no step checkpoint in .* loads \\(step0000004.ckpt"):
+        resolve("auto", tmp_path)
+
+
+def test_leftover_temp_files_are_removed(tmp_path):
+    save(tmp_path, 4)
+    (tmp_path / "step0000008.ckpt.tmp-99").write_bytes(b"x")
+    (tmp_path / "step0000008.ckpt.tmp-98").mkdir()  # DeepSpeed's temp folder
+    assert sorted(p.name for p in leftover_temp_files(tmp_path)) == ["step0000008.ckpt.tmp-98", "step0000008.ckpt.tmp-99"]
+    assert [p.name for p in tmp_path.iterdir()] == ["step0000004.ckpt"]
+
+
+def test_never_refuses_a_directory_with_checkpoints(tmp_path):
+    assert resolve("never", tmp_path) is None
+    save(tmp_path, 4)
+    with pytest.raises(ConfigError) as e:
+        resolve("never", tmp_path)
+    text = e.value.render()
+    assert "resume='never'" in text and "step0000004.ckpt" in text and "run.name=<new>" in text
+
+
+def test_an_explicit_path_continues_from_it(tmp_path):
+    other = save(tmp_path / "other_run", 20)
+    point = resolve(str(other), tmp_path / "this_run")
+    assert (point.path, point.step) == (other, 20)
+
+
+def test_an_explicit_older_checkpoint_refuses_newer_ones_it_would_mix_with(tmp_path):
+    old = save(tmp_path, 4)
+    save(tmp_path, 8)
+    with pytest.raises(ConfigError, match="holds later checkpoints \\(step0000008.ckpt\\)"):
+        resolve(str(old), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"fingerprint": "0000000000000000"}, "saved with another tokenizer"),
+        ({"model": "tinyllama_1b"}, "saved by model=tinyllama_1b, this run is model=tiny"),
+        ({"vocab": plan_vocab(4096, 96, 1)}, "optimizer state cannot be re-padded"),
+    ],
+)
+def test_a_checkpoint_of_another_run_is_refused(tmp_path, kwargs, needle):
+    save(tmp_path, 4, **kwargs)
+    with pytest.raises(ConfigError) as e:
+        resolve("auto", tmp_path)
+    assert needle in e.value.render() and "resume=" in e.value.render()
+
+
+def test_a_missing_resume_path_is_a_config_error():
+    with pytest.raises(ConfigError) as e:
+        validate(compose(["resume=runs/old/checkpoints/step0000040.ckpt"]))
+    text = e.value.render()
+    assert "resume='runs/old/checkpoints/step0000040.ckpt'" in text and "resume=auto" in text
+
+
+def test_keep_last_must_keep_one():
+    with pytest.raises(ConfigError, match="checkpoint.keep_last=0"):
+        validate(compose(["checkpoint.keep_last=0"]))
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"],  # ZeRO-1/2
+        ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"],  # ZeRO-3
+    ],
+    ids=["zero2", "zero3"],
+)
+def test_a_deepspeed_folder_resumes_from_its_client_state(tmp_path, files):
+    """DeepSpeed writes a folder; rank 0's model-states file holds the step and tinytrain's metadata
+    under every ZeRO stage (ZeRO-3 names it per data-parallel rank)."""
+    folder = tmp_path / "step0000008.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    for name in files:
+        state = {"global_step": 8, "tinytrain": checkpoint_metadata(VOCAB, FINGERPRINT, "tiny")} if "model_states" in name else {}
+        torch.save(state, folder / name)
+    point = resolve("auto", tmp_path)
+    assert (point.path.name, point.step) == ("step0000008.ckpt", 8)
+
+
+def test_a_deepspeed_folder_without_client_state_is_named(tmp_path):
+    folder = tmp_path / "step0000008.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="folder without DeepSpeed checkpoint files"):
+        resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)
+    torch.save({}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt"):
+        resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)

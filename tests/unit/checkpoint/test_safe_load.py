@@ -1,0 +1,93 @@
+"""A checkpoint that pickles a callable is refused by every loader in tinytrain, before the
+callable can run; tinytrain's own checkpoints load (the DeepSpeed ones in
+tests/integration/test_deepspeed.py, single/fsdp_tp resumes in test_resume.py)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinytrain.checkpoint.export import export_checkpoint
+from tinytrain.checkpoint.format import read
+from tinytrain.checkpoint.resume import read_state
+from tinytrain.errors import ConfigError
+from tinytrain.plan.start_points import checkpoint_metadata, resolve_resume
+from tinytrain.plan.vocab import plan_vocab
+
+VOCAB = plan_vocab(4096, 64, 1)
+
+
+class RunsCode:
+    """Unpickling this calls os.system: what a hostile checkpoint does."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def hostile(path: Path, marker: Path) -> Path:
+    torch.save({"global_step": 4, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny"), "state_dict": {}, "extra": RunsCode(marker)}, path)
+    return path
+
+
+def refused(call, marker: Path, key: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        call()
+    assert not marker.exists(), "the pickled callable ran"
+    problem = e.value.problems[0]
+    assert problem.key == key and "refused: it pickles" in problem.message and "system" in problem.message
+    assert "could run code" in problem.message and "saved by tinytrain" in problem.fix
+    return problem.message
+
+
+def test_init_from_refuses_a_pickled_callable(tmp_path):
+    marker = tmp_path / "ran"
+    path = hostile(tmp_path / "step0000004.ckpt", marker)
+    refused(lambda: read(str(path)), marker, "checkpoint.init_from")
+
+
+def test_resume_refuses_a_pickled_callable(tmp_path):
+    marker = tmp_path / "ran"
+    hostile(tmp_path / "step0000004.ckpt", marker)
+    refused(lambda: resolve_resume(str(tmp_path / "step0000004.ckpt"), tmp_path, VOCAB, "f", "tiny"), marker, "resume")
+
+
+def test_resume_refuses_a_deepspeed_folder_with_a_pickled_callable_in_any_shard(tmp_path):
+    """DeepSpeed unpickles its shards with weights_only=False: the folder is checked first."""
+    marker = tmp_path / "ran"
+    folder = tmp_path / "step0000004.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    torch.save({"global_step": 4, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny")}, folder / "mp_rank_00_model_states.pt")
+    hostile(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
+    refused(lambda: read_state(tmp_path / "step0000004.ckpt"), marker, "resume")
+
+
+def test_export_refuses_a_pickled_callable(tmp_path):
+    marker = tmp_path / "ran"
+    path = hostile(tmp_path / "final.ckpt", marker)
+    refused(lambda: export_checkpoint(path, None, None, 4096, tmp_path / "hf_export"), marker, "export")
+    assert not (tmp_path / "hf_export").exists()
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ([1, 2, 3], "is not a checkpoint: it holds a list, not a dict"),
+        (torch.zeros(3), "is not a checkpoint: it holds a Tensor, not a dict"),
+    ],
+)
+def test_a_file_that_is_not_a_checkpoint_dict_is_named(tmp_path, content, needle):
+    path = tmp_path / "x.ckpt"
+    torch.save(content, path)
+    with pytest.raises(ConfigError, match=needle):
+        read(str(path))
+
+
+def test_random_bytes_are_not_a_checkpoint(tmp_path):
+    path = tmp_path / "x.ckpt"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(ConfigError, match="cannot read checkpoint"):
+        read(str(path))

@@ -1,0 +1,62 @@
+"""mode=sbatch: the job script rendered from the composed config and the command line."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import compose, run_cli
+from tinytrain.cluster.sbatch import render
+from tinytrain.errors import ConfigError
+from tinytrain.plan.validate import validate
+
+CHAT = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
+
+
+def directives(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_script_asks_for_what_the_plan_assumed(tmp_path):
+    overrides = ["mode=sbatch", "cluster=slurm", "cluster.nodes=2", "cluster.partition=a800", "cluster.cpus_per_task=12", "cluster.time=2:00:00", "parallel=ddp", CHAT, "hydra.run.dir=elsewhere"]
+    cfg = compose([o for o in overrides if not o.startswith("hydra.")])
+    script = render(cfg, overrides, tmp_path / "run", Path("/repo"), python="python")
+    assert directives(script)[1:] == [
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--cpus-per-task=12",
+        "--time=2:00:00",
+        "--signal=USR1@300",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={tmp_path / 'run'}/slurm-%j.out",
+        "--chdir=/repo",
+        "--partition=a800",
+    ]
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    argv = shlex.split(srun)
+    # The same overrides, quoted for the shell, training into the planned run directory.
+    assert argv[argv.index("tinytrain") + 1 :] == ["cluster=slurm", "cluster.nodes=2", "cluster.partition=a800", "cluster.cpus_per_task=12", "cluster.time=2:00:00", "parallel=ddp", CHAT, f"hydra.run.dir={tmp_path / 'run'}", "$@"]
+
+
+def test_sbatch_needs_cluster_slurm():
+    with pytest.raises(ConfigError) as e:
+        validate(compose(["mode=sbatch"]))
+    assert "cluster='local'" in str(e.value) and "add cluster=slurm" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate(compose(["mode=sbatch", "cluster=slurm", "parallel=ddp", "cluster.signal_delay_s=-1"]))
+    assert "cluster.signal_delay_s=-1" in str(e.value)
+
+
+def test_cli_writes_the_script_next_to_the_plan(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["mode=sbatch", "cluster=slurm", "cluster.devices=4", "parallel=ddp", "hardware.gpu=A800"], run_dir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run_dir / "plan.json").exists()
+    assert "world size 4 = tp 1 x dp 4" in r.stdout
+    assert f"sbatch {run_dir / 'job.sbatch'}" in r.stdout
+    script = (run_dir / "job.sbatch").read_text()
+    assert "--ntasks-per-node=4" in directives(script) and "mode=sbatch" not in script.split("#SBATCH")[-1]

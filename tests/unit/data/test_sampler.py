@@ -1,0 +1,143 @@
+"""The resumable batch sampler: epoch orders, sharding, length grouping, and a resumed Lightning run
+that continues exactly where the checkpoint was taken (nothing repeated, nothing skipped)."""
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from tinytrain.data.sampler import ResumableBatchSampler
+from tinytrain.train.callbacks.data_position import DataPosition
+
+
+def flat(batches):
+    return [i for b in batches for i in b]
+
+
+def consume(sampler):
+    """One pass as training sees it: every batch taken is trained on."""
+    batches = []
+    for b in sampler:
+        batches.append(b)
+        sampler.advance()
+    return batches
+
+
+def test_each_epoch_is_a_seeded_permutation():
+    s = ResumableBatchSampler(23, 4, seed=7)
+    epoch0 = consume(s)
+    assert len(epoch0) == len(s) == 5 and all(len(b) == 4 for b in epoch0)  # 23 // 4, last partial dropped
+    assert len(set(flat(epoch0))) == 20
+    assert list(ResumableBatchSampler(23, 4, seed=7)) == epoch0
+    assert list(ResumableBatchSampler(23, 4, seed=8)) != epoch0
+    assert list(s) == list(s)  # a pass that is not consumed does not move the position
+    epoch1 = consume(s)
+    assert s.epoch == 1 and epoch1 != epoch0 and epoch1 == ResumableBatchSampler(23, 4, seed=7).global_batches(1)
+
+
+def test_resume_continues_after_the_consumed_batches_despite_read_ahead():
+    s = ResumableBatchSampler(40, 4, seed=1)
+    full = list(s)
+    loader = DataLoader(range(40), batch_sampler=s, num_workers=2, prefetch_factor=4)
+    seen = []
+    for batch in loader:  # workers read ahead of what training consumed
+        seen.append(batch.tolist())
+        s.advance()
+        if len(seen) == 3:
+            state = s.state_dict()
+            break
+    resumed = ResumableBatchSampler(40, 4, seed=1)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert seen + rest == full
+    assert len(resumed) == len(full)  # the epoch's length, as Lightning counts resumed batches itself
+
+
+def test_ranks_get_disjoint_equal_shards_and_resume_on_another_world_size():
+    full = ResumableBatchSampler(50, 4, seed=3).global_batches(0)
+    shards = []
+    for rank in range(3):
+        s = ResumableBatchSampler(50, 4, seed=3)
+        s.set_shard(rank, 3)
+        shards.append(list(s))
+    assert [len(x) for x in shards] == [4, 4, 4]  # 12 batches of 4 fit, trimmed to a multiple of 3
+    assert sorted(flat(flat(shards))) == sorted(flat(full[:12]))
+    two = ResumableBatchSampler(50, 4, seed=3)
+    two.set_shard(0, 2)
+    two.advance()
+    two.advance()  # two steps on 2 ranks: 4 global batches
+    one = ResumableBatchSampler(50, 4, seed=3)
+    one.load_state_dict(two.state_dict())
+    assert list(one)[0] == full[4]
+
+
+def test_length_grouping_cuts_padding_and_puts_the_longest_first():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 500, size=1000).tolist()
+    grouped = list(ResumableBatchSampler(1000, 8, seed=0, lengths=lengths))
+    plain = list(ResumableBatchSampler(1000, 8, seed=0))
+    assert sorted(flat(grouped)) == list(range(1000))  # every sample once (1000 = 125 full batches)
+    padded = lambda batches: sum(len(b) * max(lengths[i] for i in b) for b in batches)  # noqa: E731
+    assert padded(grouped) < 0.7 * padded(plain)
+    assert max(lengths[i] for i in grouped[0]) == max(lengths)
+
+
+def test_a_position_at_the_end_of_an_epoch_continues_with_the_next():
+    s = ResumableBatchSampler(40, 4, seed=1)
+    s.load_state_dict({"epoch": 2, "consumed_batches": 3, "num_samples": 40, "batch_size": 4, "seed": 1})
+    assert len(consume(s)) == 7 and s.epoch == 2
+    s.load_state_dict({"epoch": 2, "consumed_batches": 10, "num_samples": 40, "batch_size": 4, "seed": 1})
+    assert list(s) == s.global_batches(3) and s.epoch == 3
+
+
+def test_position_for_other_data_restarts_the_epoch(caplog):
+    s = ResumableBatchSampler(40, 4, seed=1)
+    s.load_state_dict({"epoch": 1, "consumed_batches": 3, "num_samples": 99, "batch_size": 4, "seed": 1})
+    assert s.epoch == 1 and len(list(s)) == 10
+    assert "starting epoch 1 from its first batch" in caplog.text
+
+
+class Indices(Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(batch.flatten().int().tolist())
+        return (self.w * batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def run(tmp_path, max_steps, ckpt_path=None, every=None):
+    sampler = ResumableBatchSampler(10, 2, seed=5)  # 5 batches per epoch
+    module = Recorder()
+    callbacks = [DataPosition(sampler)]
+    if every:
+        callbacks.append(pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=every, save_top_k=-1, filename="{step}"))
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=max_steps, callbacks=callbacks, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=bool(every), use_distributed_sampler=False, default_root_dir=tmp_path,
+    )
+    loader = DataLoader(Indices(), batch_sampler=sampler, num_workers=0)
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return module.seen
+
+
+def test_a_resumed_lightning_run_neither_repeats_nor_skips(tmp_path):
+    uninterrupted = run(tmp_path / "a", max_steps=12)
+    assert len(uninterrupted) == 12  # crosses two epoch boundaries
+    run(tmp_path / "b", max_steps=12, every=1)
+    for step in (3, 5, 9, 10):  # mid-epoch, and at the end of an epoch (5 batches per epoch)
+        resumed = run(tmp_path / f"c{step}", max_steps=12, ckpt_path=tmp_path / "b" / f"step={step}.ckpt")
+        assert resumed == uninterrupted[step:], step

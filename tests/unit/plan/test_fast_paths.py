@@ -1,0 +1,81 @@
+"""liger-kernel as a fast path: chosen where it can run (a CUDA GPU, installed, not fsdp_tp), with
+its reason; never on a CPU; its fused loss replaces the chunked loss except under ZeRO-3. Its
+numerics against the plain loss run where a GPU and liger-kernel are (marker `gpu`)."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tinytrain.config.schema import Strategy
+from tinytrain.errors import ConfigError
+from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
+from tinytrain.plan.hardware import CPU, lookup_gpu
+
+
+def trainer(**kw):
+    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
+
+
+@pytest.mark.parametrize("gpu", ["V100", "T4", "A800", "H100"])
+@pytest.mark.parametrize("installed", [True, False])
+def test_liger_where_installed_on_any_cuda_gpu(gpu, installed):
+    on_gpu = not lookup_gpu(gpu).is_cpu  # Triton runs from compute capability 7.0: V100 and T4 too
+    f = select_fast_paths(trainer(), Strategy.single, on_gpu, 128256, liger_available=installed)
+    assert (f.liger, f.liger_loss) == (installed, installed)
+    assert f.loss_chunk_tokens == (0 if installed else 1024)  # the fused loss never builds logits
+    assert ("fused linear cross-entropy" if installed else "not installed") in f.reasons["liger"]
+
+
+def test_never_on_cpu_and_an_explicit_request_there_is_an_error():
+    f = select_fast_paths(trainer(), Strategy.single, not CPU().is_cpu, 128256, liger_available=True)
+    assert not f.liger and not f.liger_loss and f.reasons["liger"].startswith("off: CPU")
+    assert f.loss_chunk_tokens == 1024  # the chunked loss stays for CPU
+    with pytest.raises(ConfigError, match=r"trainer.liger=True: liger-kernel cannot run here \(CPU"):
+        select_fast_paths(trainer(liger=True), Strategy.single, False, 4096, liger_available=True)
+
+
+def test_fsdp_tp_keeps_neither_and_zero3_keeps_the_kernels_but_not_the_fused_loss():
+    f = select_fast_paths(trainer(), Strategy.fsdp_tp, True, 128256, liger_available=True)
+    assert (f.liger, f.liger_loss, f.loss_chunk_tokens) == (False, False, 0)
+    with pytest.raises(ConfigError, match="fsdp_tp"):
+        select_fast_paths(trainer(liger=True), Strategy.fsdp_tp, True, 4096, liger_available=True)
+    z3 = select_fast_paths(trainer(), Strategy.deepspeed, True, 128256, liger_available=True, zero_stage=3)
+    assert (z3.liger, z3.liger_loss, z3.loss_chunk_tokens) == (True, False, 1024) and "ZeRO-3" in z3.reasons["liger"]
+    z2 = select_fast_paths(trainer(), Strategy.deepspeed, True, 32000, liger_available=True, zero_stage=2)
+    assert (z2.liger, z2.liger_loss) == (True, True)
+
+
+def test_switched_off_or_required():
+    assert not select_fast_paths(trainer(liger=False), Strategy.single, True, 4096, liger_available=True).liger
+    required = select_fast_paths(trainer(liger=True), Strategy.single, True, 4096, liger_available=False)
+    assert required.liger and "not installed on this machine" in required.reasons["liger"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not liger_installed(), reason="needs a CUDA GPU and liger-kernel (pip install -e '.[gpu]')")
+def test_liger_fused_loss_and_kernels_match_the_plain_path():
+    from tests.unit.data.test_packing import tiny_llama
+    from tinytrain.config.schema import Arch
+    from tinytrain.model.liger import apply_kernels, fused_linear_cross_entropy
+    from tinytrain.model.module import causal_lm_loss
+
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
+    weight = torch.randn(4160, 256, device="cuda", requires_grad=True)  # 4096 true rows + padding
+    labels = torch.randint(0, 4096, (4, 64), device="cuda")
+    labels[:, ::7] = -100
+    fused = fused_linear_cross_entropy(hidden, weight, labels, 4096)
+    plain = causal_lm_loss(hidden @ weight.T, labels, 4096)
+    torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-4)
+    g_fused = torch.autograd.grad(fused, (hidden, weight))
+    g_plain = torch.autograd.grad(plain, (hidden, weight))
+    for a, b in zip(g_fused, g_plain):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+    assert g_fused[1][4096:].abs().max() == 0  # padded rows get no gradient
+
+    ids = torch.randint(0, 4096, (2, 32), device="cuda")
+    model = tiny_llama("sdpa").cuda()
+    with torch.no_grad():
+        plain_logits = model(input_ids=ids).logits
+        apply_kernels(model, Arch.llama)  # RoPE is patched module-wide: plain logits come first
+        torch.testing.assert_close(model(input_ids=ids).logits, plain_logits, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,40 @@
+"""metrics.csv on resume: the rows up to the checkpoint's step stay, the rows of steps trained
+again are replaced, and a column that appears later extends the header over the old rows."""
+
+import csv
+
+from tinytrain.train.metrics_csv import ResumableCSVLogger
+
+
+def rows(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_resumed_run_continues_the_file(tmp_path):
+    first = ResumableCSVLogger(tmp_path, resume_step=None)
+    for step in range(6):  # a run that trained 6 steps, checkpointed at step 4, then was killed
+        first.log_metrics({"loss": 10.0 - step}, step=step)
+    first.log_metrics({"val_loss": 7.5}, step=3)
+    assert len(rows(tmp_path / "metrics.csv")) == 7  # written as it goes: a SIGKILL loses nothing
+
+    resumed = ResumableCSVLogger(tmp_path, resume_step=4)
+    resumed.log_metrics({"loss": 5.5, "loss_scale": 1024.0}, step=4)
+    resumed.log_metrics({"loss": 4.5, "loss_scale": 1024.0}, step=5)
+    got = rows(tmp_path / "metrics.csv")
+    assert [(r["step"], r["loss"], r["val_loss"], r["loss_scale"]) for r in got] == [
+        ("0", "10.0", "", ""),
+        ("1", "9.0", "", ""),
+        ("2", "8.0", "", ""),
+        ("3", "7.0", "", ""),
+        ("3", "", "7.5", ""),
+        ("4", "5.5", "", "1024.0"),
+        ("5", "4.5", "", "1024.0"),
+    ]
+
+
+def test_a_fresh_run_starts_a_new_file(tmp_path):
+    (tmp_path / "metrics.csv").write_text("loss,step\n1.0,0\n")
+    fresh = ResumableCSVLogger(tmp_path, resume_step=None)
+    fresh.log_metrics({"loss": 2.0}, step=0)
+    assert [r["loss"] for r in rows(tmp_path / "metrics.csv")] == ["2.0"]

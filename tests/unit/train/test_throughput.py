@@ -1,0 +1,121 @@
+"""FLOPs accounting (hand counts), MFU's peak selection, fast-path choice and the chunked loss."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tinytrain.config.schema import Strategy
+from tinytrain.model.chunked_loss import chunked_lm_loss
+from tinytrain.model.module import causal_lm_loss
+from tinytrain.plan.fast_paths import select_fast_paths
+from tinytrain.plan.flops import (
+    batch_flops,
+    matmul_parameters,
+    sum_squared_document_lengths,
+)
+from tinytrain.plan.hardware import CPU, gpu_from_device_name, lookup_gpu
+from tinytrain.plan.model_shape import ModelShape, parameter_count
+from tinytrain.plan.precision import Dtype
+from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
+
+SMALL = ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, intermediate=16, vocab=32, tied_embeddings=False, qkv_bias=False)
+
+
+def test_parameter_count_by_hand():
+    # embedding 32x8 = 256; per layer q 8x8 = 64, k and v 8x4 = 32 each, o 64, MLP 3x8x16 = 384,
+    # two norms 16 -> 592; two layers 1184; final norm 8; lm_head 256.
+    assert parameter_count(SMALL) == 256 + 1184 + 8 + 256 == 1704
+    assert matmul_parameters(SMALL) == 1704 - 256  # the embedding lookup is not a matmul
+
+
+def test_batch_flops_by_hand():
+    # 2 sequences of 5 tokens: 6 x 1448 x 10 + 12 x layers 2 x heads 2 x head_dim 4 x (25 + 25)
+    assert batch_flops(SMALL, tokens=10, sum_squared_lengths=50) == 86_880 + 9_600
+
+
+def test_packed_batches_use_squared_document_lengths():
+    position_ids = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
+    assert sum_squared_document_lengths(position_ids) == (9 + 4) + 25
+
+
+def test_peak_by_precision_and_graceful_omission():
+    h100 = lookup_gpu("H100")
+    assert peak_tflops(h100, Dtype.bf16)[0] == 989.0
+    assert peak_tflops(lookup_gpu("V100"), Dtype.fp16)[0] == 125.0
+    assert peak_tflops(lookup_gpu("A800"), Dtype.bf16)[0] == 312.0
+    for hw, precision, why in [
+        (gpu_from_device_name("NVIDIA Future 9000", (10, 0)), Dtype.bf16, "not in the hardware table"),
+        (CPU(), Dtype.fp32, "CPU"),
+        (h100, Dtype.fp32, "fp32"),
+    ]:
+        peak, note = peak_tflops(hw, precision)
+        assert peak is None and why in note
+        monitor = ThroughputMonitor(SMALL, peak, note)
+        monitor.run_tokens, monitor.run_flops, monitor.run_seconds = 100, 1e6, 1.0
+        assert monitor.summary() == {"tokens_per_s_per_device": 100.0, "mfu": None, "note": note}
+
+
+def trainer(**kw):
+    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
+
+
+@pytest.mark.parametrize(
+    "strategy, on_gpu, vocab, fused, chunk",
+    [
+        (Strategy.single, True, 32000, True, 0),
+        (Strategy.ddp, True, 128256, True, 1024),
+        (Strategy.single, False, 128256, False, 1024),
+        (Strategy.deepspeed, True, 128256, False, 1024),
+        (Strategy.fsdp_tp, True, 128256, False, 0),
+        (Strategy.single, False, 4096, False, 0),
+    ],
+)
+def test_fast_path_selection(strategy, on_gpu, vocab, fused, chunk):
+    f = select_fast_paths(trainer(), strategy, on_gpu, vocab)
+    assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, False, False)
+    assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing", "liger"}
+    assert not f.liger  # liger-kernel is not installed here (tests/unit/plan/test_fast_paths.py covers it)
+
+
+def test_fast_path_overrides():
+    f = select_fast_paths(trainer(compile=True, activation_checkpointing=True, loss_chunk_tokens=256), Strategy.single, False, 4096)
+    assert (f.compile, f.activation_checkpointing, f.loss_chunk_tokens) == (True, True, 256)
+    assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, True, 128256).loss_chunk_tokens == 0
+    assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, True, 128256).loss_chunk_tokens == 0
+
+
+def test_chunked_loss_equals_full_loss_and_gradients():
+    torch.manual_seed(0)
+    true_vocab, padded, hidden = 100, 128, 16
+    h = torch.randn(3, 7, hidden, requires_grad=True)
+    w = torch.randn(padded, hidden, requires_grad=True)
+    labels = torch.randint(0, true_vocab, (3, 7))
+    labels[0, :2] = -100
+    full = causal_lm_loss(h @ w.T, labels, true_vocab)
+    full.backward()
+    grads = h.grad.clone(), w.grad.clone()
+    h.grad, w.grad = None, None
+    chunked = chunked_lm_loss(h, w, labels, true_vocab, chunk_tokens=4)
+    chunked.backward()
+    torch.testing.assert_close(chunked, full)
+    torch.testing.assert_close(h.grad, grads[0])
+    torch.testing.assert_close(w.grad, grads[1])
+    assert torch.all(w.grad[true_vocab:] == 0)  # padding rows get no gradient
+
+
+def test_packed_sft_rows_count_no_padding():
+    import numpy as np
+
+    from tinytrain.data.collate import PaddedCollator
+    from tinytrain.data.packing import PackedSamples
+    from tinytrain.data.sft import SftSample
+    from tinytrain.train.callbacks.throughput import batch_tokens_and_squares
+
+    lengths = [9, 5, 12, 3, 7]  # rows of capacity 16: [12, 3], [9, 7], [5] -> padded to width 16
+    samples = [SftSample(np.arange(n) + 5, np.full(n, -100)) for n in lengths]
+    rows = PackedSamples(samples, capacity=16)
+    batch = PaddedCollator(pad_id=0, multiple=8)([rows[i] for i in range(len(rows))])
+    assert batch["input_ids"].shape == (3, 16)
+    tokens, squares = batch_tokens_and_squares(batch)
+    assert tokens == sum(lengths) == 36  # not 3 x 16 = 48
+    assert squares == sum(n * n for n in lengths)

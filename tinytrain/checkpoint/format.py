@@ -1,0 +1,64 @@
+"""Checkpoint vocab handling: gather, then unpad; re-pad for the current tp on load.
+
+Checkpoints hold full (gathered) tensors with exactly `true_vocab` rows in the embedding and
+lm_head, plus the metadata to check them against a later run: true and padded vocab, the
+multiple and tp used, and the tokenizer fingerprint. Unpadding happens after gathering on
+purpose: a tp shard of a padded table is a contiguous slice of rows, and trimming shards before
+the gather drops real rows and shifts the rest (tests/integration/test_tensor_parallel.py shows it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tinytrain.checkpoint.safe_load import load_file
+from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+# Lightning prefixes the HF model's parameter names with the LightningModule attribute.
+MODULE_PREFIX = "model."
+
+
+def vocab_param_names(model) -> list[str]:
+    """Names (in `model.state_dict()`) of the input embedding and lm_head weights."""
+    wanted = {id(model.get_input_embeddings()): "input", id(model.get_output_embeddings()): "output"}
+    names = [f"{name}.weight" for name, module in model.named_modules() if id(module) in wanted]
+    return sorted(set(names))
+
+
+def unpad_vocab(state_dict: dict, names: list[str], true_vocab: int) -> None:
+    for name in names:
+        if name in state_dict and state_dict[name].shape[0] > true_vocab:
+            state_dict[name] = unpad_rows(state_dict[name], true_vocab).clone()
+
+
+def repad_vocab(state_dict: dict, names: list[str], padded: int) -> None:
+    """Padding rows are zeros: their logits are sliced off before the loss and never sampled."""
+    for name in names:
+        w = state_dict[name]
+        if w.shape[0] < padded:
+            pad = torch.zeros(padded - w.shape[0], *w.shape[1:], dtype=w.dtype)
+            state_dict[name] = torch.cat([w, pad])
+
+
+def read(path: str, key: str = "checkpoint.init_from") -> dict:
+    """The checkpoint, memory-mapped (tensors are read when touched), loaded without running code
+    from it (safe_load.py). `key` names the setting that pointed at it in the error."""
+    return load_file(path, key)
+
+
+def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
+    meta = ckpt.get("tinytrain")
+    if meta is None:
+        raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
+    return meta
+
+
+def unpad_rows(tensor, true_vocab: int):
+    """First `true_vocab` rows of an embedding or lm_head weight (a full, gathered tensor)."""
+    if tensor.shape[0] < true_vocab:
+        raise ValueError(f"tensor has {tensor.shape[0]} rows, fewer than the true vocab {true_vocab}")
+    return tensor[:true_vocab]

@@ -1,0 +1,88 @@
+"""Resume on disk: a checkpoint's top-level state read safely (a file, or DeepSpeed's folder),
+the newest one that loads, and the housekeeping after interrupted saves. Which checkpoint a run
+continues from is decided by the plan (tinytrain/plan/start_points.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tinytrain.checkpoint.files import is_temp, remove, step_checkpoints
+from tinytrain.checkpoint.format import read
+from tinytrain.checkpoint.safe_load import (
+    check_deepspeed_folder,
+    deepspeed_globals,
+    load_file,
+)
+from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+AUTO, NEVER = "auto", "never"
+# DeepSpeed saves a folder (Lightning's tag "checkpoint"); its client state (step, tinytrain
+# metadata) is in rank 0's model-states file: one per model-parallel rank under ZeRO-1/2, one
+# per data-parallel rank under ZeRO-3.
+DEEPSPEED_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def read_state(path: Path, key: str = "resume") -> dict:
+    """The checkpoint's top-level dict (global_step, tinytrain metadata, ...), memory-mapped and
+    read without running code from it; a DeepSpeed folder has each file checked first, since
+    DeepSpeed's own loader unpickles anything."""
+    if path.is_dir():
+        check_deepspeed_folder(path, key)
+        return load_file(deepspeed_state_file(path), key, deepspeed_globals())
+    return read(str(path), key)
+
+
+def deepspeed_state_file(folder: Path) -> Path:
+    """The file of a DeepSpeed checkpoint folder that holds its client state (the first
+    candidate when none exists, so the error names a file that should be there)."""
+    candidates = [folder / "checkpoint" / name for name in DEEPSPEED_STATE_FILES]
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
+def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]] | None:
+    """The newest step checkpoint that loads, its state, and the newer ones that did not."""
+    skipped = []
+    for _, path in step_checkpoints(directory):
+        try:
+            return path, read_state(path), skipped
+        except ConfigError as e:
+            why = e.problems[0].message
+            log.warning("resume=auto: %s does not load (%s); trying the one before", path.name, why)
+            skipped.append((path, why))
+    if skipped:
+        # Starting over would silently throw the run away; this needs a person.
+        raise ConfigError(
+            Problem(
+                "resume",
+                AUTO,
+                f"no step checkpoint in {directory} loads ({skipped[0][0].name}: {skipped[0][1]})",
+                "point resume=<path> at a checkpoint that loads, or start over in a new directory (run.name=<new>)",
+            )
+        )
+    return None
+
+
+def set_aside(unreadable: list[tuple[Path, str]]) -> list[Path]:
+    """Rename checkpoints that did not load out of the step-name pattern (kept for inspection), so
+    neither pruning nor a later resume mistakes them for this run's newest."""
+    moved = []
+    for path, _ in unreadable:
+        target = path.with_name(path.name + ".unreadable")
+        if path.exists():
+            path.replace(target)
+            moved.append(target)
+    return moved
+
+
+def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
+    """Remove the temp files (or DeepSpeed temp folders) of saves a killed process never finished."""
+    if not checkpoint_dir.is_dir():
+        return []
+    removed = []
+    for path in sorted(p for p in checkpoint_dir.iterdir() if is_temp(p)):
+        remove(path)
+        removed.append(path)
+    return removed

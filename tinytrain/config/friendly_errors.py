@@ -1,0 +1,95 @@
+"""Turns Hydra / OmegaConf composition errors into one paragraph: key, value, fix.
+
+Anything not recognised here is a bug, not a user error, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+from tinytrain.errors import ConfigError
+
+HINT = "(set HYDRA_FULL_ERROR=1 for the traceback)"
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _override_for(full_key: str, argv: list[str]) -> str | None:
+    for arg in argv:
+        if arg.lstrip("+~").split("=", 1)[0] == full_key:
+            return arg
+    return None
+
+
+def _schema_fields(full_key: str) -> list[str]:
+    """Valid keys next to `full_key` (e.g. model.hiden_size -> ModelConfig's fields)."""
+    from tinytrain.config.schema import Config
+
+    node = Config
+    for part in full_key.split(".")[:-1]:
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            return []
+        node = fields[part].default_factory if fields[part].default_factory is not dataclasses.MISSING else None
+        if node is None or not dataclasses.is_dataclass(node):
+            return []
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0]
+
+
+def friendly_message(e: BaseException, argv: list[str]) -> str | None:
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    chain = list(_chain(e))
+    for err in chain:
+        if isinstance(err, ConfigError):
+            return f"{err.render()}\n{HINT}"
+    head = chain[0]
+    if isinstance(head, MissingConfigException) and head.missing_cfg_file and "/" in head.missing_cfg_file:
+        group, option = head.missing_cfg_file.rsplit("/", 1)
+        options = head.options or []
+        return (
+            f"tinytrain: configuration error: {group}={option}: no such option in config group '{group}'."
+            f"{_did_you_mean(option, options)} Available: {', '.join(options)}. "
+            f"Fix: pick one of those, or add conf/{group}/{option}.yaml. {HINT}"
+        )
+    if isinstance(head, OverrideParseException):
+        return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"
+    if isinstance(head, ConfigCompositionException):
+        for err in chain:
+            full_key = getattr(err, "full_key", None)
+            if not full_key:
+                continue
+            override = _override_for(full_key, argv) or full_key
+            if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
+                valid = _schema_fields(full_key)
+                leaf = full_key.rsplit(".", 1)[-1]
+                hint = _did_you_mean(leaf, valid)
+                listing = f" Valid keys there: {', '.join(valid)}." if valid else ""
+                return f"tinytrain: configuration error: {override}: '{full_key}' is not a config key.{hint}{listing} Fix: correct the key's spelling. {HINT}"
+            if isinstance(err, ValidationError) and "expected one of" in err.msg:
+                return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: use one of those values. {HINT}"
+            if isinstance(err, ValidationError):
+                return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
+        return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"
+    return None

@@ -1,0 +1,64 @@
+"""Model construction from config: Hugging Face Llama-family classes, no parallelism, no dtype.
+
+Strategy code applies parallelism and precision; this module only knows architecture.
+"""
+
+from __future__ import annotations
+
+from tinytrain.checkpoint.pretrained import pretrained_config
+from tinytrain.config.schema import Arch
+from tinytrain.plan.attention import AttentionChoice
+
+
+def hf_config(model_cfg, vocab_size: int, tokenizer):
+    """A transformers config for `model_cfg` with `vocab_size` (padded) rows."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_kv_heads,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        rms_norm_eps=model_cfg.rms_norm_eps,
+        initializer_range=model_cfg.initializer_range,
+        tie_word_embeddings=model_cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": float(model_cfg.rope_theta)},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        # With the KV cache on, packed documents silently attend to each other: training never uses it.
+        use_cache=False,
+    )
+    if model_cfg.arch == Arch.qwen2:
+        return Qwen2Config(**common)
+    return LlamaConfig(**common, attention_bias=model_cfg.attention_bias)
+
+
+def model_config(model_cfg, plan, tokenizer):
+    """The transformers config the run trains: model.pretrained's own, or one from the model
+    group; either way with the plan's padded vocab and without the KV cache."""
+    if model_cfg.pretrained:
+        config = pretrained_config(model_cfg.pretrained)
+        config.vocab_size = plan.vocab.padded
+    else:
+        config = hf_config(model_cfg, plan.vocab.padded, tokenizer)
+    config.use_cache = False
+    return config
+
+
+def build_model(model_cfg, config, attention: AttentionChoice):
+    """Real weights: from config (pretraining) or from a local pretrained folder (fine-tuning),
+    with embedding and lm_head resized to config.vocab_size (the padded size)."""
+    from transformers import AutoModelForCausalLM
+
+    if model_cfg.pretrained:
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation)
+        if model.get_input_embeddings().weight.shape[0] != config.vocab_size:
+            # New rows get the mean of the old ones (transformers' mean_resizing).
+            model.resize_token_embeddings(config.vocab_size, mean_resizing=True)
+        model.config.use_cache = False
+        return model
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention.implementation)

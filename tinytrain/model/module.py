@@ -1,0 +1,190 @@
+"""The LightningModule: a Hugging Face causal LM, a loss over the true vocab, AdamW + schedule."""
+
+from __future__ import annotations
+
+import math
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
+from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_names
+from tinytrain.model.chunked_loss import chunked_lm_loss
+from tinytrain.model.grad_norm import clip_grad_norm
+from tinytrain.model.guard_report import deepspeed_engine
+from tinytrain.model.packed_attention import flatten_for_flash, is_flash
+
+# Batch keys handed to the model; data/collate.py and data/packing.py produce them.
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:
+    """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored). Padded vocab
+    rows (ids >= true_vocab) are sliced off, so they can never take probability mass."""
+    logits = logits[..., :true_vocab]
+    return F.cross_entropy(logits.reshape(-1, true_vocab).float(), labels.reshape(-1), ignore_index=-100)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on norms, biases and embeddings (1-D or embedding tables)."""
+    decay, no_decay = [], []
+    embeddings = {id(model.get_input_embeddings().weight)}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class CausalLMModule(pl.LightningModule):
+    """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
+    code, tinytrain/model/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
+    `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
+    `for_plan`; the keywords are for tests and benchmarks that need one piece."""
+
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
+        super().__init__()
+        self.model = model
+        self.t = trainer_cfg
+        self.true_vocab = true_vocab
+        self.checkpoint_metadata = checkpoint_metadata
+        self.parallelize = parallelize
+        self.clip_in_module = clip_in_module
+        self.cpu_adam = cpu_adam
+        self.fused_adamw = fused_adamw
+        self.loss_chunk_tokens = loss_chunk_tokens
+        self.liger_loss = liger_loss
+        self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
+        # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
+        # clipping needs no second pass over the gradients; used once.
+        self.measured_grad_norm: torch.Tensor | None = None
+
+    @classmethod
+    def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan) -> CausalLMModule:
+        from tinytrain.config.schema import Strategy
+
+        strategy, fast = plan.parallel.strategy, plan.fast_paths
+        parallelize = None
+        if strategy == Strategy.fsdp_tp:
+            from tinytrain.model.tensor_parallel import parallelize
+        return cls(
+            model,
+            trainer_cfg=trainer_cfg,
+            true_vocab=plan.vocab.true,
+            checkpoint_metadata=plan.checkpoint_metadata(),
+            parallelize=parallelize,
+            clip_in_module=strategy != Strategy.deepspeed,
+            cpu_adam=strategy == Strategy.deepspeed and plan.parallel.offload_optimizer,
+            fused_adamw=fast.fused_adamw,
+            loss_chunk_tokens=fast.loss_chunk_tokens,
+            liger_loss=fast.liger_loss,
+        )
+
+    def remember_grad_norm(self, total: torch.Tensor) -> None:
+        self.measured_grad_norm = total
+
+    def configure_model(self):
+        if self.parallelize is not None and not getattr(self, "_parallelized", False):
+            self.parallelize(self.model, self.device_mesh)
+            self._parallelized = True
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor:
+        logits = self.model(**self.model_kwargs(input_ids, attention_mask, position_ids, cu_seq_lens, max_length)).logits
+        return logits.view(*input_ids.shape, -1) if logits.shape[0] != input_ids.shape[0] else logits
+
+    def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
+        # position_ids restarting per document isolate packed documents; with use_cache on (or an
+        # attention_mask alongside), transformers would let them attend to each other. On
+        # flash-attn the rows go in as one flattened row with the boundaries (packed_attention.py).
+        if position_ids is not None and attention_mask is None and is_flash(self.model):
+            return {**flatten_for_flash(input_ids, position_ids, cu_seq_lens, max_length), "use_cache": False}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": False}
+
+    def batch_loss(self, batch: dict) -> torch.Tensor:
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        if self.loss_chunk_tokens or self.liger_loss:
+            # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
+            hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
+            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for flash-attn
+            weight = self.model.get_output_embeddings().weight
+            if self.liger_loss:
+                from tinytrain.model.liger import fused_linear_cross_entropy
+
+                return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
+            return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
+        return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.batch_loss(batch)
+        self.log("loss", loss, prog_bar=True)
+        self.log("lr", self.lr_schedulers().get_last_lr()[0])
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.clip_in_module:
+            return
+        # DeepSpeed clips inside its engine; report the norm it measured (pre-clip).
+        engine = deepspeed_engine(self.trainer)
+        norm = engine.get_global_grad_norm() if engine is not None else None
+        if norm is not None:
+            self.log("grad_norm", float(norm))
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        # DeepSpeed skips a step whose fp16 gradients overflowed (and halves the loss scale); the
+        # schedule waits with it, as DeepSpeed's own scheduler handling does. Lightning would step it.
+        engine = deepspeed_engine(self.trainer)
+        if engine is not None and not engine.was_step_applied():
+            return
+        scheduler.step()
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.batch_loss(batch)
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
+        # (after loss-scale unscaling under fp16).
+        if not self.clip_in_module:
+            return
+        max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
+        measured, self.measured_grad_norm = self.measured_grad_norm, None
+        self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm, measured))
+
+    def configure_optimizers(self):
+        t = self.t
+        groups = param_groups(self.model, t.weight_decay)
+        if self.cpu_adam:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
+        else:
+            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=self.fused_adamw or None)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, t.warmup_steps, t.max_steps, t.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The strategy has already gathered full tensors (only rank 0 holds them under
+        # fsdp_tp); unpadding comes second, so no shard loses rows.
+        unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
+        checkpoint["tinytrain"] = dict(self.checkpoint_metadata)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning resumes load weights after this hook (single, ddp): re-pad for this run.
+        # fsdp_tp loads them in the strategy, which re-pads first (strategy.py) and leaves no state_dict.
+        if "state_dict" in checkpoint:
+            self.repad_state_dict(checkpoint["state_dict"])
+
+    def repad_state_dict(self, state_dict: dict) -> None:
+        """Checkpoints hold len(tokenizer) vocab rows; this run's tables have the padded count."""
+        padded = self.model.get_input_embeddings().weight.shape[0]  # the global shape, also when sharded
+        if all(name in state_dict for name in self.vocab_names):
+            repad_vocab(state_dict, self.vocab_names, padded)

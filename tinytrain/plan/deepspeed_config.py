@@ -1,0 +1,162 @@
+"""The DeepSpeed config, generated from the composed config (no hand-kept JSON to drift).
+
+Batch sizes come from the batch plan, the precision block from the precision decision (the fp16
+block is the loss-scale policy's own mapping), ZeRO stage and offload from `parallel`.
+`parallel.deepspeed_overrides` merges on top; the result is checked by DeepSpeed's own config
+class, plus the checks DeepSpeed does not make (unknown top-level keys, gradient_clipping type).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.layout import BatchPlan
+from tinytrain.plan.precision import Dtype, PrecisionDecision
+
+OVERRIDES_KEY = "parallel.deepspeed_overrides"
+
+
+def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:
+    zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+    if parallel_cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if parallel_cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if parallel_cfg.zero_stage == 3:
+        # Lets a stage-3 checkpoint be turned into one full state dict (export, TP-free reload).
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    ds = {
+        "train_micro_batch_size_per_gpu": batch.micro_batch_size,
+        "gradient_accumulation_steps": batch.accumulate_grad_batches,
+        "train_batch_size": batch.global_batch_size,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,  # tinytrain logs metrics itself
+        "wall_clock_breakdown": False,
+    }
+    if precision.dtype is Dtype.bf16:
+        ds["bf16"] = {"enabled": True}
+    elif precision.is_fp16:
+        ds["fp16"] = precision.loss_scale.to_deepspeed()
+    if parallel_cfg.offload_optimizer:
+        # Lightning builds the optimizer from configure_optimizers; with offload it must be
+        # DeepSpeed's CPU Adam (the module picks it), which DeepSpeed otherwise insists on too.
+        ds["zero_force_ds_cpu_optimizer"] = True
+    return ds
+
+
+def for_lightning(ds: dict) -> dict:
+    """The config handed to Lightning's DeepSpeedStrategy: Lightning sets
+    gradient_accumulation_steps itself (from Trainer.accumulate_grad_batches) and refuses a
+    config that has it, so the strategy gets a copy without it. deepspeed_config.json keeps it:
+    it is what DeepSpeed runs with."""
+    return {k: copy.deepcopy(v) for k, v in ds.items() if k != "gradient_accumulation_steps"}
+
+
+def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    items = []
+    for key, value in d.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            items += flatten(value, path)
+        else:
+            items.append((path, value))
+    return items
+
+
+def set_path(d: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        if not isinstance(d.get(part), dict):
+            d[part] = {}
+        d = d[part]
+    d[leaf] = value
+
+
+def merge_overrides(base: dict, overrides: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for path, value in flatten(overrides):
+        set_path(merged, path, value)
+    return merged
+
+
+class _TrackingDict(dict):
+    """Records which top-level keys DeepSpeed's config class reads, to find the ones it ignores."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def deepspeed_problem(ds: dict, data_parallel: int) -> tuple[str, str] | None:
+    """(what is wrong, DeepSpeed's message) or None. DeepSpeed's class sees a world of one
+    process without a process group, so it checks the per-process batch; tinytrain checked the
+    global arithmetic already."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    per_process = dict(ds)
+    if isinstance(ds.get("train_batch_size"), int) and data_parallel > 1:
+        if ds["train_batch_size"] % data_parallel:
+            return "train_batch_size", f"{ds['train_batch_size']} is not divisible by the data-parallel size {data_parallel}"
+        per_process["train_batch_size"] = ds["train_batch_size"] // data_parallel
+    clip = ds.get("gradient_clipping", 0.0)
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
+        return "gradient_clipping", f"must be a non-negative number, got {clip!r}"
+    tracking = _TrackingDict(per_process)
+    try:
+        DeepSpeedConfig(tracking)
+    except Exception as e:  # noqa: BLE001 - DeepSpeed raises AssertionError, ValueError, pydantic errors
+        return "config", " ".join(str(e).split())[:400]
+    ignored = sorted(set(per_process) - tracking.read)
+    if ignored:
+        close = difflib.get_close_matches(ignored[0], sorted(tracking.read), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return ignored[0], f"unknown top-level key '{ignored[0]}': DeepSpeed would silently ignore it{hint}"
+    return None
+
+
+def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:
+    """The validated DeepSpeed config for this run, overrides applied."""
+    base = generate(parallel_cfg, batch, precision, grad_clip)
+    if (problem := deepspeed_problem(base, batch.data_parallel)) is not None:
+        raise ConfigError(Problem("parallel", parallel_cfg.name, f"generated DeepSpeed config rejected: {problem[1]}", "report this as a tinytrain bug"))
+    from omegaconf import DictConfig, OmegaConf
+
+    overrides = parallel_cfg.deepspeed_overrides
+    if isinstance(overrides, DictConfig):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    # Apply one leaf at a time so the error names the override that broke it.
+    current = base
+    for path, value in flatten(overrides):
+        candidate = merge_overrides(current, _nest(path, value))
+        if (problem := deepspeed_problem(candidate, batch.data_parallel)) is not None:
+            raise ConfigError(
+                Problem(
+                    f"{OVERRIDES_KEY}.{path}",
+                    value,
+                    f"DeepSpeed rejects the config with this override: {problem[1]}",
+                    f"fix or remove {OVERRIDES_KEY}.{path}; the generated config without overrides is in plan.json ('deepspeed')",
+                )
+            )
+        current = candidate
+    return current
+
+
+def _nest(dotted: str, value) -> dict:
+    out: dict = {}
+    set_path(out, dotted, value)
+    return out

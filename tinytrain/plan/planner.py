@@ -1,0 +1,97 @@
+"""The planning stage: a validated config and its tokenizer -> the frozen RunPlan.
+
+Each derived value is decided here once, by the module that owns it: hardware, precision and
+vocab (resolve.py), world size and batch (layout.py), attention (attention.py), model shape and
+memory, fast paths, the DeepSpeed config, where the run starts (start_points.py) and the
+preflight checks (preflight.py). Nothing here allocates weights or imports Lightning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tinytrain.cluster.slurm import current_task
+from tinytrain.config.schema import PLANNING_MODES, Strategy
+from tinytrain.data.tokenizer import fingerprint
+from tinytrain.plan import resolve
+from tinytrain.plan.attention import choose_attention, flash_attn_installed
+from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
+from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
+from tinytrain.plan.memory import activation_memory, model_state_memory, plan_memory
+from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
+from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
+from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.preflight.checks import run as run_preflight
+
+
+def make_plan(cfg, tokenizer, run_dir: Path) -> RunPlan:
+    """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from."""
+    hardware = resolve.effective_hardware(cfg)
+    precision = resolve.precision_decision(cfg, hardware)
+    vocab = resolve.vocab_plan(cfg, len(tokenizer))
+    world = world_size(cfg)
+    batch, _ = batch_layout(cfg, world)  # its problems were validate's to report
+    tokenizer_fingerprint = fingerprint(tokenizer)
+    attention = choose_attention(cfg.model.attention, flash_attn_installed(), hardware)
+    pretrained = None
+    if cfg.model.pretrained:
+        from tinytrain.checkpoint.pretrained import pretrained_config
+
+        pretrained = pretrained_config(cfg.model.pretrained)
+        shape = shape_from_hf(pretrained, vocab.padded)
+    else:
+        shape = shape_from_config(cfg.model, vocab.padded)
+    par = cfg.parallel
+    deepspeed = None
+    if par.strategy == Strategy.deepspeed:
+        from tinytrain.plan import deepspeed_config
+
+        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
+    # In this order, so the first error met is the one reported (as a run would meet them).
+    init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name)
+    preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
+    params = parameter_count(shape)
+    states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
+    flash = attention.implementation == "flash_attention_2"
+    activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, batch.micro_batch_size, shape.vocab, par.tp, flash)
+    return RunPlan(
+        model_name=cfg.model.name,
+        shape=shape,
+        params=params,
+        attention=attention,
+        vocab=vocab,
+        tokenizer_path=str(cfg.tokenizer.path),
+        tokenizer_fingerprint=tokenizer_fingerprint,
+        hardware=hardware,
+        hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
+        precision=precision,
+        cluster=cluster_layout(cfg),
+        parallel=ParallelLayout(
+            strategy=par.strategy,
+            name=par.name,
+            tp=par.tp,
+            dp=batch.data_parallel,
+            zero_stage=par.zero_stage,
+            offload_optimizer=par.offload_optimizer,
+            deepspeed_on_cpu=deepspeed is not None and par.deepspeed_on_cpu and hardware.is_cpu,
+        ),
+        world_size=world,
+        batch=batch,
+        max_steps=cfg.trainer.max_steps,
+        memory=plan_memory(states, activations, hardware.memory_gb),
+        fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage),
+        deepspeed=deepspeed,
+        preflight=preflight,
+        init_from=init_from,
+        resume=resume,
+    )
+
+
+def cluster_layout(cfg) -> ClusterLayout:
+    task = current_task()
+    if cfg.cluster.name == "slurm":
+        source = f"allocation of Slurm job {task.job_id}" if task else "cluster.nodes x cluster.devices (no Slurm job here)"
+    else:
+        source = f"cluster={cfg.cluster.name}"
+    return ClusterLayout(cfg.cluster.name, cfg.cluster.nodes, devices_per_node(cfg), source)

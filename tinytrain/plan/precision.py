@@ -1,0 +1,113 @@
+"""Precision policy: hardware + request -> compute dtype, loss-scale policy, reason.
+
+Pure. The decision is a `Dtype`; Lightning's precision string is derived from it in one place
+(`PrecisionDecision.lightning`). The loss-scale policy is one object mapped into both
+DeepSpeed's fp16 block and torch's GradScaler, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.hardware import Hardware, describe
+
+REQUESTS = ("auto", "bf16", "fp16", "fp32")
+
+
+class Dtype(str, enum.Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+@dataclass(frozen=True)
+class LossScalePolicy:
+    """Dynamic loss scaling for fp16. Scale starts at 2**initial_scale_power, halves on overflow
+    (after `hysteresis` consecutive overflows, DeepSpeed), doubles after `window` clean steps,
+    never below `min_scale`."""
+
+    # Built from precision.loss_scale (config/schema.py holds the defaults, once).
+    initial_scale_power: int
+    window: int
+    hysteresis: int
+    min_scale: float
+
+    def to_deepspeed(self) -> dict:
+        return {
+            "enabled": True,
+            "loss_scale": 0,  # 0 means dynamic in DeepSpeed
+            "initial_scale_power": self.initial_scale_power,
+            "loss_scale_window": self.window,
+            "hysteresis": self.hysteresis,
+            "min_loss_scale": self.min_scale,
+        }
+
+    def to_grad_scaler_kwargs(self) -> dict:
+        # torch's GradScaler has no hysteresis or floor; tinytrain's loss-scale guard enforces
+        # the floor at runtime so both backends stop at the same point.
+        return {
+            "init_scale": float(2**self.initial_scale_power),
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": self.window,
+        }
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    dtype: Dtype
+    reason: str
+    loss_scale: LossScalePolicy | None  # set only for fp16
+
+    @property
+    def lightning(self) -> str:
+        """Lightning's name for it: the Trainer's `precision`, plan.json's `precision.value`."""
+        return {Dtype.bf16: "bf16-mixed", Dtype.fp16: "16-mixed", Dtype.fp32: "32-true"}[self.dtype]
+
+    @property
+    def is_fp16(self) -> bool:
+        return self.dtype is Dtype.fp16
+
+    def to_dict(self) -> dict:
+        return {
+            "value": self.lightning,
+            "dtype": self.dtype.value,
+            "reason": self.reason,
+            "loss_scale": asdict(self.loss_scale) if self.loss_scale else None,
+        }
+
+
+def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> PrecisionDecision:
+    if request not in REQUESTS:
+        raise ConfigError(
+            Problem("precision.request", request, "unknown precision", f"use one of {', '.join(REQUESTS)}")
+        )
+    where = describe(hw)
+    if request == "auto":
+        if hw.is_cpu:
+            return PrecisionDecision(Dtype.fp32, "fp32 because no GPU (cpu)", None)
+        major, minor = hw.compute_capability
+        if hw.bf16 and hw.compute_capability >= (8, 0):
+            return PrecisionDecision(Dtype.bf16, f"bf16 because compute capability {major}.{minor} >= 8.0 ({hw.name})", None)
+        return PrecisionDecision(
+            Dtype.fp16,
+            f"fp16 with dynamic loss scaling because {hw.name} has compute capability {major}.{minor} < 8.0 (no native bf16)",
+            policy,
+        )
+    if request == "bf16":
+        if not hw.bf16 or (not hw.is_cpu and hw.compute_capability < (8, 0)):
+            raise ConfigError(
+                Problem(
+                    "precision",
+                    "bf16",
+                    f"{where} has no native bf16 (needs compute capability >= 8.0)",
+                    "use precision=fp16 (dynamic loss scaling) or precision=auto, or train on an A100/A800/H100-class GPU",
+                )
+            )
+        return PrecisionDecision(Dtype.bf16, f"bf16 as requested ({where} supports it)", None)
+    if request == "fp16":
+        note = " through an explicit CPU GradScaler plugin" if hw.is_cpu else ""
+        return PrecisionDecision(Dtype.fp16, f"fp16 as requested on {where}{note}, dynamic loss scaling", policy)
+    return PrecisionDecision(Dtype.fp32, f"fp32 as requested on {where}", None)

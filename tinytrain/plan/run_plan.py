@@ -1,0 +1,183 @@
+"""The run plan: every value tinytrain derives for a run, decided once by the planning stage.
+
+`RunPlan` is frozen and typed; the build and fit stage takes it as it is. Everything people and
+tools see of a run's decisions is a view of it: `to_dict()` is plan.json (field reference:
+README.md, "plan.json"), `render()` the printed plan, `resolved_config()` config_resolved.yaml
+and wandb's config. Built without allocating weights, so a login node can plan a 32-GPU run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from tinytrain.config.schema import Strategy
+from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.fast_paths import FastPaths
+from tinytrain.plan.hardware import Hardware
+from tinytrain.plan.layout import BatchPlan
+from tinytrain.plan.memory import MemoryPlan
+from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.precision import PrecisionDecision
+from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
+from tinytrain.plan.vocab import VocabPlan
+from tinytrain.preflight.checks import PreflightReport
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    name: str
+    nodes: int
+    devices_per_node: int
+    source: str  # where nodes x devices came from
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    strategy: Strategy
+    name: str  # the parallel group chosen (zero2, fsdp_tp, ...)
+    tp: int
+    dp: int
+    zero_stage: int
+    offload_optimizer: bool
+    deepspeed_on_cpu: bool  # DeepSpeed on its CPU accelerator (tests only)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    model_name: str
+    shape: ModelShape
+    params: int
+    attention: AttentionChoice
+    vocab: VocabPlan
+    tokenizer_path: str
+    tokenizer_fingerprint: str
+    hardware: Hardware
+    hardware_source: str  # "hardware.gpu" (a plan for another machine) or "detected"
+    precision: PrecisionDecision
+    cluster: ClusterLayout
+    parallel: ParallelLayout
+    world_size: int
+    batch: BatchPlan
+    max_steps: int
+    memory: MemoryPlan
+    fast_paths: FastPaths
+    deepspeed: dict | None  # the generated config, overrides applied (deepspeed_config.json)
+    preflight: PreflightReport
+    init_from: InitPoint | None
+    resume: ResumePoint | None
+
+    @property
+    def on_gpu(self) -> bool:
+        return not self.hardware.is_cpu
+
+    @property
+    def total_tokens(self) -> int:
+        return self.batch.tokens_per_step * self.max_steps
+
+    def checkpoint_metadata(self) -> dict:
+        """What every checkpoint of the run carries, so a resume or init_from can be checked."""
+        return checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name)
+
+    def to_dict(self) -> dict:
+        hw, b, v = self.hardware, self.batch, self.vocab
+        return {
+            "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason},
+            "vocab": {"true": v.true, "padded": v.padded, "multiple": v.multiple, "tp": v.tp, "padding_rows": v.padding_rows},
+            "tokenizer": {"path": self.tokenizer_path, "fingerprint": self.tokenizer_fingerprint},
+            "precision": self.precision.to_dict(),
+            "hardware": {
+                "gpu": None if hw.is_cpu else hw.name,
+                "compute_capability": None if hw.is_cpu else ".".join(map(str, hw.compute_capability)),
+                "memory_gb": hw.memory_gb,
+                "source": self.hardware_source,
+            },
+            "params": {"total": self.params},
+            "cluster": asdict(self.cluster),
+            "parallel": {"strategy": self.parallel.strategy.value, "tp": self.parallel.tp, "dp": self.parallel.dp, "deepspeed_on_cpu": self.parallel.deepspeed_on_cpu},
+            "world_size": self.world_size,
+            "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
+            "tokens_per_step": b.tokens_per_step,
+            "max_steps": self.max_steps,
+            "total_tokens": self.total_tokens,
+            "memory_per_gpu": self.memory.to_dict(),
+            "deepspeed": self.deepspeed,
+            "fast_paths": self.fast_paths.to_dict(),
+            "preflight": self.preflight.to_dict(),
+            "init_from": self.init_from and self.init_from.to_dict(),
+            "resume": self.resume and self.resume.to_dict(),
+        }
+
+    def resolved_config(self, cfg: DictConfig) -> dict:
+        """The composed config with the plan's derived values filled in (config_resolved.yaml,
+        wandb's config): what a rerun with these settings would decide again."""
+        resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        resolved["model"]["vocab_size"] = self.vocab.padded
+        resolved["precision"]["value"] = self.precision.lightning
+        return resolved
+
+    def render(self) -> str:
+        return render(self.to_dict())
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def render(plan: dict) -> str:
+    """The printed plan, from plan.json's fields (so what is printed is what is written)."""
+    v, p, b, hw = plan["vocab"], plan["precision"], plan["batch"], plan["hardware"]
+    where = hw["gpu"] or "cpu"
+    if hw["compute_capability"]:
+        where += f" (compute capability {hw['compute_capability']}, {hw['memory_gb']} GB, from {hw['source']})"
+    lines = [
+        f"model      {plan['model']['name']}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
+        f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
+        f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
+        f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
+        f"hardware   {where}",
+        f"precision  {p['value']}: {p['reason']}",
+    ]
+    if p["loss_scale"]:
+        ls = p["loss_scale"]
+        lines.append(
+            f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, "
+            f"hysteresis {ls['hysteresis']}, minimum {ls['min_scale']}"
+        )
+    c = plan["cluster"]
+    lines += [
+        f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
+        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x dp {plan['parallel']['dp']}",
+        f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
+        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
+    ]
+    m = plan["memory_per_gpu"]
+    lines.append(
+        f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "
+        f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
+    )
+    f = plan["fast_paths"]
+    on = [k for k in ("fused_adamw", "compile", "activation_checkpointing", "liger") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
+    lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
+    pf = plan["preflight"]
+    warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
+    fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""
+    lines.append(f"preflight  {'ok' if not warnings else str(len(warnings)) + ' warning(s): ' + ' | '.join(w['message'] for w in warnings)}{fixed}")
+    if plan["init_from"]:
+        i = plan["init_from"]
+        lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
+    if plan["resume"]:
+        r = plan["resume"]
+        lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
+    if plan["deepspeed"]:
+        ds = plan["deepspeed"]
+        zero = ds["zero_optimization"]
+        offload = [k.removeprefix("offload_") for k in ("offload_optimizer", "offload_param") if k in zero]
+        dtype = "bf16" if "bf16" in ds else "fp16" if "fp16" in ds else "fp32"
+        on_cpu = " (on DeepSpeed's CPU accelerator: parallel.deepspeed_on_cpu, for tests only)" if plan["parallel"]["deepspeed_on_cpu"] else ""
+        lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json{on_cpu}")
+    return "\n".join(lines)

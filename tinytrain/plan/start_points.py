@@ -1,0 +1,155 @@
+"""Where a run starts: the checkpoint it continues from (`resume`) or the weights it starts from
+(`checkpoint.init_from`), each checked against this run's plan before the model is built.
+
+`resume`:
+
+auto    the newest complete step checkpoint in `<run dir>/checkpoints` (a requeued job continues
+        where it stopped), else a fresh start. Saves are atomic, so a file with a step name is
+        complete; one that still does not load (a disk that filled up, a copy cut short) is
+        skipped for the one before it, and the log says why. None loading is an error.
+never   a fresh start; refused where the run directory already holds step checkpoints, because
+        the new run's saves and pruning would mix with the old run's.
+<path>  that checkpoint (an older one of this run, or another run's, continued here).
+
+Lightning restores everything from it (weights, optimizer, scheduler, loss scale, loop counters)
+plus tinytrain's callbacks: data position and RNG. Temp files of saves that were cut short are
+removed by rank 0 of a training run (`resume.leftover_temp_files`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.format import read, tinytrain_metadata
+from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.vocab import VocabPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    step: int
+    how: str  # "resume=auto" or "resume=<path>"
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints that did not load, and why
+
+    def describe(self, run_dir: Path) -> str:
+        shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
+        return f"resuming from {shown} (step {self.step})"
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "step": self.step, "how": self.how, "skipped": [f"{p.name}: {why}" for p, why in self.skipped]}
+
+
+def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str) -> dict:
+    """What every tinytrain checkpoint carries (under "tinytrain"), checked here when a run
+    resumes from it or starts from its weights."""
+    return {
+        "true_vocab": vocab.true,
+        "padded_vocab": vocab.padded,
+        "vocab_multiple": vocab.multiple,
+        "tp": vocab.tp,
+        "tokenizer_fingerprint": tokenizer_fingerprint,
+        "model": model_name,
+    }
+
+
+@dataclass(frozen=True)
+class InitPoint:
+    """checkpoint.init_from: weights (not optimizer state) from another run's checkpoint."""
+
+    path: str
+    saved: dict  # its tinytrain metadata: true_vocab, tp, tokenizer fingerprint, model
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, **self.saved}
+
+
+def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> InitPoint | None:
+    if not path:
+        return None
+    return InitPoint(path, check_compatible(read(path), path, vocab, fingerprint, allow_tokenizer_change))
+
+
+def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str) -> ResumePoint | None:
+    """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming `resume`."""
+    existing = step_checkpoints(checkpoint_dir)
+    if value == NEVER:
+        if existing:
+            raise ConfigError(
+                Problem(
+                    "resume",
+                    value,
+                    f"{checkpoint_dir} already holds checkpoints of an earlier run (newest {existing[0][1].name}); a fresh start there would mix the two runs",
+                    "give the new run its own directory (run.name=<new> or hydra.run.dir=<new>), delete that folder, or continue it with resume=auto",
+                )
+            )
+        return None
+    if value == AUTO:
+        found = newest_loadable(checkpoint_dir)
+        if found is None:
+            return None
+        path, ckpt, skipped = found
+        how = "resume=auto"
+    else:
+        path = Path(value).absolute()
+        ckpt, skipped, how = read_state(path), [], f"resume={value}"
+    check_resumable(ckpt, str(path), vocab, fingerprint, model_name)
+    step = int(ckpt["global_step"])
+    unreadable = {p for p, _ in skipped}
+    newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
+    if newer:
+        raise ConfigError(
+            Problem(
+                "resume",
+                value,
+                f"continues from step {step}, but {checkpoint_dir} holds later checkpoints ({', '.join(sorted(newer))}) that this run's saves would mix with",
+                "move those checkpoints away (or delete them), or continue in a new directory: run.name=<new>",
+            )
+        )
+    return ResumePoint(path, step, how, skipped)
+
+
+def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
+    return f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) than this run's (fingerprint {fingerprint}, {vocab.true} tokens)"
+
+
+def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> dict:
+    """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
+    meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
+    if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
+        raise ConfigError(
+            Problem(
+                "checkpoint.init_from",
+                path,
+                other_tokenizer(meta, fingerprint, vocab),
+                "use the checkpoint's tokenizer, or set checkpoint.allow_tokenizer_change=true to keep rows by id and mean-initialise new ones",
+            )
+        )
+    return meta
+
+
+def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str) -> dict:
+    """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
+    tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
+    meta = tinytrain_metadata(ckpt, path, "resume")
+    fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
+    if meta["tokenizer_fingerprint"] != fingerprint:
+        raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
+    if meta["model"] != model_name:
+        raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
+    if meta["padded_vocab"] != vocab.padded:
+        raise ConfigError(
+            Problem(
+                "resume",
+                path,
+                f"saved with vocab padded to {meta['padded_vocab']} (multiple {meta['vocab_multiple']} x tp {meta['tp']}); this run pads to {vocab.padded} (multiple {vocab.multiple} x tp {vocab.tp}), and the optimizer state cannot be re-padded",
+                f"resume with the same parallel.tp and model.vocab_multiple, {fresh}",
+            )
+        )
+    return meta

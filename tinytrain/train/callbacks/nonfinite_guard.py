@@ -1,0 +1,83 @@
+"""Non-finite loss or gradient: name the first parameter (forward order) with a non-finite
+gradient, the step and the loss scale; skip the step (up to N in a row) or stop.
+
+Under fp16 dynamic loss scaling an overflowing step is the scaler's normal business (it skips the
+step and halves the scale), so there the count of skips in a row is left to the loss-scale guard
+(`guard.loss_scale_halvings`, callbacks/loss_scale_guard.py), which can name the cause.
+
+`stop` saves the last good state first: the hook runs before the optimizer step, so the weights
+are still those of the last finite step.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from tinytrain.errors import TrainingStopped
+from tinytrain.model.guard_report import (
+    ForwardOrder,
+    current_loss_scale,
+    deepspeed_engine,
+    first_nonfinite_gradient,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteGuard(pl.Callback):
+    def __init__(self, policy: str, max_consecutive_skips: int, checkpoint_dir: Path):
+        self.policy = policy  # "skip" | "stop"
+        self.max_skips = max_consecutive_skips
+        self.checkpoint_dir = checkpoint_dir
+        self.order = ForwardOrder()
+        self.consecutive = 0
+        self.last_bad_parameter: str | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.order.attach(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.order.names is None:
+            self.order.freeze(pl_module)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if not grads:
+            return
+        sharded = any(hasattr(g, "to_local") for g in grads)
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local)))  # one fused pass
+        if not sharded:
+            # The module's clipping reuses this norm instead of a second pass over the gradients.
+            pl_module.remember_grad_norm(total)
+        if bool(torch.isfinite(total)):  # one sync
+            self.consecutive = 0
+            return
+        if self.order.names is None:
+            self.order.freeze(pl_module)
+        name = first_nonfinite_gradient(pl_module, self.order.names)
+        self.last_bad_parameter = name
+        self.consecutive += 1
+        scale = current_loss_scale(trainer)
+        where = f"step {trainer.global_step}: first non-finite gradient (forward order) in {name}"
+        scale_text = f", loss scale {scale:g}" if scale is not None else ""
+        scaling = scale is not None
+        if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
+            path = self.checkpoint_dir / "last_good.ckpt"
+            trainer.save_checkpoint(path)
+            why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
+            raise TrainingStopped(
+                f"tinytrain: training stopped at {where}{scale_text} ({why}). The last good weights are in {path}. "
+                "Fix: lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; "
+                "in fp16 also see the loss-scale policy (precision.loss_scale.*)."
+            )
+        log.warning("non-finite gradient at %s%s: step skipped (%d in a row)%s", where, scale_text, self.consecutive, "; the loss scale halves" if scaling else "")
+        if getattr(trainer.precision_plugin, "scaler", None) is None and deepspeed_engine(trainer) is None:
+            # Without a GradScaler or DeepSpeed (whose optimizer checks for overflow itself)
+            # nothing else skips it: no gradients, no update for any parameter.
+            for p in pl_module.parameters():
+                p.grad = None

@@ -1,0 +1,106 @@
+"""SIGUSR1, SIGTERM and SIGINT: save a checkpoint at the next optimizer-step boundary, requeue on Slurm, stop.
+
+SIGUSR1 is Slurm's warning before the time limit or a preemption (`#SBATCH --signal=USR1@90`):
+checkpoint, `scontrol requeue` the job (rank 0), exit 75; the requeued job resumes from the
+checkpoint (resume=auto, run directory from the job id). SIGTERM (scancel, the time limit itself,
+`kill`) and SIGINT (Ctrl-C) save the same way and exit 75 without requeueing; if the save cannot
+finish before SIGKILL, the atomic write leaves the previous checkpoint as it was. A second Ctrl-C
+stops at once, without a checkpoint.
+
+The handlers only set a flag: saving inside a signal handler would save in the middle of a step,
+and collectives there can deadlock. At each optimizer-step boundary (after the data position has
+counted the batch) all ranks agree whether any of them was signalled, since Slurm's signals reach
+ranks at different steps; then every rank saves through the normal checkpoint path and the run
+stops before the next batch. This replaces Lightning's SIGTERM handler for the duration of
+training (it stops mid-accumulation and broadcasts inside the handler) and, with
+`SLURMEnvironment(auto_requeue=False)` (slurm.py), its SIGUSR1 requeue.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from tinytrain.cluster import slurm
+from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted
+from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
+
+log = logging.getLogger(__name__)
+
+
+class Preemption(pl.Callback):
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.checkpoints: StepCheckpoints | None = None  # the trainer's, found when training starts
+        self.received: list[str] = []  # signal names, in order of arrival
+        self.step_seen = 0
+        self.stop_message: str | None = None
+
+    def handle(self, signals) -> None:
+        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+            for sig in signals:
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and name in self.received:
+            # Ctrl-C again: the user will not wait for the step boundary.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        if name == "SIGINT":
+            log.warning("Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, without one)")
+        self.received.append(name)
+
+    def install_early(self) -> None:
+        """Before data and model building: a SIGUSR1 then is remembered (its default action would
+        kill the process) and honoured at the first step boundary. SIGTERM keeps its default until
+        training starts: stopping before then loses nothing."""
+        self.handle([signal.SIGUSR1])
+
+    def on_train_start(self, trainer, pl_module):
+        self.checkpoints = next(c for c in trainer.checkpoint_callbacks if isinstance(c, StepCheckpoints))
+        self.step_seen = trainer.global_step
+        # After Lightning installed its handlers (register_signal_handlers); its teardown restores
+        # the ones from before fit.
+        self.handle([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step_seen:  # inside gradient accumulation
+            return
+        self.step_seen = trainer.global_step
+        # One small all_reduce per optimizer step under DDP/FSDP/DeepSpeed; nothing on one process.
+        if not trainer.strategy.reduce_boolean_decision(bool(self.received), all=False):
+            return
+        step = trainer.global_step
+        if trainer.max_steps > 0 and step >= trainer.max_steps:
+            log.warning("%s at the last step (%d): finishing the run instead", self.what(), step)
+            self.received.clear()
+            return
+        wants_requeue = trainer.strategy.reduce_boolean_decision("SIGUSR1" in self.received, all=False)
+        path = self.checkpoints.save(trainer)
+        shown = path.relative_to(self.run_dir) if path.is_relative_to(self.run_dir) else path
+        job = slurm.job_id()
+        if wants_requeue and job:
+            if trainer.is_global_zero:
+                requeued, outcome = slurm.requeue(job)
+                (log.info if requeued else log.error)("%s", outcome)
+                then = "the requeued job resumes from it" if requeued else f"{outcome}; resubmit with run.name=slurm-{job} to resume from it"
+            else:
+                then = "requeue is rank 0's"
+        else:
+            then = f"resume with the same run directory ({self.run_dir}: run.name / hydra.run.dir), resume=auto"
+        self.stop_message = f"tinytrain: {self.what()} at step {step}: checkpoint saved to {shown}; {then} (exit {PREEMPTED_EXIT_CODE})"
+
+    def what(self) -> str:
+        return " and ".join(dict.fromkeys(self.received)) or "a signal on another rank"
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Here and not right after the save: Lightning logs the step's metrics after
+        # on_train_batch_end, and a validation due at this step runs in between (a resumed run
+        # does not repeat it), so metrics.csv ends up as an uninterrupted run's.
+        if self.stop_message is not None:
+            raise Preempted(self.stop_message)

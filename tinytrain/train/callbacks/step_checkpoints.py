@@ -1,0 +1,52 @@
+"""Checkpoints every N optimizer steps as `checkpoints/step<N:07d>.ckpt`, keeping the newest K.
+
+Each save goes through the strategy's atomic write (checkpoint_io.py), and older step
+checkpoints are pruned only after the new one is in place, so the folder always holds a complete
+one. Pruning reads the folder rather than remembering what this process saved: after a requeue the
+checkpoints of the earlier segments count too. `resume=auto` picks the newest of these files
+(tinytrain/checkpoint/resume.py); the preemption callback saves through `save()` as well.
+
+A `Checkpoint` subclass: Lightning runs checkpoint callbacks after all others, so the data
+position (callbacks/data_position.py) has counted the batch before it is saved.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Checkpoint
+
+from tinytrain.checkpoint.files import prune, step_checkpoint_name
+
+log = logging.getLogger(__name__)
+
+
+class StepCheckpoints(Checkpoint):
+    def __init__(self, directory: Path, every_n_steps: int, keep_last: int):
+        self.directory = Path(directory)
+        self.every_n_steps = every_n_steps
+        self.keep_last = keep_last
+        self.last_saved_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        # A resumed run starts at the checkpoint's step: that one exists already.
+        self.last_saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # Under gradient accumulation this runs for every micro batch; global_step moves once per
+        # optimizer step, and last_saved_step keeps one save per step.
+        if trainer.global_step % self.every_n_steps == 0:
+            self.save(trainer)
+
+    def save(self, trainer) -> Path:
+        """Save this step's checkpoint (every rank calls this) unless it exists; prune on rank 0."""
+        path = self.directory / step_checkpoint_name(trainer.global_step)
+        if self.last_saved_step == trainer.global_step:
+            return path
+        trainer.save_checkpoint(path)
+        self.last_saved_step = trainer.global_step
+        if trainer.is_global_zero:
+            for old in prune(self.directory, self.keep_last):
+                log.debug("removed %s (checkpoint.keep_last=%d)", old, self.keep_last)
+        return path

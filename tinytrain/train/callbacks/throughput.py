@@ -1,0 +1,111 @@
+"""Tokens/s per device and model FLOPs utilisation (MFU), per step and for the whole run.
+
+FLOPs per batch come from tinytrain/plan/flops.py (6 x matmul params per token + attention term,
+with packed documents' squared lengths when the batch carries position_ids). The peak is the
+hardware table's dense bf16 or fp16 figure for the resolved precision; without one (CPU, fp32,
+a GPU not in the table) MFU is omitted and the summary says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import lightning.pytorch as pl
+
+from tinytrain.plan.flops import batch_flops, sum_squared_document_lengths
+from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.precision import Dtype
+
+log = logging.getLogger(__name__)
+
+
+def batch_tokens_and_squares(batch: dict) -> tuple[int, int]:
+    """Real tokens in a batch and Σ(attention span²): packed documents by their position ids,
+    padded SFT rows by their attention mask (padding is compute, not model FLOPs). The padding of
+    a packed SFT row is one more segment of position ids (data/collate.py), of `padding` tokens."""
+    rows, seq = batch["input_ids"].shape
+    if "position_ids" in batch:
+        tokens, squares = rows * seq, sum_squared_document_lengths(batch["position_ids"])
+        if "padding" in batch:
+            pad = batch["padding"]
+            tokens, squares = tokens - int(pad.sum()), squares - int((pad * pad).sum())
+        return tokens, squares
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        lengths = mask.sum(dim=1)
+        return int(lengths.sum()), int((lengths * lengths).sum())
+    return rows * seq, rows * seq * seq
+
+
+def seconds_since_process_start() -> float:
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+def peak_tflops(hardware, dtype: Dtype) -> tuple[float | None, str]:
+    """(peak dense TFLOP/s per device, why) for MFU."""
+    if hardware.is_cpu:
+        return None, "MFU omitted: no tensor-core peak for a CPU"
+    if dtype is Dtype.fp32:
+        return None, f"MFU omitted: fp32 on {hardware.name} has no dense peak in the hardware table"
+    peak = hardware.peak_bf16_tflops if dtype is Dtype.bf16 else hardware.peak_fp16_tflops
+    if peak is None:
+        return None, f"MFU omitted: {hardware.name} is not in the hardware table (tinytrain/plan/hardware.py)"
+    return peak, f"{dtype.value} dense peak {peak:g} TFLOP/s ({hardware.name})"
+
+
+class ThroughputMonitor(pl.Callback):
+    """Measured between consecutive optimizer steps, so data loading, every hook and checkpoint
+    writes count: it is what a user gets. Validation is left out, and so is the first step
+    (warm-up, compilation) from the run summary."""
+
+    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str):
+        self.shape = shape
+        self.peak = peak_tflops_per_device
+        self.peak_note = peak_note
+        self._tokens = 0
+        self._flops = 0.0
+        self._last_time: float | None = None
+        self._last_step = 0
+        self.run_tokens = 0
+        self.run_flops = 0.0
+        self.run_seconds = 0.0
+        self._paused = 0.0  # validation time inside the current step interval
+        self._validation_start: float | None = None
+
+    def on_validation_start(self, trainer, pl_module):
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self._validation_start is not None:
+            self._paused += time.perf_counter() - self._validation_start
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        tokens, squares = batch_tokens_and_squares(batch)
+        self._tokens += tokens
+        self._flops += batch_flops(self.shape, tokens, squares)
+        step = trainer.global_step
+        if step == self._last_step:  # inside gradient accumulation
+            return
+        now = time.perf_counter()
+        if step == 1:
+            log.info("first optimizer step done %.1f s after process start", seconds_since_process_start())
+        if self._last_time is not None:
+            elapsed = now - self._last_time - self._paused
+            pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
+            if self.peak:
+                pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
+            self.run_tokens += self._tokens
+            self.run_flops += self._flops
+            self.run_seconds += elapsed
+        self._tokens, self._flops, self._paused = 0, 0.0, 0.0
+        self._last_time, self._last_step = now, step
+
+    def summary(self) -> dict:
+        if self.run_seconds == 0:
+            return {"tokens_per_s_per_device": None, "mfu": None, "note": "too few steps to measure"}
+        tps = self.run_tokens / self.run_seconds
+        mfu = self.run_flops / self.run_seconds / (self.peak * 1e12) if self.peak else None
+        return {"tokens_per_s_per_device": tps, "mfu": mfu, "note": self.peak_note}

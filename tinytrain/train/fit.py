@@ -1,0 +1,118 @@
+"""Build and fit: the data, the module and the trainer for a RunPlan; train; save the final
+checkpoint; export and plot on rank 0.
+
+Everything here runs after the plan, so configuration problems have already been reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tinytrain.plan.run_plan import RunPlan
+
+log = logging.getLogger(__name__)
+
+
+def build_module(cfg, plan: RunPlan, tokenizer):
+    """The LightningModule for the plan. A resumed run gets neither checkpoint.init_from nor the
+    untrained-row fix: Lightning loads the resume checkpoint over them."""
+    from tinytrain.checkpoint.format import vocab_param_names
+    from tinytrain.model.build import build_model, model_config
+    from tinytrain.model.init_weights import weights_for_run
+    from tinytrain.model.module import CausalLMModule
+
+    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    fresh = plan.resume is None
+    if plan.init_from and fresh:
+        names = vocab_param_names(model)
+        state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
+        model.load_state_dict(state, strict=True)
+    if plan.preflight.rows_to_fix and fresh:
+        # The rows preflight found, rewritten on the weights this run trains (after any resize).
+        from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
+
+        fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+    fast = plan.fast_paths
+    if fast.liger:
+        from tinytrain.model.liger import apply_kernels
+
+        apply_kernels(model, cfg.model.arch)
+    if fast.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if fast.compile:
+        model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
+    return CausalLMModule.for_plan(model, cfg.trainer, plan)
+
+
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
+    """Build the data, the module and the trainer for the plan, train, save the final checkpoint
+    and (rank 0) export. A plan with a resume point continues from it."""
+    import lightning.pytorch as pl
+
+    from tinytrain.data.datamodule import DataModule
+    from tinytrain.train.callbacks.preemption import Preemption
+    from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
+
+    preemption = Preemption(run_dir)
+    preemption.install_early()  # a SIGUSR1 while the data is built is honoured at the first step
+    quiet_lightning()
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    # Data first: bad data is reported before weights are allocated.
+    data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
+    log.info("%s", data.describe())
+    from tinytrain.preflight.checks import data_findings, report
+
+    report(data_findings(cfg, data.stores, plan.vocab.true))
+    module = build_module(cfg, plan, tokenizer)
+    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, preemption=preemption)
+    resume = plan.resume
+    final = run_dir / "checkpoints" / "final.ckpt"
+    failed = True
+    try:
+        # Raises Preempted (callbacks/preemption.py) after a signal: no final checkpoint, no export.
+        trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader(), ckpt_path=resume and str(resume.path))
+        # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
+        trainer.save_checkpoint(final)
+        failed = False
+    finally:
+        end_wandb_run(cfg, failed)
+    val_loss = trainer.callback_metrics.get("val_loss")
+    result = {
+        "first_loss": summary.first,
+        "last_loss": summary.last,
+        "val_loss": float(val_loss) if val_loss is not None else None,
+        **throughput.summary(),
+    }
+    if trainer.is_global_zero:
+        finish(cfg, plan, run_dir, final, tokenizer, result)
+    return result
+
+
+def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
+    from tinytrain.checkpoint.export import export_checkpoint
+    from tinytrain.model.build import model_config
+    from tinytrain.train.plot import plot_loss
+
+    if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
+        plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
+    if cfg.trainer.export:
+        if final_checkpoint.is_dir():
+            # DeepSpeed writes a folder of partitions: consolidate to one fp32 state dict first.
+            from lightning.pytorch.utilities.deepspeed import (
+                convert_zero_checkpoint_to_fp32_state_dict,
+            )
+
+            consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
+            convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
+            final_checkpoint = consolidated
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, run_dir / "hf_export")
+    val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
+    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
+        print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
+    else:
+        print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
+    if result["tokens_per_s_per_device"]:
+        mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
+        print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
+    print(f"run directory: {run_dir}")

@@ -1,0 +1,187 @@
+"""Lightning accelerator, strategy and precision plugin for the resolved run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tinytrain.config.schema import Strategy
+from tinytrain.plan.precision import PrecisionDecision
+from tinytrain.plan.run_plan import ParallelLayout, RunPlan
+
+if TYPE_CHECKING:
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from lightning.pytorch.strategies import Strategy as LightningStrategy
+
+
+@dataclass(frozen=True)
+class TrainerHardware:
+    accelerator: str  # "cpu" | "gpu"
+    devices: int
+    num_nodes: int
+    strategy: LightningStrategy | str  # "auto" for one process
+    precision: str  # Lightning's name for the plan's precision
+    precision_plugin: MixedPrecision | None  # replaces `precision` where set (fp16 outside DeepSpeed)
+
+
+def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: Strategy) -> MixedPrecision | None:
+    """fp16 outside DeepSpeed: an explicit MixedPrecision plugin carries the loss-scale policy
+    into GradScaler (and on CPU stops Lightning silently swapping in bf16). Elsewhere None:
+    Lightning's own name does, and under DeepSpeed the policy travels in the generated config's
+    fp16 block."""
+    if not decision.is_fp16 or strategy == Strategy.deepspeed:
+        return None
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    device = "cuda" if accelerator == "gpu" else "cpu"
+    scaler = torch.amp.GradScaler(device, **decision.loss_scale.to_grad_scaler_kwargs())
+    return MixedPrecision("16-mixed", device, scaler=scaler)
+
+
+def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None):
+    backend = "nccl" if on_gpu else "gloo"
+    kind = parallel.strategy
+    if kind == Strategy.ddp:
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(process_group_backend=backend)
+    if kind == Strategy.deepspeed:
+        from tinytrain.plan.deepspeed_config import for_lightning
+
+        cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
+        return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
+    if kind == Strategy.fsdp_tp:
+        # One full checkpoint file on rank 0: tinytrain unpads it after the gather and any tp
+        # can load it (tinytrain/checkpoint/format.py).
+        return repadding_model_parallel_strategy()(
+            data_parallel_size=parallel.dp,
+            tensor_parallel_size=parallel.tp,
+            save_distributed_checkpoint=False,
+            process_group_backend=backend,
+        )
+    return "auto"
+
+
+def atomic_deepspeed_strategy(on_cpu: bool = False):
+    """Lightning's DeepSpeedStrategy whose checkpoint folder appears only when every rank has
+    written its shards: saved under a temp name, renamed by rank 0 after a barrier.
+
+    `on_cpu` (parallel.deepspeed_on_cpu, for tests): the same strategy with Lightning's three
+    CUDA-only checks lifted, so CI runs the code a GPU run uses on DeepSpeed's CPU accelerator
+    over gloo. Not for real training: it is slow, and says nothing about NCCL or GPU memory."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from tinytrain.checkpoint.files import publish_directory, temp_path
+
+    class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+            final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank
+            tmp = Path(self.broadcast(str(temp_path(final))))
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            self.barrier("tinytrain.atomic_deepspeed_save")
+            if self.is_global_zero:
+                publish_directory(tmp, final)
+            self.barrier("tinytrain.atomic_deepspeed_published")
+
+    if not on_cpu:
+        return AtomicDeepSpeedStrategy
+    return cpu_deepspeed_strategy(AtomicDeepSpeedStrategy)
+
+
+def cpu_deepspeed_strategy(base):
+    """`base` without Lightning 2.6's refusals of CPU (the three places it assumes CUDA)."""
+    import argparse
+
+    from lightning.fabric.utilities.seed import reset_seed
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+    from lightning.pytorch.strategies.ddp import DDPStrategy
+
+    class CPUDeepSpeedStrategy(base):
+        def setup_environment(self):
+            # DeepSpeedStrategy.setup_environment refuses any accelerator but CUDAAccelerator.
+            if self.precision_plugin.precision == "16-mixed":
+                allow_fp16_on_cpu()
+            DDPStrategy.setup_environment(self)
+
+        def setup_distributed(self):
+            # DeepSpeedStrategy's version first checks device index == local rank; CPU devices have none.
+            reset_seed()
+            self.set_world_ranks()
+            self._init_deepspeed_distributed()
+
+        def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+            # Lightning passes device_rank=root_device.index (None on CPU), which DeepSpeed compares with >= 0.
+            import deepspeed
+
+            engine, ds_optimizer, _, _ = deepspeed.initialize(
+                args=argparse.Namespace(device_rank=self.local_rank),
+                config=self.config,
+                model=model,
+                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                optimizer=optimizer,
+                lr_scheduler=lr_scheduler,
+                dist_init_required=False,
+            )
+            return engine, ds_optimizer
+
+    assert issubclass(CPUDeepSpeedStrategy, DeepSpeedStrategy)
+    return CPUDeepSpeedStrategy
+
+
+def allow_fp16_on_cpu() -> None:
+    """DeepSpeed's CPU accelerator reports fp16 only on CPUs with AVX512-FP16; torch's CPU
+    kernels run fp16 either way (slowly), which is all a test of the fp16 path needs."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    CPU_Accelerator.is_fp16_supported = lambda self: True
+
+
+def repadding_model_parallel_strategy():
+    """Lightning's ModelParallelStrategy (FSDP2 x TP) whose resume re-pads the vocab rows first.
+
+    It loads a full checkpoint into the sharded model itself, before the module's
+    on_load_checkpoint, so the re-padding the module does for single/ddp happens here: the same
+    steps as Lightning's loader for a full-checkpoint file, with the re-pad in between. The
+    optimizer state was saved from the padded parameters and loads as it is.
+    """
+    import torch
+    from lightning.fabric.strategies.model_parallel import (
+        _load_raw_module_state,
+        _rekey_optimizer_state_if_needed,
+    )
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    class RepaddingModelParallelStrategy(ModelParallelStrategy):
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            path = Path(self.broadcast(str(checkpoint_path)))
+            if path.is_dir():  # a distributed checkpoint (tinytrain does not write them)
+                return super().load_checkpoint(path, weights_only)
+            module = self.lightning_module
+            checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+            state = checkpoint.pop("state_dict")
+            module.repad_state_dict(state)
+            _load_raw_module_state(state, self.model, strict=module.strict_loading)
+            options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
+            for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
+            return checkpoint
+
+    return RepaddingModelParallelStrategy
+
+
+def build_trainer_hardware(plan: RunPlan) -> TrainerHardware:
+    accelerator = "gpu" if plan.on_gpu else "cpu"
+    return TrainerHardware(
+        accelerator,
+        plan.cluster.devices_per_node,
+        plan.cluster.nodes,
+        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed),
+        plan.precision.lightning,
+        precision_plugin(plan.precision, accelerator, plan.parallel.strategy),
+    )

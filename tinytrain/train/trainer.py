@@ -1,0 +1,170 @@
+"""The Lightning Trainer a run uses: strategy and precision from the plan, tinytrain's callbacks
+(throughput, guards, data position, RNG state, preemption, step checkpoints) and loggers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from tinytrain.cluster.slurm import current_task
+from tinytrain.plan.run_plan import RunPlan
+
+log = logging.getLogger(__name__)
+
+
+def cluster_plugins() -> list:
+    """Under Slurm: Lightning's SLURMEnvironment with auto_requeue off. Its requeue handler saves a
+    checkpoint inside the signal handler, in the middle of a step; callbacks/preemption.py saves at
+    the next step boundary instead."""
+    if current_task() is None:  # SLURMEnvironment.detect(), without its warning
+        return []
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)]
+
+
+def quiet_lightning() -> None:
+    """Keep Lightning's own console lines once (not again through Hydra's root handler) and drop
+    notices that are not about this run."""
+    import warnings
+
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.propagate = False
+    for handler in lightning_log.handlers:  # handler filters also see records of child loggers
+        handler.addFilter(lambda record: "Tip:" not in record.getMessage())
+    # The CSV logger shares the run directory with plan.json and the resolved config on purpose.
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # fsdp_tp: the loss slices the gathered logits out of place, which is what FSDP2 asks for.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # Lightning only knows resumable loaders by their state_dict; tinytrain's sampler position is
+    # restored by the DataPosition callback instead, so a mid-epoch resume is exact.
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    # DeepSpeed: tinytrain clips through DeepSpeed's config and measures there (module.py), and
+    # DeepSpeed 0.19 still calls torch.distributed's deprecated collectives.
+    warnings.filterwarnings("ignore", message=r"Since DeepSpeed handles gradient clipping internally")
+    warnings.filterwarnings("ignore", message=r"`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+    logging.getLogger("compilers").setLevel(logging.WARNING)  # DeepSpeed's op builder probing for libaio with gcc
+
+
+def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
+    """The loss-scale guard (and the loss_scale metric) exist only where fp16 loss scaling does;
+    it names the untrained rows preflight was told to leave alone."""
+    from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
+    from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
+    from tinytrain.train.callbacks.nonfinite_guard import NonFiniteGuard
+
+    g = cfg.guard
+    policy = plan.precision.loss_scale
+    nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints")
+    loss_scale = [LossScaleGuard(g.loss_scale_halvings, policy, plan.preflight.unfixed_rows, nonfinite)] if policy else []
+    return [
+        nonfinite,
+        *loss_scale,
+        GradSpikeMonitor(g.grad_spike_factor, g.grad_spike_warmup, run_dir / "grad_spikes.jsonl"),
+    ]
+
+
+def extra_loggers(cfg, plan: RunPlan, run_dir: Path) -> list:
+    """wandb when asked for, with the resolved config and the plan attached (imported only then)."""
+    if not cfg.logger.wandb:
+        return []
+    from lightning.pytorch.loggers import WandbLogger
+
+    lg = cfg.logger
+    config = {**plan.resolved_config(cfg), "plan": plan.to_dict()}
+    return [
+        WandbLogger(
+            project=lg.wandb_project,
+            entity=lg.wandb_entity,
+            group=lg.wandb_group,
+            tags=list(lg.wandb_tags),
+            name=lg.wandb_name or cfg.run.name,
+            save_dir=str(run_dir),
+            config=config,
+            # One wandb run per run directory: a resumed (requeued) run continues its history. A wandb
+            # sweep agent names the run it started in WANDB_RUN_ID; that id must be kept.
+            id=os.environ.get("WANDB_RUN_ID") or wandb_run_id(cfg.run.name, run_dir),
+            resume="allow",
+        )
+    ]
+
+
+def end_wandb_run(cfg, failed: bool) -> None:
+    """A local multirun trains its jobs in one process, and Lightning's WandbLogger logs into a
+    wandb run that is still open: each job's run ends with the job."""
+    if not cfg.logger.wandb:
+        return
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+
+
+def wandb_run_id(run_name: str, run_dir: Path) -> str:
+    """Stable for a run directory, distinct between directories (wandb ids are unique per project)."""
+    import hashlib
+    import re
+
+    where = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
+
+
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None):
+    """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
+    A resumed run's metrics.csv keeps the rows before the step it resumes from."""
+    import lightning.pytorch as pl
+
+    from tinytrain.train.atomic_io import AtomicCheckpointIO
+    from tinytrain.train.callbacks.data_position import DataPosition
+    from tinytrain.train.callbacks.loss_summary import LossSummary
+    from tinytrain.train.callbacks.preemption import Preemption
+    from tinytrain.train.callbacks.rng_state import RNGState
+    from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
+    from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
+    from tinytrain.train.metrics_csv import ResumableCSVLogger
+    from tinytrain.train.strategy import build_trainer_hardware
+
+    t = cfg.trainer
+    b = plan.batch
+    hw = build_trainer_hardware(plan)
+    summary = LossSummary()
+    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype))
+    callbacks = [
+        throughput,
+        summary,
+        *guard_callbacks(cfg, plan, run_dir),
+        *([DataPosition(train_sampler)] if train_sampler is not None else []),
+        RNGState(),
+        # After DataPosition: a checkpoint it saves has counted the step's batch.
+        preemption or Preemption(run_dir),
+        # Checkpoint callbacks run last (Lightning orders them so).
+        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last),
+        *extra_callbacks,
+    ]
+    plugins = [*cluster_plugins(), AtomicCheckpointIO(), *([hw.precision_plugin] if hw.precision_plugin else [])]
+    trainer = pl.Trainer(
+        accelerator=hw.accelerator,
+        devices=hw.devices,
+        num_nodes=hw.num_nodes,
+        strategy=hw.strategy,
+        precision=None if hw.precision_plugin else hw.precision,
+        plugins=plugins,
+        max_steps=t.max_steps,
+        accumulate_grad_batches=b.accumulate_grad_batches,
+        val_check_interval=t.val_every_n_steps * b.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_n_steps,
+        logger=[ResumableCSVLogger(run_dir, plan.resume and plan.resume.step), *extra_loggers(cfg, plan, run_dir)],
+        callbacks=callbacks,
+        enable_progress_bar=t.progress_bar,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
+        # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.
+        use_distributed_sampler=False,
+    )
+    return trainer, throughput, summary
