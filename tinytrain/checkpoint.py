@@ -10,6 +10,7 @@ the gather drops real rows and shifts the rest (tests/integration/test_tensor_pa
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 
@@ -73,9 +74,42 @@ def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
     return f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) than this run's (fingerprint {fingerprint}, {vocab.true} tokens)"
 
 
-def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> dict:
+def saved_shape(state_dict: dict) -> dict[str, int]:
+    """The architecture numbers a checkpoint's weights show (a ZeRO-3 shard's empty tensors show none)."""
+    found = {}
+    layers = {int(m.group(1)) for k in state_dict if (m := LAYER_INDEX.search(k))}
+    if layers:
+        found["num_layers"] = max(layers) + 1
+    for suffix, name, dim in (("embed_tokens.weight", "hidden_size", 1), ("layers.0.mlp.gate_proj.weight", "intermediate_size", 0), ("layers.0.self_attn.k_proj.weight", "key/value width (num_kv_heads x head dim)", 0)):
+        tensor = next((v for k, v in state_dict.items() if k.endswith(suffix)), None)
+        if tensor is not None and tensor.ndim == 2:
+            found[name] = int(tensor.shape[dim])
+    return found
+
+
+LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def check_shape(ckpt: dict, path: str, key: str, shape) -> None:
+    """A checkpoint of another model size would fail deep inside load_state_dict ("size mismatch"):
+    compare the sizes while planning. `shape`: this run's ModelShape."""
+    if shape is None or not isinstance(ckpt.get("state_dict"), dict):
+        return
+    ours = {"num_layers": shape.layers, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate, "key/value width (num_kv_heads x head dim)": shape.kv_heads * shape.head_dim}
+    saved = saved_shape(ckpt["state_dict"])
+    differ = [name for name in saved if saved[name] != ours[name]]
+    if differ:
+        theirs = ", ".join(f"{n} {saved[n]}" for n in differ)
+        this = ", ".join(f"{n} {ours[n]}" for n in differ)
+        raise ConfigError(
+            Problem(key, path, f"holds another model size: {theirs} (this run's model: {this})", "use the model settings it was trained with (model= and the model.* overrides in its run's config_resolved.yaml), or another checkpoint")
+        )
+
+
+def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape=None) -> dict:
     """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
     meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
+    check_shape(ckpt, path, "checkpoint.init_from", shape)
     if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
         raise ConfigError(
             Problem(
@@ -88,7 +122,7 @@ def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, 
     return meta
 
 
-def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str) -> dict:
+def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape=None) -> dict:
     """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
     tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
     meta = tinytrain_metadata(ckpt, path, "resume")
@@ -97,6 +131,7 @@ def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, m
         raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
     if meta["model"] != model_name:
         raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
+    check_shape(ckpt, path, "resume", shape)
     if meta["padded_vocab"] != vocab.padded:
         raise ConfigError(
             Problem(

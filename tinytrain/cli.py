@@ -73,8 +73,8 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.checkpoint.init_from:
         from tinytrain.checkpoint import check_compatible, read
 
-        init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
-    resume = resume_point(cfg, run_dir, resolved)
+        init_from = check_compatible(read(cfg.checkpoint.init_from), cfg.checkpoint.init_from, resolved.vocab, resolved.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
+    resume = resume_point(cfg, run_dir, resolved, shape)
     preflight, untrained, fix = run_preflight(cfg, tokenizer, resolved, model_config, saved_vocab)
     memory = memory_section(cfg, resolved, shape, params, attention)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
@@ -122,13 +122,13 @@ def refuse_trained_directory(run_dir: Path) -> None:
         )
 
 
-def resume_point(cfg: DictConfig, run_dir: Path, resolved):
+def resume_point(cfg: DictConfig, run_dir: Path, resolved, shape=None):
     """The checkpoint this run continues from (tinytrain/resume.py), checked against this run;
     rank 0 of a training run also clears what interrupted saves left behind."""
     from tinytrain import resume
 
     checkpoints = run_dir / "checkpoints"
-    point = resume.resolve_resume(cfg.resume, checkpoints, resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name)
+    point = resume.resolve_resume(cfg.resume, checkpoints, resolved.vocab, resolved.tokenizer_fingerprint, cfg.model.name, shape)
     if cfg.mode != Mode.train or not is_rank_zero():
         return point
     for path in resume.leftover_temp_files(checkpoints):

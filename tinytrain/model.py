@@ -43,7 +43,14 @@ def hf_config(model_cfg, vocab_size: int, tokenizer):
 def pretrained_config(path: str):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(path)
+    from tinytrain.errors import ConfigError, Problem
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:  # broken JSON, no model_type, an unknown architecture
+        raise ConfigError(
+            Problem("model.pretrained", path, f"cannot read its config.json: {' '.join(str(e).split())[:300]}", "point model.pretrained at a folder written by save_pretrained (config.json + weights)")
+        ) from e
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]
     return None
 
 
-def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str) -> ResumePoint | None:
+def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape=None) -> ResumePoint | None:
     """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming `resume`."""
     existing = step_checkpoints(checkpoint_dir)
     if value == NEVER:
@@ -112,7 +112,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    check_resumable(ckpt, str(path), vocab, fingerprint, model_name)
+    check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]

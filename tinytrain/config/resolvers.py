@@ -51,6 +51,18 @@ def _run_name() -> str:
     return slurm.run_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
+def _run_dir(root: str, name: str) -> str:
+    """hydra.run.dir: Hydra creates it before tinytrain runs, so a run.name that would escape
+    run.root (`..`, slashes) is refused here, before anything is written."""
+    from tinytrain.errors import ConfigError
+    from tinytrain.validate import run_name_problem
+
+    problem = run_name_problem(str(name))
+    if problem:
+        raise ConfigError(problem)
+    return f"{root}/{name}"
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "tt.asset": _asset,
@@ -58,6 +70,7 @@ def register_resolvers() -> None:
         "tt.padded_vocab": _padded_vocab,
         "tt.precision": _precision,
         "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
+        "tt.run_dir": _run_dir,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
