@@ -180,10 +180,9 @@ def data_problems(cfg) -> list[Problem]:
     return problems + chat_template_problems(cfg)
 
 
-def _empty_file_problem(files: list[Path], key: str, path: str) -> list[Problem]:
-    empty = [f for f in files if f.stat().st_size == 0]
-    if len(empty) == len(files):
-        return [Problem(key, path, "is empty" if len(files) == 1 else "holds only empty files", f"point {key} at data with documents in it")]
+def _empty_file_problem(files: list[Path], key: str, path: str, is_file: bool) -> list[Problem]:
+    if all(f.stat().st_size == 0 for f in files):
+        return [Problem(key, path, "is empty" if is_file else "holds only empty files", f"point {key} at data with documents in it")]
     return []
 
 
@@ -210,7 +209,7 @@ def source_path_problems(source: DataSource, path: str | None, key: str) -> list
     unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
         return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
-    return _empty_file_problem(listed, key, path)
+    return _empty_file_problem(listed, key, path, p.is_file())
 
 
 def chat_template_problems(cfg) -> list[Problem]:
