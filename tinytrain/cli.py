@@ -203,7 +203,8 @@ def hydra_main(cfg: DictConfig):
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
         message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
-        print(message, file=sys.stderr)
+        if is_rank_zero():  # every rank of a DDP run reaches the same guard decision: say it once
+            print(message, file=sys.stderr)
         if multirun:
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
             # raises the first failure again and main() exits with its code.
