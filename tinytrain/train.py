@@ -160,6 +160,7 @@ def build_trainer(
     import lightning.pytorch as pl
 
     from tinytrain.callbacks.data_position import DataPosition
+    from tinytrain.callbacks.dead_rank import DeadRank
     from tinytrain.callbacks.loss_summary import LossSummary
     from tinytrain.callbacks.preemption import Preemption
     from tinytrain.callbacks.rng_state import RNGState
@@ -181,6 +182,7 @@ def build_trainer(
         *guard_callbacks(cfg, run_dir, resolved.precision, list(untrained_rows)),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         RNGState(),
+        DeadRank(run_dir),
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).
@@ -246,6 +248,14 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
         # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
         trainer.save_checkpoint(final)
         failed = False
+    except Exception as e:
+        from tinytrain.callbacks.dead_rank import DeadRank
+        from tinytrain.errors import TrainingStopped
+
+        dead = next((c.message for c in trainer.callbacks if isinstance(c, DeadRank) and c.message), None)
+        if dead is None:
+            raise
+        raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
     finally:
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")

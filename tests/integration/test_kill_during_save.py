@@ -6,12 +6,18 @@ The points (tests/integration/instrumented_cli.py, TT_TEST_KILL_AT): before the 
 file is written, the checkpoint not in place), after the rename (older checkpoints not yet
 pruned), after pruning (the save complete, but Lightning has not yet written the step's row:
 this lost the row of the checkpoint's step until the row was written before the save).
+
+And a DDP rank killed outright: rank 0 names it and the resume in one line, not gloo's traceback.
 """
+
+import os
+import signal
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.test_resume import MODEL, batches, finish, metrics, start
+from tests.integration.test_resume import MODEL, batches, finish, metrics, start, wait_for
 from tinytrain.checkpoint_files import is_temp
 from tinytrain.resume import read_state
 
@@ -88,3 +94,34 @@ def test_sigkill_during_a_save_then_resume_equals_an_uninterrupted_run(point, ru
     remaining = sorted(p.name for p in checkpoints.iterdir())
     assert remaining == ["final.ckpt", "step0000006.ckpt", "step0000008.ckpt"]  # temp files cleared, pruned to 2
     assert [loads(checkpoints / name) for name in remaining] == [8, 6, 8]
+
+
+def child_ranks(pid: int) -> list[int]:
+    """The processes `pid` started that run tinytrain: Lightning's DDP launcher starts ranks 1.. so."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"instrumented_cli" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40"]
+    proc = start(run_dir, args)
+    wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and child_ranks(proc.pid), proc, "step 3 on both ranks")
+    (rank_1,) = child_ranks(proc.pid)
+    os.kill(rank_1, signal.SIGKILL)
+    out = finish(proc, run_dir)
+    assert proc.returncode == 3, out[-3000:]
+    assert "Traceback" not in out and "Connection closed" not in out and "pair.cc" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if "died" in line]
+    assert len(lines) == 1, out[-3000:]
+    assert f"tinytrain: rank 1 (pid {rank_1}) died (killed by SIGKILL) during step" in lines[0]
+    assert f"Run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]
