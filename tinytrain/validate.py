@@ -19,6 +19,7 @@ from tinytrain.slurm import allocation_problems, current_task
 from tinytrain.tokenizer import check_tokenizer_path, load_from_config, load_tokenizer
 
 
+DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
 # Model sizes that must be positive; checked first, since the divisibility checks divide by them.
 POSITIVE_MODEL_SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
 
@@ -51,9 +52,6 @@ def model_problems(cfg) -> list[Problem]:
     if m.pretrained and not (Path(m.pretrained) / "config.json").is_file():
         problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output)"))
     return problems
-
-
-DEFAULT_MODEL = ModelConfig()
 
 
 def cluster_problems(cfg) -> list[Problem]:
@@ -253,7 +251,8 @@ def trainer_problems(cfg) -> list[Problem]:
     return problems
 
 
-# 2^64 overflows fp16's gradients on the first step; DeepSpeed's own default is 2^16.
+# Each overflowing step halves the scale once and is skipped: a start above 2^32 skips dozens of
+# steps on the way down (DeepSpeed's default start is 2^16).
 MAX_SCALE_POWER = 32
 
 
