@@ -293,10 +293,17 @@ def run_name_problems(cfg) -> list[Problem]:
 
 
 def run_name_problem(name: str) -> Problem | None:
-    """run.name is one folder under run.root (the run directory is ${run.root}/${run.name}); the
-    resolver of hydra.run.dir calls this too, before Hydra creates the directory."""
-    if not name.strip() or name in (".", "..") or "/" in name or "\\" in name:
-        return Problem("run.name", name, "must be one folder name (no path separators, not '.' or '..', not empty): the run directory is ${run.root}/${run.name}", "use a plain name like run.name=my_run, and run.root=<folder> to put runs elsewhere")
+    """The run directory is ${run.root}/${run.name}: run.name may hold sub-folders (a wandb sweep's
+    sweep-<id>/<run id>) but must stay under run.root. The resolver of hydra.run.dir calls this
+    too, before Hydra creates the directory."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or name.startswith(("/", "~")) or ".." in parts:
+        return Problem(
+            "run.name",
+            name,
+            "must name a folder under run.root (not empty, not absolute, no '..'): the run directory is ${run.root}/${run.name}",
+            "use a plain name like run.name=my_run, and run.root=<folder> to put runs elsewhere",
+        )
     return None
 
 

@@ -134,12 +134,13 @@ CASES = {
     "override DeepSpeed rejects": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.train_micro_batch_size_per_gpu=3"], ["parallel.deepspeed_overrides.train_micro_batch_size_per_gpu=3", "DeepSpeed rejects"]),
     "override enabling fp16 under bf16": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.fp16.enabled=true"], ["parallel.deepspeed_overrides.fp16.enabled=True", "cannot be simultaneously enabled"]),
     # the run directory
-    "run name with dot dot": (["mode=plan", "run.root={F}/runs", "run.name=../escape"], ["run.name='../escape'", "one folder name", "run.root=<folder>"]),
-    "run name with a slash": (["mode=plan", "run.root={F}/runs", "run.name=a/b"], ["run.name='a/b'", "one folder name"]),
-    "run name absolute": (["mode=plan", "run.root={F}/runs", "run.name=/tmp/elsewhere"], ["run.name='/tmp/elsewhere'", "one folder name"]),
-    "run name dot dot alone": (["mode=plan", "run.root={F}/runs", "run.name=.."], ["run.name='..'", "one folder name"]),
-    "run name empty": (["mode=plan", "run.root={F}/runs", "run.name=''"], ["run.name=''", "one folder name"]),
-    "run name with a backslash": (["mode=plan", "run.root={F}/runs", "run.name=a\\\\b"], ["run.name=", "one folder name"]),
+    "run name with dot dot": (["mode=plan", "run.root={F}/runs", "run.name=../escape"], ["run.name='../escape'", "must name a folder under run.root", "run.root=<folder>"]),
+    "run name with dot dot inside": (["mode=plan", "run.root={F}/runs", "run.name=a/../../escape"], ["run.name='a/../../escape'", "must name a folder under run.root"]),
+    "run name absolute": (["mode=plan", "run.root={F}/runs", "run.name=/tmp/elsewhere"], ["run.name='/tmp/elsewhere'", "must name a folder under run.root"]),
+    "run name in the home folder": (["mode=plan", "run.root={F}/runs", "run.name='~/elsewhere'"], ["run.name='~/elsewhere'", "must name a folder under run.root"]),
+    "run name dot dot alone": (["mode=plan", "run.root={F}/runs", "run.name=.."], ["run.name='..'", "must name a folder under run.root"]),
+    "run name dot": (["mode=plan", "run.root={F}/runs", "run.name=."], ["run.name='.'", "must name a folder under run.root"]),
+    "run name empty": (["mode=plan", "run.root={F}/runs", "run.name=''"], ["run.name=''", "must name a folder under run.root"]),
     "run root is a file": (["mode=plan", "run.root={F}/a_file", "run.name=x"], ["hydra.run.dir", "{F}/a_file/x", "Not a directory", "Fix: choose a writable folder"]),
     "run dir is a file": (["mode=plan", "hydra.run.dir={F}/a_file"], ["hydra.run.dir", "{F}/a_file", "File exists", "Fix:"]),
     # unknown keys and options
@@ -346,9 +347,12 @@ def test_every_problem_is_reported_at_once(clean_env, tmp_path):
         assert key in err
 
 
-@pytest.mark.parametrize("args", [["mode=plan", "trainer.val_batches=0"], ["mode=plan", "guard.max_consecutive_skips=0"], ["mode=plan", "trainer.grad_clip=0"], ["mode=plan", "trainer.weight_decay=0"]])
+@pytest.mark.parametrize("args", [["mode=plan", "run.name=sweep-x1/run7"], ["mode=plan", "trainer.val_batches=0"], ["mode=plan", "guard.max_consecutive_skips=0"], ["mode=plan", "trainer.grad_clip=0"], ["mode=plan", "trainer.weight_decay=0"]])
 def test_edge_values_that_mean_something_are_accepted(args, clean_env, tmp_path):
-    """0 means "no validation", "stop at the first non-finite step", "no clipping", "no decay"."""
-    code, err = run_in_process([*args, f"hydra.run.dir={tmp_path / 'run'}"])
+    """A run in a sub-folder of run.root (a wandb sweep's); 0 meaning "no validation", "stop at the
+    first non-finite step", "no clipping", "no decay"."""
+    run_dir = tmp_path / "runs" / "sweep-x1" / "run7" if "run.name=sweep-x1/run7" in args else tmp_path / "run"
+    location = [f"run.root={tmp_path / 'runs'}"] if "run.name=sweep-x1/run7" in args else [f"hydra.run.dir={run_dir}"]
+    code, err = run_in_process([*args, *location])
     assert code == 0, err
-    assert (tmp_path / "run" / "plan.json").exists()
+    assert (run_dir / "plan.json").exists()
