@@ -49,51 +49,54 @@ POINTS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The uninterrupted run and one killed run per point, all started at once."""
+    """The uninterrupted run and one killed run per point, all started at once; once every killed
+    run has died, what it left is recorded and the resumes start, all at once too."""
     root = tmp_path_factory.mktemp("kill_during_save")
-    procs = {"reference": start(root / "reference", RUN)}
-    for point in POINTS:
-        procs[point] = start(root / point, RUN, env={"TT_TEST_KILL_AT": f"{point}:{KILLED_AT}"})
-    yield {name: (root / name, proc) for name, proc in procs.items()}
-    for proc in procs.values():
+    reference = start(root / "reference", RUN)
+    killed = {point: start(root / point, RUN, env={"TT_TEST_KILL_AT": f"{point}:{KILLED_AT}"}) for point in POINTS}
+    left = {}
+    for point, proc in killed.items():
+        out = finish(proc, root / point)
+        files = sorted((root / point / "checkpoints").iterdir())
+        left[point] = (proc.returncode, out, {p.name: None if is_temp(p) else loads(p) for p in files})
+    resumed = {point: start(root / point, RUN) for point in POINTS}
+    yield root, reference, left, resumed
+    for proc in [reference, *killed.values(), *resumed.values()]:
         proc.kill()
 
 
-def loads(path) -> int:
-    """The checkpoint's step, read the way resume reads it and then in full."""
+def loads(path) -> tuple[int, bool]:
+    """The checkpoint's step, read the way resume reads it, and whether its weights load finite."""
     step = read_state(path)["global_step"]
     full = torch.load(path, weights_only=True)
-    assert all(torch.isfinite(v).all() for v in full["state_dict"].values())
-    return step
+    return step, all(torch.isfinite(v).all() for v in full["state_dict"].values())
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("point", list(POINTS))
 def test_sigkill_during_a_save_then_resume_equals_an_uninterrupted_run(point, runs):
-    run_dir, proc = runs[point]
-    out = finish(proc, run_dir)
-    assert proc.returncode == -9, out[-3000:]  # killed, by itself, at the point
+    root, reference, left, resumed = runs
+    returncode, out, files = left[point]
+    assert returncode == -9, out[-3000:]  # killed, by itself, at the point
     expected_left, resumed_from = POINTS[point]
-    checkpoints = run_dir / "checkpoints"
-    left = sorted(p.name for p in checkpoints.iterdir() if not is_temp(p))
-    assert left == expected_left
-    assert [loads(checkpoints / name) for name in left] == [int(name[4:11]) for name in left]
-    if point == "before_rename":
-        assert [p for p in checkpoints.iterdir() if is_temp(p)]  # the unfinished save's temp file
+    complete = {name: loaded for name, loaded in files.items() if loaded is not None}
+    assert sorted(complete) == expected_left
+    assert list(complete.values()) == [(int(name[4:11]), True) for name in sorted(complete)]  # each loads
+    assert (len(files) > len(complete)) == (point == "before_rename")  # the unfinished save's temp file
 
-    proc = start(run_dir, RUN)
-    out = finish(proc, run_dir)
-    assert proc.returncode == 0, out[-3000:]
+    run_dir = root / point
+    out = finish(resumed[point], run_dir)
+    assert resumed[point].returncode == 0, out[-3000:]
     assert f"resuming from checkpoints/step{resumed_from:07d}.ckpt (step {resumed_from})" in out
 
-    reference_dir, reference = runs["reference"]
-    assert finish(reference, reference_dir) and reference.returncode == 0
-    assert metrics(run_dir) == metrics(reference_dir)  # row for row, every logged value as written
-    expected = batches(reference_dir)
+    assert finish(reference, root / "reference") and reference.returncode == 0
+    assert metrics(run_dir) == metrics(root / "reference")  # row for row, every logged value as written
+    expected = batches(root / "reference")
     assert batches(run_dir) == expected[:KILLED_AT] + expected[resumed_from:]  # steps after the checkpoint trained again
+    checkpoints = run_dir / "checkpoints"
     remaining = sorted(p.name for p in checkpoints.iterdir())
     assert remaining == ["final.ckpt", "step0000006.ckpt", "step0000008.ckpt"]  # temp files cleared, pruned to 2
-    assert [loads(checkpoints / name) for name in remaining] == [8, 6, 8]
+    assert [loads(checkpoints / name) for name in remaining] == [(8, True), (6, True), (8, True)]
 
 
 def child_ranks(pid: int) -> list[int]:

@@ -14,6 +14,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from tinytrain.checkpoint_files import step_checkpoints
+from tinytrain.errors import ConfigError, Preempted, TrainingStopped
+
+OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
 
 
 class DeadRank(pl.Callback):
@@ -22,6 +25,8 @@ class DeadRank(pl.Callback):
         self.message: str | None = None
 
     def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, OWN_STOPS):
+            return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
         procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         dead = died(procs)
         if not dead:
