@@ -18,11 +18,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
+from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("tinytrain")
 
 
@@ -146,7 +146,8 @@ def hydra_main(cfg: DictConfig):
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
         message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
-        print(message, file=sys.stderr)
+        if is_rank_zero():  # every rank of a DDP run reaches the same guard decision: say it once
+            print(message, file=sys.stderr)
         if multirun:
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
             # raises the first failure again and main() exits with its code.

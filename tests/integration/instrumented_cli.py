@@ -8,6 +8,9 @@ Environment:
                             then hangs, as on a slow disk, until the test kills the process
   TT_TEST_NO_LOSS_SCALE_GUARD=1  the loss-scale guard watches but never stops the run (what
                             happens without it)
+  TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
+                            before_rename (the temp file written, not renamed), after_rename (in
+                            place, older ones not yet pruned) or after_prune (the save complete)
 """
 
 import hashlib
@@ -52,6 +55,36 @@ def stall_save(n: int) -> None:
     AtomicCheckpointIO.write = write
 
 
+def kill_during_save(point: str, step: int) -> None:
+    import signal
+
+    from tinytrain.checkpoint.files import step_checkpoint_name
+    from tinytrain.train.atomic_io import AtomicCheckpointIO
+    from tinytrain.train.callbacks import step_checkpoints
+
+    name = step_checkpoint_name(step)
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+    write, prune = AtomicCheckpointIO.write, step_checkpoints.prune
+
+    def write_then_die(self, checkpoint, f):
+        write(self, checkpoint, f)
+        if point == "before_rename" and os.path.basename(f.name).startswith(name):
+            f.flush()
+            die()
+
+    def prune_around(directory, keep_last):
+        saved = (directory / name).exists()
+        if saved and point == "after_rename":
+            die()
+        removed = prune(directory, keep_last)
+        if saved and point == "after_prune":
+            die()
+        return removed
+
+    AtomicCheckpointIO.write = write_then_die
+    step_checkpoints.prune = prune_around
+
+
 def disarm_loss_scale_guard() -> None:
     from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
@@ -63,6 +96,9 @@ if __name__ == "__main__":
         record_batches(os.environ["TT_TEST_BATCH_LOG"])
     if os.environ.get("TT_TEST_STALL_SAVE"):
         stall_save(int(os.environ["TT_TEST_STALL_SAVE"]))
+    if os.environ.get("TT_TEST_KILL_AT"):
+        point, step = os.environ["TT_TEST_KILL_AT"].split(":")
+        kill_during_save(point, int(step))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
         disarm_loss_scale_guard()
     from tinytrain.cli import main

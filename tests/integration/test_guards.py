@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import compose, run_cli
+from tests.conftest import compose, metrics_rows, run_cli
 from tinytrain.errors import TrainingStopped
 
 pytestmark = pytest.mark.slow
@@ -55,6 +55,10 @@ def test_injected_nan_is_named_by_layer_and_stops_with_last_good_state(tmp_path)
     assert "guard.nonfinite=stop" in msg
     good = torch.load(tmp_path / "checkpoints" / "last_good.ckpt", weights_only=False)
     assert good["global_step"] == 3 and all(torch.isfinite(v).all() for v in good["state_dict"].values())
+    # The stopping step has its row although it is off the logging interval (every 10 steps):
+    # optimizer step 4 (logged as step 3, Lightning's numbering) with its loss.
+    rows = metrics_rows(tmp_path)
+    assert [r["step"] for r in rows] == ["3"] and float(rows[0]["loss"]) > 0
 
 
 def test_skip_policy_skips_then_stops_after_too_many(tmp_path):
@@ -73,6 +77,9 @@ def test_fp16_loss_scale_collapse_is_explained(tmp_path):
         train(["precision=fp16", "precision.loss_scale.initial_scale_power=12", "guard.loss_scale_halvings=4", "guard.max_consecutive_skips=100"], tmp_path, corrupt=overflow, steps=20)
     msg = str(e.value)
     assert "fp16 loss scale collapsed" in msg and "4 halvings in a row" in msg
+    step = int(msg.split("collapsed at step ")[1].split(":")[0])
+    last = metrics_rows(tmp_path)[-1]  # the stopping step's row, with the scale that stopped it
+    assert last["step"] == str(step - 1) and float(last["loss_scale"]) == float(msg.split(" -> ")[1].split(" ")[0])
     assert "gradient overflow first seen in" in msg and "layers.1.mlp.down_proj" in msg
     assert "model.untrained_tokens=mean" in msg and "bf16" in msg
 

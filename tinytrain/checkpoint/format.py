@@ -10,6 +10,7 @@ the gather drops real rows and shifts the rest (tests/integration/test_tensor_pa
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 
@@ -62,3 +63,19 @@ def unpad_rows(tensor, true_vocab: int):
     if tensor.shape[0] < true_vocab:
         raise ValueError(f"tensor has {tensor.shape[0]} rows, fewer than the true vocab {true_vocab}")
     return tensor[:true_vocab]
+
+
+LAYER_INDEX = re.compile(r"\.layers\.(\d+)\.")
+
+
+def saved_shape(state_dict: dict) -> dict[str, int]:
+    """The architecture numbers a checkpoint's weights show (a ZeRO-3 shard's empty tensors show none)."""
+    found = {}
+    layers = {int(m.group(1)) for k in state_dict if (m := LAYER_INDEX.search(k))}
+    if layers:
+        found["num_layers"] = max(layers) + 1
+    for suffix, name, dim in (("embed_tokens.weight", "hidden_size", 1), ("layers.0.mlp.gate_proj.weight", "intermediate_size", 0), ("layers.0.self_attn.k_proj.weight", "key/value width (num_kv_heads x head dim)", 0)):
+        tensor = next((v for k, v in state_dict.items() if k.endswith(suffix)), None)
+        if tensor is not None and tensor.ndim == 2:
+            found[name] = int(tensor.shape[dim])
+    return found

@@ -8,11 +8,18 @@ from pathlib import Path
 
 import torch
 
+from tinytrain.errors import ConfigError, Problem
+
 
 def pretrained_config(path: str):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(path)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:  # broken JSON, no model_type, an unknown architecture
+        raise ConfigError(
+            Problem("model.pretrained", path, f"cannot read its config.json: {' '.join(str(e).split())[:300]}", "point model.pretrained at a folder written by save_pretrained (config.json + weights)")
+        ) from e
 
 
 def pretrained_tables(folder: str) -> dict[str, torch.Tensor]:

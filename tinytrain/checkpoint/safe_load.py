@@ -48,6 +48,9 @@ def load_file(path: Path | str, key: str, allowed: list | None = None) -> dict:
             )
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as e:
+        if "mmap can only be used" in str(e) or "failed finding central directory" in str(e):
+            # torch's message for a file that is not its zip format talks about mmap.
+            raise ConfigError(Problem(key, str(path), "cannot read checkpoint: not a PyTorch checkpoint file (not torch.save's zip format)", "point it at a .ckpt file (or DeepSpeed checkpoint folder) saved by tinytrain")) from e
         raise ConfigError(Problem(key, str(path), f"cannot read checkpoint: {' '.join(str(e).split())[:300]}", "point it at a checkpoint saved by tinytrain")) from e
     if not isinstance(ckpt, dict):
         raise ConfigError(Problem(key, str(path), f"is not a checkpoint: it holds a {type(ckpt).__name__}, not a dict", "point it at a checkpoint saved by tinytrain"))

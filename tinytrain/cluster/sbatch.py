@@ -7,6 +7,7 @@ directory, so a requeued job finds its checkpoints there.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -29,7 +30,35 @@ def sbatch_problems(cfg) -> list[Problem]:
         problems.append(Problem("cluster.cpus_per_task", c.cpus_per_task, "must be >= 1", "use the node's cores / GPUs, or null to leave it to Slurm"))
     if c.signal_delay_s < 0:
         problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "use e.g. 300 (seconds before the time limit)"))
+    limit = slurm_time_seconds(str(c.time))
+    if limit is None:
+        problems.append(Problem("cluster.time", c.time, "is not a Slurm time limit", "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. cluster.time=24:00:00 or 2-00:00:00"))
+    elif c.signal_delay_s >= limit > 0:
+        problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"not shorter than cluster.time={c.time} ({limit} s): the warning would come before the job starts", "lower cluster.signal_delay_s or raise cluster.time"))
     return problems
+
+
+# sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+# "days-hours:minutes", "days-hours:minutes:seconds"; UNLIMITED / infinite for no limit.
+SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+
+
+def slurm_time_seconds(text: str) -> int | None:
+    """A Slurm time limit in seconds (0: unlimited), or None when Slurm could not parse it."""
+    if text.strip().lower() in ("unlimited", "infinite"):
+        return 0
+    m = SLURM_TIME.match(text.strip())
+    if m is None:
+        return None
+    if m["days"] is not None:
+        d, h, mi, sec = (int(m[k] or 0) for k in ("days", "dh", "dm", "ds"))
+    elif m["c"] is not None:
+        d, h, mi, sec = 0, int(m["a"]), int(m["b"]), int(m["c"])
+    else:
+        d, h, mi, sec = 0, 0, int(m["a"]), int(m["b"] or 0)
+    if (m["days"] is not None and h > 23) or (m["c"] is not None or m["days"] is not None) and (mi > 59 or sec > 59):
+        return None
+    return ((d * 24 + h) * 60 + mi) * 60 + sec
 
 
 def training_overrides(overrides: list[str]) -> list[str]:

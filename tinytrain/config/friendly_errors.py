@@ -48,6 +48,15 @@ def _schema_fields(full_key: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
+def _raised_in(e: BaseException, function: str) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == function:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0]
 
@@ -65,6 +74,14 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         if isinstance(err, ConfigError):
             return f"{err.render()}\n{HINT}"
     head = chain[0]
+    if isinstance(head, OSError) and _raised_in(head, "run_job"):
+        # Hydra creates the run directory before tinytrain runs: a regular file in the way, a
+        # read-only or full disk, no permission.
+        where = head.filename or "the run directory"
+        return (
+            f"tinytrain: configuration error: hydra.run.dir: cannot create the run directory {where}: {head.strerror or head}. "
+            f"Fix: choose a writable folder with run.root=<folder> (or hydra.run.dir=<folder>), and move away any regular file on that path. {HINT}"
+        )
     if isinstance(head, MissingConfigException) and head.missing_cfg_file and "/" in head.missing_cfg_file:
         group, option = head.missing_cfg_file.rsplit("/", 1)
         options = head.options or []

@@ -1,5 +1,6 @@
-"""OmegaConf resolvers, registered before Hydra composes: paths of bundled assets and what the
-Slurm environment says (tasks per node, the run name of a job). Values tinytrain derives (vocab,
+"""OmegaConf resolvers, registered before Hydra composes: paths of bundled assets, what the
+Slurm environment says (tasks per node, the run name of a job), and the run directory (refused
+before Hydra creates it when run.name would escape run.root). Values tinytrain derives (vocab,
 precision) are not resolvers: the plan decides each once (tinytrain/plan/run_plan.py)."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from tinytrain.errors import ConfigError, Problem
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -31,10 +34,35 @@ def _run_name() -> str:
     return slurm.run_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
+def _run_dir(root: str, name: str) -> str:
+    """hydra.run.dir: Hydra creates it before tinytrain runs, so a run.name that would escape
+    run.root (`..`, slashes) is refused here, before anything is written."""
+    problem = run_name_problem(str(name))
+    if problem:
+        raise ConfigError(problem)
+    return f"{root}/{name}"
+
+
+def run_name_problem(name: str) -> Problem | None:
+    """The run directory is ${run.root}/${run.name}: run.name may hold sub-folders (a wandb sweep's
+    sweep-<id>/<run id>) but must stay under run.root. validate reports it with the other
+    problems; the resolver of hydra.run.dir first, before Hydra creates the directory."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or name.startswith(("/", "~")) or ".." in parts:
+        return Problem(
+            "run.name",
+            name,
+            "must name a folder under run.root (not empty, not absolute, no '..'): the run directory is ${run.root}/${run.name}",
+            "use a plain name like run.name=my_run, and run.root=<folder> to put runs elsewhere",
+        )
+    return None
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "tt.asset": _asset,
         "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
+        "tt.run_dir": _run_dir,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

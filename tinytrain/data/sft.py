@@ -42,6 +42,7 @@ class SftCounts:
     truncated: int = 0
     too_long_skipped: int = 0
     nothing_to_learn: int = 0  # no trained-on token left (e.g. truncated before the response)
+    empty_responses: int = 0  # conversations whose assistant turns are all blank
     bad: BadRecords | None = field(default=None, repr=False)
 
     def summary(self, seq_len: int) -> str:
@@ -138,13 +139,34 @@ def build_samples(records, data_cfg, tokenizer, bad: BadRecords) -> tuple[list[S
     for record, where in records:
         counts.records += 1
         for convo in conversations(record, where, data_cfg.format, bad):
+            if not any(m["content"].strip() for m in convo if m["role"] == "assistant"):
+                counts.empty_responses += 1
             pending.append((*render(convo, data_cfg.chat_template, tokenizer), where))
             if len(pending) >= TOKENIZE_BATCH:
                 samples += _tokenize(pending, data_cfg, tokenizer, counts)
                 pending = []
     samples += _tokenize(pending, data_cfg, tokenizer, counts)
     counts.samples = len(samples)
+    raise_if_any(empty_response_problems(counts, data_cfg))
     return samples, counts
+
+
+# Above this share of blank responses a run would learn to end every answer at once.
+MAX_EMPTY_RESPONSE_SHARE = 0.5
+
+
+def empty_response_problems(counts: SftCounts, data_cfg) -> list[Problem]:
+    conversations_seen = counts.samples + counts.nothing_to_learn + counts.too_long_skipped
+    if data_cfg.train_on != TrainOn.assistant or not conversations_seen or counts.empty_responses <= MAX_EMPTY_RESPONSE_SHARE * conversations_seen:
+        return []
+    return [
+        Problem(
+            "data.path",
+            data_cfg.path,
+            f"{counts.empty_responses} of {conversations_seen} examples have an empty response: training on them teaches the model to answer with nothing",
+            "fill in the responses (the 'output' field, or the assistant messages' content), or remove those records",
+        )
+    ]
 
 
 def _tokenize(pending: list, data_cfg, tokenizer, counts: SftCounts) -> list[SftSample]:

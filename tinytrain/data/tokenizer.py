@@ -101,8 +101,8 @@ def _load_hf(path: str, kind: str):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        where = "hub id (is the hub reachable? on an offline machine use a local folder)" if kind == "hub" else "folder"
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception on a corrupt tokenizer.json
+        where = "hub id (is the hub reachable? on an offline machine use a local folder)" if kind == "hub" else "file" if Path(path).is_file() else "folder"
         raise ConfigError(Problem("tokenizer.path", path, f"could not load tokenizer {where}: {e}", "point tokenizer.path at a local tokenizer folder")) from e
 
 
@@ -120,8 +120,15 @@ def _load_sentencepiece(path: Path):
         # folder holding tokenizer.model is the path that matches sentencepiece.
         folder = Path(tempfile.mkdtemp(prefix="tinytrain-spm-"))
         shutil.copy(model_file, folder / "tokenizer.model")
+    try:
+        # sentencepiece first: on a file that is not a SentencePiece model transformers falls back
+        # to other formats and fails asking for tiktoken.
+        spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    except (RuntimeError, OSError) as e:
+        raise ConfigError(
+            Problem("tokenizer.path", str(path), f"not a SentencePiece model: {' '.join(str(e).split())[:200]}", "point tokenizer.path at a Llama-style tokenizer.model, or a folder with tokenizer.json (tokenizer=hf)")
+        ) from e
     tok = LlamaTokenizer.from_pretrained(str(folder))
-    spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
     ours = tok.encode(SENTENCEPIECE_PROBE, add_special_tokens=False)
     theirs = spm.encode(SENTENCEPIECE_PROBE)
     if ours != theirs or len(tok) < spm.get_piece_size():

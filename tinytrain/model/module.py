@@ -129,10 +129,13 @@ class CausalLMModule(pl.LightningModule):
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
         if self.clip_in_module:
             return
-        # DeepSpeed clips inside its engine; report the norm it measured (pre-clip).
+        # DeepSpeed clips inside its engine; report the norm it measured (pre-clip). Logged here
+        # and not in on_train_batch_end: a step's metrics row is written before its checkpoint, in
+        # a callback's on_train_batch_end (metrics_csv.py), which runs before the module's.
         engine = deepspeed_engine(self.trainer)
         norm = engine.get_global_grad_norm() if engine is not None else None
         if norm is not None:

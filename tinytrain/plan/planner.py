@@ -48,8 +48,8 @@ def make_plan(cfg, tokenizer, run_dir: Path) -> RunPlan:
 
         deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
     # In this order, so the first error met is the one reported (as a run would meet them).
-    init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change)
-    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name)
+    init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape)
     preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
     params = parameter_count(shape)
     states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.checkpoint.format import read, tinytrain_metadata
+from tinytrain.checkpoint.format import read, saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.vocab import VocabPlan
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,13 @@ class InitPoint:
         return {"path": self.path, **self.saved}
 
 
-def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> InitPoint | None:
+def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> InitPoint | None:
     if not path:
         return None
-    return InitPoint(path, check_compatible(read(path), path, vocab, fingerprint, allow_tokenizer_change))
+    return InitPoint(path, check_compatible(read(path), path, vocab, fingerprint, allow_tokenizer_change, shape))
 
 
-def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str) -> ResumePoint | None:
+def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> ResumePoint | None:
     """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming `resume`."""
     existing = step_checkpoints(checkpoint_dir)
     if value == NEVER:
@@ -99,7 +100,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    check_resumable(ckpt, str(path), vocab, fingerprint, model_name)
+    check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
@@ -119,9 +120,26 @@ def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
     return f"saved with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, {meta['true_vocab']} tokens) than this run's (fingerprint {fingerprint}, {vocab.true} tokens)"
 
 
-def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool) -> dict:
+def check_shape(ckpt: dict, path: str, key: str, shape: ModelShape | None) -> None:
+    """A checkpoint of another model size would fail deep inside load_state_dict ("size mismatch"):
+    compare the sizes while planning."""
+    if shape is None or not isinstance(ckpt.get("state_dict"), dict):
+        return
+    ours = {"num_layers": shape.layers, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate, "key/value width (num_kv_heads x head dim)": shape.kv_heads * shape.head_dim}
+    saved = saved_shape(ckpt["state_dict"])
+    differ = [name for name in saved if saved[name] != ours[name]]
+    if differ:
+        theirs = ", ".join(f"{n} {saved[n]}" for n in differ)
+        this = ", ".join(f"{n} {ours[n]}" for n in differ)
+        raise ConfigError(
+            Problem(key, path, f"holds another model size: {theirs} (this run's model: {this})", "use the model settings it was trained with (model= and the model.* overrides in its run's config_resolved.yaml), or another checkpoint")
+        )
+
+
+def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> dict:
     """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
     meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
+    check_shape(ckpt, path, "checkpoint.init_from", shape)
     if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
         raise ConfigError(
             Problem(
@@ -134,7 +152,7 @@ def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, 
     return meta
 
 
-def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str) -> dict:
+def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> dict:
     """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
     tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
     meta = tinytrain_metadata(ckpt, path, "resume")
@@ -143,6 +161,7 @@ def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, m
         raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
     if meta["model"] != model_name:
         raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
+    check_shape(ckpt, path, "resume", shape)
     if meta["padded_vocab"] != vocab.padded:
         raise ConfigError(
             Problem(

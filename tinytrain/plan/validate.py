@@ -11,17 +11,43 @@ from pathlib import Path
 
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
-from tinytrain.config.schema import DataFormat, DataSource, Mode, Strategy
+from tinytrain.config import CONF_DIR
+from tinytrain.config.resolvers import run_name_problem
+from tinytrain.config.schema import (
+    DataFormat,
+    DataSource,
+    LossScaleConfig,
+    Mode,
+    ModelConfig,
+    Strategy,
+)
 from tinytrain.data.chat_templates import template_problems
-from tinytrain.data.tokenizer import check_tokenizer_path, load_from_config
+from tinytrain.data.tokenizer import (
+    check_tokenizer_path,
+    load_from_config,
+    load_tokenizer,
+)
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 
+DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
+# Model sizes that must be positive; checked first, since the divisibility checks divide by them.
+POSITIVE_MODEL_SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
+
 
 def model_problems(cfg) -> list[Problem]:
     m, tp = cfg.model, cfg.parallel.tp
-    problems = []
+    problems = [
+        Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)} (model=tiny's), or pick a model= option")
+        for key in POSITIVE_MODEL_SIZES
+        if getattr(m, key) < 1
+    ]
+    for key in ("rope_theta", "rms_norm_eps", "initializer_range"):
+        if not getattr(m, key) > 0:
+            problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
+    if problems:
+        return problems
     if m.hidden_size % m.num_heads:
         problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size"))
     if m.num_heads % m.num_kv_heads:
@@ -40,13 +66,25 @@ def model_problems(cfg) -> list[Problem]:
     return problems
 
 
+def cluster_problems(cfg) -> list[Problem]:
+    c = cfg.cluster
+    problems = []
+    if c.nodes < 1:
+        problems.append(Problem("cluster.nodes", c.nodes, "must be >= 1", "use cluster.nodes=1 for one machine"))
+    if c.devices is not None and c.devices < 1:
+        problems.append(Problem("cluster.devices", c.devices, "must be >= 1 (processes per node)", "use the GPUs per node, 1 on a CPU, or null for every visible GPU"))
+    return problems
+
+
 def parallel_problems(cfg) -> list[Problem]:
     par = cfg.parallel
+    problems = override_problems(cfg)
+    if problems:
+        return problems
     if par.tp > 1 and par.strategy != Strategy.fsdp_tp:
         # Batch arithmetic depends on tp, so it is checked once tp is possible at all.
         fix = "use parallel.tp=1, or parallel=fsdp_tp for tensor parallelism"
         return [Problem("parallel.tp", par.tp, f"parallel={par.name} has no tensor parallelism", fix)]
-    problems = []
     world = world_size(cfg)
     if par.strategy == Strategy.deepspeed:
         problems += deepspeed_problems(cfg)
@@ -58,6 +96,29 @@ def parallel_problems(cfg) -> list[Problem]:
         )
     _, batch = batch_layout(cfg, world)
     return problems + batch
+
+
+def override_problems(cfg) -> list[Problem]:
+    """`parallel.deepspeed_overrides` may tune DeepSpeed, not contradict `parallel=`: the stage and
+    the offloads decide the optimizer (DeepSpeedCPUAdam) and the memory plan too."""
+    par = cfg.parallel
+    overrides = par.deepspeed_overrides
+    if not overrides:
+        return []
+    if par.strategy != Strategy.deepspeed:
+        return [Problem("parallel.deepspeed_overrides", dict(overrides), f"parallel={par.name} does not run DeepSpeed, so these would be ignored", "remove them, or pick parallel=zero1|zero2|zero3|zero2_offload|zero3_offload")]
+    zero = overrides.get("zero_optimization") or {}
+    problems = []
+    if "stage" in zero and zero["stage"] != par.zero_stage:
+        problems.append(Problem("parallel.deepspeed_overrides.zero_optimization.stage", zero["stage"], f"contradicts parallel={par.name} (ZeRO stage {par.zero_stage})", f"pick the stage with parallel=zero{zero['stage']} and remove the override"))
+    for key, flag, option in (("offload_optimizer", "offload_optimizer", "zero2_offload or zero3_offload"), ("offload_param", "offload_params", "zero3_offload")):
+        if key in zero and getattr(par, flag) != _offloads(zero[key]):
+            problems.append(Problem(f"parallel.deepspeed_overrides.zero_optimization.{key}", zero[key], f"contradicts parallel={par.name} (parallel.{flag}={getattr(par, flag)})", f"pick the offload with parallel={option} (or without), and remove the override"))
+    return problems
+
+
+def _offloads(block) -> bool:
+    return hasattr(block, "get") and block.get("device", "none") not in ("none", None)
 
 
 def deepspeed_problems(cfg) -> list[Problem]:
@@ -129,6 +190,12 @@ def data_problems(cfg) -> list[Problem]:
     return problems + chat_template_problems(cfg)
 
 
+def _empty_file_problem(files: list[Path], key: str, path: str, is_file: bool) -> list[Problem]:
+    if all(f.stat().st_size == 0 for f in files):
+        return [Problem(key, path, "is empty" if is_file else "holds only empty files", f"point {key} at data with documents in it")]
+    return []
+
+
 def source_path_problems(source: DataSource, path: str | None, key: str) -> list[Problem]:
     if source == DataSource.pydoc:
         if key == "data.val_path":
@@ -152,7 +219,7 @@ def source_path_problems(source: DataSource, path: str | None, key: str) -> list
     unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
         return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
-    return []
+    return _empty_file_problem(listed, key, path, p.is_file())
 
 
 def chat_template_problems(cfg) -> list[Problem]:
@@ -181,7 +248,131 @@ def trainer_problems(cfg) -> list[Problem]:
         problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
     if len(t.betas) != 2:
         problems.append(Problem("trainer.betas", list(t.betas), "needs two values", "use e.g. trainer.betas=[0.9,0.95]"))
+    elif not all(0.0 <= b < 1.0 for b in t.betas):
+        problems.append(Problem("trainer.betas", list(t.betas), "each must be in [0, 1) (AdamW's moment decay rates)", "use e.g. trainer.betas=[0.9,0.95]"))
+    if not t.eps > 0:
+        problems.append(Problem("trainer.eps", t.eps, "must be positive (AdamW divides by sqrt(v) + eps)", "use e.g. trainer.eps=1e-8"))
+    for key, fix in (("weight_decay", "use 0 for none, e.g. 0.1"), ("grad_clip", "use 0 for no clipping, e.g. 1.0"), ("val_batches", "use 0 for no validation, e.g. 8")):
+        if getattr(t, key) < 0:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 0", fix))
+    for key in ("global_batch_size", "accumulate_grad_batches"):
+        if getattr(t, key) is not None and getattr(t, key) < 1:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", f"use a positive integer, or null to derive it (trainer.{key}=null)"))
+    if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
+        problems.append(Problem("trainer.loss_chunk_tokens", t.loss_chunk_tokens, "must be >= 0", "use 0 for plain cross-entropy, null to decide by vocab size, or e.g. 1024"))
     return problems
+
+
+# Each overflowing step halves the scale once and is skipped: a start above 2^32 skips dozens of
+# steps on the way down (DeepSpeed's default start is 2^16).
+MAX_SCALE_POWER = 32
+
+
+def precision_problems(cfg) -> list[Problem]:
+    ls = cfg.precision.loss_scale
+    problems = []
+    if not 0 <= ls.initial_scale_power <= MAX_SCALE_POWER:
+        problems.append(Problem("precision.loss_scale.initial_scale_power", ls.initial_scale_power, f"must be between 0 and {MAX_SCALE_POWER} (the scale starts at 2^power)", "use 16 (the default), or 12 for fragile models"))
+    for key in ("window", "hysteresis"):
+        if getattr(ls, key) < 1:
+            problems.append(Problem(f"precision.loss_scale.{key}", getattr(ls, key), "must be >= 1", f"use e.g. precision.loss_scale.{key}={getattr(LossScaleConfig(), key)}"))
+    if not ls.min_scale > 0:
+        problems.append(Problem("precision.loss_scale.min_scale", ls.min_scale, "must be positive", "use e.g. precision.loss_scale.min_scale=1"))
+    elif 0 <= ls.initial_scale_power <= MAX_SCALE_POWER and ls.min_scale > 2.0**ls.initial_scale_power:
+        problems.append(
+            Problem("precision.loss_scale.min_scale", ls.min_scale, f"above the initial scale 2^{ls.initial_scale_power} = {2.0**ls.initial_scale_power:g}", "lower min_scale, or raise precision.loss_scale.initial_scale_power")
+        )
+    return problems
+
+
+def guard_problems(cfg) -> list[Problem]:
+    g = cfg.guard
+    problems = []
+    if g.max_consecutive_skips < 0:
+        problems.append(Problem("guard.max_consecutive_skips", g.max_consecutive_skips, "must be >= 0", "use 0 to stop at the first non-finite step, e.g. 3"))
+    if g.loss_scale_halvings < 1:
+        problems.append(Problem("guard.loss_scale_halvings", g.loss_scale_halvings, "must be >= 1", "use e.g. 8"))
+    if not g.grad_spike_factor > 1:
+        problems.append(Problem("guard.grad_spike_factor", g.grad_spike_factor, "must be above 1 (a spike is a norm this many times the running average)", "use e.g. 5"))
+    if g.grad_spike_warmup < 0:
+        problems.append(Problem("guard.grad_spike_warmup", g.grad_spike_warmup, "must be >= 0", "use e.g. 20"))
+    return problems
+
+
+def run_name_problems(cfg) -> list[Problem]:
+    problem = run_name_problem(str(cfg.run.name))
+    return [problem] if problem else []
+
+
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+
+
+def wandb_problems(cfg) -> list[Problem]:
+    lg = cfg.logger
+    if not lg.wandb:
+        return []
+    problems = []
+    if not str(lg.wandb_project).strip():
+        problems.append(Problem("logger.wandb_project", lg.wandb_project, "is empty", "use e.g. logger.wandb_project=tinytrain"))
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:
+        problems.append(Problem("WANDB_MODE", mode, f"is not a wandb mode ({', '.join(WANDB_MODES)})", "export WANDB_MODE=offline (no key or network needed) or online"))
+    elif cfg.mode == Mode.train and mode in (None, "online", "run", "shared") and not _wandb_key():
+        problems.append(
+            Problem("logger", "wandb", "wandb would log online but finds no API key (WANDB_API_KEY, or `wandb login`'s ~/.netrc entry)", "export WANDB_MODE=offline (sync later with `wandb sync`), or run `wandb login` / set WANDB_API_KEY")
+        )
+    return problems
+
+
+def _wandb_key() -> bool:
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def special_token_problems(cfg) -> list[Problem]:
+    """Added special tokens must be new, distinct, non-blank strings: turning a word the tokenizer
+    already has into a special token silently changes how every text containing it tokenizes."""
+    tokens = list(cfg.tokenizer.add_special_tokens)
+    key = "tokenizer.add_special_tokens"
+    blank = [t for t in tokens if not str(t).strip()]
+    if blank:
+        return [Problem(key, tokens, f"holds a blank token {blank[0]!r}", "remove it; special tokens are strings like <|im_start|>")]
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        return [Problem(key, tokens, f"lists {', '.join(repeated)} more than once", "list each token once")]
+    if not tokens or check_tokenizer_path(str(cfg.tokenizer.path)) is not None:
+        return []
+    try:
+        base = load_tokenizer(str(cfg.tokenizer.path))
+    except ConfigError:
+        return []  # the tokenizer's own problem is reported when it loads
+    special = set(base.all_special_tokens) | set(base.get_added_vocab())
+    ordinary = [t for t in tokens if t in base.get_vocab() and t not in special]
+    if ordinary:
+        return [Problem(key, tokens, f"{', '.join(map(repr, ordinary))} is already an ordinary token of the tokenizer; as a special token it would no longer be split or merged in text", "add only new marker strings (e.g. <|im_start|>), or leave the word as it is")]
+    return []
+
+
+def experiment_problems() -> list[Problem]:
+    """`experiment` is an optional group, and Hydra skips a missing optional option silently."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    choice = HydraConfig.get().runtime.choices.get("experiment")
+    folder = CONF_DIR / "experiment"
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    if choice not in (None, "null") and choice not in options:
+        return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add conf/experiment/<name>.yaml")]
+    return []
 
 
 def hardware_problems(cfg) -> list[Problem]:
@@ -223,30 +414,54 @@ def slurm_problems(cfg) -> list[Problem]:
 
 
 def unknown_key_problems(cfg) -> list[Problem]:
-    """Keys added with `+key=value` that no schema declares (Hydra lets `+` add anything)."""
-    import dataclasses
-
+    """Keys added with `+key=value` that no schema declares (Hydra lets `+` add anything), at any depth."""
     from tinytrain.config.schema import Config
 
-    known = {f.name for f in dataclasses.fields(Config)}
-    return [
-        Problem(key, cfg[key], "is not a tinytrain config key", f"remove it; top-level keys are {', '.join(sorted(known))}")
-        for key in cfg
-        if key not in known
-    ]
+    return _unknown_keys(cfg, Config, "")
+
+
+def _unknown_keys(node, schema, prefix: str) -> list[Problem]:
+    import dataclasses
+    import difflib
+
+    from omegaconf import DictConfig
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    problems = []
+    for key in node:
+        full = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            fix = f"did you mean {prefix}{close[0]}? Otherwise remove it" if close else "remove it"
+            problems.append(Problem(full, node[key], "is not a tinytrain config key", f"{fix}; the keys there are {', '.join(sorted(fields))}"))
+            continue
+        sub = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        # _get_node: the child without resolving interpolations (model.vocab_size loads the tokenizer).
+        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(node._get_node(key), DictConfig):
+            problems += _unknown_keys(node._get_node(key), sub, f"{full}.")
+    return problems
 
 
 def validate(cfg) -> None:
     """Raise one ConfigError listing every problem found."""
+    cluster = cluster_problems(cfg)
     problems = (
         unknown_key_problems(cfg)
+        + experiment_problems()
+        + run_name_problems(cfg)
         + model_problems(cfg)
-        + parallel_problems(cfg)
+        + cluster
+        # The world size (nodes x devices) underlies the parallel and batch checks.
+        + (parallel_problems(cfg) if not cluster else [])
         + slurm_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
+        + precision_problems(cfg)
+        + guard_problems(cfg)
         + hardware_problems(cfg)
         + tokenizer_problems(cfg)
+        + special_token_problems(cfg)
+        + wandb_problems(cfg)
         + checkpoint_problems(cfg)
     )
     raise_if_any(problems)

@@ -75,6 +75,14 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
         # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
         trainer.save_checkpoint(final)
         failed = False
+    except Exception as e:
+        from tinytrain.errors import TrainingStopped
+        from tinytrain.train.callbacks.dead_rank import DeadRank
+
+        dead = next((c.message for c in trainer.callbacks if isinstance(c, DeadRank) and c.message), None)
+        if dead is None:
+            raise
+        raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
     finally:
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")

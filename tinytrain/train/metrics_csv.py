@@ -8,24 +8,48 @@ resumed run trains and logs again).
 
 Lightning logs optimizer step k, and the validation after it, with `step = k - 1`; a run resumed
 from step N logs from step N on (it does not repeat the validation after step N).
+
+Lightning writes a step's row only after every callback's on_train_batch_end, and the step
+checkpoint is saved there: killed in between, the run would resume after the checkpoint without
+the row of the step it ends with. `write_step_row_now` writes that row first (a guard that stops
+the run writes its step's row the same way), and the logger then skips Lightning's copy of it.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from pathlib import Path
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from tinytrain.checkpoint.files import temp_path
 
+log = logging.getLogger(__name__)
+
 
 def rows_to_keep(rows: list[dict], resume_step: int) -> list[dict]:
     """The rows of optimizer steps up to `resume_step` (logged as `step < resume_step`)."""
     return [r for r in rows if int(r["step"]) < resume_step]
+
+
+def read_complete_rows(path: Path) -> tuple[list[str], list[dict]]:
+    """The header and the whole rows of a metrics.csv. A process killed while writing leaves a
+    last line without its newline (or without some fields): that row is dropped, since the
+    resumed run trains and logs its step again."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        log.warning("metrics.csv: dropped a last line cut off by a crash: %r", lines[-1][:80])
+        lines = lines[:-1]
+    reader = csv.DictReader(lines)
+    keys = list(reader.fieldnames or [])
+    rows = [r for r in reader if None not in r and None not in r.values() and r.get("step", "").isdigit()]
+    return keys, rows
 
 
 class ContinuedMetrics(ExperimentWriter):
@@ -39,10 +63,8 @@ class ContinuedMetrics(ExperimentWriter):
         if self.resume_step is None or not path.is_file():
             super()._check_log_dir_exists()
             return
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            keys = list(reader.fieldnames or [])
-            rows = rows_to_keep(list(reader), self.resume_step)
+        keys, rows = read_complete_rows(path)
+        rows = rows_to_keep(rows, self.resume_step)
         tmp = temp_path(path)
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=keys)
@@ -57,6 +79,19 @@ class ResumableCSVLogger(CSVLogger):
         # name="" and version="": metrics.csv directly in the run directory.
         super().__init__(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
         self.resume_step = resume_step
+        self.written_early: tuple[int | None, dict] | None = None  # the row write_step_row_now wrote
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        if self.written_early == (step, metrics):
+            self.written_early = None  # Lightning's own copy of the row written before the save
+            return
+        super().log_metrics(metrics, step)
+
+    def log_early(self, metrics: dict, step: int | None) -> None:
+        self.log_metrics(metrics, step)
+        self.save()  # on disk before the checkpoint is
+        self.written_early = (step, dict(metrics))
 
     @property
     @rank_zero_experiment
@@ -65,3 +100,35 @@ class ResumableCSVLogger(CSVLogger):
             os.makedirs(self.root_dir, exist_ok=True)
             self._experiment = ContinuedMetrics(self.log_dir, self.resume_step)
         return self._experiment
+
+
+def write_step_row_now(trainer, force: bool = False) -> None:
+    """Write the current optimizer step's metrics row to metrics.csv now, not after the callbacks
+    (see the module docstring). `force`: even off the logging interval (a guard stopping the run)."""
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, ResumableCSVLogger)]
+    connector = trainer._logger_connector
+    if not loggers or not (force or connector.should_update_logs):
+        return
+    metrics = connector.metrics["log"]
+    if not metrics:
+        return
+    everyone = trainer.loggers
+    # Lightning's own conversion (tensors to numbers, the step, `epoch`), into the CSV logger alone.
+    trainer.loggers = [_EarlyWriter(loggers[0])]
+    try:
+        connector.log_metrics(metrics)
+    finally:
+        trainer.loggers = everyone
+
+
+class _EarlyWriter:
+    """Passes Lightning's converted row to ResumableCSVLogger.log_early."""
+
+    def __init__(self, logger: ResumableCSVLogger):
+        self.logger = logger
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.logger.log_early(metrics, step)
+
+    def save(self) -> None:
+        pass

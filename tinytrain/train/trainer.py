@@ -119,6 +119,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
 
     from tinytrain.train.atomic_io import AtomicCheckpointIO
     from tinytrain.train.callbacks.data_position import DataPosition
+    from tinytrain.train.callbacks.dead_rank import DeadRank
     from tinytrain.train.callbacks.loss_summary import LossSummary
     from tinytrain.train.callbacks.preemption import Preemption
     from tinytrain.train.callbacks.rng_state import RNGState
@@ -138,6 +139,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         RNGState(),
+        DeadRank(run_dir),
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).

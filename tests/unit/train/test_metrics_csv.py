@@ -38,3 +38,30 @@ def test_a_fresh_run_starts_a_new_file(tmp_path):
     fresh = ResumableCSVLogger(tmp_path, resume_step=None)
     fresh.log_metrics({"loss": 2.0}, step=0)
     assert [r["loss"] for r in rows(tmp_path / "metrics.csv")] == ["2.0"]
+
+
+def test_a_last_line_cut_by_a_crash_is_dropped_on_resume(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("loss,step,val_loss\n10.0,0,\n9.0,1,\n8.0,2,\n7.")  # killed while writing step 3's row
+    resumed = ResumableCSVLogger(tmp_path, resume_step=3)
+    resumed.log_metrics({"loss": 7.25}, step=3)
+    assert [(r["step"], r["loss"]) for r in rows(path)] == [("0", "10.0"), ("1", "9.0"), ("2", "8.0"), ("3", "7.25")]
+
+
+def test_a_row_missing_fields_is_dropped_on_resume(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("loss,step,val_loss\n10.0,0,\n9.0\n")  # a cut line that still ends the file with a newline
+    resumed = ResumableCSVLogger(tmp_path, resume_step=2)
+    resumed.log_metrics({"loss": 8.0}, step=1)
+    assert [(r["step"], r["loss"]) for r in rows(path)] == [("0", "10.0"), ("1", "8.0")]
+
+
+def test_a_row_written_before_a_checkpoint_is_not_written_twice(tmp_path):
+    """write_step_row_now writes a step's row before the save; Lightning's own copy is skipped,
+    and a later row of the same step (the validation after it) is not."""
+    logger = ResumableCSVLogger(tmp_path, resume_step=None)
+    logger.log_early({"loss": 3.0, "epoch": 0}, step=7)
+    assert [(r["step"], r["loss"]) for r in rows(tmp_path / "metrics.csv")] == [("7", "3.0")]  # on disk already
+    logger.log_metrics({"loss": 3.0, "epoch": 0}, step=7)
+    logger.log_metrics({"val_loss": 2.5, "epoch": 0}, step=7)
+    assert [(r["step"], r["loss"], r["val_loss"]) for r in rows(tmp_path / "metrics.csv")] == [("7", "3.0", ""), ("7", "", "2.5")]

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from tinytrain.errors import TrainingStopped
 from tinytrain.model.guard_report import current_loss_scale
 from tinytrain.plan.precision import LossScalePolicy
+from tinytrain.train.metrics_csv import write_step_row_now
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class LossScaleGuard(pl.Callback):
         # A halving onto the floor stops too: DeepSpeed raises "Current loss scale already at
         # minimum" on the next overflow, and GradScaler would go on below it.
         if self.halvings >= self.max_halvings or scale < self.floor or (halved and scale <= self.floor):
+            write_step_row_now(trainer, force=True)  # the stopping step's row, loss scale included
             self.stop(self.diagnosis(trainer.global_step, scale))
 
     def stop(self, message: str) -> None:

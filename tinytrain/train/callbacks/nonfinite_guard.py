@@ -24,6 +24,7 @@ from tinytrain.model.guard_report import (
     deepspeed_engine,
     first_nonfinite_gradient,
 )
+from tinytrain.train.metrics_csv import write_step_row_now
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class NonFiniteGuard(pl.Callback):
         scaling = scale is not None
         if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
             path = self.checkpoint_dir / "last_good.ckpt"
+            write_step_row_now(trainer, force=True)  # the stopping step's loss is in metrics.csv
             trainer.save_checkpoint(path)
             why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
             raise TrainingStopped(

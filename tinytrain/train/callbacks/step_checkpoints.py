@@ -18,6 +18,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinytrain.checkpoint.files import prune, step_checkpoint_name
+from tinytrain.train.metrics_csv import write_step_row_now
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class StepCheckpoints(Checkpoint):
         path = self.directory / step_checkpoint_name(trainer.global_step)
         if self.last_saved_step == trainer.global_step:
             return path
+        # The step's metrics row is on disk before its checkpoint: a resume from it keeps the row.
+        write_step_row_now(trainer)
         trainer.save_checkpoint(path)
         self.last_saved_step = trainer.global_step
         if trainer.is_global_zero:

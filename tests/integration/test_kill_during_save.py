@@ -1,0 +1,137 @@
+"""SIGKILL at each point of a step-checkpoint save, then `resume=auto` in the same run directory:
+every checkpoint left loads, and the resumed run's metrics.csv equals an uninterrupted run's row
+for row (losses, lr, grad_norm, validation, to the bit on CPU).
+
+The points (tests/integration/instrumented_cli.py, TT_TEST_KILL_AT): before the rename (the temp
+file is written, the checkpoint not in place), after the rename (older checkpoints not yet
+pruned), after pruning (the save complete, but Lightning has not yet written the step's row:
+this lost the row of the checkpoint's step until the row was written before the save).
+
+And a DDP rank killed outright: rank 0 names it and the resume in one line, not gloo's traceback.
+"""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.test_resume import (
+    MODEL,
+    batches,
+    finish,
+    metrics,
+    start,
+    wait_for,
+)
+from tinytrain.checkpoint.files import is_temp
+from tinytrain.checkpoint.resume import read_state
+
+pytestmark = pytest.mark.slow
+
+# 8 steps, a checkpoint every 2 (the newest 2 kept), validation after step 5 (not at a checkpoint
+# step: see README "Errors" on a kill between a checkpoint and a validation due at the same step).
+RUN = [
+    "experiment=smoke",
+    *MODEL,
+    "data.seq_len=32",
+    "trainer.max_steps=8",
+    "trainer.log_every_n_steps=1",
+    "trainer.checkpoint_every_n_steps=2",
+    "trainer.val_every_n_steps=5",
+    "checkpoint.keep_last=2",
+    "trainer.progress_bar=false",
+    "trainer.export=false",
+    "trainer.plot=false",
+]
+KILLED_AT = 6
+# What the killed run leaves in checkpoints/, and the step the resumed run continues from.
+POINTS = {
+    "before_rename": (["step0000002.ckpt", "step0000004.ckpt"], 4),
+    "after_rename": (["step0000002.ckpt", "step0000004.ckpt", "step0000006.ckpt"], 6),
+    "after_prune": (["step0000004.ckpt", "step0000006.ckpt"], 6),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted run and one killed run per point, all started at once; once every killed
+    run has died, what it left is recorded and the resumes start, all at once too."""
+    root = tmp_path_factory.mktemp("kill_during_save")
+    reference = start(root / "reference", RUN)
+    killed = {point: start(root / point, RUN, env={"TT_TEST_KILL_AT": f"{point}:{KILLED_AT}"}) for point in POINTS}
+    left = {}
+    for point, proc in killed.items():
+        out = finish(proc, root / point)
+        files = sorted((root / point / "checkpoints").iterdir())
+        left[point] = (proc.returncode, out, {p.name: None if is_temp(p) else loads(p) for p in files})
+    resumed = {point: start(root / point, RUN) for point in POINTS}
+    yield root, reference, left, resumed
+    for proc in [reference, *killed.values(), *resumed.values()]:
+        proc.kill()
+
+
+def loads(path) -> tuple[int, bool]:
+    """The checkpoint's step, read the way resume reads it, and whether its weights load finite."""
+    step = read_state(path)["global_step"]
+    full = torch.load(path, weights_only=True)
+    return step, all(torch.isfinite(v).all() for v in full["state_dict"].values())
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("point", list(POINTS))
+def test_sigkill_during_a_save_then_resume_equals_an_uninterrupted_run(point, runs):
+    root, reference, left, resumed = runs
+    returncode, out, files = left[point]
+    assert returncode == -9, out[-3000:]  # killed, by itself, at the point
+    expected_left, resumed_from = POINTS[point]
+    complete = {name: loaded for name, loaded in files.items() if loaded is not None}
+    assert sorted(complete) == expected_left
+    assert list(complete.values()) == [(int(name[4:11]), True) for name in sorted(complete)]  # each loads
+    assert (len(files) > len(complete)) == (point == "before_rename")  # the unfinished save's temp file
+
+    run_dir = root / point
+    out = finish(resumed[point], run_dir)
+    assert resumed[point].returncode == 0, out[-3000:]
+    assert f"resuming from checkpoints/step{resumed_from:07d}.ckpt (step {resumed_from})" in out
+
+    assert finish(reference, root / "reference") and reference.returncode == 0
+    assert metrics(run_dir) == metrics(root / "reference")  # row for row, every logged value as written
+    expected = batches(root / "reference")
+    assert batches(run_dir) == expected[:KILLED_AT] + expected[resumed_from:]  # steps after the checkpoint trained again
+    checkpoints = run_dir / "checkpoints"
+    remaining = sorted(p.name for p in checkpoints.iterdir())
+    assert remaining == ["final.ckpt", "step0000006.ckpt", "step0000008.ckpt"]  # temp files cleared, pruned to 2
+    assert [loads(checkpoints / name) for name in remaining] == [(8, True), (6, True), (8, True)]
+
+
+def child_ranks(pid: int) -> list[int]:
+    """The processes `pid` started that run tinytrain: Lightning's DDP launcher starts ranks 1.. so."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"instrumented_cli" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40"]
+    proc = start(run_dir, args)
+    wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and child_ranks(proc.pid), proc, "step 3 on both ranks")
+    (rank_1,) = child_ranks(proc.pid)
+    os.kill(rank_1, signal.SIGKILL)
+    out = finish(proc, run_dir)
+    assert proc.returncode == 3, out[-3000:]
+    assert "Traceback" not in out and "Connection closed" not in out and "pair.cc" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if "died" in line]
+    assert len(lines) == 1, out[-3000:]
+    assert f"tinytrain: rank 1 (pid {rank_1}) died (killed by SIGKILL) during step" in lines[0]
+    assert f"Run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]

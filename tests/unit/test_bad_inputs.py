@@ -1,0 +1,357 @@
+"""An adversarial user's bad inputs: each exits 2 with one paragraph naming the key (or file), the
+value and a fix, with no traceback, and before anything expensive (no weights, no training).
+
+The CLI runs in-process (tinytrain.cli.main, as `python -m tinytrain` does) so the ~130 cases
+share one interpreter's imports; tests/unit/test_cli_errors.py checks the same output through a
+real subprocess. `{F}` in an argument is the folder of bad files made by the `bad` fixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL_MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+FP16 = ["precision=fp16", "hardware.gpu=V100"]
+SBATCH = ["mode=sbatch", "cluster=slurm", "cluster.nodes=1", "cluster.devices=1", "cluster.partition=gpu"]
+ZERO2 = ["parallel=zero2", "hardware.gpu=A100"]
+
+# name: (arguments, strings the message must contain: the key with its value first, then the fix)
+CASES = {
+    # model sizes
+    "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
+    "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),
+    "hidden size not an integer": (["mode=plan", "model.hidden_size=1.5"], ["model.hidden_size=1.5", "hidden_size", "Fix:"]),
+    "hidden size a word": (["mode=plan", "model.hidden_size=big"], ["model.hidden_size=big", "Integer"]),
+    "layers zero": (["mode=plan", "model.num_layers=0"], ["model.num_layers=0", "positive"]),
+    "layers negative": (["mode=plan", "model.num_layers=-1"], ["model.num_layers=-1", "positive"]),
+    "heads zero": (["mode=plan", "model.num_heads=0"], ["model.num_heads=0", "positive"]),
+    "kv heads zero": (["mode=plan", "model.num_kv_heads=0"], ["model.num_kv_heads=0", "positive"]),
+    "kv heads negative": (["mode=plan", "model.num_kv_heads=-2"], ["model.num_kv_heads=-2", "positive"]),
+    "intermediate size zero": (["mode=plan", "model.intermediate_size=0"], ["model.intermediate_size=0", "positive"]),
+    "max positions zero": (["mode=plan", "model.max_position_embeddings=0"], ["model.max_position_embeddings=0", "positive"]),
+    "heads not dividing hidden": (["mode=plan", "model.num_heads=5"], ["model.num_heads=5", "must divide hidden_size(192)", "Fix: pick a head count"]),
+    "kv heads not dividing heads": (["mode=plan", "model.num_kv_heads=4"], ["model.num_kv_heads=4", "must divide num_heads(6)"]),
+    "rope theta zero": (["mode=plan", "model.rope_theta=0"], ["model.rope_theta=0.0", "positive"]),
+    "rms norm eps negative": (["mode=plan", "model.rms_norm_eps=-1"], ["model.rms_norm_eps=-1.0", "positive"]),
+    "initializer range zero": (["mode=plan", "model.initializer_range=0"], ["model.initializer_range=0.0", "positive"]),
+    "vocab multiple zero": (["mode=plan", "model.vocab_multiple=0"], ["model.vocab_multiple=0", ">= 1"]),
+    "vocab multiple negative": (["mode=plan", "model.vocab_multiple=-64"], ["model.vocab_multiple=-64", ">= 1"]),
+    "vocab size below the tokenizer": (["mode=plan", "model.vocab_size=10"], ["model.vocab_size=10", "len(tokenizer) is 4096", "remove the override"]),
+    "seq len zero": (["mode=plan", "data.seq_len=0"], ["data.seq_len=0", ">= 2"]),
+    "seq len negative": (["mode=plan", "data.seq_len=-256"], ["data.seq_len=-256", ">= 2"]),
+    "seq len huge": (["mode=plan", "data.seq_len=100000000"], ["data.seq_len=100000000", "max_position_embeddings(1024)"]),
+    "tp not dividing heads": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=4", "parallel.tp=4"], ["parallel.tp=4", "tp(4) must divide num_heads(6)"]),
+    "tp zero": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=0"], ["parallel.tp=0", ">= 1"]),
+    "tp without tensor parallelism": (["mode=plan", "parallel.tp=2"], ["parallel.tp=2", "no tensor parallelism", "parallel=fsdp_tp"]),
+    "dp x tp not the world": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "parallel.dp=3", "cluster.devices=2"], ["parallel.dp=3", "world size 2"]),
+    "unknown model option": (["mode=plan", "model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'"]),
+    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2]"]),
+    "unknown attention": (["mode=plan", "model.attention=flash3"], ["model.attention=flash3", "expected one of"]),
+    # cluster
+    "nodes zero": (["mode=plan", "cluster.nodes=0"], ["cluster.nodes=0", ">= 1", "cluster.nodes=1"]),
+    "nodes negative": (["mode=plan", "cluster.nodes=-2"], ["cluster.nodes=-2", ">= 1"]),
+    "devices zero": (["mode=plan", "cluster.devices=0"], ["cluster.devices=0", ">= 1"]),
+    "devices negative": (["mode=plan", "parallel=ddp", "cluster.devices=-1"], ["cluster.devices=-1", ">= 1"]),
+    "nodes a word": (["mode=plan", "cluster.nodes=two"], ["cluster.nodes=two", "Integer"]),
+    "single with two devices": (["mode=plan", "cluster.devices=2"], ["parallel='single'", "runs one process", "parallel=ddp"]),
+    "sbatch time a word": ([*SBATCH, "cluster.time=banana"], ["cluster.time='banana'", "not a Slurm time limit", "HH:MM:SS"]),
+    "sbatch time minutes 99": ([*SBATCH, "cluster.time=25:99:99"], ["cluster.time='25:99:99'", "not a Slurm time limit"]),
+    "sbatch time hours 25 after days": ([*SBATCH, "cluster.time=1-25"], ["cluster.time='1-25'", "not a Slurm time limit"]),
+    "sbatch time four fields": ([*SBATCH, "cluster.time=1:2:3:4"], ["cluster.time='1:2:3:4'", "not a Slurm time limit"]),
+    "sbatch time empty": ([*SBATCH, "cluster.time=''"], ["cluster.time=''", "not a Slurm time limit"]),
+    "sbatch signal after the limit": ([*SBATCH, "cluster.time=5", "cluster.signal_delay_s=600"], ["cluster.signal_delay_s=600", "not shorter than cluster.time=5 (300 s)"]),
+    "sbatch signal negative": ([*SBATCH, "cluster.signal_delay_s=-5"], ["cluster.signal_delay_s=-5", ">= 0"]),
+    "sbatch cpus zero": ([*SBATCH, "cluster.cpus_per_task=0"], ["cluster.cpus_per_task=0", ">= 1"]),
+    "sbatch without slurm": (["mode=sbatch"], ["cluster='local'", "cluster=slurm"]),
+    # batch
+    "micro batch zero": (["mode=plan", "trainer.micro_batch_size=0"], ["trainer.micro_batch_size=0", ">= 1"]),
+    "micro batch negative": (["mode=plan", "trainer.micro_batch_size=-1"], ["trainer.micro_batch_size=-1", ">= 1"]),
+    "global batch zero": (["mode=plan", "trainer.global_batch_size=0"], ["trainer.global_batch_size=0", ">= 1", "null to derive it"]),
+    "global batch negative": (["mode=plan", "trainer.global_batch_size=-8"], ["trainer.global_batch_size=-8", ">= 1"]),
+    "global batch not divisible by dp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "trainer.global_batch_size=15"], ["trainer.global_batch_size=15", "micro_batch_size(8) x data_parallel(2) = 16"]),
+    "global batch below micro": (["mode=plan", "trainer.global_batch_size=4"], ["trainer.global_batch_size=4", "not a multiple of"]),
+    "accumulation zero": (["mode=plan", "trainer.accumulate_grad_batches=0"], ["trainer.accumulate_grad_batches=0", ">= 1"]),
+    "accumulation negative": (["mode=plan", "trainer.accumulate_grad_batches=-1"], ["trainer.accumulate_grad_batches=-1", ">= 1"]),
+    "accumulation against global": (["mode=plan", "trainer.accumulate_grad_batches=2", "trainer.global_batch_size=8"], ["trainer.accumulate_grad_batches=2", "disagrees with global_batch_size(8)"]),
+    # optimizer and schedule
+    "lr zero": (["mode=plan", "trainer.lr=0"], ["trainer.lr=0.0", "positive"]),
+    "lr negative": (["mode=plan", "trainer.lr=-1e-3"], ["trainer.lr=-0.001", "positive"]),
+    "lr a word": (["mode=plan", "trainer.lr=fast"], ["trainer.lr=fast", "trainer.lr"]),
+    "beta above one": (["mode=plan", "trainer.betas=[0.9,1.5]"], ["trainer.betas=[0.9, 1.5]", "[0, 1)"]),
+    "beta exactly one": (["mode=plan", "trainer.betas=[1.0,0.95]"], ["trainer.betas=[1.0, 0.95]", "[0, 1)"]),
+    "beta negative": (["mode=plan", "trainer.betas=[-0.1,0.95]"], ["trainer.betas=[-0.1, 0.95]", "[0, 1)"]),
+    "three betas": (["mode=plan", "trainer.betas=[0.9,0.95,0.99]"], ["trainer.betas=[0.9, 0.95, 0.99]", "two values"]),
+    "one beta": (["mode=plan", "trainer.betas=[0.9]"], ["trainer.betas=[0.9]", "two values"]),
+    "adam eps negative": (["mode=plan", "trainer.eps=-1e-8"], ["trainer.eps=-1e-08", "positive"]),
+    "adam eps zero": (["mode=plan", "trainer.eps=0"], ["trainer.eps=0.0", "positive"]),
+    "weight decay negative": (["mode=plan", "trainer.weight_decay=-0.1"], ["trainer.weight_decay=-0.1", ">= 0"]),
+    "grad clip negative": (["mode=plan", "trainer.grad_clip=-1"], ["trainer.grad_clip=-1.0", ">= 0", "0 for no clipping"]),
+    "warmup beyond steps": (["mode=plan", "trainer.warmup_steps=500"], ["trainer.warmup_steps=500", "below trainer.max_steps(250)"]),
+    "warmup equal to steps": (["mode=plan", "trainer.warmup_steps=250"], ["trainer.warmup_steps=250", "below trainer.max_steps(250)"]),
+    "warmup negative": (["mode=plan", "trainer.warmup_steps=-1"], ["trainer.warmup_steps=-1", ">= 0"]),
+    "min lr ratio above one": (["mode=plan", "trainer.min_lr_ratio=2"], ["trainer.min_lr_ratio=2.0", "between 0 and 1"]),
+    "min lr ratio negative": (["mode=plan", "trainer.min_lr_ratio=-0.1"], ["trainer.min_lr_ratio=-0.1", "between 0 and 1"]),
+    "max steps zero": (["mode=plan", "trainer.max_steps=0"], ["trainer.max_steps=0", ">= 1"]),
+    "max steps negative": (["mode=plan", "trainer.max_steps=-5"], ["trainer.max_steps=-5", ">= 1"]),
+    "val batches negative": (["mode=plan", "trainer.val_batches=-1"], ["trainer.val_batches=-1", ">= 0"]),
+    "val interval zero": (["mode=plan", "trainer.val_every_n_steps=0"], ["trainer.val_every_n_steps=0", ">= 1"]),
+    "log interval zero": (["mode=plan", "trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0", ">= 1"]),
+    "checkpoint interval zero": (["mode=plan", "trainer.checkpoint_every_n_steps=0"], ["trainer.checkpoint_every_n_steps=0", ">= 1"]),
+    "loss chunk negative": (["mode=plan", "trainer.loss_chunk_tokens=-5"], ["trainer.loss_chunk_tokens=-5", ">= 0"]),
+    "keep no checkpoint": (["mode=plan", "checkpoint.keep_last=0"], ["checkpoint.keep_last=0", "resuming needs a checkpoint"]),
+    # precision and the loss-scale policy
+    "unknown precision": (["mode=plan", "precision=fp8"], ["precision=fp8", "Available: auto, bf16, fp16, fp32"]),
+    "bf16 on a V100": (["mode=plan", "hardware.gpu=V100", "precision=bf16"], ["V100", "precision=fp16"]),
+    "min scale above the initial scale": (["mode=plan", *FP16, "precision.loss_scale.min_scale=1e9"], ["precision.loss_scale.min_scale=1000000000.0", "above the initial scale 2^16 = 65536"]),
+    "min scale zero": (["mode=plan", *FP16, "precision.loss_scale.min_scale=0"], ["precision.loss_scale.min_scale=0.0", "positive"]),
+    "min scale negative": (["mode=plan", *FP16, "precision.loss_scale.min_scale=-1"], ["precision.loss_scale.min_scale=-1.0", "positive"]),
+    "scale window zero": (["mode=plan", *FP16, "precision.loss_scale.window=0"], ["precision.loss_scale.window=0", ">= 1"]),
+    "scale window negative": (["mode=plan", *FP16, "precision.loss_scale.window=-10"], ["precision.loss_scale.window=-10", ">= 1"]),
+    "hysteresis zero": (["mode=plan", *FP16, "precision.loss_scale.hysteresis=0"], ["precision.loss_scale.hysteresis=0", ">= 1"]),
+    "scale power negative": (["mode=plan", *FP16, "precision.loss_scale.initial_scale_power=-3"], ["precision.loss_scale.initial_scale_power=-3", "between 0 and 32"]),
+    "scale power huge": (["mode=plan", *FP16, "precision.loss_scale.initial_scale_power=200"], ["precision.loss_scale.initial_scale_power=200", "between 0 and 32"]),
+    "unknown gpu": (["mode=plan", "hardware.gpu=V1000"], ["hardware.gpu='V1000'", "unknown GPU", "V100"]),
+    # runtime guards
+    "guard skips negative": (["mode=plan", "guard.max_consecutive_skips=-1"], ["guard.max_consecutive_skips=-1", ">= 0"]),
+    "guard halvings zero": (["mode=plan", "guard.loss_scale_halvings=0"], ["guard.loss_scale_halvings=0", ">= 1"]),
+    "guard spike factor below one": (["mode=plan", "guard.grad_spike_factor=0.5"], ["guard.grad_spike_factor=0.5", "above 1"]),
+    "guard spike warmup negative": (["mode=plan", "guard.grad_spike_warmup=-1"], ["guard.grad_spike_warmup=-1", ">= 0"]),
+    "guard unknown policy": (["mode=plan", "guard.nonfinite=ignore"], ["guard.nonfinite=ignore", "expected one of [skip, stop]"]),
+    "preflight unknown level": (["mode=plan", "preflight.vocab=maybe"], ["preflight.vocab=maybe", "expected one of [error, warn, off]"]),
+    # deepspeed_overrides against parallel=
+    "override changes the zero stage": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.zero_optimization.stage=3"], ["parallel.deepspeed_overrides.zero_optimization.stage=3", "contradicts parallel=zero2", "parallel=zero3"]),
+    "override under a non-deepspeed strategy": (["mode=plan", "+parallel.deepspeed_overrides.zero_optimization.stage=3"], ["parallel.deepspeed_overrides=", "parallel=single does not run DeepSpeed"]),
+    "override under ddp": (["mode=plan", "parallel=ddp", "+parallel.deepspeed_overrides.gradient_clipping=0.5"], ["parallel.deepspeed_overrides=", "parallel=ddp does not run DeepSpeed"]),
+    "override adds optimizer offload": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.zero_optimization.offload_optimizer.device=cpu"], ["parallel.deepspeed_overrides.zero_optimization.offload_optimizer=", "parallel=zero2_offload"]),
+    "override adds parameter offload": (["mode=plan", "parallel=zero3", "hardware.gpu=A100", "+parallel.deepspeed_overrides.zero_optimization.offload_param.device=cpu"], ["zero_optimization.offload_param=", "parallel=zero3_offload"]),
+    "override DeepSpeed rejects": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.train_micro_batch_size_per_gpu=3"], ["parallel.deepspeed_overrides.train_micro_batch_size_per_gpu=3", "DeepSpeed rejects"]),
+    "override enabling fp16 under bf16": (["mode=plan", *ZERO2, "+parallel.deepspeed_overrides.fp16.enabled=true"], ["parallel.deepspeed_overrides.fp16.enabled=True", "cannot be simultaneously enabled"]),
+    # the run directory
+    "run name with dot dot": (["mode=plan", "run.root={F}/runs", "run.name=../escape"], ["run.name='../escape'", "must name a folder under run.root", "run.root=<folder>"]),
+    "run name with dot dot inside": (["mode=plan", "run.root={F}/runs", "run.name=a/../../escape"], ["run.name='a/../../escape'", "must name a folder under run.root"]),
+    "run name absolute": (["mode=plan", "run.root={F}/runs", "run.name=/tmp/elsewhere"], ["run.name='/tmp/elsewhere'", "must name a folder under run.root"]),
+    "run name in the home folder": (["mode=plan", "run.root={F}/runs", "run.name='~/elsewhere'"], ["run.name='~/elsewhere'", "must name a folder under run.root"]),
+    "run name dot dot alone": (["mode=plan", "run.root={F}/runs", "run.name=.."], ["run.name='..'", "must name a folder under run.root"]),
+    "run name dot": (["mode=plan", "run.root={F}/runs", "run.name=."], ["run.name='.'", "must name a folder under run.root"]),
+    "run name empty": (["mode=plan", "run.root={F}/runs", "run.name=''"], ["run.name=''", "must name a folder under run.root"]),
+    "run root is a file": (["mode=plan", "run.root={F}/a_file", "run.name=x"], ["hydra.run.dir", "{F}/a_file/x", "Not a directory", "Fix: choose a writable folder"]),
+    "run dir is a file": (["mode=plan", "hydra.run.dir={F}/a_file"], ["hydra.run.dir", "{F}/a_file", "File exists", "Fix:"]),
+    # unknown keys and options
+    "unknown nested key": (["mode=plan", "+trainer.lrr=1"], ["trainer.lrr=1", "not a tinytrain config key", "did you mean trainer.lr?"]),
+    "unknown deeper key": (["mode=plan", "+model.foo.bar=1"], ["model.foo=", "not a tinytrain config key", "hidden_size"]),
+    "unknown top-level key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
+    "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
+    "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
+    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: smoke, tinyllama_pretrain"]),
+    "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch]"]),
+    "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
+    # special tokens
+    "special token empty": (["mode=plan", 'tokenizer.add_special_tokens=[""]'], ["tokenizer.add_special_tokens=['']", "blank token"]),
+    "special token blank": (["mode=plan", 'tokenizer.add_special_tokens=[" "]'], ["tokenizer.add_special_tokens=[' ']", "blank token"]),
+    "special token twice": (["mode=plan", 'tokenizer.add_special_tokens=["<a>","<a>"]'], ["tokenizer.add_special_tokens=['<a>', '<a>']", "more than once"]),
+    "special token already in the vocab": (["mode=plan", 'tokenizer.add_special_tokens=["the"]'], ["tokenizer.add_special_tokens=['the']", "already an ordinary token"]),
+    "chatml markers missing": (["mode=plan", "data=chat"], ["data.chat_template='chatml'", "tokenizer.add_special_tokens"]),
+    # wandb
+    "wandb project empty": (["mode=plan", "logger=wandb", "logger.wandb_project=''"], ["logger.wandb_project=''", "is empty"]),
+    "wandb mode invalid": (["mode=plan", "logger=wandb"], ["WANDB_MODE='ofline'", "not a wandb mode", "WANDB_MODE=offline"]),
+    "wandb online without a key": (["logger=wandb"], ["logger='wandb'", "no API key", "WANDB_MODE=offline"]),
+    # tokenizer
+    "tokenizer missing": (["mode=plan", "tokenizer=hf", "tokenizer.path={F}/no_tokenizer"], ["tokenizer.path='{F}/no_tokenizer'", "no such file or folder"]),
+    "tokenizer folder without files": (["mode=plan", "tokenizer=hf", "tokenizer.path={F}/empty_dir"], ["tokenizer.path='{F}/empty_dir'", "folder has no tokenizer.json"]),
+    "tokenizer.json corrupt in a folder": (["mode=plan", "tokenizer=hf", "tokenizer.path={F}/corrupt_tokenizer"], ["tokenizer.path='{F}/corrupt_tokenizer'", "could not load tokenizer folder"]),
+    "tokenizer.json corrupt as a file": (["mode=plan", "tokenizer=hf", "tokenizer.path={F}/tokenizer.json"], ["tokenizer.path='{F}/tokenizer.json'", "could not load tokenizer file"]),
+    "tokenizer.model random bytes": (["mode=plan", "tokenizer=llama2", "tokenizer.path={F}/random/tokenizer.model"], ["tokenizer.path='{F}/random/tokenizer.model'", "not a SentencePiece model"]),
+    "tokenizer.model missing": (["mode=plan", "tokenizer=llama2", "tokenizer.path={F}/missing/tokenizer.model"], ["tokenizer.path='{F}/missing/tokenizer.model'", "no such file"]),
+    # data
+    "text file missing": (["mode=plan", "data=text", "data.path={F}/missing.txt"], ["data.path='{F}/missing.txt'", "no such file or folder"]),
+    "text file empty": (["mode=plan", "data=text", "data.path={F}/empty.txt"], ["data.path='{F}/empty.txt'", "is empty"]),
+    "text folder of empty files": (["mode=plan", "data=text", "data.path={F}/empty_texts"], ["data.path='{F}/empty_texts'", "holds only empty files"]),
+    "text folder without text files": (["mode=plan", "data=text", "data.path={F}/empty_dir"], ["data.path='{F}/empty_dir'", "folder holds no .txt files"]),
+    "text not UTF-8": (["mode=prepare", "data=text", "data.path={F}/latin1.txt"], ["{F}/latin1.txt:1", "not UTF-8", "convert the file to UTF-8"]),
+    "validation file missing": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.val_path={F}/missing_val.txt"], ["data.val_path='{F}/missing_val.txt'", "no such file"]),
+    "val fraction zero": (["mode=plan", "data.val_fraction=0"], ["data.val_fraction=0.0", "between 0 and 1"]),
+    "val fraction above one": (["mode=plan", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
+    "pydoc with a validation path": (["mode=plan", "data.val_path=x.txt"], ["data.val_path='x.txt'", "remove data.val_path"]),
+    "token store missing": (["mode=plan", "data.store={F}/empty_dir"], ["data.store='{F}/empty_dir'", "not a token store"]),
+    "workers negative": (["mode=plan", "data.num_workers=-1"], ["data.num_workers=-1", ">= 0"]),
+    "tokenize workers negative": (["mode=plan", "data.tokenize_workers=-2"], ["data.tokenize_workers=-2", ">= 0"]),
+    "pad multiple zero": (["mode=plan", "data.pad_to_multiple_of=0"], ["data.pad_to_multiple_of=0", ">= 1"]),
+    "jsonl file missing": (["mode=plan", "data=jsonl", "data.path={F}/missing.jsonl"], ["data.path='{F}/missing.jsonl'", "no such file"]),
+    "jsonl line not JSON": (["mode=prepare", "data=jsonl", "data.path={F}/broken.jsonl"], ["{F}/broken.jsonl:2", "bad_records=skip"]),
+    "SFT record without output": (["mode=prepare", "data=alpaca", "data.path={F}/no_output.jsonl"], ["{F}/no_output.jsonl:1", "missing field 'output'"]),
+    "SFT responses mostly empty": (["mode=prepare", "data=alpaca", "data.path={F}/empty_outputs.jsonl"], ["data.path='{F}/empty_outputs.jsonl'", "19 of 20 examples have an empty response", "fill in the responses"]),
+    "chat record without messages": (["mode=prepare", "data=chat", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "data.path={F}/no_messages.jsonl"], ["{F}/no_messages.jsonl:1", "messages"]),
+    "SFT from a text source": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.format=instruction"], ["data.format='instruction'", "data.source=jsonl"]),
+    # checkpoints and resuming
+    "init_from missing": (["mode=plan", "checkpoint.init_from={F}/missing.ckpt"], ["checkpoint.init_from='{F}/missing.ckpt'", "no such checkpoint file"]),
+    "init_from a folder": (["mode=plan", "checkpoint.init_from={F}/empty_dir"], ["checkpoint.init_from='{F}/empty_dir'", "no such checkpoint file"]),
+    "init_from a text file": (["mode=plan", "checkpoint.init_from={F}/good.txt"], ["checkpoint.init_from='{F}/good.txt'", "not a PyTorch checkpoint file"]),
+    "init_from a tensor, not a dict": (["mode=plan", "checkpoint.init_from={F}/tensor.ckpt"], ["checkpoint.init_from='{F}/tensor.ckpt'", "not a dict"]),
+    "init_from without tinytrain metadata": (["mode=plan", "checkpoint.init_from={F}/plain_dict.ckpt"], ["checkpoint.init_from='{F}/plain_dict.ckpt'", "no tinytrain metadata"]),
+    "init_from another model size": (["mode=plan", "checkpoint.init_from={F}/small_model.ckpt"], ["checkpoint.init_from='{F}/small_model.ckpt'", "another model size: num_layers 2, hidden_size 64", "this run's model: num_layers 4, hidden_size 192", "model.* overrides"]),
+    "resume missing": (["mode=plan", "resume={F}/missing.ckpt"], ["resume='{F}/missing.ckpt'", "neither auto, never"]),
+    "resume from a text file": (["mode=plan", "resume={F}/good.txt"], ["resume='{F}/good.txt'", "not a PyTorch checkpoint file"]),
+    "resume from another model size": (["mode=plan", "resume={F}/small_model.ckpt"], ["resume='{F}/small_model.ckpt'", "another model size"]),
+    "resume a word": (["mode=plan", "resume=latest"], ["resume='latest'", "resume=auto"]),
+    "pretrained folder missing": (["mode=plan", "model.pretrained={F}/missing_model"], ["model.pretrained='{F}/missing_model'", "no config.json"]),
+    "pretrained config.json broken": (["mode=plan", "model.pretrained={F}/broken_model"], ["model.pretrained='{F}/broken_model'", "cannot read its config.json"]),
+    "pretrained config.json without a model type": (["mode=plan", "model.pretrained={F}/typeless_model"], ["model.pretrained='{F}/typeless_model'", "cannot read its config.json"]),
+}
+ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
+
+
+def run_in_process(args: list[str]) -> tuple[int, str]:
+    """`python -m tinytrain args...` in this process: the exit status and what it printed to stderr.
+    An exception that escapes main() is what a user would see as a traceback, so it propagates."""
+    from tinytrain import cli
+
+    saved_argv = sys.argv
+    sys.argv = ["tinytrain", *args]
+    err = io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            cli.main()
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved_argv
+        # main() remembers the traceback choice in the environment for its child processes.
+        for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK"):
+            os.environ.pop(var, None)
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    """A folder of bad files: the `{F}` of the cases."""
+    import torch
+
+    f = tmp_path_factory.mktemp("bad_inputs")
+    (f / "a_file").write_text("a regular file where a folder should be\n")
+    (f / "empty.txt").write_text("")
+    (f / "empty_texts").mkdir()
+    (f / "empty_texts" / "a.txt").write_text("")
+    (f / "empty_dir").mkdir()
+    (f / "good.txt").write_text("A document.\n\nAnother document.\n")
+    (f / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+    (f / "broken.jsonl").write_text('{"instruction": "q", "output": "a"}\n{"instruction": \n')
+    (f / "corrupt_tokenizer").mkdir()
+    (f / "corrupt_tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    (f / "tokenizer.json").write_text('{"broken": ')
+    (f / "random").mkdir()
+    (f / "random" / "tokenizer.model").write_bytes(bytes(range(256)) * 8)
+    records = [{"instruction": f"question {i}", "input": "", "output": "" if i else "yes"} for i in range(20)]
+    (f / "empty_outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (f / "no_output.jsonl").write_text(json.dumps({"instruction": "q"}) + "\n")
+    (f / "no_messages.jsonl").write_text(json.dumps({"conversation": []}) + "\n")
+    (f / "broken_model").mkdir()
+    (f / "broken_model" / "config.json").write_text("{not json")
+    (f / "typeless_model").mkdir()
+    (f / "typeless_model" / "config.json").write_text('{"hidden_size": 64}')
+    torch.save(torch.zeros(3), f / "tensor.ckpt")
+    torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
+    small_model_checkpoint(f / "small_model.ckpt")
+    return f
+
+
+def small_model_checkpoint(path) -> None:
+    """A checkpoint as tinytrain saves it (Lightning's state_dict of the module, tinytrain's vocab
+    metadata) of a smaller model than the default `tiny`, with the same tokenizer."""
+    import torch
+
+    from tests.conftest import compose
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.build import build_model, model_config
+    from tinytrain.plan.planner import make_plan
+
+    cfg = compose(SMALL_MODEL)
+    tokenizer = load_from_config(cfg.tokenizer)
+    plan = make_plan(cfg, tokenizer, Path(path).parent / "small_run")
+    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "tinytrain": plan.checkpoint_metadata(), "global_step": 4}, path)
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK", "WANDB_MODE", "WANDB_API_KEY", "SLURM_JOB_ID", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))  # no wandb key from the user's ~/.netrc
+    return monkeypatch
+
+
+def test_the_suite_is_adversarial_enough():
+    assert len(CASES) >= 120
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_exits_2_naming_key_value_and_fix(name, bad, clean_env, tmp_path):
+    args, needles = CASES[name]
+    for var, value in ENV.get(name, {}).items():
+        clean_env.setenv(var, value)
+    args = [a.replace("{F}", str(bad)) for a in args]
+    if not any(a.startswith(("hydra.run.dir=", "run.root=")) for a in args):
+        args.append(f"hydra.run.dir={tmp_path / 'run'}")
+    code, err = run_in_process(args)
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert "Fix:" in err, err
+    for needle in needles:
+        assert needle.replace("{F}", str(bad)) in err, (needle, err)
+    # Refused before anything is written: no plan, no checkpoint, nothing outside the run directory.
+    assert not (tmp_path / "run" / "plan.json").exists()
+    assert not (bad / "escape").exists() and not (bad / "runs" / "a").exists()
+
+
+@pytest.fixture
+def read_only_root(tmp_path):
+    """A folder this process cannot write to: a read-only tmpfs as root (root ignores modes), else mode 0555."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_an_unwritable_run_root_is_named(read_only_root, clean_env):
+    code, err = run_in_process(["mode=plan", f"run.root={read_only_root}", "run.name=x"])
+    assert code == 2 and "Traceback" not in err, err
+    assert f"hydra.run.dir: cannot create the run directory {read_only_root / 'x'}" in err
+    assert "Fix: choose a writable folder with run.root=<folder>" in err
+
+
+def test_every_problem_is_reported_at_once(clean_env, tmp_path):
+    code, err = run_in_process(["mode=plan", "model.hidden_size=0", "trainer.lr=-1", "cluster.nodes=0", "guard.loss_scale_halvings=0", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 2, err
+    assert "4 configuration errors" in err
+    for key in ("model.hidden_size=0", "trainer.lr=-1.0", "cluster.nodes=0", "guard.loss_scale_halvings=0"):
+        assert key in err
+
+
+@pytest.mark.parametrize("args", [["mode=plan", "run.name=sweep-x1/run7"], ["mode=plan", "trainer.val_batches=0"], ["mode=plan", "guard.max_consecutive_skips=0"], ["mode=plan", "trainer.grad_clip=0"], ["mode=plan", "trainer.weight_decay=0"]])
+def test_edge_values_that_mean_something_are_accepted(args, clean_env, tmp_path):
+    """A run in a sub-folder of run.root (a wandb sweep's); 0 meaning "no validation", "stop at the
+    first non-finite step", "no clipping", "no decay"."""
+    run_dir = tmp_path / "runs" / "sweep-x1" / "run7" if "run.name=sweep-x1/run7" in args else tmp_path / "run"
+    location = [f"run.root={tmp_path / 'runs'}"] if "run.name=sweep-x1/run7" in args else [f"hydra.run.dir={run_dir}"]
+    code, err = run_in_process([*args, *location])
+    assert code == 0, err
+    assert (run_dir / "plan.json").exists()

@@ -1,0 +1,59 @@
+"""A rank that dies outright (SIGKILL, the OOM killer) leaves rank 0 with a gloo / NCCL error from
+inside a collective, a traceback that does not say what happened. Rank 0 started the other local
+ranks (Lightning's subprocess launcher), so it can see which one died: it says so in one line,
+with how to resume, and the run exits 3 like any other stop (cli.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.errors import ConfigError, Preempted, TrainingStopped
+
+OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
+
+
+class DeadRank(pl.Callback):
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.message: str | None = None
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, OWN_STOPS):
+            return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
+        procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
+        dead = died(procs)
+        if not dead:
+            return
+        # Lightning's observer SIGKILLs this process within 5 s of seeing a child die; the
+        # message needs those seconds.
+        for thread in threading.enumerate():
+            if thread.name == "child-process-observer":
+                thread._finished = True
+        rank, proc = dead
+        how = f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        newest = step_checkpoints(self.run_dir / "checkpoints")
+        then = f"resume=auto continues from checkpoints/{newest[0][1].name}" if newest else "no step checkpoint was saved yet, so it starts over"
+        self.message = (
+            f"tinytrain: rank {rank} (pid {proc.pid}) died ({how}) during step {trainer.global_step + 1}; the other ranks stopped. "
+            f"Run the same command again in {self.run_dir}: {then}."
+        )
+
+
+def died(procs: list, wait_s: float = 2.0):
+    """(rank, process) of the first child that exited with an error; the local ranks 1.. in order.
+    Waits a moment: the peer's socket closes as it dies, a hair before it can be reaped."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank, proc in enumerate(procs, start=1):
+            if proc.poll() not in (None, 0):
+                return rank, proc
+        if time.monotonic() > deadline or not procs:
+            return None
+        time.sleep(0.05)
