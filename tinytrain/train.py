@@ -261,7 +261,7 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
 
 
 def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, resolved: Resolved, result: dict) -> None:
-    from tinytrain.export import export_checkpoint
+    from tinytrain.export import export_checkpoint, export_spec
     from tinytrain.plot import plot_loss
 
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
@@ -274,7 +274,8 @@ def finish(cfg, run_dir: Path, final_checkpoint: Path, model_config, tokenizer, 
             consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
-        export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, run_dir / "hf_export")
+        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value)
+        export_checkpoint(final_checkpoint, model_config, tokenizer, resolved.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec)
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
         print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
