@@ -46,6 +46,11 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)
     tokenizer = load_from_config(cfg.tokenizer)
+    from tinytrain.bos_policy import resolve_add_bos
+
+    # One BOS policy for the token store, SFT samples and the export (config_resolved.yaml records it).
+    add_bos, add_bos_reason = resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer)
+    cfg.tokenizer.add_bos = cfg.data.prepend_bos = add_bos
     resolved = resolve(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, tokenizer, resolved)
@@ -79,6 +84,7 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     memory = memory_section(cfg, resolved, shape, params, attention)
     fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, not resolved.hardware.is_cpu, resolved.vocab.padded, liger_installed(), cfg.parallel.zero_stage)
     plan = build_plan(cfg, resolved, params, attention, cfg.model.name, memory, deepspeed)
+    plan["tokenizer"].update(add_bos=add_bos, add_bos_reason=add_bos_reason)
     plan["fast_paths"] = fast.to_dict()
     plan["preflight"] = {"findings": preflight, "untrained_rows": [r.describe() for r in untrained], "fix": fix or None}
     plan["init_from"] = init_from and {"path": cfg.checkpoint.init_from, **init_from}

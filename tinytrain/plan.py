@@ -92,6 +92,7 @@ def render_plan(plan: dict) -> str:
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
         f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
         f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
+        *([f"bos        {'on' if plan['tokenizer']['add_bos'] else 'off'}: {plan['tokenizer']['add_bos_reason']}"] if "add_bos" in plan["tokenizer"] else []),
         f"hardware   {where}",
         f"precision  {p['value']}: {p['reason']}",
     ]

@@ -16,9 +16,22 @@ from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
-# Encoded by both our loader and sentencepiece itself: transformers has silent loading traps for
-# bare .model files (a 3-token tokenizer, or one without the word-boundary prefix).
-SENTENCEPIECE_PROBE = "Hello world, this is tinytrain. 12345 ünïcödé"
+# Encoded by both our loader and sentencepiece itself when a tokenizer.model loads: each string
+# is a way transformers' own conversion has diverged (double, leading and trailing spaces, newlines,
+# tabs, long whitespace runs, non-Latin scripts, byte fallback, digits).
+SENTENCEPIECE_PROBES = (
+    "Hello world, this is tinytrain. 12345 ünïcödé",
+    "a  b",
+    " leading space",
+    "  two leading spaces",
+    "trailing  ",
+    "line one\nline two\n\n  indented",
+    "tab\tseparated\t\tvalues",
+    "def f(x):\n    return x  # four spaces" + " " * 20 + "and twenty",
+    "日本語のテキスト、中文文本 и русский текст",
+    "emoji 🙂 and math ∑ ½",
+    "\r\n \u00a0nbsp",
+)
 
 
 def tokenizer_kind(path: str) -> str:
@@ -107,34 +120,61 @@ def _load_hf(path: str, kind: str):
 
 
 def _load_sentencepiece(path: Path):
+    """A BPE tokenizer.model (Llama-2's) loads as the exact pipeline of sentencepiece_exact.py;
+    other SentencePiece models through transformers. Either way a probe of edge strings must encode
+    exactly as sentencepiece does, or loading stops."""
+    import sentencepiece
+
+    from tinytrain.sentencepiece_exact import model_proto, unsupported
+
+    model_file = path if path.is_file() else path / "tokenizer.model"
+    proto = model_proto(model_file)
+    tok = _exact_sentencepiece(model_file, proto) if unsupported(proto) is None else _transformers_sentencepiece(model_file)
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    for probe in SENTENCEPIECE_PROBES:
+        ours = tok.encode(probe, add_special_tokens=False)
+        theirs = spm.encode(probe)
+        if ours != theirs or len(tok) < spm.get_piece_size():
+            raise ConfigError(
+                Problem(
+                    "tokenizer.path",
+                    str(path),
+                    f"tinytrain encodes this SentencePiece model differently from sentencepiece ({probe!r}: ids {ours[:8]} vs {theirs[:8]}; "
+                    f"{len(tok)} vs {spm.get_piece_size()} pieces; {unsupported(proto) or 'BPE'})",
+                    "convert the model to a tokenizer.json folder that matches it and point tokenizer.path there (tokenizer=hf)",
+                )
+            )
+    return tok
+
+
+def _exact_sentencepiece(model_file: Path, proto):
+    from transformers import PreTrainedTokenizerFast
+
+    from tinytrain.sentencepiece_exact import build_backend
+
+    spec = proto.trainer_spec
+
+    def piece(i: int) -> str | None:
+        return proto.pieces[i].piece if 0 <= i < len(proto.pieces) else None
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=build_backend(model_file), bos_token=piece(spec.bos_id), eos_token=piece(spec.eos_id), unk_token=piece(spec.unk_id))
+    tok.name_or_path = str(model_file)
+    return tok
+
+
+def _transformers_sentencepiece(model_file: Path):
     import shutil
     import tempfile
 
-    import sentencepiece
     from transformers import LlamaTokenizer
 
-    model_file = path if path.is_file() else path / "tokenizer.model"
     folder = model_file.parent
     if model_file.name != "tokenizer.model":
         # LlamaTokenizer(vocab_file=...) silently builds a 3-token tokenizer; from_pretrained on a
         # folder holding tokenizer.model is the path that matches sentencepiece.
         folder = Path(tempfile.mkdtemp(prefix="tinytrain-spm-"))
         shutil.copy(model_file, folder / "tokenizer.model")
-    tok = LlamaTokenizer.from_pretrained(str(folder))
-    spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-    ours = tok.encode(SENTENCEPIECE_PROBE, add_special_tokens=False)
-    theirs = spm.encode(SENTENCEPIECE_PROBE)
-    if ours != theirs or len(tok) < spm.get_piece_size():
-        raise ConfigError(
-            Problem(
-                "tokenizer.path",
-                str(path),
-                f"transformers loads this SentencePiece model differently from sentencepiece "
-                f"(probe ids {ours[:6]}... vs {theirs[:6]}..., {len(tok)} vs {spm.get_piece_size()} pieces)",
-                "convert the model to a tokenizer.json folder with the matching transformers version",
-            )
-        )
-    return tok
+    return LlamaTokenizer.from_pretrained(str(folder))
 
 
 def fingerprint(tok) -> str:
@@ -143,9 +183,22 @@ def fingerprint(tok) -> str:
     payload = {
         "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
         "special": {k: str(v) for k, v in sorted(tok.special_tokens_map.items())},
+        "encoding": encoding_pipeline(tok),
     }
     digest = hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
     return digest[:16]
+
+
+def encoding_pipeline(tok) -> str:
+    """Hash of how text becomes ids (normalizer, pre-tokenizer, model, merges): the same vocab
+    encoded another way (transformers' Llama-2 conversion vs the exact one) is another tokenizer
+    for token stores and checkpoints."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return type(tok).__name__
+    spec = json.loads(backend.to_str())
+    kept = {k: spec.get(k) for k in ("normalizer", "pre_tokenizer", "model")}
+    return hashlib.sha256(json.dumps(kept, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_from_config(tok_cfg):
