@@ -34,6 +34,9 @@ SENTENCEPIECE_PROBES = (
 )
 
 
+EXACT_SENTENCEPIECE = "sentencepiece-exact-1"
+
+
 def tokenizer_kind(path: str) -> str:
     """'hf' (tokenizer.json folder or file), 'sentencepiece' (tokenizer.model), or 'hub' (an id)."""
     p = Path(path)
@@ -159,6 +162,7 @@ def _exact_sentencepiece(model_file: Path, proto):
 
     tok = PreTrainedTokenizerFast(tokenizer_object=build_backend(model_file), bos_token=piece(spec.bos_id), eos_token=piece(spec.eos_id), unk_token=piece(spec.unk_id))
     tok.name_or_path = str(model_file)
+    tok.tinytrain_encoding = EXACT_SENTENCEPIECE
     return tok
 
 
@@ -183,22 +187,13 @@ def fingerprint(tok) -> str:
     payload = {
         "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
         "special": {k: str(v) for k, v in sorted(tok.special_tokens_map.items())},
-        "encoding": encoding_pipeline(tok),
     }
+    if getattr(tok, "tinytrain_encoding", None):
+        # The same vocab encoded another way (the exact SentencePiece pipeline vs transformers'
+        # conversion) is another tokenizer for token stores and checkpoints.
+        payload["encoding"] = tok.tinytrain_encoding
     digest = hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
     return digest[:16]
-
-
-def encoding_pipeline(tok) -> str:
-    """Hash of how text becomes ids (normalizer, pre-tokenizer, model, merges): the same vocab
-    encoded another way (transformers' Llama-2 conversion vs the exact one) is another tokenizer
-    for token stores and checkpoints."""
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is None:
-        return type(tok).__name__
-    spec = json.loads(backend.to_str())
-    kept = {k: spec.get(k) for k in ("normalizer", "pre_tokenizer", "model")}
-    return hashlib.sha256(json.dumps(kept, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_from_config(tok_cfg):
