@@ -42,6 +42,13 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
     from tinytrain.tokenizer import load_from_config
     from tinytrain.validate import validate
 
+    from tinytrain.output_modes import OUTPUT_MODES
+
+    if cfg.mode in OUTPUT_MODES:
+        # The model, tokenizer and template are the checkpoint's run's, not this command line's.
+        from tinytrain import output_modes
+
+        return output_modes.run(cfg, run_dir, data_overridden())
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)
@@ -108,6 +115,18 @@ def run_stages(cfg: DictConfig, run_dir: Path) -> dict:
         model_config = hf_config(cfg.model, resolved.vocab.padded, tokenizer)
     model_config.use_cache = False
     return fit(cfg, run_dir, tokenizer, resolved, model_config, attention, deepspeed, shape, fast, (untrained, fix), resume)
+
+
+def data_overridden() -> bool:
+    """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return any(o.lstrip("+~").startswith("data") for o in HydraConfig.get().overrides.task)
+
+
+def checkpoint_shorthand(args: list[str]) -> list[str]:
+    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node)."""
+    return [f"checkpoint.path={a.removeprefix('checkpoint=')}" if a.startswith("checkpoint=") else a for a in args]
 
 
 def refuse_trained_directory(run_dir: Path) -> None:
@@ -243,6 +262,7 @@ def main() -> None:
     # (remembered across the processes a DDP launcher starts).
     os.environ.setdefault("TINYTRAIN_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    sys.argv = checkpoint_shorthand(sys.argv)
     try:
         hydra_main()
     except KeyboardInterrupt:

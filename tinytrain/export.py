@@ -87,6 +87,11 @@ def model_from_state_dict(state_dict: dict, model_config, true_vocab: int):
     unpad_vocab(state_dict, names, true_vocab)
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.tie_weights()
+    # Non-persistent buffers (RoPE frequencies) are in no state dict: built again off the meta device.
+    for name, module in model.named_modules():
+        if any(b.is_meta for b in module.buffers(recurse=False)) and hasattr(module, "config"):
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            setattr(parent, name.rpartition(".")[2], type(module)(module.config))
     return model
 
 
