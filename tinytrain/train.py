@@ -235,8 +235,19 @@ def fit(cfg, run_dir: Path, tokenizer, resolved: Resolved, model_config, attenti
     untrained_rows, untrained_fix = untrained
     module = build_module(cfg, resolved, tokenizer, model_config, attention, fast, untrained, resuming=resume is not None)
     # Rows the preflight was told to leave alone are what the loss-scale guard will name.
+    from tinytrain.callbacks.samples import sample_callback
+
     trainer, throughput, summary = build_trainer(
-        cfg, run_dir, resolved, shape, deepspeed_config, [] if untrained_fix else untrained_rows, data.train_sampler, resume_step=resume and resume.step, preemption=preemption
+        cfg,
+        run_dir,
+        resolved,
+        shape,
+        deepspeed_config,
+        [] if untrained_fix else untrained_rows,
+        data.train_sampler,
+        extra_callbacks=sample_callback(cfg, run_dir, tokenizer, resolved.vocab.true),
+        resume_step=resume and resume.step,
+        preemption=preemption,
     )
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
