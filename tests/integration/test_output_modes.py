@@ -2,6 +2,7 @@
 and the sample generations written while it trained. (fsdp_tp and DeepSpeed step checkpoints are
 exported in test_tensor_parallel.py and test_deepspeed.py, beside the runs that make them.)"""
 
+import importlib.util
 import json
 import math
 
@@ -76,6 +77,40 @@ def test_eval_reproduces_the_validation_loss(chat_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     other = json.loads((tmp_path / "eval_text" / "eval.json").read_text())
     assert other["data"] == "text" and other["tokens"] > 100 and other["loss"] != result["loss"]
+
+
+LM_EVAL_TASK = """task: tinytrain_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed (pip install -e '.[eval]')")
+def test_lm_eval_local_task_on_the_export(chat_run, tmp_path):
+    rows = [
+        {"question": "What reverses a list in place?", "choices": ["my_list.reverse()", "banana"], "label": 0},
+        {"question": "What returns the number of items?", "choices": ["elephant", "len()"], "label": 1},
+        {"question": "What maps keys to values?", "choices": ["a dictionary", "a river"], "label": 0},
+    ]
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tasks" / "tinytrain_local.yaml").write_text(LM_EVAL_TASK.format(data=tmp_path / "tasks" / "data.jsonl"))
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    args = ["mode=eval", "checkpoint=final", "eval.lm_eval_tasks=[tinytrain_local]", f"eval.lm_eval_include={tmp_path / 'tasks'}", "eval.batches=1"]
+    r = run_cli(args, chat_run, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((chat_run / "eval.json").read_text())["lm_eval"]["tinytrain_local"]
+    assert result["sample_len"] == 3 and 0.0 <= result["acc,none"] <= 1.0
+    assert (chat_run / "lm_eval_export" / "config.json").is_file()  # a checkpoint is exported for lm-eval first
 
 
 @pytest.mark.parametrize(
