@@ -36,18 +36,28 @@ def is_rank_zero() -> bool:
 
 def run_stages(cfg: DictConfig, run_dir: Path):
     """The stages in order; each call is one stage. Returns what the mode produced: the data
-    (prepare), the RunPlan (plan, sbatch) or the training result (train)."""
+    (prepare), the RunPlan (plan, sbatch), the training result (train) or an output mode's
+    (export, generate, eval)."""
+    from tinytrain.data.bos_policy import apply_bos_policy
     from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.outputs.modes import OUTPUT_MODES
     from tinytrain.plan.planner import make_plan
     from tinytrain.plan.validate import validate
 
+    if cfg.mode in OUTPUT_MODES:
+        # The model, tokenizer and template are the checkpoint's run's, not this command line's.
+        from tinytrain.outputs import modes
+
+        return modes.run(cfg, run_dir, data_overridden())
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)
     tokenizer = load_from_config(cfg.tokenizer)
+    # One BOS policy for the token store, SFT samples and the export (config_resolved.yaml records it).
+    bos = apply_bos_policy(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, tokenizer)
-    plan = make_plan(cfg, tokenizer, run_dir)
+    plan = make_plan(cfg, tokenizer, run_dir, bos)
     if is_rank_zero():
         write_plan_files(cfg, plan, run_dir)
         print(plan.render(), flush=True)
@@ -70,6 +80,18 @@ def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
     (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(plan.resolved_config(cfg)))
     if plan.deepspeed is not None:
         (run_dir / "deepspeed_config.json").write_text(json.dumps(plan.deepspeed, indent=2) + "\n")
+
+
+def data_overridden() -> bool:
+    """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return any(o.lstrip("+~").startswith("data") for o in HydraConfig.get().overrides.task)
+
+
+def checkpoint_shorthand(args: list[str]) -> list[str]:
+    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node)."""
+    return [f"checkpoint.path={a.removeprefix('checkpoint=')}" if a.startswith("checkpoint=") else a for a in args]
 
 
 def refuse_trained_directory(run_dir: Path) -> None:
@@ -181,6 +203,7 @@ def main() -> None:
     # (remembered across the processes a DDP launcher starts).
     os.environ.setdefault("TINYTRAIN_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    sys.argv = checkpoint_shorthand(sys.argv)
     try:
         hydra_main()
     except KeyboardInterrupt:

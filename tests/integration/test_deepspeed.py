@@ -142,6 +142,27 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
     else:
         assert scales == []  # no loss scaling under fp32/bf16: no loss_scale values (DeepSpeed's static 1.0 is not one)
     hf_logits_equal_consolidated(run_dir)
+    if option == "zero3" and not extra:
+        export_step_folder(run_dir, tmp_path)
+
+
+def export_step_folder(run_dir, tmp_path) -> None:
+    """mode=export of a DeepSpeed step checkpoint folder (ZeRO-3: parameters partitioned) equals
+    the folder consolidated by DeepSpeed's own converter."""
+    from lightning.pytorch.utilities.deepspeed import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+    )
+
+    from tests.integration.export_checks import (
+        assert_export_matches,
+        checkpoint_weights,
+    )
+
+    step = run_dir / "checkpoints" / "step0000004.ckpt"
+    r = run_cli(["mode=export", f"checkpoint={step}", f"export.dir={tmp_path / 'step4'}"], tmp_path / "export")
+    assert r.returncode == 0, r.stderr[-3000:]
+    convert_zero_checkpoint_to_fp32_state_dict(str(step), str(tmp_path / "step4.ckpt"))
+    assert_export_matches(tmp_path / "step4", checkpoint_weights(tmp_path / "step4.ckpt"), RUN, TRUE_VOCAB)
 
 
 @pytest.mark.timeout(600)

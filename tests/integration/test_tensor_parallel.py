@@ -118,6 +118,17 @@ def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
     export = AutoModelForCausalLM.from_pretrained(tmp_path / "tp2" / "hf_export")
     assert export.config.vocab_size == 4097 and export.get_output_embeddings().weight.shape[0] == 4097
 
+    # mode=export of a step checkpoint saved at tp 2 (gathered on rank 0, then unpadded).
+    from tests.integration.export_checks import (
+        assert_export_matches,
+        checkpoint_weights,
+    )
+
+    step = tmp_path / "tp2" / "checkpoints" / "step0000004.ckpt"
+    r = run_cli(["mode=export", f"checkpoint={step}"], tmp_path / "export")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_export_matches(tmp_path / "tp2" / "hf_export-step0000004", checkpoint_weights(step), common, 4097)
+
     final = tmp_path / "tp2" / "checkpoints" / "final.ckpt"
     r = run_cli([*common, f"checkpoint.init_from={final}", "trainer.max_steps=2", "trainer.warmup_steps=1"], tmp_path / "tp1")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,5 +1,6 @@
 """logger=wandb in offline mode: no key, no network; the run file holds the config, the plan and the metrics."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,9 @@ def test_offline_wandb_run_holds_config_plan_and_metrics(tmp_path):
     assert len(losses) >= 3 and losses[-1] < losses[0]
     assert any("val_loss" in row for row in history) and any("tokens_per_s" in row for row in history)
     assert (run_dir / "metrics.csv").exists()  # the CSV metrics are kept next to wandb
+    # Sample generations at each validation step: a wandb table beside samples.jsonl.
+    tables = [row["samples/_type"] for row in history if "samples/_type" in row]
+    assert tables == ["table-file", "table-file"], tables
+    table = json.loads(max(runs[0].parent.glob("files/media/table/samples_*.table.json"), key=lambda p: int(p.name.split("_")[1])).read_text())
+    assert table["columns"] == ["step", "prompt", "completion"] and len(table["data"]) == 4  # 2 prompts x 2 validations
+    assert len((run_dir / "samples.jsonl").read_text().splitlines()) == 4

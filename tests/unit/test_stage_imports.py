@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tinytrain"
-STAGES = ["cluster", "config", "data", "checkpoint", "preflight", "plan", "model", "train", "cli"]
+STAGES = ["cluster", "config", "data", "checkpoint", "preflight", "plan", "model", "train", "outputs", "cli"]
 SHARED = {"errors", "__init__"}
 # Up to the plan, nothing may pull the training stack in at import time: `mode=plan` on a login
 # node imports these (tests/unit/plan/test_model_shape.py checks the modules a real plan loads).

@@ -1,10 +1,13 @@
 """Hugging Face export from a tinytrain checkpoint: exactly len(tokenizer) rows, and
-config.vocab_size equal to it, whatever tp or strategy trained it."""
+config.vocab_size equal to it, whatever tp or strategy trained it; a folder that serves as the
+model that was trained: the training chat template as the tokenizer's `chat_template`, generation
+that stops at the turn end, the KV cache on, weights in the training precision, readable files."""
 
 from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,9 +17,67 @@ from tinytrain.checkpoint.safe_load import load_file
 
 log = logging.getLogger(__name__)
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Lightning precision -> the dtype its weights are meant to run in.
+PRECISION_DTYPES = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16", "32-true": "fp32", "32": "fp32"}
 
-def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path) -> Path:
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What makes the folder serve as the trained model (export_spec() derives it from a run's config)."""
+
+    dtype: str = "fp32"  # bf16 | fp16 | fp32
+    chat_template: str | None = None  # Jinja
+    turn_end: list[str] = field(default_factory=list)  # tokens generation stops at (EOS first)
+    add_bos: bool = False
+
+
+def export_dtype(requested: str, precision_value: str) -> str:
+    """export.dtype: auto follows the training precision (32-true -> fp32)."""
+    if requested != "auto":
+        return requested
+    return PRECISION_DTYPES.get(str(precision_value), "fp32")
+
+
+def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision_value: str | None = None) -> ExportSpec:
+    """From the training run's config: its chat template when it fine-tuned, its precision (a
+    saved run's config_resolved.yaml holds it; a run in progress passes its plan's), its BOS policy."""
+    from tinytrain.config.schema import ChatTemplate, DataFormat
+    from tinytrain.data.chat_jinja import jinja_template, turn_end_tokens
+
+    add_bos = bool(train_cfg.data.prepend_bos)
+    template, ends = None, [tokenizer.eos_token]
+    if DataFormat(train_cfg.data.format) != DataFormat.text:
+        chat = ChatTemplate(train_cfg.data.chat_template)
+        template = jinja_template(chat, getattr(tokenizer, "chat_template", None), add_bos)
+        ends = turn_end_tokens(chat, tokenizer)
+    return ExportSpec(export_dtype(requested_dtype, precision_value or train_cfg.precision.value), template, ends, add_bos)
+
+
+def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
     """`state_dict`: the HF model's full weights (padded or not). Saves model + tokenizer."""
+    spec = spec or ExportSpec()
+    model = model_from_state_dict(state_dict, model_config, true_vocab)
+    model.to(DTYPES[spec.dtype])
+    # Training runs without the KV cache (packed documents); served generation needs it.
+    model.config.use_cache = True
+    tokenizer = served_tokenizer(tokenizer, spec)
+    ends = [tokenizer.convert_tokens_to_ids(t) for t in spec.turn_end] or [tokenizer.eos_token_id]
+    generation = model.generation_config
+    generation.eos_token_id = ends  # list form: stop at any turn end
+    generation.bos_token_id = tokenizer.bos_token_id
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.use_cache = True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    readable(out_dir)
+    log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s)", out_dir, true_vocab, spec.dtype, ", ".join(spec.turn_end or [tokenizer.eos_token]))
+    return out_dir
+
+
+def model_from_state_dict(state_dict: dict, model_config, true_vocab: int):
+    """The HF model with `true_vocab` rows holding `state_dict`'s weights (no copy of the tensors)."""
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(model_config)
@@ -27,14 +88,45 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
     unpad_vocab(state_dict, names, true_vocab)
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.tie_weights()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    log.info("exported Hugging Face model to %s (%d vocab rows)", out_dir, true_vocab)
-    return out_dir
+    # Non-persistent buffers (RoPE frequencies) are in no state dict: built again off the meta device.
+    for name, module in model.named_modules():
+        if any(b.is_meta for b in module.buffers(recurse=False)) and hasattr(module, "config"):
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            setattr(parent, name.rpartition(".")[2], type(module)(module.config))
+    return model
 
 
-def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path) -> Path:
+def served_tokenizer(tokenizer, spec: ExportSpec):
+    """A copy with the chat template, the turn-end tokens registered as special tokens, and BOS
+    added by the tokenizer itself when the run trained with it."""
+    tok = copy.deepcopy(tokenizer)
+    if spec.chat_template:
+        tok.chat_template = spec.chat_template
+    extra = [t for t in spec.turn_end if t not in tok.all_special_tokens]
+    if extra:
+        tok.add_special_tokens({"additional_special_tokens": extra})
+    backend = getattr(tok, "backend_tokenizer", None)
+    if spec.add_bos and backend is not None and tok.bos_token is not None:
+        from tokenizers.processors import TemplateProcessing
+
+        bos = (tok.bos_token, tok.bos_token_id)
+        backend.post_processor = TemplateProcessing(single=f"{bos[0]}:0 $A:0", pair=f"{bos[0]}:0 $A:0 {bos[0]}:1 $B:1", special_tokens=[bos])
+    return tok
+
+
+def readable(out_dir: Path) -> None:
+    """transformers writes model.safetensors through a private temp file (0600); an export is for
+    others (a serving user, a shared model folder) to read."""
+    out_dir.chmod(0o755)
+    for path in out_dir.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def checkpoint_state_dict(ckpt_path: Path) -> dict:
+    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed)."""
     ckpt = load_file(ckpt_path, "export")
-    state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
-    return export_state_dict(state, model_config, tokenizer, true_vocab, out_dir)
+    return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
+
+
+def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
+    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec)

@@ -20,6 +20,9 @@ class Mode(Enum):
     plan = "plan"
     prepare = "prepare"  # build the data (the pretraining token store) and stop
     sbatch = "sbatch"  # plan, then write <run dir>/job.sbatch that trains this run on Slurm
+    export = "export"  # a Hugging Face folder from checkpoint.path (a step checkpoint, final, a DeepSpeed folder)
+    generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
+    eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -107,6 +110,13 @@ class ChatTemplate(Enum):
     tokenizer = "tokenizer"  # the tokenizer's own chat_template (Jinja)
 
 
+class ExportDtype(Enum):
+    auto = "auto"  # the training precision's: bf16-mixed -> bf16, 16-mixed -> fp16, 32-true -> fp32
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
 class TrainOn(Enum):
     assistant = "assistant"  # loss on assistant turns only; every prompt token is -100
     all = "all"  # loss on every token
@@ -144,6 +154,10 @@ class TokenizerConfig:
     # A tokenizer folder (tokenizer.json / tokenizer.model), a tokenizer.model file, or a hub id.
     path: str = "${tt.asset:bundled_tokenizer}"
     add_special_tokens: list[str] = field(default_factory=list)
+    # BOS before every document and SFT sample, and in the export's tokenizer and chat template.
+    # null: the family's convention (on for Llama-2 SentencePiece models and tokenizers that add BOS
+    # themselves); the plan says which and why. data.prepend_bos=true also turns it on.
+    add_bos: Optional[bool] = None
 
 
 @dataclass
@@ -253,6 +267,43 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
+    # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
+    # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
+    path: Optional[str] = None
+
+
+@dataclass
+class ExportConfig:
+    # null: <the checkpoint's run>/hf_export (final) or hf_export-<checkpoint name> (others)
+    dir: Optional[str] = None
+    dtype: ExportDtype = ExportDtype.auto
+
+
+@dataclass
+class GenerateConfig:
+    prompts: list[str] = field(default_factory=list)
+    prompts_file: Optional[str] = None  # one prompt per line, or JSON Lines with a "prompt" field
+    max_new_tokens: int = 64
+    do_sample: bool = False  # false: greedy
+    temperature: float = 0.8
+    top_p: float = 0.95
+    # null: through the run's chat template when it was a fine-tune (data.format instruction|chat)
+    chat: Optional[bool] = None
+    # Sample generations at every validation step -> samples.jsonl (and a wandb table); [] turns them off.
+    sample_prompts: list[str] = field(default_factory=lambda: ["The meaning of", "def main("])
+    sample_max_new_tokens: int = 32
+
+
+@dataclass
+class EvalConfig:
+    # Validation batches (of trainer.micro_batch_size) to average; null: the whole held-out split.
+    batches: Optional[int] = None
+    # lm-evaluation-harness tasks run on the export when lm-eval is installed; lm_eval_include: a
+    # folder of local task YAMLs (no hub needed).
+    lm_eval_tasks: list[str] = field(default_factory=list)
+    lm_eval_include: Optional[str] = None
+    lm_eval_limit: Optional[int] = None
 
 
 @dataclass
@@ -345,6 +396,9 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

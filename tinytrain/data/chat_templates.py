@@ -11,6 +11,12 @@ from tinytrain.config.schema import ChatTemplate
 from tinytrain.errors import ConfigError, Problem
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
+# Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, train.py PROMPT_DICT), with and without an input.
+ALPACA_PREAMBLE = "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+ALPACA_PREAMBLE_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request."
+)
 ROLES = ("system", "user", "assistant")
 
 Span = tuple[int, int]
@@ -35,11 +41,19 @@ def template_problems(template: ChatTemplate, tokenizer) -> list[Problem]:
 
 
 def render(messages: list[dict], template: ChatTemplate, tokenizer) -> tuple[str, list[Span]]:
+    if template == ChatTemplate.alpaca:
+        return render_alpaca(messages, tokenizer.eos_token)
+    messages = [joined_input(m) for m in messages]
     if template == ChatTemplate.chatml:
         return _render_turns(messages, chatml_turn)
-    if template == ChatTemplate.alpaca:
-        return _render_turns(messages, lambda role, content, last: alpaca_turn(role, content, last, tokenizer.eos_token))
     return _render_with_tokenizer(messages, tokenizer)
+
+
+def joined_input(message: dict) -> dict:
+    """An instruction's input joined to its user message, for templates without an input section."""
+    if not message.get("input"):
+        return {"role": message["role"], "content": message["content"]}
+    return {"role": message["role"], "content": f"{message['content']}\n\n{message['input']}"}
 
 
 def chatml_turn(role: str, content: str, last: bool) -> tuple[str, str, str]:
@@ -47,15 +61,27 @@ def chatml_turn(role: str, content: str, last: bool) -> tuple[str, str, str]:
     return f"<|im_start|>{role}\n", f"{content}<|im_end|>", "\n"
 
 
-def alpaca_turn(role: str, content: str, last: bool, eos: str) -> tuple[str, str, str]:
-    """Alpaca's prompt layout (the instruction's input, if any, is part of the user message); the
-    response ends with EOS so the model learns to stop."""
-    gap = "" if last else "\n\n"
-    if role == "system":
-        return "", content, gap
-    if role == "user":
-        return "### Instruction:\n", content, gap
-    return "### Response:\n", f"{content}{eos}", gap
+def render_alpaca(messages: list[dict], eos: str) -> tuple[str, list[Span]]:
+    """Stanford Alpaca's prompt: its preamble (a system message replaces it), "### Instruction:",
+    "### Input:" when the user message carries an `input`, then "### Response:" directly followed
+    by the response and EOS (so the model learns to stop). chat_jinja.ALPACA renders the same."""
+    first_user = next((m for m in messages if m["role"] == "user"), {})
+    if messages and messages[0]["role"] == "system":
+        text = messages[0]["content"]
+    else:
+        text = ALPACA_PREAMBLE_INPUT if first_user.get("input") else ALPACA_PREAMBLE
+    text += "\n\n"
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] == "user":
+            text += f"### Instruction:\n{m['content']}\n\n"
+            if m.get("input"):
+                text += f"### Input:\n{m['input']}\n\n"
+        elif m["role"] == "assistant":
+            text += "### Response:"
+            spans.append((len(text), len(text) + len(m["content"]) + len(eos)))
+            text += m["content"] + eos + ("" if i == len(messages) - 1 else "\n\n")
+    return text, spans
 
 
 def _render_turns(messages: list[dict], turn) -> tuple[str, list[Span]]:

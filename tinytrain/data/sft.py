@@ -91,8 +91,13 @@ def _instruction(record: dict, where: str, bad: BadRecords) -> list[list[dict]]:
         output = _text_field(inst, "output", at, bad)
         if given is None or output is None:
             continue
-        user = f"{instruction}\n\n{given}" if given.strip() else instruction
-        result.append([{"role": "user", "content": user}, {"role": "assistant", "content": output}])
+        # Alpaca renders instruction and input in their own sections (the `input` key); other
+        # templates see them joined in the user message.
+        if given.strip():
+            user = {"role": "user", "content": instruction, "input": given}
+        else:
+            user = {"role": "user", "content": instruction}
+        result.append([user, {"role": "assistant", "content": output}])
     return result
 
 

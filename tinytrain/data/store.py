@@ -33,6 +33,8 @@ from tinytrain.errors import ConfigError, Problem
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
+# In the store key: stores built before special-token text was encoded as text are not reused.
+SPECIAL_TEXT = "special tokens in documents encoded as text"
 TOKENS, OFFSETS, META = "tokens.bin", "doc_offsets.npy", "meta.json"
 CHUNK_CHARS = 1 << 20  # text per worker task: large enough to amortise the hand-off, small enough to stream
 CHUNK_DOCS = 8192
@@ -45,7 +47,7 @@ def token_dtype(true_vocab: int) -> np.dtype:
 
 
 def store_key(source_fingerprint: str, tokenizer_fingerprint: str, append_eos: bool, prepend_bos: bool) -> str:
-    payload = json.dumps([STORE_FORMAT, source_fingerprint, tokenizer_fingerprint, append_eos, prepend_bos])
+    payload = json.dumps([STORE_FORMAT, source_fingerprint, tokenizer_fingerprint, append_eos, prepend_bos, SPECIAL_TEXT])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -183,7 +185,7 @@ def encoded_chunks(docs: Iterable[str], tokenizer, dtype: np.dtype, eos: int | N
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a Python (slow) tokenizer: no Rust batch encoder to hand to workers
         for chunk in _chunks(docs):
-            yield tokenize_worker.flatten(tokenizer(chunk, add_special_tokens=False)["input_ids"], eos, bos, dtype)
+            yield tokenize_worker.flatten(tokenizer(chunk, add_special_tokens=False, split_special_tokens=True)["input_ids"], eos, bos, dtype)
         return
     init_args = (backend.to_str(), eos, bos, dtype.str)
     if workers == 0:

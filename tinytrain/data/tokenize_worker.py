@@ -21,7 +21,11 @@ def init(tokenizer_json: str, eos_id: int | None, bos_id: int | None, dtype: str
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
-    _worker.update(tokenizer=Tokenizer.from_str(tokenizer_json), eos=eos_id, bos=bos_id, dtype=np.dtype(dtype))
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    # A document's literal "</s>" or "<|im_end|>" is text, as sentencepiece encodes it, never the
+    # special id: only tinytrain places BOS/EOS, at document boundaries.
+    tokenizer.encode_special_tokens = True
+    _worker.update(tokenizer=tokenizer, eos=eos_id, bos=bos_id, dtype=np.dtype(dtype))
 
 
 def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:

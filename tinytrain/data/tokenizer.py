@@ -16,9 +16,25 @@ from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
-# Encoded by both our loader and sentencepiece itself: transformers has silent loading traps for
-# bare .model files (a 3-token tokenizer, or one without the word-boundary prefix).
-SENTENCEPIECE_PROBE = "Hello world, this is tinytrain. 12345 ünïcödé"
+# Encoded by both our loader and sentencepiece itself when a tokenizer.model loads: each string
+# is a way transformers' own conversion has diverged (double, leading and trailing spaces, newlines,
+# tabs, long whitespace runs, non-Latin scripts, byte fallback, digits).
+SENTENCEPIECE_PROBES = (
+    "Hello world, this is tinytrain. 12345 ünïcödé",
+    "a  b",
+    " leading space",
+    "  two leading spaces",
+    "trailing  ",
+    "line one\nline two\n\n  indented",
+    "tab\tseparated\t\tvalues",
+    "def f(x):\n    return x  # four spaces" + " " * 20 + "and twenty",
+    "日本語のテキスト、中文文本 и русский текст",
+    "emoji 🙂 and math ∑ ½",
+    "\r\n \u00a0nbsp",
+)
+
+
+EXACT_SENTENCEPIECE = "sentencepiece-exact-1"
 
 
 def tokenizer_kind(path: str) -> str:
@@ -107,41 +123,69 @@ def _load_hf(path: str, kind: str):
 
 
 def _load_sentencepiece(path: Path):
+    """A BPE tokenizer.model (Llama-2's) loads as the exact pipeline of sentencepiece_exact.py;
+    other SentencePiece models through transformers. Either way a probe of edge strings must encode
+    exactly as sentencepiece does, or loading stops."""
+    import sentencepiece
+
+    from tinytrain.data.sentencepiece_exact import model_proto, unsupported
+
+    model_file = path if path.is_file() else path / "tokenizer.model"
+    try:
+        # sentencepiece first: on a file that is not a SentencePiece model transformers falls back
+        # to other formats and fails asking for tiktoken.
+        spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+        proto = model_proto(model_file)
+    except Exception as e:  # noqa: BLE001 - sentencepiece and protobuf raise their own types for a broken file
+        raise ConfigError(
+            Problem("tokenizer.path", str(path), f"not a SentencePiece model: {' '.join(str(e).split())[:200]}", "point tokenizer.path at a Llama-style tokenizer.model, or a folder with tokenizer.json (tokenizer=hf)")
+        ) from e
+    tok = _exact_sentencepiece(model_file, proto) if unsupported(proto) is None else _transformers_sentencepiece(model_file)
+    for probe in SENTENCEPIECE_PROBES:
+        ours = tok.encode(probe, add_special_tokens=False)
+        theirs = spm.encode(probe)
+        if ours != theirs or len(tok) < spm.get_piece_size():
+            raise ConfigError(
+                Problem(
+                    "tokenizer.path",
+                    str(path),
+                    f"tinytrain encodes this SentencePiece model differently from sentencepiece ({probe!r}: ids {ours[:8]} vs {theirs[:8]}; "
+                    f"{len(tok)} vs {spm.get_piece_size()} pieces; {unsupported(proto) or 'BPE'})",
+                    "convert the model to a tokenizer.json folder that matches it and point tokenizer.path there (tokenizer=hf)",
+                )
+            )
+    return tok
+
+
+def _exact_sentencepiece(model_file: Path, proto):
+    from transformers import PreTrainedTokenizerFast
+
+    from tinytrain.data.sentencepiece_exact import build_backend
+
+    spec = proto.trainer_spec
+
+    def piece(i: int) -> str | None:
+        return proto.pieces[i].piece if 0 <= i < len(proto.pieces) else None
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=build_backend(model_file), bos_token=piece(spec.bos_id), eos_token=piece(spec.eos_id), unk_token=piece(spec.unk_id))
+    tok.name_or_path = str(model_file)
+    tok.tinytrain_encoding = EXACT_SENTENCEPIECE
+    return tok
+
+
+def _transformers_sentencepiece(model_file: Path):
     import shutil
     import tempfile
 
-    import sentencepiece
     from transformers import LlamaTokenizer
 
-    model_file = path if path.is_file() else path / "tokenizer.model"
     folder = model_file.parent
     if model_file.name != "tokenizer.model":
         # LlamaTokenizer(vocab_file=...) silently builds a 3-token tokenizer; from_pretrained on a
         # folder holding tokenizer.model is the path that matches sentencepiece.
         folder = Path(tempfile.mkdtemp(prefix="tinytrain-spm-"))
         shutil.copy(model_file, folder / "tokenizer.model")
-    try:
-        # sentencepiece first: on a file that is not a SentencePiece model transformers falls back
-        # to other formats and fails asking for tiktoken.
-        spm = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-    except (RuntimeError, OSError) as e:
-        raise ConfigError(
-            Problem("tokenizer.path", str(path), f"not a SentencePiece model: {' '.join(str(e).split())[:200]}", "point tokenizer.path at a Llama-style tokenizer.model, or a folder with tokenizer.json (tokenizer=hf)")
-        ) from e
-    tok = LlamaTokenizer.from_pretrained(str(folder))
-    ours = tok.encode(SENTENCEPIECE_PROBE, add_special_tokens=False)
-    theirs = spm.encode(SENTENCEPIECE_PROBE)
-    if ours != theirs or len(tok) < spm.get_piece_size():
-        raise ConfigError(
-            Problem(
-                "tokenizer.path",
-                str(path),
-                f"transformers loads this SentencePiece model differently from sentencepiece "
-                f"(probe ids {ours[:6]}... vs {theirs[:6]}..., {len(tok)} vs {spm.get_piece_size()} pieces)",
-                "convert the model to a tokenizer.json folder with the matching transformers version",
-            )
-        )
-    return tok
+    return LlamaTokenizer.from_pretrained(str(folder))
 
 
 def fingerprint(tok) -> str:
@@ -151,6 +195,10 @@ def fingerprint(tok) -> str:
         "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
         "special": {k: str(v) for k, v in sorted(tok.special_tokens_map.items())},
     }
+    if getattr(tok, "tinytrain_encoding", None):
+        # The same vocab encoded another way (the exact SentencePiece pipeline vs transformers'
+        # conversion) is another tokenizer for token stores and checkpoints.
+        payload["encoding"] = tok.tinytrain_encoding
     digest = hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
     return digest[:16]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import PLANNING_MODES, Strategy
+from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import resolve
 from tinytrain.plan.attention import choose_attention, flash_attn_installed
@@ -24,8 +25,11 @@ from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.preflight.checks import run as run_preflight
 
 
-def make_plan(cfg, tokenizer, run_dir: Path) -> RunPlan:
-    """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from."""
+def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> RunPlan:
+    """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from;
+    `bos`: the BOS policy the data stage applied (decided here when none was)."""
+    if bos is None:
+        bos = BosDecision(*resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer))
     hardware = resolve.effective_hardware(cfg)
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
@@ -63,6 +67,7 @@ def make_plan(cfg, tokenizer, run_dir: Path) -> RunPlan:
         vocab=vocab,
         tokenizer_path=str(cfg.tokenizer.path),
         tokenizer_fingerprint=tokenizer_fingerprint,
+        bos=bos,
         hardware=hardware,
         hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
         precision=precision,

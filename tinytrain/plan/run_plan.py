@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.config.schema import Strategy
+from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.hardware import Hardware
@@ -53,6 +54,7 @@ class RunPlan:
     vocab: VocabPlan
     tokenizer_path: str
     tokenizer_fingerprint: str
+    bos: BosDecision  # a BOS token before every document and SFT sample, and why
     hardware: Hardware
     hardware_source: str  # "hardware.gpu" (a plan for another machine) or "detected"
     precision: PrecisionDecision
@@ -85,7 +87,7 @@ class RunPlan:
         return {
             "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason},
             "vocab": {"true": v.true, "padded": v.padded, "multiple": v.multiple, "tp": v.tp, "padding_rows": v.padding_rows},
-            "tokenizer": {"path": self.tokenizer_path, "fingerprint": self.tokenizer_fingerprint},
+            "tokenizer": {"path": self.tokenizer_path, "fingerprint": self.tokenizer_fingerprint, "add_bos": self.bos.add, "add_bos_reason": self.bos.reason},
             "precision": self.precision.to_dict(),
             "hardware": {
                 "gpu": None if hw.is_cpu else hw.name,
@@ -139,6 +141,7 @@ def render(plan: dict) -> str:
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
         f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
         f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
+        f"bos        {'on' if plan['tokenizer']['add_bos'] else 'off'}: {plan['tokenizer']['add_bos_reason']}",
         f"hardware   {where}",
         f"precision  {p['value']}: {p['reason']}",
     ]

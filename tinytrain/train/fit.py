@@ -65,7 +65,10 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
 
     report(data_findings(cfg, data.stores, plan.vocab.true))
     module = build_module(cfg, plan, tokenizer)
-    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, preemption=preemption)
+    from tinytrain.train.callbacks.samples import sample_callback
+
+    samples = sample_callback(cfg, run_dir, tokenizer, plan.vocab.true)
+    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
@@ -98,7 +101,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
 
 
 def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
-    from tinytrain.checkpoint.export import export_checkpoint
+    from tinytrain.checkpoint.export import export_checkpoint, export_spec
     from tinytrain.model.build import model_config
     from tinytrain.train.plot import plot_loss
 
@@ -114,7 +117,8 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
-        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, run_dir / "hf_export")
+        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec)
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
         print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")

@@ -80,8 +80,20 @@ def test_instruction_mask_covers_exactly_the_prompt(tmp_path, bundled_tokenizer)
         assert end == len(sample.input_ids)  # the response runs to the end
         prompt = bundled_tokenizer.decode(sample.input_ids[:start])
         assert bundled_tokenizer.decode(sample.input_ids[start:]) == record["output"] + eos
-        user = record["instruction"] + (f"\n\n{record['input']}" if record.get("input") else "")
-        assert prompt == f"### Instruction:\n{user}\n\n### Response:\n"
+        # Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca train.py PROMPT_DICT), word for word.
+        if record.get("input"):
+            expected = (
+                "Below is an instruction that describes a task, paired with an input that provides further context. "
+                "Write a response that appropriately completes the request.\n\n"
+                f"### Instruction:\n{record['instruction']}\n\n### Input:\n{record['input']}\n\n### Response:"
+            )
+        else:
+            expected = (
+                "Below is an instruction that describes a task. "
+                "Write a response that appropriately completes the request.\n\n"
+                f"### Instruction:\n{record['instruction']}\n\n### Response:"
+            )
+        assert prompt == expected
         # labels are the next tokens, shifted, exactly where trained
         assert sample.labels[start - 1 : end - 1].tolist() == sample.input_ids[start:end].tolist()
         assert (sample.labels[: start - 1] == IGNORE).all() and sample.labels[-1] == IGNORE
@@ -142,15 +154,15 @@ def test_alpaca_seed_tasks_nested_instances(bundled_tokenizer):
 def test_too_long_policies(tmp_path, bundled_tokenizer):
     long = {"instruction": "Repeat.", "output": "word " * 80}
     path = jsonl(tmp_path, [*INSTRUCTIONS, long, {"instruction": "word " * 80, "output": "late"}])
-    samples, counts = samples_of(sft_cfg("alpaca", path, "data.seq_len=40"), bundled_tokenizer)  # the first three fit
+    samples, counts = samples_of(sft_cfg("alpaca", path, "data.seq_len=90"), bundled_tokenizer)  # the first three fit
     assert counts.truncated == 2 and counts.nothing_to_learn == 1  # the second lost its response
-    assert len(samples) == 4 and max(len(s.input_ids) for s in samples) == 40
-    assert "2 truncated to 40 tokens" in counts.summary(40) and "1 skipped with no trained tokens" in counts.summary(40)
-    samples, counts = samples_of(sft_cfg("alpaca", path, "data.seq_len=40", "data.too_long=skip"), bundled_tokenizer)
+    assert len(samples) == 4 and max(len(s.input_ids) for s in samples) == 90
+    assert "2 truncated to 90 tokens" in counts.summary(90) and "1 skipped with no trained tokens" in counts.summary(90)
+    samples, counts = samples_of(sft_cfg("alpaca", path, "data.seq_len=90", "data.too_long=skip"), bundled_tokenizer)
     assert counts.too_long_skipped == 2 and len(samples) == 3
     with pytest.raises(ConfigError) as e:
-        samples_of(sft_cfg("alpaca", path, "data.seq_len=40", "data.too_long=error"), bundled_tokenizer)
-    assert "data.jsonl:4" in str(e.value) and "longer than data.seq_len=40" in str(e.value)
+        samples_of(sft_cfg("alpaca", path, "data.seq_len=90", "data.too_long=error"), bundled_tokenizer)
+    assert "data.jsonl:4" in str(e.value) and "longer than data.seq_len=90" in str(e.value)
 
 
 def test_bad_sft_records(tmp_path, chat_tokenizer, bundled_tokenizer):

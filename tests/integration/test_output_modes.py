@@ -1,0 +1,125 @@
+"""mode=export | generate | eval on the checkpoints of a real chat fine-tune (ChatML, tiny Llama),
+and the sample generations written while it trained. (fsdp_tp and DeepSpeed step checkpoints are
+exported in test_tensor_parallel.py and test_deepspeed.py, beside the runs that make them.)"""
+
+import importlib.util
+import json
+import math
+
+import pytest
+
+from tests.conftest import logged, run_cli
+from tests.integration.export_checks import assert_export_matches, checkpoint_weights
+
+pytestmark = pytest.mark.slow
+
+MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+RUN = ["experiment=smoke", *MODEL, "data=chat", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.progress_bar=false", "trainer.plot=false", "trainer.lr=1e-2"]
+TRUE_VOCAB = 4098
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("chat") / "run"
+    r = run_cli(RUN, run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return run_dir
+
+
+def test_samples_at_each_validation(chat_run):
+    rows = [json.loads(line) for line in (chat_run / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["prompt"]) for r in rows] == [(4, "The meaning of"), (4, "def main("), (8, "The meaning of"), (8, "def main(")]
+    assert all(0 < r["tokens"] <= 32 and isinstance(r["completion"], str) for r in rows)
+
+
+def test_export_of_a_step_checkpoint(chat_run, tmp_path):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    step = chat_run / "checkpoints" / "step0000004.ckpt"
+    out = tmp_path / "exported"
+    r = run_cli(["mode=export", f"checkpoint={step}", f"export.dir={out}"], tmp_path / "cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"exported {step} -> {out} (4098 vocab rows, fp32, stops at </s>, <|im_end|>, chat template chatml)" in r.stdout
+    assert_export_matches(out, checkpoint_weights(step), RUN, TRUE_VOCAB)
+    served = AutoTokenizer.from_pretrained(out)
+    rendered = served.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert GenerationConfig.from_pretrained(out).eos_token_id == [served.eos_token_id, served.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_generate_from_checkpoint_and_export_agree(chat_run, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is a list?\nHow do I sort?\n")
+    r = run_cli(["mode=export", "checkpoint=last"], chat_run)  # the newest step checkpoint, step 8
+    assert r.returncode == 0, r.stderr[-3000:]
+    outputs = []
+    for name, source in (("ckpt", chat_run / "checkpoints" / "step0000008.ckpt"), ("hf", chat_run / "hf_export-step0000008")):
+        r = run_cli(["mode=generate", f"checkpoint={source}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=6"], tmp_path / name)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [json.loads(line) for line in (tmp_path / name / "generations.jsonl").read_text().splitlines()]
+        assert [row["prompt"] for row in rows] == ["What is a list?", "How do I sort?"] and all(row["chat"] for row in rows)
+        outputs.append([(row["completion"], row["tokens"]) for row in rows])
+    assert outputs[0] == outputs[1]
+
+
+def test_eval_reproduces_the_validation_loss(chat_run, tmp_path):
+    # `checkpoint=final` is looked up in the run of hydra.run.dir; eval.json is written there.
+    r = run_cli(["mode=eval", "checkpoint=final"], chat_run)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((chat_run / "eval.json").read_text())
+    # final.ckpt holds the weights the last validation (step 8) measured, on the same held-out split.
+    assert result["loss"] == pytest.approx(logged(chat_run, "val_loss")[-1], rel=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"])) and result["tokens"] > 0
+    # On another data config's held-out split: the command line names it.
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"Paragraph {i}: a list holds items in order, and sorted() returns a new one." for i in range(80)))
+    r = run_cli(["mode=eval", f"checkpoint={chat_run / 'hf_export'}", "data=text", f"data.path={text}", "data.val_fraction=0.5", "data.seq_len=32", f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "eval_text")
+    assert r.returncode == 0, r.stderr[-3000:]
+    other = json.loads((tmp_path / "eval_text" / "eval.json").read_text())
+    assert other["data"] == "text" and other["tokens"] > 100 and other["loss"] != result["loss"]
+
+
+LM_EVAL_TASK = """task: tinytrain_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed (pip install -e '.[eval]')")
+def test_lm_eval_local_task_on_the_export(chat_run, tmp_path):
+    rows = [
+        {"question": "What reverses a list in place?", "choices": ["my_list.reverse()", "banana"], "label": 0},
+        {"question": "What returns the number of items?", "choices": ["elephant", "len()"], "label": 1},
+        {"question": "What maps keys to values?", "choices": ["a dictionary", "a river"], "label": 0},
+    ]
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tasks" / "tinytrain_local.yaml").write_text(LM_EVAL_TASK.format(data=tmp_path / "tasks" / "data.jsonl"))
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    args = ["mode=eval", "checkpoint=final", "eval.lm_eval_tasks=[tinytrain_local]", f"eval.lm_eval_include={tmp_path / 'tasks'}", "eval.batches=1"]
+    r = run_cli(args, chat_run, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((chat_run / "eval.json").read_text())["lm_eval"]["tinytrain_local"]
+    assert result["sample_len"] == 3 and 0.0 <= result["acc,none"] <= 1.0
+    assert (chat_run / "lm_eval_export" / "config.json").is_file()  # a checkpoint is exported for lm-eval first
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["mode=export"], "checkpoint.path"),
+        (["mode=generate", "checkpoint=final"], "generate.prompts"),
+    ],
+)
+def test_errors_name_the_key_and_the_fix(args, says, tmp_path):
+    r = run_cli(args, tmp_path / "run")
+    assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]

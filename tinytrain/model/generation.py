@@ -1,0 +1,103 @@
+"""Text generation from a trained model: `mode=generate` and the samples written at each
+validation step (callbacks/samples.py) both call `generate()`.
+
+A prompt goes through the run's chat template when the run fine-tuned (generate.chat=null), as a
+served export would render it; generation stops at the run's turn-end tokens (EOS, `<|im_end|>`).
+During training the tables are padded: logits of the padding rows are masked, never sampled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tinytrain.errors import ConfigError, Problem
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 0.8
+    top_p: float = 0.95
+
+
+def read_prompts(prompts, prompts_file: str | None) -> list[str]:
+    """generate.prompts plus generate.prompts_file (a line each, or JSON Lines with "prompt")."""
+    found = [str(p) for p in prompts]
+    if prompts_file:
+        path = Path(prompts_file)
+        if not path.is_file():
+            raise ConfigError(Problem("generate.prompts_file", prompts_file, "no such file", "give a text file with one prompt per line, or JSON Lines with a \"prompt\" field"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    found.append(str(json.loads(line)["prompt"]))
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ConfigError(Problem("generate.prompts_file", prompts_file, f"line {n} is not JSON with a \"prompt\" field ({e})", "write one {\"prompt\": ...} object per line, or use a .txt file")) from e
+            else:
+                found.append(line)
+    if not found:
+        raise ConfigError(Problem("generate.prompts", [], "no prompts to generate from", "add 'generate.prompts=[\"Once upon a time\"]' or generate.prompts_file=<file>"))
+    return found
+
+
+def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """The prompt's ids: rendered by the tokenizer's chat template with the generation prompt, or
+    plain text with BOS when the tokenizer adds it (export.served_tokenizer sets both up)."""
+    if chat:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+class _MaskPadding:
+    """A logits processor: padding rows (ids >= true vocab) can never be generated."""
+
+    def __init__(self, true_vocab: int):
+        self.true_vocab = true_vocab
+
+    def __call__(self, input_ids, scores):
+        scores[:, self.true_vocab :] = float("-inf")
+        return scores
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], chat: bool, sampling: Sampling, stop_ids: list[int], true_vocab: int | None = None, seed: int = 0) -> list[dict]:
+    """One {prompt, completion, tokens, stopped} per prompt; `stopped`: ended at a turn-end token."""
+    from transformers import LogitsProcessorList
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)  # sampled generations are reproducible and leave training's RNG alone
+    processors = LogitsProcessorList([_MaskPadding(true_vocab)]) if true_vocab is not None and model.config.vocab_size > true_vocab else None
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    results = []
+    try:
+        for prompt in prompts:
+            ids = torch.tensor([prompt_ids(tokenizer, prompt, chat)], device=device)
+            extra = {"temperature": sampling.temperature, "top_p": sampling.top_p} if sampling.do_sample else {}
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=sampling.max_new_tokens,
+                do_sample=sampling.do_sample,
+                eos_token_id=stop_ids,
+                pad_token_id=pad,
+                use_cache=True,
+                logits_processor=processors,
+                **extra,
+            )
+            new = out[0, ids.shape[1] :].tolist()
+            stopped = bool(new) and new[-1] in stop_ids
+            results.append({"prompt": prompt, "completion": tokenizer.decode(new, skip_special_tokens=True), "tokens": len(new), "stopped": stopped})
+    finally:
+        torch.random.set_rng_state(generator_state)
+        model.train(was_training)
+    return results

@@ -1,0 +1,159 @@
+"""mode=export | generate | eval: from a saved checkpoint (or an export), without retraining.
+
+    python -m tinytrain mode=export checkpoint=runs/x/checkpoints/step0000100.ckpt [export.dir=...]
+    python -m tinytrain mode=generate checkpoint=runs/x/hf_export 'generate.prompts=["Once upon"]'
+    python -m tinytrain mode=eval checkpoint=runs/x/checkpoints/final.ckpt [data=... data.path=...]
+
+The model, tokenizer, chat template and precision are the checkpoint's run's (saved_run.py);
+outputs of generate and eval go to this invocation's run directory (hydra.run.dir).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from tinytrain.outputs import saved_run
+from tinytrain.config.schema import Mode
+from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval)
+
+
+def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
+    if cfg.mode == Mode.export:
+        return export(cfg, run_dir)
+    if cfg.mode == Mode.generate:
+        return generate(cfg, run_dir)
+    return evaluate(cfg, run_dir, data_overridden)
+
+
+def export(cfg, run_dir: Path) -> dict:
+    from tinytrain.checkpoint.export import export_spec, export_state_dict
+
+    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    if saved.is_hf_folder:
+        raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
+    spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
+    out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
+    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec)
+    print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
+    return {"export_dir": str(out)}
+
+
+def inference_setup(saved):
+    """(tokenizer with the run's chat template and BOS, stop ids, chat by default) for generation."""
+    if saved.is_hf_folder:
+        tok = saved.tokenizer
+        from transformers import GenerationConfig
+
+        try:
+            eos = GenerationConfig.from_pretrained(str(saved.checkpoint)).eos_token_id
+        except OSError:
+            eos = tok.eos_token_id
+        stops = eos if isinstance(eos, list) else [eos]
+        return tok, stops, bool(getattr(tok, "chat_template", None))
+    from tinytrain.checkpoint.export import export_spec, served_tokenizer
+
+    spec = export_spec(saved.train_cfg, saved.tokenizer)
+    tok = served_tokenizer(saved.tokenizer, spec)
+    return tok, [tok.convert_tokens_to_ids(t) for t in spec.turn_end], saved.is_sft
+
+
+def generate(cfg, run_dir: Path) -> dict:
+    from tinytrain.model.generation import Sampling, generate as generate_texts, read_prompts
+
+    g = cfg.generate
+    prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read
+    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    tok, stops, chat_default = inference_setup(saved)
+    chat = chat_default if g.chat is None else g.chat
+    if chat and not getattr(tok, "chat_template", None):
+        raise ConfigError(Problem("generate.chat", True, f"{saved.checkpoint} has no chat template (its run pretrained)", "leave generate.chat unset (null) or false"))
+    model = saved_run.hf_model(saved)
+    results = generate_texts(model, tok, prompts, chat, Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stops, seed=cfg.seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "generations.jsonl").open("w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps({"checkpoint": str(saved.checkpoint), "chat": chat, "do_sample": g.do_sample, **r}, ensure_ascii=False) + "\n")
+    for r in results:
+        print(f"### {r['prompt']}\n{r['completion']}\n")
+    print(f"{len(results)} generation(s) ({'sampled' if g.do_sample else 'greedy'}, {'chat template' if chat else 'plain text'}) written to {run_dir / 'generations.jsonl'}")
+    return {"generations": results}
+
+
+def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
+    """Token-weighted mean loss and perplexity over the held-out split of the run's data (or the
+    data config given on the command line) -> eval.json."""
+    import torch
+
+    from tinytrain.data.bos_policy import resolve_add_bos
+    from tinytrain.data.datamodule import DataModule
+    from tinytrain.model.module import causal_lm_loss
+
+    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    if saved.train_cfg is None and not data_overridden:
+        raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (its held-out split is evaluated)"))
+    data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data
+    if saved.train_cfg is not None:
+        data_cfg.prepend_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS policy
+    else:
+        data_cfg.prepend_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
+    data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
+    model = saved_run.hf_model(saved)
+    model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
+    true_vocab = len(saved.tokenizer)
+    total, tokens, batches = 0.0, 0, 0
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            if cfg.eval.batches is not None and batches >= cfg.eval.batches:
+                break
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+            logits = model(**inputs, use_cache=False).logits
+            n = int((batch["labels"] != -100).sum())
+            total += float(causal_lm_loss(logits, batch["labels"], true_vocab)) * n
+            tokens += n
+            batches += 1
+    if tokens == 0:
+        raise ConfigError(Problem("data", str(data_cfg.path), "the held-out split has no labelled tokens", "use more data or a larger data.val_fraction"))
+    loss = total / tokens
+    result = {
+        "checkpoint": str(saved.checkpoint),
+        "data": data_cfg.name,
+        "data_path": None if data_cfg.path is None else str(data_cfg.path),
+        "split": "validation",
+        "batches": batches,
+        "tokens": tokens,
+        "loss": loss,
+        "perplexity": math.exp(loss),
+    }
+    if cfg.eval.lm_eval_tasks:
+        result["lm_eval"] = lm_eval(cfg, saved, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"eval {saved.checkpoint}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of the {data_cfg.name} held-out split); written to {run_dir / 'eval.json'}")
+    return result
+
+
+def lm_eval(cfg, saved, run_dir: Path) -> dict:
+    """lm-evaluation-harness tasks on the export (local task YAMLs through eval.lm_eval_include)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(Problem("eval.lm_eval_tasks", list(cfg.eval.lm_eval_tasks), "lm-eval (lm-evaluation-harness) is not installed", "pip install lm-eval, or leave eval.lm_eval_tasks empty"))
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    folder = saved.checkpoint
+    if not saved.is_hf_folder:
+        folder = run_dir / "lm_eval_export"
+        export_cfg = cfg.copy()
+        export_cfg.export.dir = str(folder)
+        export(export_cfg, run_dir)
+    tasks = TaskManager(include_path=cfg.eval.lm_eval_include) if cfg.eval.lm_eval_include else TaskManager()
+    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(cfg.eval.lm_eval_tasks), task_manager=tasks, limit=cfg.eval.lm_eval_limit, device="cpu")
+    return out["results"]

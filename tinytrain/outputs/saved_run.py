@@ -1,0 +1,152 @@
+"""What mode=export|generate|eval start from: a checkpoint of a run (a step checkpoint, final.ckpt,
+a DeepSpeed folder, from any strategy) with the configuration its run trained with, or an exported
+Hugging Face folder.
+
+`checkpoint.path` names it: a path, or `final` / `last` (the newest step checkpoint) of the run
+in hydra.run.dir. A checkpoint's run is the folder holding its `checkpoints/` folder; its
+config_resolved.yaml gives the model, tokenizer, data template and precision, so nothing is retrained
+or re-specified. Checkpoints hold full, gathered tensors (fsdp_tp gathers before saving); a
+DeepSpeed folder is consolidated into one state dict first (its files are checked for pickled code).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+KEY = "checkpoint.path"
+RUN_CONFIG = "config_resolved.yaml"
+
+
+@dataclass
+class SavedRun:
+    checkpoint: Path  # the file, DeepSpeed folder, or HF folder
+    run_dir: Path | None  # the run that saved it (None for an HF folder from elsewhere)
+    train_cfg: object | None  # that run's resolved config (None for an HF folder without one)
+    tokenizer: object
+    is_hf_folder: bool
+
+    def default_export_dir(self) -> Path:
+        name = self.checkpoint.name.removesuffix(".ckpt")
+        return self.run_dir / ("hf_export" if name == "final" else f"hf_export-{name}")
+
+    @property
+    def is_sft(self) -> bool:
+        from tinytrain.config.schema import DataFormat
+
+        return self.train_cfg is not None and DataFormat(self.train_cfg.data.format) != DataFormat.text
+
+
+def locate(value: str | None, run_dir: Path) -> Path:
+    """The checkpoint `checkpoint.path` names; an error naming the key, value and fix otherwise."""
+    from tinytrain.checkpoint.files import step_checkpoints
+
+    if not value:
+        raise ConfigError(Problem(KEY, None, "this mode needs a checkpoint", "add checkpoint=<run>/checkpoints/step<N>.ckpt (or final.ckpt, a DeepSpeed checkpoint folder, an hf_export folder)"))
+    checkpoints = run_dir / "checkpoints"
+    if value == "final":
+        path = checkpoints / "final.ckpt"
+    elif value == "last":
+        steps = step_checkpoints(checkpoints)
+        if not steps:
+            raise ConfigError(Problem(KEY, value, f"{checkpoints} holds no step checkpoint", "name the run with run.name=<run> (or hydra.run.dir=<run dir>), or give the checkpoint's path"))
+        path = steps[0][1]
+    else:
+        path = Path(value)
+    if not path.exists():
+        raise ConfigError(Problem(KEY, value, f"{path} does not exist", "give a checkpoint file or folder that exists; `final` and `last` are looked up in the run of hydra.run.dir (run.name=<run>)"))
+    return path
+
+
+def load(value: str | None, run_dir: Path) -> SavedRun:
+    """The checkpoint with its run's config and tokenizer (checked against the checkpoint's)."""
+    path = locate(value, run_dir)
+    if path.is_dir() and (path / "config.json").is_file():
+        return _hf_folder(path)
+    source_run = path.parent.parent if path.parent.name == "checkpoints" else None
+    if source_run is None or not (source_run / RUN_CONFIG).is_file():
+        raise ConfigError(Problem(KEY, str(path), f"is not inside a run's checkpoints/ folder next to its {RUN_CONFIG}, so its model and tokenizer are unknown", "give a checkpoint where its run saved it (<run>/checkpoints/...)"))
+    train_cfg = run_config(source_run / RUN_CONFIG)
+    from tinytrain.checkpoint.resume import read_state
+    from tinytrain.data.tokenizer import fingerprint, load_from_config
+
+    meta = read_state(path, KEY).get("tinytrain")
+    if meta is None:
+        raise ConfigError(Problem(KEY, str(path), "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain"))
+    tokenizer = load_from_config(train_cfg.tokenizer)
+    if fingerprint(tokenizer) != meta["tokenizer_fingerprint"] or len(tokenizer) != meta["true_vocab"]:
+        raise ConfigError(
+            Problem(
+                KEY,
+                str(path),
+                f"was saved with tokenizer {meta['tokenizer_fingerprint']} ({meta['true_vocab']} tokens); {train_cfg.tokenizer.path} now loads as {fingerprint(tokenizer)} ({len(tokenizer)} tokens)",
+                f"restore the run's tokenizer at {train_cfg.tokenizer.path} (the ids would mean other tokens)",
+            )
+        )
+    return SavedRun(path, source_run, train_cfg, tokenizer, is_hf_folder=False)
+
+
+def _hf_folder(path: Path) -> SavedRun:
+    from transformers import AutoTokenizer
+
+    train_cfg = run_config(path.parent / RUN_CONFIG) if (path.parent / RUN_CONFIG).is_file() else None
+    return SavedRun(path, path.parent if train_cfg is not None else None, train_cfg, AutoTokenizer.from_pretrained(str(path)), is_hf_folder=True)
+
+
+def run_config(path: Path):
+    """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted)."""
+    from omegaconf import OmegaConf
+
+    from tinytrain.config.schema import Config
+
+    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+
+
+def model_config(saved: SavedRun):
+    """The transformers config the run trained (vocab rows set by the export to len(tokenizer))."""
+    from tinytrain.model.build import hf_config
+    from tinytrain.checkpoint.pretrained import pretrained_config
+
+    cfg = saved.train_cfg
+    true_vocab = len(saved.tokenizer)
+    if cfg.model.pretrained:
+        config = pretrained_config(cfg.model.pretrained)
+        config.vocab_size = true_vocab
+        return config
+    return hf_config(cfg.model, true_vocab, saved.tokenizer)
+
+
+def state_dict(saved: SavedRun) -> dict:
+    """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
+    from tinytrain.checkpoint.export import checkpoint_state_dict
+
+    if not saved.checkpoint.is_dir():
+        return checkpoint_state_dict(saved.checkpoint)
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    with tempfile.TemporaryDirectory(prefix="tinytrain-consolidate-") as tmp:
+        consolidated = Path(tmp) / "consolidated.ckpt"
+        log.info("consolidating the DeepSpeed checkpoint %s", saved.checkpoint)
+        convert_zero_checkpoint_to_fp32_state_dict(str(saved.checkpoint), str(consolidated))
+        state = checkpoint_state_dict(consolidated)
+        return {k: v.clone() for k, v in state.items()}  # off the memory-mapped temp file
+
+
+def hf_model(saved: SavedRun):
+    """The model, ready for inference (eval mode, KV cache on), from either kind of source."""
+    from transformers import AutoModelForCausalLM
+
+    if saved.is_hf_folder:
+        model = AutoModelForCausalLM.from_pretrained(str(saved.checkpoint))
+    else:
+        from tinytrain.checkpoint.export import model_from_state_dict
+
+        model = model_from_state_dict(state_dict(saved), model_config(saved), len(saved.tokenizer))
+    model.config.use_cache = True
+    return model.eval()

@@ -1,0 +1,70 @@
+"""Sample generations at each validation step: a few prompts (generate.sample_prompts), greedy, through
+the run's chat template when it fine-tunes, appended to samples.jsonl (and a wandb table under
+logger=wandb). What a loss number cannot show: whether the model stops at the turn end, repeats
+itself, or has learnt the format.
+
+Rank 0 generates with the model it holds; under DeepSpeed and fsdp_tp that model is partitioned
+(generating would need every rank), so there samples are skipped and the log says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from tinytrain.model.generation import Sampling, generate
+
+log = logging.getLogger(__name__)
+
+
+class SampleGenerations(pl.Callback):
+    def __init__(self, path: Path, prompts: list[str], max_new_tokens: int, tokenizer, chat: bool, stop_ids: list[int], true_vocab: int, sharded: bool):
+        self.path = path
+        self.prompts = list(prompts)
+        self.sampling = Sampling(max_new_tokens=max_new_tokens)
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.stop_ids = stop_ids
+        self.true_vocab = true_vocab
+        self.sharded = sharded
+        self.rows: list[list] = []  # every sample so far, for the wandb table
+
+    def on_validation_end(self, trainer, pl_module):
+        if not self.prompts or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if self.sharded:
+            if not self.rows:
+                log.info("samples: skipped under a sharded strategy (DeepSpeed, fsdp_tp); mode=generate on a checkpoint gives them")
+                self.rows.append([])
+            return
+        import torch
+
+        with torch.inference_mode(False), torch.no_grad():
+            results = generate(pl_module.model, self.tokenizer, self.prompts, self.chat, self.sampling, self.stop_ids, self.true_vocab)
+        step = trainer.global_step
+        with self.path.open("a", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps({"step": step, **r}, ensure_ascii=False) + "\n")
+        self.rows += [[step, r["prompt"], r["completion"]] for r in results]
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_table"):  # WandbLogger
+                logger.log_table(key="samples", columns=["step", "prompt", "completion"], data=self.rows, step=step)
+
+
+def sample_callback(cfg, run_dir: Path, tokenizer, true_vocab: int) -> list:
+    """The callback for this run ([] when generate.sample_prompts is empty)."""
+    from tinytrain.checkpoint.export import export_spec, served_tokenizer
+    from tinytrain.config.schema import DataFormat, Strategy
+
+    g = cfg.generate
+    if not g.sample_prompts:
+        return []
+    spec = export_spec(cfg, tokenizer)
+    served = served_tokenizer(tokenizer, spec)
+    chat = DataFormat(cfg.data.format) != DataFormat.text if g.chat is None else bool(g.chat)
+    stops = [served.convert_tokens_to_ids(t) for t in spec.turn_end]
+    sharded = cfg.parallel.strategy in (Strategy.deepspeed, Strategy.fsdp_tp)
+    return [SampleGenerations(run_dir / "samples.jsonl", list(g.sample_prompts), g.sample_max_new_tokens, served, chat, stops, true_vocab, sharded)]
