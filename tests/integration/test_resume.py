@@ -5,7 +5,8 @@
   uninterrupted run's: loss, lr, grad_norm, loss scale and validation loss to the bit, every batch
   trained exactly once. fp32 on one process (as a Slurm array task), fp16 on two FSDP2 x TP
   processes, and DeepSpeed on two ranks (ZeRO-2 fp32, ZeRO-3 fp16; a checkpoint is a folder of
-  shards), with the signal sent to rank 0 only; FSDP2 x TP is stopped by Ctrl-C's SIGINT instead.
+  shards), with the signal sent to rank 0 only; FSDP2 x TP is stopped by Ctrl-C's SIGINT instead, and
+  the fp32 run once more by SIGTERM (scancel, kill).
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
@@ -57,10 +58,12 @@ VARIANTS = {
 }
 # (processes, ranks that train each batch): both tp ranks train the same batch; DeepSpeed's two
 # data-parallel ranks train different ones.
-RANKS = {"fp32": (1, 1), "fp16-fsdp_tp": (2, 2), "zero2-fp32": (2, 1), "zero3-fp16": (2, 1)}
-# Slurm's SIGUSR1 everywhere but FSDP2 x TP, which gets Ctrl-C's SIGINT: it stops the same way,
-# without the requeue (SIGTERM shares SIGINT's path, see tinytrain/train/callbacks/preemption.py).
-SIGNAL = {"fp32": signal.SIGUSR1, "fp16-fsdp_tp": signal.SIGINT, "zero2-fp32": signal.SIGUSR1, "zero3-fp16": signal.SIGUSR1}
+RANKS = {"fp32": (1, 1), "fp32-sigterm": (1, 1), "fp16-fsdp_tp": (2, 2), "zero2-fp32": (2, 1), "zero3-fp16": (2, 1)}
+# Slurm's SIGUSR1 everywhere but FSDP2 x TP, which gets Ctrl-C's SIGINT, and fp32-sigterm (scancel,
+# kill): both stop the same way, without the requeue.
+SIGNAL = {"fp32": signal.SIGUSR1, "fp32-sigterm": signal.SIGTERM, "fp16-fsdp_tp": signal.SIGINT, "zero2-fp32": signal.SIGUSR1, "zero3-fp16": signal.SIGUSR1}
+# Variants that are the same run as another, stopped by another signal, share its reference.
+REFERENCE = {"fp32-sigterm": "fp32"}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
 
 
@@ -124,9 +127,9 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [*VARIANTS, *REFERENCE])
 def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path, variant, uninterrupted):
-    args, (ranks, copies) = [*RUN, *VARIANTS[variant]], RANKS[variant]
+    args, (ranks, copies) = [*RUN, *VARIANTS[REFERENCE.get(variant, variant)]], RANKS[variant]
     run_dir = tmp_path / "run"
     slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
     proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
@@ -153,7 +156,7 @@ def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one
     assert proc.returncode == 0, out[-3000:]
     assert f"resuming from checkpoints/step{step:07d}.ckpt (step {step})" in out
 
-    reference = uninterrupted(variant)
+    reference = uninterrupted(REFERENCE.get(variant, variant))
     assert metrics(run_dir) == metrics(reference)
     trained, expected = batches(run_dir), batches(reference)
     assert Counter(trained) == Counter(expected) and set(Counter(expected).values()) == {copies}  # each batch once (per tp rank)
