@@ -37,13 +37,19 @@ class DeadRank(pl.Callback):
             if thread.name == "child-process-observer":
                 thread._finished = True
         rank, proc = dead
-        how = f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit status {proc.returncode}"
         newest = step_checkpoints(self.run_dir / "checkpoints")
         then = f"resume=auto continues from checkpoints/{newest[0][1].name}" if newest else "no step checkpoint was saved yet, so it starts over"
-        self.message = (
-            f"tinytrain: rank {rank} (pid {proc.pid}) died ({how}) during step {trainer.global_step + 1}; the other ranks stopped. "
-            f"Run the same command again in {self.run_dir}: {then}."
-        )
+        step = trainer.global_step + 1
+        if proc.returncode < 0:  # killed from outside (OOM killer, kill -9): rerunning is the fix
+            self.message = (
+                f"tinytrain: rank {rank} (pid {proc.pid}) died (killed by {signal.Signals(-proc.returncode).name}) during step {step}; "
+                f"the other ranks stopped. Run the same command again in {self.run_dir}: {then}."
+            )
+        else:  # it raised: its own error, printed above, says what to fix before a rerun
+            self.message = (
+                f"tinytrain: rank {rank} (pid {proc.pid}) failed (exit status {proc.returncode}) during step {step}: its error is printed above; "
+                f"the other ranks stopped. Once that is fixed, run the same command again in {self.run_dir}: {then}."
+            )
 
 
 def died(procs: list, wait_s: float = 2.0):
