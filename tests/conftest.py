@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import subprocess
@@ -97,3 +98,15 @@ def bundled_tokenizer():
     from tinytrain.data.tokenizer import load_tokenizer
 
     return load_tokenizer(str(REPO / "tinytrain" / "assets" / "bundled_tokenizer"))
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, options: str):
+    """A tmpfs mounted on `folder` (root only) for the block; skips the test where mounting fails."""
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here: {r.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)

@@ -5,12 +5,11 @@ tests/unit/test_run_directory.py.)
 """
 
 import os
-import subprocess
 
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import mounted_tmpfs, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +25,8 @@ def small_disk(tmp_path):
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount_point)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(mount_point, "size=10m"):
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
 
 
 @pytest.mark.timeout(300)

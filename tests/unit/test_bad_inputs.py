@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -322,13 +321,10 @@ def read_only_root(tmp_path):
         yield folder
         folder.chmod(0o755)
         return
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.strip()}")
-    try:
+    from tests.conftest import mounted_tmpfs
+
+    with mounted_tmpfs(folder, "ro,size=1m"):
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
 
 
 def test_an_unwritable_run_root_is_named(read_only_root, clean_env):
