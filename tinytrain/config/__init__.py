@@ -3,5 +3,5 @@ one-paragraph error for what Hydra refuses."""
 
 from pathlib import Path
 
-# The config groups Hydra composes (conf/ beside the package in a checkout).
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# The config groups Hydra composes, shipped inside the package (tinytrain/conf/).
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -88,7 +88,7 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         return (
             f"tinytrain: configuration error: {group}={option}: no such option in config group '{group}'."
             f"{_did_you_mean(option, options)} Available: {', '.join(options)}. "
-            f"Fix: pick one of those, or add conf/{group}/{option}.yaml. {HINT}"
+            f"Fix: pick one of those, or add {group}/{option}.yaml to tinytrain/conf/ or to your own --config-dir. {HINT}"
         )
     if isinstance(head, OverrideParseException):
         return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"

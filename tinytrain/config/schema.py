@@ -403,5 +403,5 @@ class Config:
 
 
 def register_schemas() -> None:
-    """The top-level schema is the first default of conf/config.yaml: every group merges into it."""
+    """The top-level schema is the first default of tinytrain/conf/config.yaml: every group merges into it."""
     ConfigStore.instance().store(name="config_schema", node=Config)

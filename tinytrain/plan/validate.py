@@ -371,7 +371,7 @@ def experiment_problems() -> list[Problem]:
     folder = CONF_DIR / "experiment"
     options = sorted(p.stem for p in folder.glob("*.yaml"))
     if choice not in (None, "null") and choice not in options:
-        return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add conf/experiment/<name>.yaml")]
+        return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add experiment/<name>.yaml to tinytrain/conf/ or to your own --config-dir")]
     return []
 
 
