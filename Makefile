@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
+# pytest-xdist workers, one per core; each test module stays on one worker (its module fixtures,
+# a trained run or a Slurm cluster, are built once). Most tests wait on single-threaded work
+# (imports, tiny steps, Slurm's scheduler), so two workers on two cores roughly halve the time.
+PYTEST_WORKERS ?= auto
 
 .PHONY: setup run plan test clean
 
@@ -26,7 +30,7 @@ plan: setup
 
 test: setup
 	@bash .ci/install-slurm
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

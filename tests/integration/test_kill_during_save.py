@@ -10,13 +10,18 @@ this lost the row of the checkpoint's step until the row was written before the 
 And a DDP rank killed outright: rank 0 names it and the resume in one line, not gloo's traceback.
 """
 
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.conftest import REPO
 from tests.integration.test_resume import (
     MODEL,
     batches,
@@ -30,8 +35,8 @@ from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
 
-# 8 steps, a checkpoint every 2 (the newest 2 kept), validation after step 5 (not at a checkpoint
-# step: see README "Errors" on a kill between a checkpoint and a validation due at the same step).
+# 8 steps, a checkpoint every 2 (the newest 2 kept), validation every 3: the killed step 6 also
+# validates, and its checkpoint waits for that validation (a kill between the two lost its row).
 RUN = [
     "experiment=smoke",
     *MODEL,
@@ -39,7 +44,7 @@ RUN = [
     "trainer.max_steps=8",
     "trainer.log_every_n_steps=1",
     "trainer.checkpoint_every_n_steps=2",
-    "trainer.val_every_n_steps=5",
+    "trainer.val_every_n_steps=3",
     "checkpoint.keep_last=2",
     "trainer.progress_bar=false",
     "trainer.export=false",
@@ -135,3 +140,43 @@ def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
     assert len(lines) == 1, out[-3000:]
     assert f"tinytrain: rank 1 (pid {rank_1}) died (killed by SIGKILL) during step" in lines[0]
     assert f"Run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_of(pid: int) -> int | None:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_killed_under_torchrun_is_explained_by_the_other_in_one_line(tmp_path):
+    """torchrun (like srun) starts every rank itself: rank 0 cannot see rank 1 die, only its
+    collective fail. It says so in one line, and where to look, instead of gloo's traceback."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40", f"hydra.run.dir={run_dir}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1"})
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}", "--redirects=3", f"--log-dir={tmp_path / 'logs'}"]
+    with (run_dir / "out.log").open("w") as out:
+        proc = subprocess.Popen([*torchrun, "-m", "tests.integration.instrumented_cli", *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and len(child_ranks(proc.pid)) == 2, proc, "step 3 on both ranks", timeout=400)
+        (rank_1,) = [pid for pid in child_ranks(proc.pid) if rank_of(pid) == 1]
+        os.kill(rank_1, signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and whatever it still runs
+    rank_0 = next((tmp_path / "logs").rglob("attempt_0/0"))
+    rank_0_log = (rank_0 / "stderr.log").read_text() + (rank_0 / "stdout.log").read_text()
+    lines = [line for line in rank_0_log.splitlines() if "lost its connection" in line]
+    assert len(lines) == 1, rank_0_log[-3000:]
+    assert "Traceback" not in rank_0_log and "pair.cc" not in rank_0_log.replace(lines[0], ""), rank_0_log[-3000:]
+    assert lines[0].startswith("tinytrain: rank 0 lost its connection to another rank during step")
+    assert f"run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]

@@ -143,7 +143,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).
-        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last),
+        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, t.val_every_n_steps if t.val_batches else 0),
         *extra_callbacks,
     ]
     plugins = [*cluster_plugins(), AtomicCheckpointIO(), *([hw.precision_plugin] if hw.precision_plugin else [])]

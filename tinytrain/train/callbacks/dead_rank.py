@@ -2,10 +2,14 @@
 inside a collective, a traceback that does not say what happened. Rank 0 started the other local
 ranks (Lightning's subprocess launcher), so it can see which one died: it says so in one line,
 with how to resume, and the run exits 3 like any other stop (cli.py).
+
+Ranks started by someone else (srun, torchrun, another node) cannot be watched: a rank whose
+collective fails because its peer went away says that in one line instead, and where to look.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -30,6 +34,12 @@ class DeadRank(pl.Callback):
         procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         dead = died(procs)
         if not dead:
+            if trainer.world_size > 1 and lost_a_peer(exception):
+                self.message = (
+                    f"tinytrain: rank {trainer.global_rank} lost its connection to another rank during step {trainer.global_step + 1} "
+                    f"({type(exception).__name__}: {first_line(exception)}): that rank stopped first (killed, out of memory, its node lost, or its own error); "
+                    f"its log says which (under Slurm, `sacct -j <job id>` names the failed task). Once that is fixed, run the same command again in {self.run_dir}: {self.resume_hint()}."
+                )
             return
         # Lightning's observer SIGKILLs this process within 5 s of seeing a child die; the
         # message needs those seconds.
@@ -37,8 +47,7 @@ class DeadRank(pl.Callback):
             if thread.name == "child-process-observer":
                 thread._finished = True
         rank, proc = dead
-        newest = step_checkpoints(self.run_dir / "checkpoints")
-        then = f"resume=auto continues from checkpoints/{newest[0][1].name}" if newest else "no step checkpoint was saved yet, so it starts over"
+        then = self.resume_hint()
         step = trainer.global_step + 1
         if proc.returncode < 0:  # killed from outside (OOM killer, kill -9): rerunning is the fix
             self.message = (
@@ -50,6 +59,27 @@ class DeadRank(pl.Callback):
                 f"tinytrain: rank {rank} (pid {proc.pid}) failed (exit status {proc.returncode}) during step {step}: its error is printed above; "
                 f"the other ranks stopped. Once that is fixed, run the same command again in {self.run_dir}: {then}."
             )
+
+    def resume_hint(self) -> str:
+        newest = step_checkpoints(self.run_dir / "checkpoints")
+        return f"resume=auto continues from checkpoints/{newest[0][1].name}" if newest else "no step checkpoint was saved yet, so it starts over"
+
+
+# What gloo and NCCL say when the other end of a collective is gone.
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited", "communicator was aborted", "socket timeout", "timed out")
+
+
+def lost_a_peer(exception: BaseException) -> bool:
+    import torch.distributed as dist
+
+    text = str(exception).lower()
+    return isinstance(exception, dist.DistError) or any(marker in text for marker in PEER_GONE)
+
+
+def first_line(exception: BaseException, limit: int = 120) -> str:
+    line = next((part.strip() for part in str(exception).splitlines() if part.strip()), "")
+    line = re.sub(r"^\[[^\]]*\]\s*", "", line)  # gloo's "[<its source file>:<line>] "
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def died(procs: list, wait_s: float = 2.0):

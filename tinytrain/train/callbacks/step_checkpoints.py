@@ -8,6 +8,11 @@ checkpoints of the earlier segments count too. `resume=auto` picks the newest of
 
 A `Checkpoint` subclass: Lightning runs checkpoint callbacks after all others, so the data
 position (callbacks/data_position.py) has counted the batch before it is saved.
+
+At a step that also validates, the save waits for the validation: a process killed between the
+two would otherwise leave a checkpoint whose step's validation row never gets written (the resumed
+run starts after it). Should Lightning not validate after all, the save happens before the next
+batch or at the end of training.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ log = logging.getLogger(__name__)
 
 
 class StepCheckpoints(Checkpoint):
-    def __init__(self, directory: Path, every_n_steps: int, keep_last: int):
+    def __init__(self, directory: Path, every_n_steps: int, keep_last: int, val_every_n_steps: int = 0):
         self.directory = Path(directory)
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
+        self.val_every_n_steps = val_every_n_steps  # 0: no validation
         self.last_saved_step: int | None = None
+        self.waiting_for_validation = False
 
     def on_train_start(self, trainer, pl_module):
         # A resumed run starts at the checkpoint's step: that one exists already.
@@ -37,16 +44,37 @@ class StepCheckpoints(Checkpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Under gradient accumulation this runs for every micro batch; global_step moves once per
         # optimizer step, and last_saved_step keeps one save per step.
-        if trainer.global_step % self.every_n_steps == 0:
+        step = trainer.global_step
+        if step % self.every_n_steps != 0:
+            return
+        if self.val_every_n_steps and step % self.val_every_n_steps == 0:
+            self.waiting_for_validation = True
+        else:
             self.save(trainer)
 
-    def save(self, trainer) -> Path:
+    def on_validation_end(self, trainer, pl_module):
+        self.save_if_waiting(trainer)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.save_if_waiting(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self.save_if_waiting(trainer)
+
+    def save_if_waiting(self, trainer) -> None:
+        if self.waiting_for_validation and not trainer.sanity_checking:
+            self.waiting_for_validation = False
+            # Lightning has written the step's row (and the validation's) by now.
+            self.save(trainer, row_written=True)
+
+    def save(self, trainer, row_written: bool = False) -> Path:
         """Save this step's checkpoint (every rank calls this) unless it exists; prune on rank 0."""
         path = self.directory / step_checkpoint_name(trainer.global_step)
         if self.last_saved_step == trainer.global_step:
             return path
-        # The step's metrics row is on disk before its checkpoint: a resume from it keeps the row.
-        write_step_row_now(trainer)
+        if not row_written:
+            # The step's metrics row is on disk before its checkpoint: a resume from it keeps the row.
+            write_step_row_now(trainer)
         trainer.save_checkpoint(path)
         self.last_saved_step = trainer.global_step
         if trainer.is_global_zero:
