@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run plan test clean
+.PHONY: setup run plan lint test clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ run: setup
 
 plan: setup
 	$(PY) -m tinytrain mode=plan $(ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
 
 test: setup
 	@bash .ci/install-slurm
