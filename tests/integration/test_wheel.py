@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -75,8 +76,13 @@ def run(cmd: list, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess
 def installed(tmp_path_factory):
     """(the fresh venv's bin folder, an empty working directory)."""
     root = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of what the wheel is made of: setuptools leaves build/ and *.egg-info in the source tree.
+    source = root / "source"
+    shutil.copytree(REPO / "tinytrain", source / "tinytrain", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     # This environment has the build backend (setuptools, which torch requires): no isolated build env.
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", REPO], root)
+    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", source], root)
     assert built.returncode == 0, built.stderr[-3000:]
     from tinytrain import __version__
 
