@@ -27,7 +27,7 @@ def missing_extra_problems(cfg, is_installed: Callable[[str], bool] = installed)
     if cfg.logger.tensorboard:
         wanted.append(("logger", "tensorboard", "tensorboard", "tensorboard"))
     return [
-        Problem(key, value, f"needs the `{extra}` extra, and `{module}` is not installed", f"pip install '{DISTRIBUTION}[{extra}]' (or choose another {key})")
+        Problem(key, value, f"needs the {extra} extra ({module} is not installed)", f"pip install '{DISTRIBUTION}[{extra}]' (or choose another {key})")
         for key, value, extra, module in wanted
         if not is_installed(module)
     ]
