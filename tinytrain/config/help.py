@@ -86,7 +86,7 @@ def render(defaults, conf_dir: Path = CONF_DIR) -> str:
         "",
         "examples:",
         "  tinytrain mode=plan model=tinyllama_1b tokenizer=llama2 tokenizer.path=<folder> hardware.gpu=A800",
-        "  tinytrain experiment=smoke logger=[csv,tensorboard]",
+        "  tinytrain experiment=smoke logger=[wandb,tensorboard]          (loggers combine; metrics.csv is always written)",
         "  tinytrain --config-dir ./my_conf model=my_model      (your own groups on top of tinytrain's)",
         "",
         "exit codes: 0 done, 2 configuration error, 3 stopped by a guard, 75 checkpointed on a signal (run again to resume)",
