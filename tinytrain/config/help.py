@@ -90,7 +90,8 @@ def render(defaults, conf_dir: Path = CONF_DIR) -> str:
         "  tinytrain --config-dir ./my_conf model=my_model      (your own groups on top of tinytrain's)",
         "",
         "exit codes: 0 done, 2 configuration error, 3 stopped by a guard, 75 checkpointed on a signal (run again to resume)",
-        "more in the README: " + ", ".join(f'"{s}"' for s in README_SECTIONS),
+        "more in README.md (in the repository, and in the wheel's METADATA):",
+        *(f"  README.md#{s.lower().replace(' ', '-')}" for s in README_SECTIONS),
     ]
     return "\n".join(lines)
 
