@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # (imports, tiny steps, Slurm's scheduler), so two workers on two cores roughly halve the time.
 PYTEST_WORKERS ?= auto
 
-.PHONY: setup run plan test clean
+.PHONY: setup run plan lint test clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ run: setup
 
 plan: setup
 	$(PY) -m tinytrain mode=plan $(ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
 
 test: setup
 	@bash .ci/install-slurm

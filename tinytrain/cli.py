@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
+from tinytrain.cluster import rank_logging
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -27,11 +28,7 @@ log = logging.getLogger("tinytrain")
 
 
 def is_rank_zero() -> bool:
-    # Set by torchrun / Lightning's DDP launcher / srun before this process starts.
-    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        if var in os.environ:
-            return int(os.environ[var]) == 0
-    return True
+    return rank_logging.process_rank() == 0
 
 
 def run_stages(cfg: DictConfig, run_dir: Path):
@@ -150,6 +147,7 @@ def hydra_main(cfg: DictConfig):
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
     register_resolvers()
+    rank_logging.configure(rank_logging.process_rank())
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -193,11 +191,22 @@ def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
 
 
 def main() -> None:
+    """The `tinytrain` command (and `python -m tinytrain`)."""
     from tinytrain.config.friendly_errors import friendly_message
     from tinytrain.errors import TrainingStopped
 
+    if "--version" in sys.argv[1:]:  # Hydra's own --version prints Hydra's
+        import tinytrain
+
+        print(f"tinytrain {tinytrain.__version__}")
+        return
     register_resolvers()
     register_schemas()
+    if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's lists its ConfigStore's internal nodes; --hydra-help stays Hydra's
+        from tinytrain.config import help
+
+        print(help.render(help.default_config()))
+        return
     # Hydra prints a trimmed traceback for every error; tinytrain prints one paragraph naming
     # the key, the value and the fix instead. Users who want the traceback set HYDRA_FULL_ERROR=1
     # (remembered across the processes a DDP launcher starts).

@@ -68,12 +68,26 @@ def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):
 
 
 def test_ddp_two_processes_over_gloo(tmp_path):
+    """Two ranks over gloo, not on a terminal (as under Slurm): each log line once, from rank 0, on
+    the console and in tinytrain.log, and progress as plain lines instead of a carriage-return bar."""
     run_dir = tmp_path / "run"
-    r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2", "trainer.progress_bar=false"], run_dir)
+    r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2"], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world size 2 = tp 1 x dp 2" in r.stdout
     assert (run_dir / "hf_export" / "config.json").exists()
     assert len(logged(run_dir, "loss")) > 0
+    log = (run_dir / "tinytrain.log").read_text()
+    assert [p.name for p in run_dir.glob("*.log")] == ["tinytrain.log"]  # not one file per rank
+    for text in (log, r.stdout, r.stderr):
+        assert "\r" not in text
+    messages = [line.split(" - ", 1)[1] for line in log.splitlines() if " - " in line]
+    assert messages and len(messages) == len(set(messages)), log
+    assert not [line for line in log.splitlines() if "[rank 1]" in line and "[INFO]" in line]
+    progress = [m for m in messages if m.startswith("step ")]
+    assert [m.split(":")[0] for m in progress] == ["step 2/8", "step 4/8", "step 6/8", "step 8/8"], log
+    console = r.stdout.splitlines()
+    for message in messages:
+        assert sum(message in line for line in console) == 1, (message, r.stdout)
 
 
 def test_lean_paths_train_the_same(smoke_run, tmp_path):

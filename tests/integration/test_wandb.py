@@ -1,4 +1,6 @@
-"""logger=wandb in offline mode: no key, no network; the run file holds the config, the plan and the metrics."""
+"""logger=[wandb,tensorboard]: wandb in offline mode (no key, no network), whose run file holds the
+config, the plan and the metrics, and TensorBoard event files beside it, read back with
+TensorBoard's own reader."""
 
 import json
 from pathlib import Path
@@ -11,11 +13,29 @@ from tests.integration.wandb_records import read_run
 pytestmark = pytest.mark.slow
 
 
-def test_offline_wandb_run_holds_config_plan_and_metrics(tmp_path):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("loggers") / "run"
     env = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true"}
-    r = run_cli(["experiment=smoke", "logger=wandb", "logger.wandb_group=ci", "logger.wandb_tags=[smoke]", "trainer.progress_bar=false"], run_dir, env=env)
+    r = run_cli(["experiment=smoke", "logger=[wandb,tensorboard]", "logger.wandb_group=ci", "logger.wandb_tags=[smoke]", "trainer.progress_bar=false"], run_dir, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_tensorboard_events_hold_loss_and_lr(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert {"loss", "lr", "grad_norm", "val_loss"} <= set(scalars), scalars
+    losses = [e.value for e in acc.Scalars("loss")]
+    assert [e.step for e in acc.Scalars("loss")] == [1, 3, 5, 7] and losses[-1] < losses[0]  # smoke: logged every 2 of 8 steps
+    assert all(0 < e.value <= 3e-3 * (1 + 1e-6) for e in acc.Scalars("lr"))
+
+
+def test_offline_wandb_run_holds_config_plan_and_metrics(run_dir):
     runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     config, history = read_run(Path(runs[0]))

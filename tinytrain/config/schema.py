@@ -339,7 +339,9 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "csv"  # metrics.csv in the run directory is always written; the loss curve reads it
+    # The option chosen (the last one of a list such as logger=[wandb,tensorboard]); metrics.csv in
+    # the run directory is always written, and the loss curve reads it.
+    name: str = "csv"
     # Weights & Biases (logger=wandb); WANDB_MODE=offline works with no key or network.
     wandb: bool = False
     wandb_project: str = "tinytrain"
@@ -347,6 +349,8 @@ class LoggerConfig:
     wandb_group: Optional[str] = None  # null: none; in a multirun, run.name (the sweep's)
     wandb_tags: list[str] = field(default_factory=list)
     wandb_name: Optional[str] = None  # null: run.name; in a multirun, run.name/<job number>
+    # TensorBoard event files in <run dir>/tensorboard/ (logger=tensorboard; combine: logger=[wandb,tensorboard]).
+    tensorboard: bool = False
 
 
 @dataclass

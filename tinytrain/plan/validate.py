@@ -29,6 +29,7 @@ from tinytrain.data.tokenizer import (
 )
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import hardware as hw_table
+from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 
 DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
@@ -461,6 +462,7 @@ def validate(cfg) -> None:
         + hardware_problems(cfg)
         + tokenizer_problems(cfg)
         + special_token_problems(cfg)
+        + missing_extra_problems(cfg)
         + wandb_problems(cfg)
         + checkpoint_problems(cfg)
     )

@@ -68,28 +68,37 @@ def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
 
 
 def extra_loggers(cfg, plan: RunPlan, run_dir: Path) -> list:
-    """wandb when asked for, with the resolved config and the plan attached (imported only then)."""
-    if not cfg.logger.wandb:
-        return []
+    """Next to metrics.csv: wandb (with the resolved config and the plan attached) and TensorBoard,
+    each when asked for (imported only then)."""
+    loggers = []
+    if cfg.logger.wandb:
+        loggers.append(wandb_logger(cfg, plan, run_dir))
+    if cfg.logger.tensorboard:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        # <run dir>/tensorboard/: a resumed run adds an event file beside the first one's.
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False))
+    return loggers
+
+
+def wandb_logger(cfg, plan: RunPlan, run_dir: Path):
     from lightning.pytorch.loggers import WandbLogger
 
     lg = cfg.logger
     config = {**plan.resolved_config(cfg), "plan": plan.to_dict()}
-    return [
-        WandbLogger(
-            project=lg.wandb_project,
-            entity=lg.wandb_entity,
-            group=lg.wandb_group,
-            tags=list(lg.wandb_tags),
-            name=lg.wandb_name or cfg.run.name,
-            save_dir=str(run_dir),
-            config=config,
-            # One wandb run per run directory: a resumed (requeued) run continues its history. A wandb
-            # sweep agent names the run it started in WANDB_RUN_ID; that id must be kept.
-            id=os.environ.get("WANDB_RUN_ID") or wandb_run_id(cfg.run.name, run_dir),
-            resume="allow",
-        )
-    ]
+    return WandbLogger(
+        project=lg.wandb_project,
+        entity=lg.wandb_entity,
+        group=lg.wandb_group,
+        tags=list(lg.wandb_tags),
+        name=lg.wandb_name or cfg.run.name,
+        save_dir=str(run_dir),
+        config=config,
+        # One wandb run per run directory: a resumed (requeued) run continues its history. A wandb
+        # sweep agent names the run it started in WANDB_RUN_ID; that id must be kept.
+        id=os.environ.get("WANDB_RUN_ID") or wandb_run_id(cfg.run.name, run_dir),
+        resume="allow",
+    )
 
 
 def end_wandb_run(cfg, failed: bool) -> None:
@@ -122,6 +131,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     from tinytrain.train.callbacks.dead_rank import DeadRank
     from tinytrain.train.callbacks.loss_summary import LossSummary
     from tinytrain.train.callbacks.preemption import Preemption
+    from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
     from tinytrain.train.callbacks.rng_state import RNGState
     from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
     from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
@@ -133,8 +143,10 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     hw = build_trainer_hardware(plan)
     summary = LossSummary()
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype))
+    bar = bar_on_terminal(t.progress_bar)
     callbacks = [
         throughput,
+        *([ProgressLines(t.log_every_n_steps, t.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
@@ -163,7 +175,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         log_every_n_steps=t.log_every_n_steps,
         logger=[ResumableCSVLogger(run_dir, plan.resume and plan.resume.step), *extra_loggers(cfg, plan, run_dir)],
         callbacks=callbacks,
-        enable_progress_bar=t.progress_bar,
+        enable_progress_bar=bar,
         enable_model_summary=False,
         default_root_dir=str(run_dir),
         # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.

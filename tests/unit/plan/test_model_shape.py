@@ -35,5 +35,5 @@ def test_plan_imports_no_training_stack(tmp_path):
         "    print('MODULES', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'deepspeed', 'wandb') or m in ('transformers.modeling_utils', 'transformers.models.llama.modeling_llama'))))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    line = next(l for l in r.stdout.splitlines() if l.startswith("MODULES"))
+    line = next(row for row in r.stdout.splitlines() if row.startswith("MODULES"))
     assert line.strip() == "MODULES", line

@@ -1,0 +1,121 @@
+"""The private names of Lightning, torch, Hydra, transformers, datasets, OmegaConf and DeepSpeed that
+tinytrain relies on still exist, in the shape tinytrain uses them.
+
+Upstream may move or rename a `_name` in any release without notice; tinytrain's ranges in
+pyproject.toml let a cluster install newer releases. This test fails naming the package, its
+installed version, the name and the tinytrain module that uses it, instead of a run failing with
+an AttributeError on the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import inspect
+
+import pytest
+
+
+def module_attr(module: str, name: str):
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+def class_attr(module: str, cls: str, name: str):
+    return lambda: getattr(getattr(importlib.import_module(module), cls), name)
+
+
+def assigned_in_init(module: str, cls: str, name: str):
+    """An instance attribute: the class's __init__ (or its parents') assigns self.<name>."""
+
+    def check():
+        klass = getattr(importlib.import_module(module), cls)
+        sources = [inspect.getsource(vars(k)["__init__"]) for k in klass.__mro__ if inspect.isfunction(vars(k).get("__init__"))]
+        if not any(f"self.{name} =" in src or f"self.{name}:" in src for src in sources):
+            raise AttributeError(f"{cls}.__init__ no longer sets self.{name}")
+
+    return check
+
+
+def has_parameters(get, *names: str):
+    def check():
+        params = inspect.signature(get()).parameters
+        missing = [n for n in names if n not in params]
+        if missing:
+            raise AttributeError(f"signature {tuple(params)} lacks {missing}")
+
+    return check
+
+
+def dataclass_field(module: str, cls: str, name: str):
+    def check():
+        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+        if name not in fields:
+            raise AttributeError(f"{cls} has no field {name} (fields: {sorted(fields)})")
+
+    return check
+
+
+def source_mentions(get, text: str):
+    def check():
+        if text not in inspect.getsource(get()):
+            raise AttributeError(f"no longer reads {text!r}")
+
+    return check
+
+
+LIGHTNING_STRATEGIES = "lightning.pytorch.strategies"
+FLASH_UTILS = "transformers.modeling_flash_attention_utils"
+
+# (distribution, the private name, the tinytrain module relying on it, the check)
+PRIVATE_NAMES = [
+    ("lightning", "fabric.strategies.model_parallel._load_raw_module_state", "train/strategy.py (fsdp_tp resume re-pads vocab rows)", module_attr("lightning.fabric.strategies.model_parallel", "_load_raw_module_state")),
+    ("lightning", "fabric.strategies.model_parallel._rekey_optimizer_state_if_needed", "train/strategy.py (fsdp_tp resume)", module_attr("lightning.fabric.strategies.model_parallel", "_rekey_optimizer_state_if_needed")),
+    ("lightning", "DeepSpeedStrategy._init_deepspeed_distributed", "train/strategy.py (DeepSpeed on CPU)", class_attr(LIGHTNING_STRATEGIES, "DeepSpeedStrategy", "_init_deepspeed_distributed")),
+    (
+        "lightning",
+        "DeepSpeedStrategy._setup_model_and_optimizer(model, optimizer, lr_scheduler)",
+        "train/strategy.py (DeepSpeed on CPU overrides it)",
+        has_parameters(class_attr(LIGHTNING_STRATEGIES, "DeepSpeedStrategy", "_setup_model_and_optimizer"), "model", "optimizer", "lr_scheduler"),
+    ),
+    ("lightning", "Trainer._logger_connector", "train/metrics_csv.py (the step's row before its checkpoint)", assigned_in_init("lightning.pytorch", "Trainer", "_logger_connector")),
+    ("lightning", "_LoggerConnector.should_update_logs", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "should_update_logs")),
+    ("lightning", "_LoggerConnector.metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "metrics")),
+    ("lightning", "_LoggerConnector.log_metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "log_metrics")),
+    ("lightning", "csv_logs.ExperimentWriter._check_log_dir_exists", "train/metrics_csv.py (keeps metrics.csv on resume)", class_attr("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_check_log_dir_exists")),
+    ("lightning", "CSVLogger._experiment", "train/metrics_csv.py", assigned_in_init("lightning.pytorch.loggers", "CSVLogger", "_experiment")),
+    ("lightning", "_ChildProcessObserver._finished", "train/callbacks/dead_rank.py (holds off the observer's SIGKILL)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_finished")),
+    (
+        "lightning",
+        "_ChildProcessObserver's thread name child-process-observer",
+        "train/callbacks/dead_rank.py (finds the thread by it)",
+        source_mentions(module_attr("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver"), '"child-process-observer"'),
+    ),
+    ("torch", "torch._foreach_norm", "train/callbacks/nonfinite_guard.py", module_attr("torch", "_foreach_norm")),
+    ("torch", "torch.distributed.tensor._redistribute (logger name)", "train/trainer.py (quiet_lightning)", lambda: importlib.import_module("torch.distributed.tensor._redistribute")),
+    ("hydra-core", "JobReturn._return_value", "cluster/sweep_results.py (a failed job's exception)", dataclass_field("hydra.core.utils", "JobReturn", "_return_value")),
+    ("omegaconf", "DictConfig._get_node", "plan/validate.py (unknown keys at any depth)", class_attr("omegaconf", "DictConfig", "_get_node")),
+    ("datasets", "Dataset._fingerprint", "data/sources.py (an hf source's content key)", assigned_in_init("datasets", "Dataset", "_fingerprint")),
+    ("transformers", "PretrainedConfig._attn_implementation", "model/packed_attention.py", class_attr("transformers", "PretrainedConfig", "_attn_implementation")),
+    *[
+        ("transformers", f"modeling_flash_attention_utils.{name}", "model/flash_reference.py (the CPU stand-in for flash-attn)", module_attr(FLASH_UTILS, name))
+        for name in ("_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn", "_unpad_fn", "_pad_input", "_unpad_input", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn", "_lazy_define_process_function", "_loaded_implementation")
+    ],
+    ("deepspeed", "runtime.fp16.loss_scaler.DynamicLossScaler / LossScaler", "checkpoint/safe_load.py (globals of ZeRO shards)", module_attr("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler")),
+    ("deepspeed", "runtime.zero.config.ZeroStageEnum", "checkpoint/safe_load.py", module_attr("deepspeed.runtime.zero.config", "ZeroStageEnum")),
+    ("deepspeed", "utils.tensor_fragment.fragment_address", "checkpoint/safe_load.py", module_attr("deepspeed.utils.tensor_fragment", "fragment_address")),
+    ("deepspeed", "accelerator.cpu_accelerator.CPU_Accelerator.is_fp16_supported", "train/strategy.py (fp16 on DeepSpeed's CPU accelerator)", class_attr("deepspeed.accelerator.cpu_accelerator", "CPU_Accelerator", "is_fp16_supported")),
+    ("deepspeed", "initialize(args.device_rank)", "train/strategy.py (DeepSpeed on CPU passes the rank this way)", source_mentions(module_attr("deepspeed.runtime.engine", "DeepSpeedEngine"), "device_rank")),
+]
+
+
+@pytest.mark.parametrize(("distribution", "name", "used_by", "check"), PRIVATE_NAMES, ids=[f"{d}:{n}" for d, n, _, _ in PRIVATE_NAMES])
+def test_private_name_still_there(distribution, name, used_by, check):
+    try:
+        check()
+    except (AttributeError, ImportError, TypeError, OSError) as e:
+        pytest.fail(
+            f"upstream change: {distribution} {importlib.metadata.version(distribution)} moved or changed the private name `{name}` "
+            f"that tinytrain/{used_by} relies on ({type(e).__name__}: {e}). Adapt that module, or cap {distribution} in pyproject.toml.",
+            pytrace=False,
+        )

@@ -1,0 +1,33 @@
+"""Logging for many processes: rank 0 logs to the console and to <run dir>/tinytrain.log; every
+other rank only its warnings and errors, to both, each line prefixed with its rank.
+
+Without this, every rank of a Slurm job (srun starts the same command N times) logs each line
+N times, into the console and into the same tinytrain.log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+# Set by torchrun / Lightning's DDP launcher / srun before the process starts.
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
+
+
+def process_rank() -> int:
+    for var in RANK_VARIABLES:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def configure(rank: int) -> None:
+    """Applied to the handlers Hydra's job logging set up (console and file on the root logger)."""
+    if rank == 0:
+        return
+    prefix = logging.Formatter(f"[rank {rank}] [%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(prefix)
+    # Python warnings of these ranks become log records, so they carry the rank too.
+    logging.captureWarnings(True)
