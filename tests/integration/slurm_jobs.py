@@ -91,19 +91,20 @@ class Requeued:
 
 
 def requeue_mid_run(slurm: SlurmCluster, script: Path, options: list[str], args: list[str], out_dir: Path) -> Requeued:
-    """Submits REQUEUE_RUN (+ args) twice: one job gets SIGUSR1 (to srun's tasks, as --signal=USR1@N
-    would send it; the batch shell does not get it) once its first periodic checkpoint exists, and
-    must be requeued once and complete; the other runs uninterrupted, on the same nodes at the same
-    time (--exclusive=user: the scripts' --exclusive would run it before the requeued job)."""
+    """Submits REQUEUE_RUN (+ args) twice at once, on the same nodes: one job gets SIGUSR1 (to srun's
+    tasks, as --signal=USR1@N would send it; the batch shell does not get it) once its first
+    periodic checkpoint exists, and must be requeued once and complete; the other runs
+    uninterrupted. --exclusive=user lets the two share nodes (the scripts' --exclusive would run
+    one after the other), and so do options that ask for a GPU per task, not the scripts' 8."""
     interrupted, reference = out_dir / "interrupted", out_dir / "reference"
     interrupted.mkdir(), reference.mkdir()
     options = [*options, "--exclusive=user"]
     job_id = submit(slurm, script, options, [*REQUEUE_RUN, *args], interrupted)
+    reference_id = submit(slurm, script, options, [*REQUEUE_RUN, *args], reference)
     checkpoints = interrupted / f"slurm-{job_id}" / "checkpoints"  # run.name from the job id, kept across the requeue
     wait_for(lambda: any(checkpoints.glob("step*.ckpt")) or slurm.job(job_id).state in FINISHED, 180, f"periodic checkpoint in {checkpoints}")
     assert slurm.job(job_id).state == "RUNNING", f"job {job_id} ended before its first checkpoint: {slurm.job(job_id).fields.get('StdOut')}"
     slurm.run(["scancel", "--signal=USR1", str(job_id)])
-    reference_id = submit(slurm, script, options, [*REQUEUE_RUN, *args], reference)
 
     # A requeued job is PENDING, then RUNNING again, until its second start ends; one the signal
     # missed ends at once.

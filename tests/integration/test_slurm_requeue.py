@@ -13,4 +13,4 @@ SCRIPT = REPO / "slurm" / "single_node.sbatch"
 
 
 def test_sigusr1_checkpoints_requeues_and_resumes_on_the_same_trajectory(slurm, tmp_path):
-    assert_resumed_on_the_same_trajectory(requeue_mid_run(slurm, SCRIPT, CPU_TASKS, [], tmp_path))
+    assert_resumed_on_the_same_trajectory(requeue_mid_run(slurm, SCRIPT, [*CPU_TASKS, "--gpus-per-node=2"], [], tmp_path))

@@ -11,9 +11,9 @@ from tests.integration.slurm_jobs import assert_resumed_on_the_same_trajectory, 
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPT = REPO / "slurm" / "multi_node.sbatch"
-# The script's nodes and tasks made CPU-sized (one task of one core per node), and DDP for its
-# DeepSpeed, which needs CUDA.
-TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1"]
+# The script's nodes and tasks made CPU-sized: one task of one core (and one of the fake GPUs) per
+# node. parallel=ddp for its DeepSpeed, which needs CUDA.
+TWO_NODES = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1"]
 
 
 def launches(slurm, job_id: str) -> dict[str, int]:
