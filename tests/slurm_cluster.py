@@ -1,7 +1,13 @@
-"""A real single-node Slurm on localhost for tests: Debian's slurmctld + slurmd, all state in a temp dir.
+"""A real Slurm on localhost for tests: Debian's slurmctld + one slurmd per node, all state in a temp dir.
+
+One node is `localhost`. Several nodes (`SlurmCluster(root, nodes=2)`) are `node1`, `node2`, ...: one
+slurmd each (`slurmd -N <name>`) on its own port of 127.0.0.1, which Debian's Slurm allows (it is
+built with --enable-multiple-slurmd); their spool directories and pid files are per node (`%n`).
+Their names do not resolve, as node names on a real cluster need not: a job reaches another node
+by its NodeAddr (`scontrol show node`), as slurm/multi_node.sbatch does.
 
 Authentication is `auth/none` + `cred/none` (no munge daemon to manage; Slurm 22.05 has no
-`auth/slurm`). The node claims 8 GPUs and 64 CPUs (`SlurmdParameters=config_overrides`), so the
+`auth/slurm`). Each node claims 8 GPUs and 64 CPUs (`SlurmdParameters=config_overrides`), so the
 shipped sbatch scripts' GPU and CPU requests are accepted unchanged on a machine without GPUs; the
 jobs themselves train on the CPU. Each fake GPU is a link to /dev/null, because Slurm 22.05 drops a
 GPU without a device file. Ports are picked free at start, so clusters of concurrent test runs do
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -94,10 +101,11 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 class SlurmCluster:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, nodes: int = 1):
         self.root = root
         self.conf = root / "slurm.conf"
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.nodes = ["localhost"] if nodes == 1 else [f"node{i}" for i in range(1, nodes + 1)]
+        self.procs: dict[str, subprocess.Popen] = {}  # slurmctld, then "slurmd-<node>" per node
 
     # --- configuration -------------------------------------------------------------------
     def write_config(self) -> None:
@@ -108,7 +116,10 @@ class SlurmCluster:
             "ClusterName": "tinytrain-test",
             "SlurmctldHost": "localhost",
             "SlurmctldPort": _free_port(),
-            "SlurmdPort": _free_port(),
+            "SlurmdPort": _free_port(),  # the default; each node below names its own
+            # Job ids from a random start: Lightning's MASTER_PORT is 15000 + a job id's last 4 digits,
+            # so jobs of test clusters running at the same time (job 1 in each) would share it.
+            "FirstJobId": random.randrange(1000, 9900),
             "SlurmUser": "root",
             "SlurmdUser": "root",
             "AuthType": "auth/none",
@@ -116,9 +127,9 @@ class SlurmCluster:
             # A requeued job waits cred_expire before it may start again (default 120 s).
             "AuthInfo": "cred_expire=5",
             "StateSaveLocation": r / "state",
-            "SlurmdSpoolDir": r / "spool",
+            "SlurmdSpoolDir": r / "spool/%n",
             "SlurmctldPidFile": r / "run/slurmctld.pid",
-            "SlurmdPidFile": r / "run/slurmd.pid",
+            "SlurmdPidFile": r / "run/slurmd-%n.pid",
             "SlurmctldDebug": "info",
             "SlurmdDebug": "info",
             "ProctrackType": "proctrack/linuxproc",
@@ -138,15 +149,18 @@ class SlurmCluster:
             "SlurmdParameters": "config_overrides",
         }
         text = "".join(f"{k}={v}\n" for k, v in lines.items())
-        text += (
-            f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={FAKE_CPUS} RealMemory={_real_memory_mb()} "
-            f"Gres=gpu:{FAKE_GPUS} State=UNKNOWN\n"
-            "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n"
-        )
+        for node in self.nodes:
+            # Each node's slurmd listens on its own port, so several share 127.0.0.1.
+            text += (
+                f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs={FAKE_CPUS} "
+                f"RealMemory={_real_memory_mb()} Gres=gpu:{FAKE_GPUS} State=UNKNOWN\n"
+            )
+            (self.root / "spool" / node).mkdir()
+        text += f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP\n"
         self.conf.write_text(text)
-        for i in range(FAKE_GPUS):
+        for i in range(FAKE_GPUS):  # shared by the nodes: they are the same machine
             (self.root / "dev" / f"gpu{i}").symlink_to("/dev/null")
-        (self.root / "gres.conf").write_text(f"NodeName=localhost Name=gpu File={self.root / 'dev'}/gpu[0-{FAKE_GPUS - 1}]\n")
+        (self.root / "gres.conf").write_text(f"NodeName={','.join(self.nodes)} Name=gpu File={self.root / 'dev'}/gpu[0-{FAKE_GPUS - 1}]\n")
 
     def env(self, extra: dict | None = None) -> dict:
         env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -158,19 +172,22 @@ class SlurmCluster:
         self.write_config()
         # -i: a fresh folder has no saved state to recover, which is not an error.
         self.procs["slurmctld"] = self._spawn([_binary("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
-        self.procs["slurmd"] = self._spawn([_binary("slurmd"), "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd")
+        for node in self.nodes:
+            self.procs[f"slurmd-{node}"] = self._spawn([_binary("slurmd"), "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")
         deadline = time.monotonic() + timeout
-        state = ""
+        states: list[str] = []
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with status {proc.returncode} while the test cluster started\n{self.logs()}")
+                    # A Slurm built without --enable-multiple-slurmd cannot run a second slurmd here.
+                    several = f" ({len(self.nodes)} slurmd on one machine need a Slurm built with --enable-multiple-slurmd, as Debian's is)" if len(self.nodes) > 1 else ""
+                    raise RuntimeError(f"{name} exited with status {proc.returncode} while the test cluster started{several}\n{self.logs()}")
             r = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
-            state = r.stdout.strip()
-            if r.returncode == 0 and state == "idle":
+            states = r.stdout.split()
+            if r.returncode == 0 and states == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"the test cluster's node did not become idle in {timeout:.0f} s (sinfo says {state!r})\n{self.logs()}")
+        raise RuntimeError(f"the test cluster's {len(self.nodes)} node(s) did not become idle in {timeout:.0f} s (sinfo says {states})\n{self.logs()}")
 
     def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
         # In the foreground (-D) with no log file configured, a daemon logs to stderr.
@@ -187,10 +204,9 @@ class SlurmCluster:
         while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
             time.sleep(0.5)
         self.run(["scontrol", "shutdown"], check=False)
-        for name in ("slurmd", "slurmctld"):
-            proc = self.procs.get(name)
-            if proc is None:
-                continue
+        # The slurmds first, then the controller that told them to stop.
+        for name in sorted(self.procs, key=lambda name: name == "slurmctld"):
+            proc = self.procs[name]
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:

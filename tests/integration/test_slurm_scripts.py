@@ -99,4 +99,5 @@ def test_script_rendered_by_mode_sbatch_trains_on_slurm(slurm, tmp_path):
     job_id = slurm.sbatch(run_dir / "job.sbatch", env=job_env())
     done = finish(slurm, job_id, tmp_path, run_dir=run_dir)
     assert "world size 2 = tp 1 x dp 2" in done.log and "(first step) ->" in done.log
+    assert "on localhost (rank 0 at 127.0.0.1)" in done.log  # MASTER_ADDR: the node's NodeAddr
     assert sorted(done.losses()) == list(range(6))

@@ -20,8 +20,8 @@ def test_multirun_of_two_learning_rates(slurm, tmp_path):
     sacct = slurm.sacct_standin(tmp_path / "bin")
     env = slurm.env(job_env())
     env["PATH"] = f"{sacct.parent}{os.pathsep}{env['PATH']}"
-    # A fresh submitit folder: job ids restart at 1 with every test cluster, and submitit would
-    # return an old result pickle found under the same id.
+    # A fresh submitit folder: job ids start again with every test cluster (at a random number), and
+    # submitit would return an old result pickle found under the same id.
     submitit_dir = tmp_path / "submitit"
     cmd = [
         sys.executable, "-m", "tinytrain", "-m",

@@ -98,7 +98,12 @@ def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str 
         "export PYTHONUNBUFFERED=1",
         "export NCCL_DEBUG=WARN",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
-        'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}, $(date)"',
+        # Rank 0's address for the other nodes: the first node's NodeAddr, as slurm/multi_node.sbatch
+        # (Lightning would use the node's name, which need not resolve elsewhere).
+        'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        """MASTER_ADDR=$(scontrol show node -o "$first_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)""",
+        "export MASTER_ADDR",
+        'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (rank 0 at $MASTER_ADDR), restart ${SLURM_RESTART_COUNT:-0}, $(date)"',
         f'srun --kill-on-bad-exit=1 {command} "$@"',
         "",
     ]
