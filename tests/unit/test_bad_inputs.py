@@ -203,6 +203,7 @@ CASES = {
     "mixture next to data.val_path": (["mode=plan", "data=mixture", "data.val_path={F}/good.txt", "data.sources=[{path:{F}/good.txt,weight:1}]"], ["data.val_path='{F}/good.txt'", "splits validation off each source"]),
     "mixture names repeated": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:1},{path:{F}/good.txt,weight:2}]"], ["data.sources[1].name='good'", "data.sources[0] has this name too"]),
     "mixture SFT from a text source": (["mode=plan", "data=mixture", "data.format=instruction", "data.sources=[{path:{F}/good.txt,weight:1}]"], ["data.sources[0].source='text'", "SFT records"]),
+    "mixture source too small for the first step": (["mode=plan", "data=mixture", "data.exhaustion=stop", "data.seq_len=8", "data.cache_dir={F}/cache", "data.sources=[{path:{F}/lines.txt,weight:1},{path:{F}/few.txt,weight:100}]"], ["data.sources[1].path='{F}/few.txt'", "mixture source 'few' holds 2 training items, fewer than the first step draws from it (8 sequences a step)", "data.exhaustion=repeat"]),
     "mixture unknown exhaustion": (["mode=plan", "data=mixture", "data.exhaustion=drop"], ["data.exhaustion=drop", "expected one of [repeat, stop]"]),
     # checkpoints and resuming
     "init_from missing": (["mode=plan", "checkpoint.init_from={F}/missing.ckpt"], ["checkpoint.init_from='{F}/missing.ckpt'", "no such checkpoint file"]),
@@ -253,6 +254,8 @@ def bad(tmp_path_factory):
     (f / "a_file").write_text("a regular file where a folder should be\n")
     (f / "empty.txt").write_text("")
     (f / "blank.txt").write_text("\n  \n\n")
+    (f / "lines.txt").write_text("\n\n".join(f"Line number {i} of a longer text." for i in range(30)))
+    (f / "few.txt").write_text("\n\n".join(f"A short document, number {i}." for i in range(3)))
     (f / "empty_texts").mkdir()
     (f / "empty_texts" / "a.txt").write_text("")
     (f / "empty_dir").mkdir()

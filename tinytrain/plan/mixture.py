@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from tinytrain.config.schema import Exhaustion
+from tinytrain.errors import ConfigError, Problem
+
 
 @dataclass(frozen=True)
 class SourcePlan:
@@ -43,7 +46,24 @@ def mixture_plan(cfg, tokenizer, batch) -> MixturePlan | None:
     from tinytrain.data.datamodule import DataModule
 
     data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel)
+    if cfg.data.exhaustion == Exhaustion.stop:
+        first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
     return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps)
+
+
+def first_step_problem(sampler, batch, paths: list) -> None:
+    """Under data.exhaustion=stop, a source the first optimizer step would already exhaust (the draws
+    are fixed by the seed, so this is exact) leaves nothing to train."""
+    k = sampler.first_exhausted(batch.accumulate_grad_batches * batch.data_parallel)
+    if k is not None:
+        raise ConfigError(
+            Problem(
+                f"data.sources[{k}].path",
+                paths[k],
+                f"mixture source {sampler.names[k]!r} holds {sampler.sizes[k]:,} training items, fewer than the first step draws from it ({batch.global_batch_size} sequences a step), and data.exhaustion=stop forbids repeating them",
+                "use data.exhaustion=repeat, more data in the source, a smaller weight for it or a smaller batch",
+            )
+        )
 
 
 def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int) -> MixturePlan:

@@ -5,7 +5,7 @@ The stream of samples is fixed by the seed (data/mixture_sampler.py), so every r
 decision from its own copy of the sampler, with no collective. The check looks one optimizer step
 ahead (accumulation x data-parallel batches) after the data position has counted the step's
 batches (DataPosition runs before this callback). A source too small for even the first step is a
-configuration error; a resumed run that has nothing left ends at once, as it ended before.
+configuration error (plan/mixture.py); a resumed run that has nothing left ends at once, as it ended before.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 
 import lightning.pytorch as pl
 
-from tinytrain.errors import ConfigError, Problem
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 
 log = logging.getLogger(__name__)
@@ -31,19 +30,8 @@ class MixtureExhaustion(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         self.step_seen = trainer.global_step
         k = self._next_step_exhausts()
-        if k is None:
-            return
-        if trainer.global_step == 0:
-            s = self.sampler
-            raise ConfigError(
-                Problem(
-                    self.keys[k],
-                    s.names[k],
-                    f"mixture source {s.names[k]!r} holds {s.sizes[k]:,} items, fewer than the first step draws from it with data.exhaustion=stop",
-                    "use data.exhaustion=repeat, more data in the source, a larger weight elsewhere or a smaller batch",
-                )
-            )
-        self._stop(trainer, k)
+        if k is not None:
+            self._stop(trainer, k)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step_seen:  # inside gradient accumulation
