@@ -3,12 +3,12 @@ before compute is spent, and never from inside a DataLoader worker).
 
 format=text              source -> token store (cached, or data.store) -> document split -> PackedWindows
 format=instruction|chat  source records -> SFT samples -> sample split -> SftDataset or PackedSamples
-data.sources (a mixture)  each source as above (its own token store), concatenated; batches drawn
-                          by weight (mixture_sampler.py), validation too
+data.sources             each source as above (its own token store or samples), concatenated;
+                         samples drawn by weight (mixture_sampler.py), for validation too
 
 The validation split is data.val_fraction of the documents (seeded, so no document is in both), or
-a separate source (data.val_path). Each split gets a ResumableBatchSampler; the training one is
-what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stops.
+a separate source (data.val_path). Each split gets a ResumableBatchSampler (a mixture's: a
+MixtureBatchSampler); the training one is what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stops.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class DataModule:
         self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         self.parts: list[MixturePart] = []  # a mixture's sources (empty for one source)
+        self.val_mixture: tuple[list, list, list] = ([], [], [])  # names, sizes, weights of the sources validated on
         if data_cfg.sources:
             self.train, self.val = self._mixture(progress)
         elif data_cfg.format == DataFormat.text:
@@ -83,11 +84,11 @@ class DataModule:
         if self.parts:
             # Validation draws from the mixture too, the same batches every time and for every seed.
             self.train_sampler = MixtureBatchSampler([p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed)
-            self.val_sampler = MixtureBatchSampler(*self._val_mixture, micro_batch_size, SPLIT_SEED)
-            return
-        grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
-        self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
-        self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
+            self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
+        else:
+            grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
+            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
+            self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 
     # -- pretraining --------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class DataModule:
             raise ConfigError(Problem("data.val_fraction", d.val_fraction, "no mixture source has a validation sequence", "raise data.val_fraction or use a shorter data.seq_len"))
         left_out = [p.name for p in self.parts if p.name not in val_names]
         self.lines.append(f"mixture: {len(self.parts)} sources drawn by weight (data.exhaustion={d.exhaustion.value}); validation from {', '.join(val_names)}" + (f" ({', '.join(left_out)}: too small)" if left_out else ""))
-        self._val_mixture = (val_names, val_sizes, val_weights)
+        self.val_mixture = (val_names, val_sizes, val_weights)
         return ConcatDataset(trains), ConcatDataset(vals)
 
     # -- loaders --------------------------------------------------------------------------------

@@ -125,8 +125,9 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
     if result["data_ran_out"]:
         print(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
-    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
-        print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
+    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps, or where the data ran out
+        why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={cfg.trainer.max_steps}"
+        print(f"no step left to train ({why}){val}")
     else:
         print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
     if result["tokens_per_s_per_device"]:

@@ -14,6 +14,7 @@ import logging
 
 import lightning.pytorch as pl
 
+from tinytrain.checkpoint.files import step_checkpoint_name
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,8 @@ class MixtureExhaustion(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         self.step_seen = trainer.global_step
         k = self._next_step_exhausts()
-        if k is not None:
-            self._stop(trainer, k)
+        if k is not None:  # resumed from the checkpoint of a run that ended here: it exists already
+            self._stop(trainer, k, save=False)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step_seen:  # inside gradient accumulation
@@ -41,20 +42,21 @@ class MixtureExhaustion(pl.Callback):
             return  # the run ends here anyway
         k = self._next_step_exhausts()
         if k is not None:
-            self._stop(trainer, k)
+            self._stop(trainer, k, save=True)
 
     def _next_step_exhausts(self) -> int | None:
         return self.sampler.first_exhausted(self.accumulate * self.sampler.world)
 
-    def _stop(self, trainer, k: int) -> None:
+    def _stop(self, trainer, k: int, save: bool) -> None:
         s = self.sampler
         checkpoints = next(c for c in trainer.checkpoint_callbacks if isinstance(c, StepCheckpoints))
-        path = checkpoints.save(trainer) if trainer.global_step > 0 else None
-        saved = f"; checkpoint {path.parent.name}/{path.name}" if path else ""
+        path = checkpoints.save(trainer) if save else checkpoints.directory / step_checkpoint_name(trainer.global_step)
+        saved = f"; checkpoint {path.parent.name}/{path.name}"
         drawn = int(s.positions_at(s.samples_consumed)[k])
         self.message = (
             f"data: mixture source {s.names[k]!r} ({self.keys[k]}) ran out at step {trainer.global_step}: {drawn:,} of its {s.sizes[k]:,} items "
             f"drawn, and step {trainer.global_step + 1} would draw more than are left (data.exhaustion=stop); the run ends here{saved}"
         )
-        log.warning("%s", self.message)
+        if trainer.is_global_zero:  # every rank decides the same; one says so
+            log.warning("%s", self.message)
         trainer.should_stop = True
