@@ -1,6 +1,6 @@
 """Weighted mixtures end to end through `python -m tinytrain`: a run resumed from a step checkpoint
 trains exactly the batches (and losses) of the uninterrupted run, per source, while the small source
-is repeated; data.exhaustion=stop ends the run cleanly at the step its small source runs out."""
+is repeated and across a (nominal) epoch; data.exhaustion=stop ends the run cleanly at the step its small source runs out."""
 
 import re
 
@@ -17,9 +17,10 @@ RUN = ["experiment=smoke", *MODEL, "data=mixture", "data.seq_len=16", "data.toke
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    """'big' (60 documents) and 'small' (6 documents: 3 training windows of 16 tokens)."""
+    """'big' (12 documents: 17 training windows of 16 tokens) and 'small' (6 documents: 3 windows),
+    so a nominal epoch is 5 batches of 4 and the runs below cross epochs."""
     folder = tmp_path_factory.mktemp("mixture")
-    (folder / "big.txt").write_text("\n\n".join(f"The river number {i} runs down to the sea, and the sea is wide." for i in range(60)))
+    (folder / "big.txt").write_text("\n\n".join(f"The river number {i} runs down to the sea, and the sea is wide." for i in range(12)))
     (folder / "small.txt").write_text("\n\n".join(f"def f{i}(x): return x + {i}" for i in range(6)))
     return [f"data.cache_dir={folder / 'cache'}", f"data.sources=[{{path: {folder / 'big.txt'}, weight: 3}}, {{path: {folder / 'small.txt'}, weight: 1}}]"]
 
@@ -44,6 +45,7 @@ def test_a_resumed_mixture_trains_the_uninterrupted_runs_batches(tmp_path, sourc
     small = position["sources"]["small"]
     assert position["samples"] == 4 * 4 and sum(s["position"] for s in position["sources"].values()) == 16
     assert small["items"] == 3 and small["pass"] >= 1  # the small source is already being repeated
+    assert position["sources"]["big"]["items"] == 17 and position["epoch"] == 0  # the resumed run crosses into epoch 1
     r = run_cli([*run, f"resume={whole / 'checkpoints' / 'step0000004.ckpt'}"], resumed, env={"TT_TEST_BATCH_LOG": str(resumed / "batches.txt")}, module="tests.integration.instrumented_cli")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert batches(resumed) == batches(whole)[4:]  # steps 5-8: the same samples, in the same order
