@@ -142,3 +142,16 @@ def test_first_exhausted_names_the_source_whose_first_pass_the_next_batches_woul
 def test_every_source_needs_an_item():
     with pytest.raises(ValueError, match="at least one item"):
         MixtureBatchSampler(["a", "b"], [10, 0], [1.0, 1.0], 4, 0)
+
+
+def test_positions_of_the_other_kind_start_from_the_first_batch(caplog):
+    from tinytrain.data.sampler import ResumableBatchSampler
+
+    mixed = sampler()
+    train(mixed, 10)
+    single = ResumableBatchSampler(100, BATCH, 1234)
+    single.load_state_dict(mixed.state_dict())
+    assert (single.epoch, single.consumed) == (0, 0) and "a mixture's (big, small, medium)" in caplog.text
+    fresh = sampler()
+    fresh.load_state_dict(single.state_dict())
+    assert train(fresh, 3) == train(sampler(), 3) and "not a mixture's" in caplog.text
