@@ -82,7 +82,8 @@ def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int)
 
 def render(mixture: dict, max_steps: int) -> list[str]:
     """The plan's mixture lines, from plan.json's `data_mixture`."""
-    rows = [("source", "weight", "share", "tokens/pass", mixture["sources"][0]["item_kind"] + "/pass", "drawn (expected)", "passes", "first pass ends")]
+    kind = mixture["sources"][0]["item_kind"]
+    rows = [("source", "weight", "share", "tokens/pass", f"{kind}/pass", f"{kind} drawn (expected)", "passes", "first pass ends")]
     for s in mixture["sources"]:
         ends = f"step ~{s['runs_out_step']:,}" if s["runs_out_step"] is not None else "after the run"
         rows.append((s["name"], f"{s['weight']:g}", f"{100 * s['share']:.1f}%", f"{s['tokens']:,}", f"{s['items']:,}", f"{s['drawn_items']:,.0f}", f"{s['passes']:.2f}", ends))

@@ -47,6 +47,6 @@ def test_mode_plan_prints_the_mixture_table_and_writes_it_to_plan_json(tmp_path)
     assert code["drawn_items"] == pytest.approx(0.2 * 8 * 40) and code["passes"] == pytest.approx(code["drawn_items"] / code["items"])
     lines = plan.render().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("mixture    2 sources over 40 steps, data.exhaustion=repeat"))
-    assert lines[header + 1].split() == ["source", "weight", "share", "tokens/pass", "windows/pass", "drawn", "(expected)", "passes", "first", "pass", "ends"]
+    assert lines[header + 1].split() == ["source", "weight", "share", "tokens/pass", "windows/pass", "windows", "drawn", "(expected)", "passes", "first", "pass", "ends"]
     assert lines[header + 2].split()[:3] == ["prose", "0.8", "80.0%"]
     assert lines[header + 3].split()[:3] == ["code", "0.2", "20.0%"] and f"{code['passes']:.2f}" in lines[header + 3]
