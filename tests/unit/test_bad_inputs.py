@@ -189,6 +189,22 @@ CASES = {
     "SFT responses mostly empty": (["mode=prepare", "data=alpaca", "data.path={F}/empty_outputs.jsonl"], ["data.path='{F}/empty_outputs.jsonl'", "19 of 20 examples have an empty response", "fill in the responses"]),
     "chat record without messages": (["mode=prepare", "data=chat", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "data.path={F}/no_messages.jsonl"], ["{F}/no_messages.jsonl:1", "messages"]),
     "SFT from a text source": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.format=instruction"], ["data.format='instruction'", "data.source=jsonl"]),
+    # weighted mixtures (data.sources)
+    "mixture weight zero": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:0}]"], ["data.sources[0].weight=0.0", "must be a positive number", "Fix: use e.g. weight: 0.7"]),
+    "mixture weight negative": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:1},{path:{F}/good.txt,weight:-0.5,name:b}]"], ["data.sources[1].weight=-0.5", "must be a positive number"]),
+    "mixture weight infinite": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:inf}]"], ["data.sources[0].weight=inf", "must be a positive number"]),
+    "mixture weight a word": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:heavy}]"], ["data.sources=[{path:{F}/good.txt,weight:heavy}]", "wrong value for 'weight'", "could not be converted to Float"]),
+    "mixture weight missing": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt}]"], ["data.sources[0].weight=None", "every mixture source needs a weight"]),
+    "mixture path missing": (["mode=plan", "data=mixture", "data.sources=[{weight:1}]"], ["data.sources[0].path=None", "every mixture source needs a file or folder"]),
+    "mixture source not found": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/missing.txt,weight:1}]"], ["data.sources[0].path='{F}/missing.txt'", "no such file or folder"]),
+    "mixture source empty": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:1},{path:{F}/empty.txt,weight:1}]"], ["data.sources[1].path='{F}/empty.txt'", "is empty"]),
+    "mixture source of blank lines": (["mode=plan", "data=mixture", "data.cache_dir={F}/cache", "data.sources=[{path:{F}/blank.txt,weight:1},{path:{F}/good.txt,weight:1}]"], ["{F}/blank.txt", "empty file"]),
+    "mixture next to data.path": (["mode=plan", "data=text", "data.sources=[{path:{F}/good.txt,weight:1}]"], ["data.path=", "ambiguous", "data.path=null"]),
+    "mixture next to data.val_path": (["mode=plan", "data=mixture", "data.val_path={F}/good.txt", "data.sources=[{path:{F}/good.txt,weight:1}]"], ["data.val_path='{F}/good.txt'", "splits validation off each source"]),
+    "mixture names repeated": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,weight:1},{path:{F}/good.txt,weight:2}]"], ["data.sources[1].name='good'", "data.sources[0] has this name too"]),
+    "mixture SFT from a text source": (["mode=plan", "data=mixture", "data.format=instruction", "data.sources=[{path:{F}/good.txt,weight:1}]"], ["data.sources[0].source='text'", "SFT records"]),
+    "mixture source too small for the first step": (["mode=plan", "data=mixture", "data.exhaustion=stop", "data.seq_len=8", "data.cache_dir={F}/cache", "data.sources=[{path:{F}/lines.txt,weight:1},{path:{F}/few.txt,weight:100}]"], ["data.sources[1].path='{F}/few.txt'", "mixture source 'few' holds 2 training items, fewer than the first step draws from it (8 sequences a step)", "data.exhaustion=repeat"]),
+    "mixture unknown exhaustion": (["mode=plan", "data=mixture", "data.exhaustion=drop"], ["data.exhaustion=drop", "expected one of [repeat, stop]"]),
     # checkpoints and resuming
     "init_from missing": (["mode=plan", "checkpoint.init_from={F}/missing.ckpt"], ["checkpoint.init_from='{F}/missing.ckpt'", "no such checkpoint file"]),
     "init_from a folder": (["mode=plan", "checkpoint.init_from={F}/empty_dir"], ["checkpoint.init_from='{F}/empty_dir'", "no such checkpoint file"]),
@@ -237,6 +253,9 @@ def bad(tmp_path_factory):
     f = tmp_path_factory.mktemp("bad_inputs")
     (f / "a_file").write_text("a regular file where a folder should be\n")
     (f / "empty.txt").write_text("")
+    (f / "blank.txt").write_text("\n  \n\n")
+    (f / "lines.txt").write_text("\n\n".join(f"Line number {i} of a longer text." for i in range(30)))
+    (f / "few.txt").write_text("\n\n".join(f"A short document, number {i}." for i in range(3)))
     (f / "empty_texts").mkdir()
     (f / "empty_texts" / "a.txt").write_text("")
     (f / "empty_dir").mkdir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 
 from tinytrain.errors import ConfigError
 
@@ -29,6 +30,10 @@ def _did_you_mean(word: str, options) -> str:
 def _override_for(full_key: str, argv: list[str]) -> str | None:
     for arg in argv:
         if arg.lstrip("+~").split("=", 1)[0] == full_key:
+            return arg
+    # OmegaConf names a key inside a list of dicts (data.sources=[{path: a, weight: x}]) by its leaf alone.
+    for arg in argv:
+        if "=" in arg and re.search(rf"[{{,]\s*{re.escape(full_key)}\s*:", arg.split("=", 1)[1]):
             return arg
     return None
 

@@ -98,6 +98,11 @@ class BadRecordPolicy(Enum):
     skip = "skip"  # drop the record, count it and log the first few
 
 
+class Exhaustion(Enum):
+    repeat = "repeat"  # a mixture source that runs out starts another pass (a new shuffle)
+    stop = "stop"  # the run ends at the last step before any source would repeat (checkpoint saved)
+
+
 class TooLongPolicy(Enum):
     truncate = "truncate"
     skip = "skip"
@@ -161,12 +166,28 @@ class TokenizerConfig:
 
 
 @dataclass
+class MixtureSource:
+    """One source of a weighted mixture (data.sources): its own token store (or SFT samples),
+    drawn from with probability weight / (sum of the weights)."""
+
+    path: Optional[str] = None
+    weight: Optional[float] = None  # required; relative (normalised by the sum)
+    source: Optional[DataSource] = None  # null: data.source
+    text_field: Optional[str] = None  # null: data.text_field
+    name: Optional[str] = None  # in the plan, logs and checkpoints; null: the file name without suffix
+
+
+@dataclass
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
     format: DataFormat = DataFormat.text
     # A file or folder (text/jsonl/parquet), or a dataset folder or hub name (hf).
     path: Optional[str] = None
+    # A weighted mixture instead of data.path: [{path: ..., weight: 0.7}, ...] (see MixtureSource);
+    # each source is split by val_fraction. exhaustion: what a source that runs out does.
+    sources: list[MixtureSource] = field(default_factory=list)
+    exhaustion: Exhaustion = Exhaustion.repeat
     # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
     val_path: Optional[str] = None
     val_fraction: float = 0.05

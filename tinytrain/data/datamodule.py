@@ -3,21 +3,27 @@ before compute is spent, and never from inside a DataLoader worker).
 
 format=text              source -> token store (cached, or data.store) -> document split -> PackedWindows
 format=instruction|chat  source records -> SFT samples -> sample split -> SftDataset or PackedSamples
+data.sources             each source as above (its own token store or samples), concatenated;
+                         samples drawn by weight (mixture_sampler.py), for validation too
 
 The validation split is data.val_fraction of the documents (seeded, so no document is in both), or
-a separate source (data.val_path). Each split gets a ResumableBatchSampler; the training one is
-what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stops.
+a separate source (data.val_path). Each split gets a ResumableBatchSampler (a mixture's: a
+MixtureBatchSampler); the training one is what callbacks/data_position.py checkpoints. `mode=prepare` builds this and stops.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader
 
 from tinytrain.config.schema import DataFormat
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
+from tinytrain.data.mixture import Member, members
+from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples
@@ -30,15 +36,27 @@ from tinytrain.errors import ConfigError, Problem
 SPLIT_SEED = 0
 
 
-def split_indices(n: int, val_fraction: float, seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+def split_indices(n: int, val_fraction: float, seed: int, what: str, source: str = "the source") -> tuple[np.ndarray, np.ndarray]:
     """(train, validation) indices, sorted; at least one of each."""
     if n < 2:
         raise ConfigError(
-            Problem("data.val_fraction", val_fraction, f"the source has {n} {what}; splitting off validation needs at least 2", "use more data, data.text_split=blank_lines, or a separate data.val_path")
+            Problem("data.val_fraction", val_fraction, f"{source} has {n} {what}; splitting off validation needs at least 2", "use more data, data.text_split=blank_lines, or a separate data.val_path")
         )
     order = np.random.default_rng(seed).permutation(n)
     n_val = min(max(1, round(n * val_fraction)), n - 1)
     return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+@dataclass(frozen=True)
+class MixturePart:
+    """One mixture source's training data, as the plan's table shows it."""
+
+    name: str
+    where: str  # the source, described
+    weight: float  # as given
+    items: int  # windows, samples or packed rows per pass
+    item_kind: str
+    tokens: int  # training tokens per pass
 
 
 class DataModule:
@@ -49,38 +67,53 @@ class DataModule:
         self.data_parallel = data_parallel
         self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
-        if data_cfg.format == DataFormat.text:
+        self.parts: list[MixturePart] = []  # a mixture's sources (empty for one source)
+        self.val_mixture: tuple[list, list, list] = ([], [], [])  # names, sizes, weights of the sources validated on
+        if data_cfg.sources:
+            self.train, self.val = self._mixture(progress)
+        elif data_cfg.format == DataFormat.text:
             self.train, self.val = self._pretraining(progress)
-            self.collate = collate_windows  # fixed-size windows
         else:
             self.train, self.val = self._sft()
+        if data_cfg.format == DataFormat.text:
+            self.collate = collate_windows  # fixed-size windows
+        else:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
             self.collate = PaddedCollator(pad, data_cfg.pad_to_multiple_of)
         self._check_sizes()
-        grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
-        self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
-        self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
+        if self.parts:
+            # Validation draws from the mixture too, the same batches every time and for every seed.
+            self.train_sampler = MixtureBatchSampler([p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed)
+            self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
+        else:
+            grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
+            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
+            self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 
     # -- pretraining --------------------------------------------------------------------------
 
-    def _store(self, validation: bool, progress: bool) -> TokenStore:
+    def _store(self, validation: bool, progress: bool, src: Source | None = None) -> TokenStore:
         d = self.cfg
-        if d.store and not validation:
+        if d.store and not validation and src is None:
             store = TokenStore.open(d.store)
             store.check_matches(fingerprint(self.tokenizer), str(self.tokenizer.name_or_path), d.append_eos, d.prepend_bos)
             self.lines.append(f"token store {store.path} (data.store): {store.describe()}")
             self.stores.append(store)
             return store
-        src = Source.from_config(d, validation)
+        src = src or Source.from_config(d, validation)
         store, built = ensure_store(src, d, self.tokenizer, progress)
         how = f"built in {store.meta['build_seconds']:.1f} s with {store.meta['tokenize_workers']} workers" if built else "reused"
         self.lines.append(f"token store {store.path} ({how}) for {src.describe()}: {store.describe()}; {store.meta['bad_records']}")
         self.stores.append(store)
         return store
 
+    def _windows(self) -> dict:
+        d = self.cfg
+        return dict(seq_len=d.seq_len, isolate_documents=not d.cross_document_attention, predict_across_documents=d.predict_across_documents)
+
     def _pretraining(self, progress: bool):
         d = self.cfg
-        windows = dict(seq_len=d.seq_len, isolate_documents=not d.cross_document_attention, predict_across_documents=d.predict_across_documents)
+        windows = self._windows()
         store = self._store(validation=False, progress=progress)
         if d.val_path:
             val_store = self._store(validation=True, progress=progress)
@@ -98,8 +131,8 @@ class DataModule:
 
     # -- supervised fine-tuning ---------------------------------------------------------------
 
-    def _samples(self, validation: bool) -> list[SftSample]:
-        src = Source.from_config(self.cfg, validation)
+    def _samples(self, validation: bool, src: Source | None = None) -> list[SftSample]:
+        src = src or Source.from_config(self.cfg, validation)
         bad = BadRecords(self.cfg.bad_records, src.key)
         samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
         if not samples:
@@ -115,12 +148,7 @@ class DataModule:
         else:
             train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples")
             train_samples, val_samples = [samples[i] for i in train_ids], [samples[i] for i in val_ids]
-        if d.pack:
-            train, val = PackedSamples(train_samples, d.seq_len), PackedSamples(val_samples, d.seq_len)
-            shape = f"packed into {len(train):,} train / {len(val):,} validation rows of up to {d.seq_len} (samples isolated)"
-        else:
-            train, val = SftDataset(train_samples), SftDataset(val_samples)
-            shape = f"padded to the longest in each batch (multiple of {d.pad_to_multiple_of}){', length-grouped' if d.group_by_length else ''}"
+        train, val, shape = self._sft_datasets(train_samples, val_samples)
         trained = sum(int((s.labels != -100).sum()) for s in train_samples)
         total = sum(len(s.input_ids) for s in train_samples)
         self.lines.append(
@@ -128,6 +156,56 @@ class DataModule:
             f"validation samples, {trained:,} of {total:,} train tokens trained on; {shape}"
         )
         return train, val
+
+    def _sft_datasets(self, train_samples: list[SftSample], val_samples: list[SftSample]):
+        d = self.cfg
+        if d.pack:
+            train, val = PackedSamples(train_samples, d.seq_len), PackedSamples(val_samples, d.seq_len)
+            shape = f"packed into {len(train):,} train / {len(val):,} validation rows of up to {d.seq_len} (samples isolated)"
+        else:
+            train, val = SftDataset(train_samples), SftDataset(val_samples)
+            grouped = d.group_by_length and not d.sources  # a mixture's batches are drawn by weight
+            shape = f"padded to the longest in each batch (multiple of {d.pad_to_multiple_of}){', length-grouped' if grouped else ''}"
+        return train, val, shape
+
+    # -- a weighted mixture ---------------------------------------------------------------------
+
+    def _mixture_member(self, m: Member, progress: bool):
+        """(train, validation, items' name, training tokens per pass) of one mixture source."""
+        d = self.cfg
+        where = f"{m.key} ({m.name})"
+        if d.format == DataFormat.text:
+            store = self._store(validation=False, progress=progress, src=m.source)
+            train_docs, val_docs = split_indices(store.num_documents, d.val_fraction, SPLIT_SEED, "documents", where)
+            train, val = PackedWindows(store, train_docs, **self._windows()), PackedWindows(store, val_docs, **self._windows())
+            return train, val, "windows", len(train) * d.seq_len
+        samples = self._samples(validation=False, src=m.source)
+        train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples", where)
+        train_samples = [samples[i] for i in train_ids]
+        train, val, _ = self._sft_datasets(train_samples, [samples[i] for i in val_ids])
+        return train, val, "rows" if d.pack else "samples", sum(len(s.input_ids) for s in train_samples)
+
+    def _mixture(self, progress: bool):
+        d = self.cfg
+        trains, vals, val_names, val_sizes, val_weights = [], [], [], [], []
+        for m in members(d):
+            train, val, kind, tokens = self._mixture_member(m, progress)
+            if len(train) == 0:
+                raise ConfigError(Problem(m.source.key, m.source.path, f"mixture source {m.name!r} yields no training {kind} of data.seq_len={d.seq_len} tokens", "use a shorter data.seq_len, more data, or remove the source"))
+            self.parts.append(MixturePart(m.name, m.source.describe(), m.weight, len(train), kind, tokens))
+            trains.append(train)
+            if len(val):  # a source too small to validate on is left out of validation (named below)
+                vals.append(val)
+                val_names.append(m.name)
+                val_sizes.append(len(val))
+                val_weights.append(m.weight)
+            self.lines.append(f"mixture source {m.name!r} (weight {m.weight:g}): {len(train):,} train {kind} ({tokens:,} tokens), {len(val):,} validation {kind}")
+        if not vals:
+            raise ConfigError(Problem("data.val_fraction", d.val_fraction, "no mixture source has a validation sequence", "raise data.val_fraction or use a shorter data.seq_len"))
+        left_out = [p.name for p in self.parts if p.name not in val_names]
+        self.lines.append(f"mixture: {len(self.parts)} sources drawn by weight (data.exhaustion={d.exhaustion.value}); validation from {', '.join(val_names)}" + (f" ({', '.join(left_out)}: too small)" if left_out else ""))
+        self.val_mixture = (val_names, val_sizes, val_weights)
+        return ConcatDataset(trains), ConcatDataset(vals)
 
     # -- loaders --------------------------------------------------------------------------------
 

@@ -95,6 +95,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return {"epoch": self.epoch, "consumed_batches": self.consumed, "num_samples": self.num_samples, "batch_size": self.batch_size, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        if "sources" in state:  # saved by a mixture's MixtureBatchSampler (data.sources)
+            log.warning("the checkpoint's data position is a mixture's (%s); this run reads one source: starting from its first batch", ", ".join(state["sources"]))
+            return
         same_data = (state["num_samples"], state["batch_size"], state["seed"]) == (self.num_samples, self.batch_size, self.seed)
         self.epoch = state["epoch"]
         if not same_data:

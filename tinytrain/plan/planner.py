@@ -19,6 +19,7 @@ from tinytrain.plan.attention import choose_attention, flash_attn_installed
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.memory import activation_memory, model_state_memory, plan_memory
+from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.start_points import init_point, resolve_resume
@@ -90,6 +91,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
         preflight=preflight,
         init_from=init_from,
         resume=resume,
+        mixture=mixture_plan(cfg, tokenizer, batch),
     )
 
 

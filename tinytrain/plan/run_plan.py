@@ -19,6 +19,8 @@ from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.memory import MemoryPlan
+from tinytrain.plan.mixture import MixturePlan
+from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
@@ -69,6 +71,7 @@ class RunPlan:
     preflight: PreflightReport
     init_from: InitPoint | None
     resume: ResumePoint | None
+    mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
 
     @property
     def on_gpu(self) -> bool:
@@ -109,6 +112,7 @@ class RunPlan:
             "preflight": self.preflight.to_dict(),
             "init_from": self.init_from and self.init_from.to_dict(),
             "resume": self.resume and self.resume.to_dict(),
+            "data_mixture": self.mixture and self.mixture.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -158,6 +162,8 @@ def render(plan: dict) -> str:
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
+    if plan.get("data_mixture"):
+        lines += render_mixture(plan["data_mixture"], plan["max_steps"])
     m = plan["memory_per_gpu"]
     lines.append(
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "

@@ -6,6 +6,7 @@ that need more than one key to see (tp vs heads, batch arithmetic, paths that mu
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tinytrain.config.schema import (
     ModelConfig,
     Strategy,
 )
+from tinytrain.data import mixture
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.data.tokenizer import (
     check_tokenizer_path,
@@ -178,9 +180,11 @@ def data_problems(cfg) -> list[Problem]:
         problems.append(Problem("data.store", d.store, f"a token store holds pretraining text, but data.format={d.format.value} (SFT data is tokenized at the start of each run)", "remove data.store"))
     elif d.store and not (Path(d.store) / "meta.json").is_file():
         problems.append(Problem("data.store", d.store, "not a token store (no meta.json there)", "point it at a store folder printed by mode=prepare, or remove data.store to use the cache"))
-    elif not d.store:
+    elif not d.store and not d.sources:
         problems += source_path_problems(d.source, d.path, "data.path")
-    if d.val_path is not None:
+    if d.sources:
+        problems += mixture_problems(cfg)
+    elif d.val_path is not None:
         problems += source_path_problems(d.source, d.val_path, "data.val_path")
     for key in ("num_workers", "tokenize_workers"):
         value = getattr(d, key)
@@ -189,6 +193,38 @@ def data_problems(cfg) -> list[Problem]:
     if d.pad_to_multiple_of < 1:
         problems.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, "must be >= 1", "use 8 (the default) or 1 for no rounding"))
     return problems + chat_template_problems(cfg)
+
+
+def mixture_problems(cfg) -> list[Problem]:
+    """data.sources: each entry a readable source with a positive weight and its own name, and no
+    single-source key that would also name training data."""
+    d = cfg.data
+    problems = []
+    for key, why in (("path", "names one source's data while data.sources names a mixture: which to train on is ambiguous"), ("store", "names one token store while data.sources names a mixture: which to train on is ambiguous"), ("val_path", "a mixture splits validation off each source by data.val_fraction")):
+        if getattr(d, key):
+            problems.append(Problem(f"data.{key}", getattr(d, key), why, f"set data.{key}=null (data=mixture has none), or drop data.sources for one source"))
+    names: dict[str, int] = {}
+    sft = d.format != DataFormat.text
+    for i, entry in enumerate(d.sources):
+        key = f"data.sources[{i}]"
+        if entry.weight is None:
+            problems.append(Problem(f"{key}.weight", None, "is missing; every mixture source needs a weight", f"add one: {{path: {entry.path}, weight: 0.5}} (weights are relative)"))
+        elif not (math.isfinite(entry.weight) and entry.weight > 0):
+            problems.append(Problem(f"{key}.weight", entry.weight, "must be a positive number (a source is drawn with probability weight / the sum of the weights)", "use e.g. weight: 0.7 and weight: 0.3, or remove the source"))
+        kind = mixture.kind(entry, d)
+        if kind == DataSource.pydoc and entry.path:
+            problems.append(Problem(f"{key}.path", entry.path, "a pydoc source is the embedded corpus and takes no path", f"set {key}.source=text (or jsonl, parquet, hf), or remove the path"))
+        elif kind != DataSource.pydoc and not entry.path:
+            problems.append(Problem(f"{key}.path", entry.path, "is missing; every mixture source needs a file or folder", f"add one: {{path: data.txt, weight: {entry.weight or 0.5}}}"))
+        else:
+            problems += source_path_problems(kind, entry.path, f"{key}.path")
+        if sft and kind not in RECORD_SOURCES:
+            problems.append(Problem(f"{key}.source", kind.value, f"SFT records (data.format={d.format.value}) come from jsonl, parquet or hf sources", f"point {key}.path at a .jsonl file, or set {key}.source"))
+        name = mixture.default_name(entry, d)
+        if name in names:
+            problems.append(Problem(f"{key}.name", name, f"data.sources[{names[name]}] has this name too; checkpoints keep each source's position by name", f"name one of them: {key}.name=<another name>"))
+        names.setdefault(name, i)
+    return problems
 
 
 def _empty_file_problem(files: list[Path], key: str, path: str, is_file: bool) -> list[Problem]:

@@ -89,7 +89,10 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
     finally:
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
+    from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
+
     result = {
+        "data_ran_out": next((c.message for c in trainer.callbacks if isinstance(c, MixtureExhaustion) and c.message), None),
         "first_loss": summary.first,
         "last_loss": summary.last,
         "val_loss": float(val_loss) if val_loss is not None else None,
@@ -119,9 +122,12 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             final_checkpoint = consolidated
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
         export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec)
+    if result["data_ran_out"]:
+        print(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
-    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
-        print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
+    if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps, or where the data ran out
+        why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={cfg.trainer.max_steps}"
+        print(f"no step left to train ({why}){val}")
     else:
         print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
     if result["tokens_per_s_per_device"]:

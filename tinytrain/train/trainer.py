@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from tinytrain.cluster.slurm import current_task
+from tinytrain.config.schema import Exhaustion
 from tinytrain.plan.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,16 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
 
 
+def mixture_callbacks(cfg, plan: RunPlan, train_sampler) -> list:
+    """data.exhaustion=stop over a mixture: the callback that ends the run before a source repeats."""
+    if not (cfg.data.sources and cfg.data.exhaustion == Exhaustion.stop and train_sampler is not None):
+        return []
+    from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
+
+    keys = [f"data.sources[{i}].path" for i in range(len(cfg.data.sources))]
+    return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
+
+
 def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
     A resumed run's metrics.csv keeps the rows before the step it resumes from."""
@@ -150,6 +161,8 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
+        # After DataPosition: it looks ahead from the position that counts this step's batches.
+        *mixture_callbacks(cfg, plan, train_sampler),
         RNGState(),
         DeadRank(run_dir),
         # After DataPosition: a checkpoint it saves has counted the step's batch.

@@ -60,7 +60,7 @@ def test_tinyllama_matches_the_published_size(tmp_path):
     [(g, o) for g in ("tokenizer", "data", "precision", "parallel", "trainer", "logger", "cluster") for o in options(g)],
 )
 def test_group_option_plans(group, option, tmp_path):
-    needs_shared = (group, option) in {("tokenizer", "llama2"), ("data", "text"), ("data", "jsonl"), ("data", "alpaca")}
+    needs_shared = (group, option) in {("tokenizer", "llama2"), ("data", "text"), ("data", "jsonl"), ("data", "alpaca"), ("data", "mixture")}
     if needs_shared and not LLAMA2_TOKENIZER.exists():
         pytest.skip("../shared/data absent")
     extra = ["cluster.devices=2"] if (group, option) in {("parallel", "ddp"), ("parallel", "fsdp_tp")} else []

@@ -1,0 +1,71 @@
+"""Weighted mixtures end to end through `python -m tinytrain`: a run resumed from a step checkpoint
+trains exactly the batches (and losses) of the uninterrupted run, per source, while the small source
+is repeated and across a (nominal) epoch; data.exhaustion=stop ends the run cleanly at the step its small source runs out."""
+
+import re
+
+import pytest
+import torch
+
+from tests.conftest import metrics_rows, run_cli
+
+pytestmark = pytest.mark.slow
+
+MODEL = ["model.num_layers=2", "model.hidden_size=32", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=64"]
+RUN = ["experiment=smoke", *MODEL, "data=mixture", "data.seq_len=16", "data.tokenize_workers=0", "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.export=false", "trainer.plot=false"]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """'big' (12 documents: 17 training windows of 16 tokens) and 'small' (6 documents: 3 windows),
+    so a nominal epoch is 5 batches of 4 and the runs below cross epochs."""
+    folder = tmp_path_factory.mktemp("mixture")
+    (folder / "big.txt").write_text("\n\n".join(f"The river number {i} runs down to the sea, and the sea is wide." for i in range(12)))
+    (folder / "small.txt").write_text("\n\n".join(f"def f{i}(x): return x + {i}" for i in range(6)))
+    return [f"data.cache_dir={folder / 'cache'}", f"data.sources=[{{path: {folder / 'big.txt'}, weight: 3}}, {{path: {folder / 'small.txt'}, weight: 1}}]"]
+
+
+def data_position(checkpoint) -> dict:
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return next(v for k, v in ckpt["callbacks"].items() if k.startswith("DataPosition"))
+
+
+def batches(run_dir) -> list[str]:
+    return (run_dir / "batches.txt").read_text().splitlines()
+
+
+def test_a_resumed_mixture_trains_the_uninterrupted_runs_batches(tmp_path, sources):
+    run = [*RUN, *sources, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    for run_dir in (whole, resumed):
+        run_dir.mkdir()
+    r = run_cli(run, whole, env={"TT_TEST_BATCH_LOG": str(whole / "batches.txt")}, module="tests.integration.instrumented_cli")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    position = data_position(whole / "checkpoints" / "step0000004.ckpt")
+    small = position["sources"]["small"]
+    assert position["samples"] == 4 * 4 and sum(s["position"] for s in position["sources"].values()) == 16
+    assert small["items"] == 3 and small["pass"] >= 1  # the small source is already being repeated
+    assert position["sources"]["big"]["items"] == 17 and position["epoch"] == 0  # the resumed run crosses into epoch 1
+    r = run_cli([*run, f"resume={whole / 'checkpoints' / 'step0000004.ckpt'}"], resumed, env={"TT_TEST_BATCH_LOG": str(resumed / "batches.txt")}, module="tests.integration.instrumented_cli")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert batches(resumed) == batches(whole)[4:]  # steps 5-8: the same samples, in the same order
+    compared = ("loss", "lr", "grad_norm", "val_loss")
+    rows = lambda d: [(r["step"], {k: r[k] for k in compared if r.get(k)}) for r in metrics_rows(d)]  # noqa: E731
+    assert rows(resumed)[-4:] == rows(whole)[-4:]
+    assert data_position(resumed / "checkpoints" / "final.ckpt")["sources"] == data_position(whole / "checkpoints" / "final.ckpt")["sources"]
+
+
+def test_exhaustion_stop_ends_the_run_at_the_step_a_source_runs_out(tmp_path, sources):
+    run_dir = tmp_path / "run"
+    r = run_cli([*RUN, *sources, "trainer.max_steps=12", "data.exhaustion=stop"], run_dir)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    stopped = re.search(r"data: mixture source 'small' \(data\.sources\[1\]\.path\) ran out at step (\d+): (\d) of its 3 items drawn, and step \d+ would draw more than are left", out)
+    assert stopped, out[-3000:]
+    step = int(stopped.group(1))
+    assert 1 <= step < 12
+    assert "the run stops near step" in out  # the plan expected it
+    position = data_position(run_dir / "checkpoints" / f"step{step:07d}.ckpt")
+    assert position["samples"] == step * 4 and position["sources"]["small"]["position"] == int(stopped.group(2))
+    assert (run_dir / "checkpoints" / "final.ckpt").exists()
+    assert max(int(r["step"]) for r in metrics_rows(run_dir)) <= step

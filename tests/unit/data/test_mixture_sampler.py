@@ -1,0 +1,157 @@
+"""The weighted mixture's batch sampler: frequencies by weight, whole passes per source, exact
+resume per source, the same stream on any number of data-parallel ranks, and the exhaustion check."""
+
+import math
+
+import numpy as np
+import pytest
+
+from tinytrain.data.mixture_sampler import MixtureBatchSampler
+
+NAMES = ["big", "small", "medium"]
+SIZES = [500, 40, 200]
+WEIGHTS = [6.0, 1.0, 3.0]  # relative: shares 0.6, 0.1, 0.3
+BATCH = 8
+
+
+def sampler(seed=1234, weights=WEIGHTS, sizes=SIZES, batch=BATCH) -> MixtureBatchSampler:
+    return MixtureBatchSampler(NAMES, sizes, weights, batch, seed)
+
+
+def train(s: MixtureBatchSampler, n: int) -> list[list[int]]:
+    """n batches as the training loop takes them: a new iterator per epoch, each batch counted
+    (advance) after it is trained on."""
+    out: list[list[int]] = []
+    while len(out) < n:
+        for batch in s:
+            out.append(batch)
+            s.advance()
+            if len(out) == n:
+                break
+    return out
+
+
+def source_of(index: int, sizes=SIZES) -> int:
+    return int(np.searchsorted(np.cumsum(sizes), index, side="right"))
+
+
+# The bound: each sample comes from source k independently with probability p_k, so over n samples
+# the count c_k is Binomial(n, p_k). |c_k - n p_k| <= Z sqrt(n p_k (1 - p_k)) fails with probability
+# about 2 (1 - Phi(Z)) = 5.7e-7 at Z = 5 for each source, so below 2e-6 for the three together (union
+# bound). The seeds are fixed, so the test is deterministic; the bound says it is not tuned to them.
+Z = 5.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 1234])
+def test_source_frequencies_over_n_batches_match_the_weights_within_a_binomial_bound(seed):
+    n_batches = 1000
+    batches = train(sampler(seed), n_batches)
+    n = n_batches * BATCH
+    counts = np.bincount([source_of(i) for b in batches for i in b], minlength=len(NAMES))
+    shares = np.asarray(WEIGHTS) / sum(WEIGHTS)
+    for k, p in enumerate(shares):
+        bound = Z * math.sqrt(n * p * (1 - p))
+        assert abs(counts[k] - n * p) <= bound, (NAMES[k], counts[k], n * p, bound)
+        # Tight enough to catch a sampler whose share of any source is off by a quarter.
+        assert bound < 0.25 * n * p
+
+
+def test_each_source_is_read_in_whole_shuffled_passes():
+    batches = train(sampler(), 300)  # 2,400 samples: 'small' (40 items, 10%) goes round ~6 times
+    drawn = {k: [] for k in range(len(NAMES))}
+    for i in (i for b in batches for i in b):
+        drawn[source_of(i)].append(i)
+    for k, size in enumerate(SIZES):
+        items = drawn[k]
+        full = len(items) // size
+        assert full >= (6 if k == 1 else 1)
+        passes = [items[p * size : (p + 1) * size] for p in range(full)]
+        offset = sum(SIZES[:k])
+        for one_pass in passes:  # every item once per pass, nothing repeated before all are seen
+            assert sorted(one_pass) == list(range(offset, offset + size))
+        assert passes[0] != passes[1]  # each pass is shuffled anew
+
+
+def test_a_resumed_sampler_continues_every_source_exactly():
+    reference = train(sampler(), 250)  # crosses the nominal epoch boundary (92 batches per epoch)
+    first = sampler()
+    before = train(first, 137)
+    state = first.state_dict()
+    # The checkpoint's per-source positions are the samples drawn from each source so far.
+    counts = np.bincount([source_of(i) for b in before for i in b], minlength=len(NAMES))
+    assert {name: s["position"] for name, s in state["sources"].items()} == dict(zip(NAMES, counts.tolist()))
+    assert state["samples"] == 137 * BATCH
+    small = state["sources"]["small"]
+    assert (small["pass"], small["in_pass"]) == divmod(int(counts[1]), 40)
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    assert before + train(resumed, 250 - 137) == reference
+
+
+def test_ranks_split_the_same_stream_and_resume_on_another_world_size():
+    reference = train(sampler(), 120)
+    ranks = [sampler(), sampler()]
+    for r, s in enumerate(ranks):
+        s.set_shard(r, 2)
+
+    def step(n):  # both ranks train a batch, then each counts the two global batches
+        out = []
+        iters = [iter(s) for s in ranks]
+        for _ in range(n):
+            out += [next(it) for it in iters]
+            for s in ranks:
+                s.advance()
+        return out
+
+    together = step(30)  # within the first epoch (92 batches)
+    assert together == reference[:60]
+    state = ranks[0].state_dict()
+    assert state == ranks[1].state_dict()
+    alone = sampler()
+    alone.load_state_dict(state)
+    assert train(alone, 60) == reference[60:]
+
+
+def test_new_weights_continue_each_source_from_its_position():
+    first = sampler()
+    before = train(first, 50)
+    state = first.state_dict()
+    reweighted = sampler(weights=[1.0, 8.0, 1.0])
+    reweighted.load_state_dict(state)
+    after = train(reweighted, 50)
+    small = [i for b in before + after for i in b if source_of(i) == 1]
+    counts = np.bincount([source_of(i) for b in after for i in b], minlength=len(NAMES))
+    assert counts[1] > counts[0] + counts[2]  # drawn by the new weights
+    # 'small' went on where it was: its first pass has no repeat.
+    assert len(set(small[:40])) == 40
+
+
+def test_first_exhausted_names_the_source_whose_first_pass_the_next_batches_would_exceed():
+    s = sampler()
+    step = 0
+    while s.first_exhausted(1) is None:
+        train(s, 1)
+        step += 1
+    assert s.first_exhausted(1) == 1  # 'small': 40 items at 10% of 8 samples a batch
+    drawn = [i for b in train(sampler(), step + 1) for i in b]
+    small_before = sum(source_of(i) == 1 for i in drawn[: step * BATCH])
+    small_after = sum(source_of(i) == 1 for i in drawn)
+    assert small_before <= 40 < small_after
+
+
+def test_every_source_needs_an_item():
+    with pytest.raises(ValueError, match="at least one item"):
+        MixtureBatchSampler(["a", "b"], [10, 0], [1.0, 1.0], 4, 0)
+
+
+def test_positions_of_the_other_kind_start_from_the_first_batch(caplog):
+    from tinytrain.data.sampler import ResumableBatchSampler
+
+    mixed = sampler()
+    train(mixed, 10)
+    single = ResumableBatchSampler(100, BATCH, 1234)
+    single.load_state_dict(mixed.state_dict())
+    assert (single.epoch, single.consumed) == (0, 0) and "a mixture's (big, small, medium)" in caplog.text
+    fresh = sampler()
+    fresh.load_state_dict(single.state_dict())
+    assert train(fresh, 3) == train(sampler(), 3) and "not a mixture's" in caplog.text

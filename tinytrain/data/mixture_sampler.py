@@ -1,0 +1,192 @@
+"""The batch sampler of a weighted mixture (data.sources): which source each training sample comes
+from, and which of that source's items it is, as a pure function of the seed and the position.
+
+Every sample is drawn from source k with probability p_k = weight_k / sum(weights). With g the
+global sample number (batch j holds samples j*B .. j*B + B - 1):
+
+  source(g)  entry g % BLOCK of the draws of block g // BLOCK (a numpy Generator seeded [seed, block])
+  n_k        how many samples before g came from source k: the source's position
+  item(g)    entry n_k % N_k of source k's shuffle for pass n_k // N_k (seeded [seed, crc32(name), pass])
+
+so a source is read in a shuffled order, one whole pass before the next (data.exhaustion decides
+whether a second pass is allowed; callbacks/mixture_exhaustion.py stops the run otherwise). Every
+rank computes the same stream and trains the global batches j = rank (mod world), as
+ResumableBatchSampler does. The position saved in checkpoints is (g, n_k for every source, by name);
+a resumed run continues each source from its saved position, so nothing is repeated or skipped per
+source, and with the same weights and seed the stream is exactly the uninterrupted one. With other
+weights it continues each source where it was and draws by the new weights from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+log = logging.getLogger(__name__)
+
+BLOCK = 1 << 16  # source draws are generated in blocks of this many samples, each from its own seed
+
+
+class MixtureBatchSampler(Sampler[list[int]]):
+    """Batches of indices into the concatenation of the sources' datasets (source k's items start
+    at offsets[k])."""
+
+    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[float], batch_size: int, seed: int):
+        if any(n < 1 for n in sizes):
+            raise ValueError(f"every mixture source needs at least one item: {dict(zip(names, sizes))}")
+        self.names = list(names)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        w = np.asarray(weights, dtype=np.float64)
+        self.weights = w / w.sum()
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+        self.consumed = 0  # global batches of this epoch already trained on
+        self.rank, self.world = 0, 1
+        # Where the stream is known from: sample number and each source's position there (a fresh
+        # start, or the checkpoint a resumed run continues). Counts further on are derived from it.
+        self._origin = (0, np.zeros(len(self.names), dtype=np.int64))
+        self._known = self._origin
+        self._cache: tuple[int, int, int, np.ndarray] | None = None
+        self._last_block: tuple[int, np.ndarray] | None = None
+
+    def set_shard(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    @property
+    def epoch_batches(self) -> int:
+        """Global batches per epoch (a nominal epoch, as many samples as all sources hold; the
+        mixture itself has no end), a multiple of the world size so every rank gets as many."""
+        per_epoch = int(self.sizes.sum()) // self.batch_size
+        return max(self.world, per_epoch - per_epoch % self.world)
+
+    def draws(self, start: int, stop: int) -> np.ndarray:
+        """The source of each global sample start .. stop - 1."""
+        if stop <= start:
+            return np.zeros(0, dtype=np.int64)
+        parts = []
+        for block in range(start // BLOCK, (stop - 1) // BLOCK + 1):
+            lo, hi = max(start, block * BLOCK) - block * BLOCK, min(stop, (block + 1) * BLOCK) - block * BLOCK
+            parts.append(self._block(block)[lo:hi])
+        return np.concatenate(parts)
+
+    def _block(self, block: int) -> np.ndarray:
+        # The last block is kept: each step's exhaustion check and checkpoint read the same one.
+        if self._last_block is None or self._last_block[0] != block:
+            rng = np.random.default_rng([self.seed, block])
+            self._last_block = (block, rng.choice(len(self.names), size=BLOCK, p=self.weights))
+        return self._last_block[1]
+
+    def positions_at(self, sample: int) -> np.ndarray:
+        """Each source's position (samples drawn from it so far) before global sample `sample`."""
+        start, counts = self._known if sample >= self._known[0] else self._origin
+        if sample < start:
+            raise ValueError(f"sample {sample} is before this run's start of the stream ({start})")
+        counts = counts + np.bincount(self.draws(start, sample), minlength=len(self.names))
+        self._known = (sample, counts)
+        return counts
+
+    def items(self, start: int, stop: int) -> np.ndarray:
+        """Dataset indices of global samples start .. stop - 1."""
+        source = self.draws(start, stop)
+        positions = self.positions_at(start)
+        out = np.empty(stop - start, dtype=np.int64)
+        for k, name in enumerate(self.names):
+            mine = np.flatnonzero(source == k)
+            ordinal = positions[k] + np.arange(len(mine))
+            passes, within = np.divmod(ordinal, self.sizes[k])
+            for p in np.unique(passes):
+                order = np.random.default_rng([self.seed, zlib.crc32(name.encode()), int(p)]).permutation(int(self.sizes[k]))
+                at = passes == p
+                out[mine[at]] = self.offsets[k] + order[within[at]]
+        return out
+
+    # -- the Sampler protocol (as ResumableBatchSampler) ----------------------------------------
+
+    def _epoch_items(self, first: int, last: int) -> np.ndarray:
+        b = self.batch_size
+        if self._cache is None or self._cache[:3] != (first, last, b):
+            self._cache = (first, last, b, self.items(first * b, last * b))
+        return self._cache[3]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A pass that starts after the last one was fully consumed starts the next epoch (see
+        # ResumableBatchSampler: this runs on the first batch requested).
+        if self.consumed >= self.epoch_batches:
+            self.epoch, self.consumed = self.epoch + 1, 0
+        first = self.epoch * self.epoch_batches + self.consumed
+        last = (self.epoch + 1) * self.epoch_batches
+        indices = self._epoch_items(first, last)
+        b = self.batch_size
+        for j in range(first + self.rank, last, self.world):
+            yield indices[(j - first) * b : (j - first + 1) * b].tolist()
+
+    def __len__(self) -> int:
+        return self.epoch_batches // self.world
+
+    def advance(self) -> None:
+        """One batch was trained on by every rank."""
+        self.consumed += self.world
+
+    @property
+    def samples_consumed(self) -> int:
+        return (self.epoch * self.epoch_batches + self.consumed) * self.batch_size
+
+    def first_exhausted(self, batches: int) -> int | None:
+        """The first source (index) whose first pass the next `batches` global batches would go
+        beyond, or None."""
+        now = self.samples_consumed
+        after = self.positions_at(now) + np.bincount(self.draws(now, now + batches * self.batch_size), minlength=len(self.names))
+        over = np.flatnonzero(after > self.sizes)
+        return int(over[0]) if over.size else None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        g = self.samples_consumed
+        positions = self.positions_at(g)
+        return {
+            "epoch": self.epoch,
+            "consumed_batches": self.consumed,
+            "samples": g,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "sources": {
+                name: {"position": int(n), "pass": int(n // size), "in_pass": int(n % size), "items": int(size), "weight": float(w)}
+                for name, n, size, w in zip(self.names, positions, self.sizes, self.weights)
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if "sources" not in state:
+            log.warning("the checkpoint's data position is not a mixture's (it trained on one source): every mixture source starts from its first item")
+            return
+        saved = state["sources"]
+        positions = np.zeros(len(self.names), dtype=np.int64)
+        for k, name in enumerate(self.names):
+            if name not in saved:
+                log.warning("mixture source %r is not in the checkpoint: it starts from its first item", name)
+            elif saved[name]["items"] != self.sizes[k]:
+                log.warning("mixture source %r had %d items when the checkpoint was saved and has %d now: its position %d is kept, its order is not", name, saved[name]["items"], self.sizes[k], saved[name]["position"])
+                positions[k] = saved[name]["position"]
+            else:
+                positions[k] = saved[name]["position"]
+        dropped = sorted(set(saved) - set(self.names))
+        if dropped:
+            log.warning("mixture sources in the checkpoint but not in this run: %s", ", ".join(dropped))
+        if (state["batch_size"], state["seed"]) != (self.batch_size, self.seed):
+            log.warning("the checkpoint's mixture was drawn in batches of %d with seed %d, this run's are %d and %d: each source continues from its position", state["batch_size"], state["seed"], self.batch_size, self.seed)
+        weights = {name: s["weight"] for name, s in saved.items()}
+        if weights != dict(zip(self.names, self.weights.tolist())):
+            log.info("mixture weights changed from %s to %s: each source continues from its position", weights, dict(zip(self.names, self.weights.round(4).tolist())))
+        batches = state["samples"] // self.batch_size
+        self.epoch, self.consumed = divmod(batches, self.epoch_batches)
+        self._origin = self._known = (batches * self.batch_size, positions)
+        self._cache = None

@@ -1,0 +1,97 @@
+"""The plan of a weighted mixture (data.sources): per source, its share of the samples, what one
+pass over it holds, and how much of it the run trains on: expected values, share x the sequences
+of every step (each sample is drawn independently; the run's own draws are fixed by the seed).
+
+The sizes come from the data as training builds it (each source's token store, built or reused as
+mode=prepare would, or its SFT samples), so the table is what the run will see.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from tinytrain.config.schema import Exhaustion
+from tinytrain.errors import ConfigError, Problem
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    name: str
+    where: str
+    weight: float  # as given
+    share: float  # weight / sum of the weights: the probability that a sample comes from it
+    items: int  # windows (pretraining), samples or packed rows (SFT) in one pass
+    item_kind: str
+    tokens: int  # training tokens in one pass
+    drawn_items: float  # expected over the run: share x global batch x max_steps
+    passes: float  # drawn_items / items: above 1, the source is repeated
+    runs_out_step: int | None  # expected step at which its first pass ends (None: not within the run)
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    exhaustion: str
+    sources: tuple[SourcePlan, ...]
+    stop_step: int | None  # data.exhaustion=stop: the expected step the run ends at, if before max_steps
+
+    def to_dict(self) -> dict:
+        return {"exhaustion": self.exhaustion, "stop_step": self.stop_step, "sources": [asdict(s) for s in self.sources]}
+
+
+def mixture_plan(cfg, tokenizer, batch) -> MixturePlan | None:
+    """The mixture table for a config with data.sources (None without): builds the data as training will."""
+    if not cfg.data.sources:
+        return None
+    from tinytrain.data.datamodule import DataModule
+
+    data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel)
+    if cfg.data.exhaustion == Exhaustion.stop:
+        first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
+    return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps)
+
+
+def first_step_problem(sampler, batch, paths: list) -> None:
+    """Under data.exhaustion=stop, a source the first optimizer step would already exhaust (the draws
+    are fixed by the seed, so this is exact) leaves nothing to train."""
+    k = sampler.first_exhausted(batch.accumulate_grad_batches * batch.data_parallel)
+    if k is not None:
+        raise ConfigError(
+            Problem(
+                f"data.sources[{k}].path",
+                paths[k],
+                f"mixture source {sampler.names[k]!r} holds {sampler.sizes[k]:,} training items, fewer than the first step draws from it ({batch.global_batch_size} sequences a step), and data.exhaustion=stop forbids repeating them",
+                "use data.exhaustion=repeat, more data in the source, a smaller weight for it or a smaller batch",
+            )
+        )
+
+
+def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int) -> MixturePlan:
+    """`parts`: the DataModule's MixtureParts."""
+    total = sum(p.weight for p in parts)
+    sources = []
+    for p in parts:
+        share = p.weight / total
+        per_step = share * global_batch_size
+        drawn = per_step * max_steps
+        runs_out = math.floor(p.items / per_step)
+        sources.append(SourcePlan(p.name, p.where, p.weight, share, p.items, p.item_kind, p.tokens, drawn, drawn / p.items, runs_out if runs_out < max_steps else None))
+    ends = [s.runs_out_step for s in sources if s.runs_out_step is not None]
+    return MixturePlan(exhaustion, tuple(sources), min(ends) if exhaustion == "stop" and ends else None)
+
+
+def render(mixture: dict, max_steps: int) -> list[str]:
+    """The plan's mixture lines, from plan.json's `data_mixture`."""
+    kind = mixture["sources"][0]["item_kind"]
+    rows = [("source", "weight", "share", "tokens/pass", f"{kind}/pass", f"{kind} drawn (expected)", "passes", "first pass ends")]
+    for s in mixture["sources"]:
+        ends = f"step ~{s['runs_out_step']:,}" if s["runs_out_step"] is not None else "after the run"
+        rows.append((s["name"], f"{s['weight']:g}", f"{100 * s['share']:.1f}%", f"{s['tokens']:,}", f"{s['items']:,}", f"{s['drawn_items']:,.0f}", f"{s['passes']:.2f}", ends))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    if mixture["exhaustion"] == "stop":
+        then = f"the run stops near step {mixture['stop_step']:,}, before a source repeats" if mixture["stop_step"] is not None else "no source runs out within the run"
+    else:
+        then = "a source that runs out starts another pass"
+    lines = [f"mixture    {len(mixture['sources'])} sources over {max_steps:,} steps, data.exhaustion={mixture['exhaustion']}: {then}"]
+    lines += ["           " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return lines
