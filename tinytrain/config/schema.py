@@ -155,7 +155,8 @@ class ModelConfig:
     vocab_multiple: int = 64
     # null: derived from len(tokenizer); set it by hand only to pin a larger, already-padded size.
     vocab_size: Optional[int] = None
-    # A local Hugging Face model folder to fine-tune; null trains from scratch.
+    # A Hugging Face model to fine-tune: a local folder, or a hub id (loaded through the hub cache,
+    # downloaded there when the hub is reachable); null trains from scratch.
     pretrained: Optional[str] = None
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
     untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto

@@ -39,8 +39,10 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
     tokenizer_fingerprint = fingerprint(tokenizer)
     pretrained = None
     if cfg.model.pretrained:
-        from tinytrain.checkpoint.pretrained import pretrained_config
+        from tinytrain.checkpoint.pretrained import download_weights, pretrained_config
 
+        if cfg.mode not in PLANNING_MODES:
+            download_weights(cfg.model.pretrained)  # a hub id's, into the hub cache, before preflight reads them
         pretrained = pretrained_config(cfg.model.pretrained)
         shape = shape_from_hf(pretrained, vocab.padded)
         fam = family_of_model_type(pretrained.model_type, "model.pretrained", cfg.model.pretrained)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tinytrain.checkpoint.pretrained import is_hub_id
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
@@ -64,8 +65,8 @@ def model_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of model={m.name}", f"use a tp that divides {m.num_kv_heads}"))
     if m.vocab_multiple < 1:
         problems.append(Problem("model.vocab_multiple", m.vocab_multiple, "must be >= 1", "use 64 (the default) or 128"))
-    if m.pretrained and not (Path(m.pretrained) / "config.json").is_file():
-        problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output)"))
+    if m.pretrained and not is_hub_id(m.pretrained) and not (Path(m.pretrained) / "config.json").is_file():
+        problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output), or a hub id (org/name)"))
     return problems
 
 
