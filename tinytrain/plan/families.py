@@ -21,8 +21,10 @@ class Family:
     sliding_window: bool  # model.sliding_window is passed to transformers' config
     head_dim: bool  # model.head_dim is (others derive hidden_size / num_heads)
     sdpa: bool = True  # transformers runs it on PyTorch SDPA
+    logits_only: str | None = None  # why the loss must come from the model's own logits (no chunked / liger loss)
 
 
+GEMMA2_SOFTCAP = "Gemma-2 soft-caps its logits inside the model's forward (final_logit_softcapping)"
 FAMILIES = {
     Arch.llama: Family(Arch.llama, norms_per_layer=2, qkv_bias="option", sliding_window=False, head_dim=True),
     # Qwen2.5 publishes use_sliding_window false (full attention): tinytrain builds it so.
@@ -30,7 +32,7 @@ FAMILIES = {
     Arch.mistral: Family(Arch.mistral, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=True),
     # Gemma-2 normalises before and after both attention and MLP; its attention soft-capping has
     # no SDPA path in transformers (eager, or flash-attn 2 on a GPU).
-    Arch.gemma2: Family(Arch.gemma2, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, sdpa=False),
+    Arch.gemma2: Family(Arch.gemma2, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, sdpa=False, logits_only=GEMMA2_SOFTCAP),
     # Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj: the same parameters as Llama's.
     Arch.phi3: Family(Arch.phi3, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=False),
 }
