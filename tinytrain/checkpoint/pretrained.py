@@ -82,8 +82,9 @@ def pretrained_tables(folder: str) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     root = local_folder(folder)
-    if root is None:
-        log.info("%s: weights not in the hub cache yet; the embedding-row checks run when training downloads them", folder)
+    if root is None or not any(root.glob("*.safetensors")):
+        if is_hub_id(folder):  # mode=plan fetched only its config.json
+            log.info("%s: weights not in the hub cache yet; the embedding-row checks run when training downloads them", folder)
         return {}
     index = root / "model.safetensors.index.json"
     files = json.loads(index.read_text())["weight_map"] if index.exists() else None
