@@ -52,7 +52,7 @@ CASES = {
     "tp without tensor parallelism": (["mode=plan", "parallel.tp=2"], ["parallel.tp=2", "no tensor parallelism", "parallel=fsdp_tp"]),
     "dp x tp not the world": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "parallel.dp=3", "cluster.devices=2"], ["parallel.dp=3", "world size 2"]),
     "unknown model option": (["mode=plan", "model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'"]),
-    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2]"]),
+    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3]"]),
     "unknown attention": (["mode=plan", "model.attention=flash3"], ["model.attention=flash3", "expected one of"]),
     # cluster
     "nodes zero": (["mode=plan", "cluster.nodes=0"], ["cluster.nodes=0", ">= 1", "cluster.nodes=1"]),

@@ -30,8 +30,13 @@ PLANNING_MODES = (Mode.plan, Mode.sbatch)
 
 
 class Arch(Enum):
+    """Model families: each value is transformers' model_type, whose *Config / *ForCausalLM classes build it."""
+
     llama = "llama"
     qwen2 = "qwen2"
+    mistral = "mistral"
+    gemma2 = "gemma2"
+    phi3 = "phi3"
 
 
 class Attention(Enum):
@@ -141,13 +146,22 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    # Width of each attention head; null: hidden_size / num_heads (Gemma-2-2B: 8 heads of 256 on 2304).
+    head_dim: Optional[int] = None
+    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3); null: full attention.
+    sliding_window: Optional[int] = None
+    # RoPE scaling, as transformers' rope_parameters take it besides rope_theta (Llama-3.1: rope_type
+    # llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); null: none.
+    # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
+    rope_scaling: Optional[Any] = None
     initializer_range: float = 0.02
     attention: Attention = Attention.auto
     # Rows of the embedding and lm_head are padded to a multiple of vocab_multiple x parallel.tp.
     vocab_multiple: int = 64
     # null: derived from len(tokenizer); set it by hand only to pin a larger, already-padded size.
     vocab_size: Optional[int] = None
-    # A local Hugging Face model folder to fine-tune; null trains from scratch.
+    # A Hugging Face model to fine-tune: a local folder, or a hub id (loaded through the hub cache,
+    # downloaded there when the hub is reachable); null trains from scratch.
     pretrained: Optional[str] = None
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
     untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto

@@ -1,4 +1,5 @@
-"""Model construction from config: Hugging Face Llama-family classes, no parallelism, no dtype.
+"""Model construction from config: Hugging Face classes of each family (llama, qwen2, mistral,
+gemma2, phi3), no parallelism, no dtype.
 
 Strategy code applies parallelism and precision; this module only knows architecture.
 """
@@ -8,11 +9,13 @@ from __future__ import annotations
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.config.schema import Arch
 from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.families import family
 
 
 def hf_config(model_cfg, vocab_size: int, tokenizer):
-    """A transformers config for `model_cfg` with `vocab_size` (padded) rows."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A transformers config for `model_cfg` with `vocab_size` (padded) rows: the class of its
+    family (model.arch is transformers' model_type)."""
+    from transformers import AutoConfig
 
     common = dict(
         vocab_size=vocab_size,
@@ -25,16 +28,41 @@ def hf_config(model_cfg, vocab_size: int, tokenizer):
         rms_norm_eps=model_cfg.rms_norm_eps,
         initializer_range=model_cfg.initializer_range,
         tie_word_embeddings=model_cfg.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": float(model_cfg.rope_theta)},
+        rope_parameters=rope_parameters(model_cfg.rope_theta, model_cfg.rope_scaling),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         # With the KV cache on, packed documents silently attend to each other: training never uses it.
         use_cache=False,
     )
-    if model_cfg.arch == Arch.qwen2:
-        return Qwen2Config(**common)
-    return LlamaConfig(**common, attention_bias=model_cfg.attention_bias)
+    return AutoConfig.for_model(model_cfg.arch.value, **common, **family_options(model_cfg))
+
+
+def rope_parameters(theta: float, scaling) -> dict:
+    """transformers' rope_parameters: rope_theta plus model.rope_scaling (its type, factor, ...)."""
+    return {"rope_type": "default", "rope_theta": float(theta), **(dict(scaling) if scaling else {})}
+
+
+def family_options(m) -> dict:
+    """The keys only some families' configs take (validate refused the others' settings)."""
+    fam = family(m.arch)
+    head_dim = m.head_dim or m.hidden_size // m.num_heads
+    options = {}
+    if fam.head_dim:
+        options["head_dim"] = head_dim
+    if fam.qkv_bias == "option":
+        options["attention_bias"] = m.attention_bias
+    if fam.sliding_window:
+        options["sliding_window"] = m.sliding_window
+    if m.arch == Arch.gemma2:
+        # Gemma-2-2B scales queries by its head_dim (256); without a window every layer attends fully.
+        options["query_pre_attn_scalar"] = head_dim
+        if m.sliding_window is None:
+            options["layer_types"] = ["full_attention"] * m.num_layers
+    if m.arch == Arch.phi3:
+        # The context its RoPE was trained at (longrope scales from it).
+        options["original_max_position_embeddings"] = (m.rope_scaling or {}).get("original_max_position_embeddings", m.max_position_embeddings)
+    return options
 
 
 def model_config(model_cfg, plan, tokenizer):
@@ -43,6 +71,8 @@ def model_config(model_cfg, plan, tokenizer):
     if model_cfg.pretrained:
         config = pretrained_config(model_cfg.pretrained)
         config.vocab_size = plan.vocab.padded
+        if model_cfg.rope_scaling:  # extending a pretrained model's context (preflight checked it)
+            config.rope_parameters = rope_parameters(config.rope_parameters["rope_theta"], model_cfg.rope_scaling)
     else:
         config = hf_config(model_cfg, plan.vocab.padded, tokenizer)
     config.use_cache = False

@@ -11,12 +11,10 @@ from tinytrain.config.schema import Arch
 
 def apply_kernels(model: torch.nn.Module, arch: Arch) -> None:
     """In place on this model instance (RoPE is patched module-wide by liger)."""
-    from liger_kernel.transformers import (
-        apply_liger_kernel_to_llama,
-        apply_liger_kernel_to_qwen2,
-    )
+    import liger_kernel.transformers
 
-    patch = apply_liger_kernel_to_qwen2 if arch == Arch.qwen2 else apply_liger_kernel_to_llama
+    # apply_liger_kernel_to_llama / _qwen2 / _mistral / _phi3 (Gemma-2 never gets here: fast_paths.py).
+    patch = getattr(liger_kernel.transformers, f"apply_liger_kernel_to_{arch.value}")
     # Its own loss stays off: tinytrain's loss slices the padded vocab rows away (module.py).
     patch(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
 

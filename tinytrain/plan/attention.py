@@ -44,5 +44,14 @@ def choose_attention(requested: Attention, flash_installed: bool, hardware: Hard
     return AttentionChoice(requested.value, "as configured")
 
 
+def for_family(choice: AttentionChoice, requested: Attention, family_name: str, sdpa_ok: bool) -> AttentionChoice:
+    """SDPA where the family's transformers class has it; eager otherwise (Gemma-2)."""
+    if choice.implementation != "sdpa" or sdpa_ok:
+        return choice
+    if requested == Attention.sdpa:
+        raise ConfigError(Problem("model.attention", "sdpa", f"transformers has no SDPA attention for the {family_name} family (its attention soft-capping)", "use model.attention=auto (eager here, flash-attn 2 on a capable GPU) or eager"))
+    return AttentionChoice("eager", f"eager because transformers has no SDPA attention for {family_name} (instead of {choice.reason})")
+
+
 def flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None

@@ -31,13 +31,15 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None) -> FastPaths:
+    """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
+    inside its forward), which rules out the losses from hidden states and liger's kernels."""
     reasons = {}
     fused = on_gpu and strategy != Strategy.fsdp_tp and strategy != Strategy.deepspeed
     reasons["fused_adamw"] = (
         "CUDA tensors" if fused else "DeepSpeed/DTensor parameters or CPU: foreach AdamW" if on_gpu else "CPU: foreach AdamW"
     )
-    liger, liger_loss = select_liger(trainer_cfg.liger, strategy, on_gpu, liger_available, zero_stage, reasons)
+    liger, liger_loss = select_liger(trainer_cfg.liger, strategy, on_gpu, liger_available, zero_stage, reasons, logits_only)
     chunk = trainer_cfg.loss_chunk_tokens
     if liger_loss:
         chunk = 0
@@ -56,18 +58,23 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_voca
     if chunk and strategy == Strategy.fsdp_tp:
         chunk = 0
         reasons["loss_chunk_tokens"] = "off: the lm_head is vocab-sharded under fsdp_tp"
+    if chunk and logits_only:
+        if trainer_cfg.loss_chunk_tokens:
+            raise ConfigError(Problem("trainer.loss_chunk_tokens", chunk, f"the chunked loss computes logits from hidden states, but {logits_only}", "set trainer.loss_chunk_tokens=0 (or null)"))
+        chunk = 0
+        reasons["loss_chunk_tokens"] = f"off: {logits_only}"
     reasons["compile"] = "trainer.compile=true" if trainer_cfg.compile else "off (trainer.compile=true turns it on)"
     ac = trainer_cfg.activation_checkpointing
     reasons["activation_checkpointing"] = "on: recompute each layer in backward" if ac else "off (memory allows; trainer.activation_checkpointing=true trades compute for memory)"
     return FastPaths(fused, bool(trainer_cfg.compile), int(chunk), bool(ac), reasons, liger, liger_loss)
 
 
-def select_liger(requested: bool | None, strategy: Strategy, on_gpu: bool, available: bool, zero_stage: int, reasons: dict) -> tuple[bool, bool]:
+def select_liger(requested: bool | None, strategy: Strategy, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
     """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.
     Triton kernels need CUDA; under fsdp_tp the norms and the lm_head are DTensors, which they are
     not checked on; under ZeRO-3 the lm_head weight is partitioned outside the model's forward, so the
     fused loss (which reads it directly) stays off there."""
-    blocker = "CPU: Triton kernels need a CUDA GPU" if not on_gpu else "fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights" if strategy == Strategy.fsdp_tp else None
+    blocker = "CPU: Triton kernels need a CUDA GPU" if not on_gpu else "fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights" if strategy == Strategy.fsdp_tp else logits_only
     if requested is False:
         reasons["liger"] = "off (trainer.liger=false)"
         return False, False

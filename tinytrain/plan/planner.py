@@ -15,7 +15,8 @@ from tinytrain.config.schema import PLANNING_MODES, Strategy
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import resolve
-from tinytrain.plan.attention import choose_attention, flash_attn_installed
+from tinytrain.plan.attention import choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.memory import activation_memory, model_state_memory, plan_memory
@@ -37,15 +38,19 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
     world = world_size(cfg)
     batch, _ = batch_layout(cfg, world)  # its problems were validate's to report
     tokenizer_fingerprint = fingerprint(tokenizer)
-    attention = choose_attention(cfg.model.attention, flash_attn_installed(), hardware)
     pretrained = None
     if cfg.model.pretrained:
-        from tinytrain.checkpoint.pretrained import pretrained_config
+        from tinytrain.checkpoint.pretrained import download_weights, pretrained_config
 
+        if cfg.mode not in PLANNING_MODES:
+            download_weights(cfg.model.pretrained)  # a hub id's, into the hub cache, before preflight reads them
         pretrained = pretrained_config(cfg.model.pretrained)
         shape = shape_from_hf(pretrained, vocab.padded)
+        fam = family_of_model_type(pretrained.model_type, "model.pretrained", cfg.model.pretrained)
     else:
         shape = shape_from_config(cfg.model, vocab.padded)
+        fam = family(cfg.model.arch)
+    attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), hardware), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     deepspeed = None
     if par.strategy == Strategy.deepspeed:
@@ -86,7 +91,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
         batch=batch,
         max_steps=cfg.trainer.max_steps,
         memory=plan_memory(states, activations, hardware.memory_gb),
-        fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage),
+        fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only),
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,

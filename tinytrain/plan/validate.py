@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 
+from tinytrain.checkpoint.pretrained import is_hub_id
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
@@ -32,7 +33,9 @@ from tinytrain.data.tokenizer import (
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
+from tinytrain.plan.families import family, tp_problems
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
+from tinytrain.preflight import rope
 
 DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
 # Model sizes that must be positive; checked first, since the divisibility checks divide by them.
@@ -51,8 +54,9 @@ def model_problems(cfg) -> list[Problem]:
             problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
     if problems:
         return problems
-    if m.hidden_size % m.num_heads:
-        problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size"))
+    if m.head_dim is None and m.hidden_size % m.num_heads:
+        problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size, or set model.head_dim"))
+    problems += family_problems(m)
     if m.num_heads % m.num_kv_heads:
         problems.append(Problem("model.num_kv_heads", m.num_kv_heads, f"must divide num_heads({m.num_heads}) for grouped-query attention", "pick a KV head count that divides the head count"))
     if tp < 1:
@@ -64,9 +68,25 @@ def model_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of model={m.name}", f"use a tp that divides {m.num_kv_heads}"))
     if m.vocab_multiple < 1:
         problems.append(Problem("model.vocab_multiple", m.vocab_multiple, "must be >= 1", "use 64 (the default) or 128"))
-    if m.pretrained and not (Path(m.pretrained) / "config.json").is_file():
-        problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output)"))
+    if m.pretrained and not is_hub_id(m.pretrained) and not (Path(m.pretrained) / "config.json").is_file():
+        problems.append(Problem("model.pretrained", m.pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output), or a hub id (org/name)"))
     return problems
+
+
+def family_problems(m) -> list[Problem]:
+    """Keys that only some families' transformers classes take, and model.rope_scaling."""
+    fam = family(m.arch)
+    problems = []
+    for key in ("head_dim", "sliding_window"):
+        if getattr(m, key) is not None and getattr(m, key) < 1:
+            problems.append(Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use null for the default (model.{key}=null)"))
+    if m.sliding_window is not None and not fam.sliding_window:
+        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3)"))
+    if m.head_dim is not None and not fam.head_dim and m.head_dim * m.num_heads != m.hidden_size:
+        problems.append(Problem("model.head_dim", m.head_dim, f"model.arch={m.arch.value} derives it as hidden_size / num_heads ({m.hidden_size} / {m.num_heads})", "use model.head_dim=null"))
+    if m.attention_bias and fam.qkv_bias == "never":
+        problems.append(Problem("model.attention_bias", True, f"model.arch={m.arch.value} has no q/k/v biases", "use model.attention_bias=false"))
+    return problems + rope.scaling_problems(m.rope_scaling)
 
 
 def cluster_problems(cfg) -> list[Problem]:
@@ -156,6 +176,11 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
         problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
     if cfg.model.tie_word_embeddings:
         problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
+    if not cfg.model.pretrained:  # a pretrained model's family is checked on the built model
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        arch = cfg.model.arch.value
+        problems += tp_problems(CONFIG_MAPPING[arch].base_model_tp_plan, arch)
     return problems
 
 
@@ -169,7 +194,8 @@ def data_problems(cfg) -> list[Problem]:
     if d.seq_len < 2:
         problems.append(Problem("data.seq_len", d.seq_len, "must be >= 2", "use e.g. data.seq_len=256"))
     max_pos = cfg.model.max_position_embeddings
-    if not cfg.model.pretrained and d.seq_len > max_pos:
+    # With RoPE scaling (or a pretrained model's config) preflight's positions check decides.
+    if not cfg.model.pretrained and not cfg.model.rope_scaling and d.seq_len > max_pos:
         problems.append(Problem("data.seq_len", d.seq_len, f"longer than model.max_position_embeddings({max_pos})", f"use data.seq_len<={max_pos} or raise model.max_position_embeddings"))
     if d.val_path is None and not 0.0 < d.val_fraction < 1.0:
         problems.append(Problem("data.val_fraction", d.val_fraction, "must be between 0 and 1", "use e.g. data.val_fraction=0.05, or a separate data.val_path"))

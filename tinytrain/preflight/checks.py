@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from tinytrain.checkpoint.pretrained import pretrained_tables
 from tinytrain.config.schema import DataFormat
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.preflight import rope
 from tinytrain.preflight.embedding_health import (
     UntrainedRow,
     candidate_token_ids,
@@ -69,11 +70,30 @@ def pretrained_findings(cfg, tokenizer, hf_config, saved: int, weight_rows: int 
     rows = weight_rows or saved
     if rows < n:
         log.info("pretrained embedding has %d rows for %d tokens: %d new rows will be mean-initialised", rows, n, n - rows)
-    max_pos = hf_config.max_position_embeddings
-    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    scaling = rope.get("rope_type", "default") != "default"  # linear, dynamic, yarn, llama3 ... extend context
-    if cfg.data.seq_len > max_pos and not scaling:
-        out.append(finding(cfg, "positions", "data.seq_len", cfg.data.seq_len, f"longer than the pretrained model's max_position_embeddings ({max_pos}) and RoPE has no scaling", f"use data.seq_len<={max_pos}, or a model configured for longer context"))
+    return [f for f in out if f]
+
+
+def hf_rope_scaling(hf_config) -> dict | None:
+    """A transformers config's RoPE scaling in model.rope_scaling's form (None: plain RoPE)."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    rope.pop("rope_theta", None)
+    return None if rope_type == "default" else {"rope_type": rope_type, **rope}
+
+
+def position_findings(cfg, hf_config=None) -> list[Finding]:
+    """data.seq_len against the positions the model covers (with model.rope_scaling, or a pretrained
+    model's own scaling), and the scaling against the context a pretrained model was trained at."""
+    m = cfg.model
+    if hf_config is None:
+        problems = rope.position_problems(cfg.data.seq_len, m.max_position_embeddings, m.rope_scaling, None, "model.max_position_embeddings")
+    else:
+        own = hf_rope_scaling(hf_config)
+        max_pos = hf_config.max_position_embeddings
+        trained = own.get("original_max_position_embeddings", max_pos) if own else max_pos
+        scaling = m.rope_scaling or own
+        problems = rope.position_problems(cfg.data.seq_len, max_pos, scaling, trained if m.rope_scaling else None, "the pretrained model's max_position_embeddings")
+    out = [finding(cfg, "positions", p.key, p.value, p.message, p.fix) for p in problems]
     return [f for f in out if f]
 
 
@@ -175,6 +195,7 @@ def run(cfg, tokenizer, padded_vocab: int, fp16: bool, pretrained_config=None) -
         tables = pretrained_tables(cfg.model.pretrained)
         rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
         findings += pretrained_findings(cfg, tokenizer, pretrained_config, pretrained_config.vocab_size, rows)
+    findings += position_findings(cfg, pretrained_config)
     untrained, fix = [], ""
     if tables:
         candidates = candidate_token_ids(tokenizer, cfg.tokenizer.add_special_tokens)

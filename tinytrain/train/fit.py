@@ -35,9 +35,10 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
     fast = plan.fast_paths
     if fast.liger:
+        from tinytrain.config.schema import Arch
         from tinytrain.model.liger import apply_kernels
 
-        apply_kernels(model, cfg.model.arch)
+        apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
     if fast.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:

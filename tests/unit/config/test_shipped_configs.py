@@ -17,21 +17,38 @@ def plan(overrides, tmp_path: Path) -> dict:
     return run_stages(cfg, tmp_path).to_dict()
 
 
-# Analytic counts: embeddings + lm_head (unless tied) + per layer (attention + MLP + 2 norms) + final norm.
-def expected_params(h, layers, heads, kv, inter, vocab, tied=False, qkv_bias=False):
-    head_dim = h // heads
-    attn = h * h + 2 * h * kv * head_dim + h * h + (h + 2 * kv * head_dim if qkv_bias else 0)
-    per_layer = attn + 3 * h * inter + 2 * h
+# Analytic counts: embeddings + lm_head (unless tied) + per layer (attention + MLP + norms) + final norm.
+def expected_params(h, layers, heads, kv, inter, vocab, tied=False, qkv_bias=False, head_dim=None, norms=2):
+    head_dim = head_dim or h // heads
+    q, k = heads * head_dim, kv * head_dim
+    attn = h * q + 2 * h * k + q * h + (q + 2 * k if qkv_bias else 0)
+    per_layer = attn + 3 * h * inter + norms * h
     return vocab * h * (1 if tied else 2) + layers * per_layer + h
 
 
+# hidden, layers, heads, kv heads, intermediate, tied, q/k/v bias[, head_dim, norms per layer]
 MODELS = {
     "tiny": (192, 4, 6, 2, 512, False, False),
     "tinyllama_1b": (2048, 22, 32, 4, 5632, False, False),
     "llama2_7b": (4096, 32, 32, 32, 11008, False, False),
     "llama3_8b": (4096, 32, 32, 8, 14336, False, False),
+    "llama3_1_8b": (4096, 32, 32, 8, 14336, False, False),
     "yi_6b": (4096, 32, 32, 4, 11008, False, False),
     "qwen2_0_5b": (896, 24, 14, 2, 4864, True, True),
+    "qwen2_5_0_5b": (896, 24, 14, 2, 4864, True, True),
+    "qwen2_5_7b": (3584, 28, 28, 4, 18944, False, True),
+    "mistral_7b": (4096, 32, 32, 8, 14336, False, False),
+    "gemma2_2b": (2304, 26, 8, 4, 9216, True, False, 256, 4),
+    "phi3_mini": (3072, 32, 32, 32, 8192, False, False),
+}
+# Published parameter counts with each model's own vocab rows (model card / safetensors totals).
+PUBLISHED = {
+    "mistral_7b": (32000, 7_241_732_096),
+    "qwen2_5_0_5b": (151936, 494_032_768),
+    "qwen2_5_7b": (152064, 7_615_616_512),
+    "llama3_1_8b": (128256, 8_030_261_248),
+    "gemma2_2b": (256000, 2_614_341_888),
+    "phi3_mini": (32064, 3_821_079_552),
 }
 
 
@@ -42,10 +59,16 @@ def test_every_model_config_is_covered():
 @pytest.mark.parametrize("model", options("model"))
 def test_model_plans_with_bundled_tokenizer(model, tmp_path):
     p = plan([f"model={model}"], tmp_path)
-    h, layers, heads, kv, inter, tied, bias = MODELS[model]
     assert p["vocab"] == {"true": 4096, "padded": 4096, "multiple": 64, "tp": 1, "padding_rows": 0}
-    assert p["params"]["total"] == expected_params(h, layers, heads, kv, inter, 4096, tied, bias)
+    assert p["params"]["total"] == expected_params(*MODELS[model][:5], 4096, *MODELS[model][5:])
     assert (tmp_path / "plan.json").exists() and (tmp_path / "config_resolved.yaml").exists()
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_family_presets_match_the_published_sizes(model):
+    """The shapes, counted with each model's own vocab, give the sizes the model cards publish."""
+    vocab, published = PUBLISHED[model]
+    assert expected_params(*MODELS[model][:5], vocab, *MODELS[model][5:]) == published
 
 
 def test_tinyllama_matches_the_published_size(tmp_path):

@@ -1,0 +1,73 @@
+"""What tinytrain knows about each model family (`model.arch`, transformers' model_type), pure:
+the layout differences the parameter count, validation and the model builder need.
+
+Each family is built by transformers' own *Config / *ForCausalLM classes (model/build.py); the
+tensor-parallel plan is read from the built model, not from here (model/tensor_parallel.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinytrain.config.schema import Arch
+from tinytrain.errors import ConfigError, Problem
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: Arch
+    norms_per_layer: int  # RMSNorms in each decoder layer
+    qkv_bias: str  # "always" (Qwen2), "option" (model.attention_bias), "never"
+    sliding_window: bool  # model.sliding_window is passed to transformers' config
+    head_dim: bool  # model.head_dim is (others derive hidden_size / num_heads)
+    sdpa: bool = True  # transformers runs it on PyTorch SDPA
+    logits_only: str | None = None  # why the loss must come from the model's own logits (no chunked / liger loss)
+
+
+GEMMA2_SOFTCAP = "Gemma-2 soft-caps its logits inside the model's forward (final_logit_softcapping)"
+FAMILIES = {
+    Arch.llama: Family(Arch.llama, norms_per_layer=2, qkv_bias="option", sliding_window=False, head_dim=True),
+    # Qwen2.5 publishes use_sliding_window false (full attention): tinytrain builds it so.
+    Arch.qwen2: Family(Arch.qwen2, norms_per_layer=2, qkv_bias="always", sliding_window=False, head_dim=False),
+    Arch.mistral: Family(Arch.mistral, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=True),
+    # Gemma-2 normalises before and after both attention and MLP; its attention soft-capping has
+    # no SDPA path in transformers (eager, or flash-attn 2 on a GPU).
+    Arch.gemma2: Family(Arch.gemma2, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, sdpa=False, logits_only=GEMMA2_SOFTCAP),
+    # Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj: the same parameters as Llama's.
+    Arch.phi3: Family(Arch.phi3, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=False),
+}
+
+
+def family(arch: Arch) -> Family:
+    return FAMILIES[arch]
+
+
+def family_of_model_type(model_type: str, key: str, value) -> Family:
+    """The family of a pretrained model's config.json; another model type is refused by name."""
+    for arch, fam in FAMILIES.items():
+        if arch.value == model_type:
+            return fam
+    known = ", ".join(a.value for a in FAMILIES)
+    raise ConfigError(Problem(key, value, f"is a {model_type!r} model; tinytrain builds the families {known}", "fine-tune a model of one of those families"))
+
+
+def has_qkv_bias(fam: Family, attention_bias: bool) -> bool:
+    return fam.qkv_bias == "always" or (fam.qkv_bias == "option" and attention_bias)
+
+
+# transformers' tensor-parallel styles that tinytrain's FSDP2 x TP applies as Megatron's split.
+TP_STYLES = ("colwise", "rowwise")
+
+
+def tp_problems(base_model_tp_plan: dict | None, family_name: str) -> list[Problem]:
+    """A family's layer plan (transformers' `base_model_tp_plan`: module pattern -> style) is
+    usable when every module is split column- or row-wise; fused projections (Phi-3's qkv_proj is
+    `colwise_gather_output`) would hand each rank a mix of q, k and v columns."""
+    fix = "use parallel=ddp or zero2/zero3 for this model (no tensor parallelism)"
+    if not base_model_tp_plan:
+        return [Problem("parallel", "fsdp_tp", f"transformers has no tensor-parallel plan for the {family_name} family", fix)]
+    other = {pattern: style for pattern, style in base_model_tp_plan.items() if style not in TP_STYLES}
+    if other:
+        listing = ", ".join(f"{p}: {s}" for p, s in other.items())
+        return [Problem("parallel", "fsdp_tp", f"cannot shard the {family_name} family: transformers splits {listing}, not plainly column- or row-wise (fused projections)", fix)]
+    return []
