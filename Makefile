@@ -7,8 +7,9 @@ PIP := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
 # pytest-xdist workers, one per core; each test module stays on one worker (its module fixtures,
-# a trained run or a Slurm cluster, are built once). Most tests wait on single-threaded work
-# (imports, tiny steps, Slurm's scheduler), so two workers on two cores roughly halve the time.
+# a trained run or a Slurm cluster, are built once), modules in collection order (the longest
+# first: tests/conftest.py). Much of a test's time is single-threaded (imports, tiny steps,
+# Slurm's scheduler), so a second worker uses the second core.
 PYTEST_WORKERS ?= auto
 
 .PHONY: setup run plan lint test clean
@@ -33,7 +34,7 @@ lint: setup
 
 test: setup
 	@bash .ci/install-slurm
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

@@ -110,3 +110,12 @@ def mounted_tmpfs(folder: Path, options: str):
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first: under pytest-xdist (make test) a worker left alone with a long test at the
+    end leaves the other core idle. Stable: modules keep their order within each class."""
+    def cost(item) -> int:
+        return 0 if item.get_closest_marker("longest") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=cost)

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest]
 
 
 def test_default_run_learns(tmp_path):

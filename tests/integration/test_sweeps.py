@@ -35,6 +35,10 @@ def test_wandb_agent_runs_the_sweep_command(path, tmp_path, monkeypatch, caplog)
     agent._sweep_command = list(sweep["command"])  # what Agent.run reads from the sweep's config
     agent_log = logging.getLogger("wandb.wandb_agent")  # under "wandb", which does not propagate
     agent_log.addHandler(caplog.handler)
+    # Its INFO line gets through whatever logging set-up an earlier test of this worker left
+    # (a level above INFO, or a dictConfig that disabled the loggers existing then).
+    caplog.set_level(logging.INFO, logger="wandb.wandb_agent")
+    monkeypatch.setattr(agent_log, "disabled", False)
     try:
         agent._command_run({"type": "run", "run_id": "run0001", "program": sweep["program"], "args": {k: {"value": v} for k, v in args.items()}})
     finally:
