@@ -34,10 +34,13 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on norms, biases and embeddings (1-D or embedding tables)."""
+def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay: bool = True) -> list[dict]:
+    """No weight decay on norms, biases and embeddings (1-D or embedding tables); nor on the lm_head
+    when `vocab_tables_decay` is false (LoRA trains only some rows of it: decay would move the rest)."""
     decay, no_decay = [], []
     embeddings = {id(model.get_input_embeddings().weight)}
+    if not vocab_tables_decay and model.get_output_embeddings() is not None:
+        embeddings.add(id(model.get_output_embeddings().weight))
     for p in model.parameters():
         if not p.requires_grad:
             continue
@@ -51,7 +54,7 @@ class CausalLMModule(pl.LightningModule):
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
     `for_plan`; the keywords are for tests and benchmarks that need one piece."""
 
-    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -63,6 +66,7 @@ class CausalLMModule(pl.LightningModule):
         self.fused_adamw = fused_adamw
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
+        self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
@@ -87,6 +91,7 @@ class CausalLMModule(pl.LightningModule):
             fused_adamw=fast.fused_adamw,
             loss_chunk_tokens=fast.loss_chunk_tokens,
             liger_loss=fast.liger_loss,
+            adapters=plan.finetune is not None,
         )
 
     def remember_grad_norm(self, total: torch.Tensor) -> None:
@@ -164,7 +169,7 @@ class CausalLMModule(pl.LightningModule):
 
     def configure_optimizers(self):
         t = self.t
-        groups = param_groups(self.model, t.weight_decay)
+        groups = param_groups(self.model, t.weight_decay, vocab_tables_decay=not self.adapters)
         if self.cpu_adam:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 

@@ -28,6 +28,7 @@ from tinytrain.data.tokenizer import (
     load_tokenizer,
 )
 from tinytrain.errors import ConfigError, Problem, raise_if_any
+from tinytrain.plan import finetune
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 
@@ -463,5 +464,6 @@ def validate(cfg) -> None:
         + special_token_problems(cfg)
         + wandb_problems(cfg)
         + checkpoint_problems(cfg)
+        + finetune.problems(cfg)
     )
     raise_if_any(problems)

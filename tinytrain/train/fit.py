@@ -23,7 +23,9 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     from tinytrain.model.module import CausalLMModule
 
     model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
-    fresh = plan.resume is None
+    # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
+    # weights from its shards, and a frozen base must be the one the adapters were trained on.
+    fresh = plan.resume is None or plan.finetune is not None
     if plan.init_from and fresh:
         names = vocab_param_names(model)
         state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
@@ -33,6 +35,10 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
 
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+    if plan.finetune:
+        from tinytrain.model.lora import apply_adapters
+
+        model = apply_adapters(model, plan.finetune, frozen_dtype(plan))
     fast = plan.fast_paths
     if fast.liger:
         from tinytrain.model.liger import apply_kernels
@@ -43,6 +49,18 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     if fast.compile:
         model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
     return CausalLMModule.for_plan(model, cfg.trainer, plan)
+
+
+def frozen_dtype(plan: RunPlan):
+    """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
+    precision (autocast computes in it anyway); DeepSpeed casts the whole model itself."""
+    import torch
+
+    from tinytrain.config.schema import Strategy
+
+    if plan.parallel.strategy == Strategy.deepspeed:
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.finetune.frozen_dtype)
 
 
 def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
@@ -118,7 +136,8 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
-        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec)
+        adapters = plan.finetune and plan.finetune.to_dict()
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps
         print(f"no step left to train (trainer.max_steps={cfg.trainer.max_steps}){val}")
