@@ -60,8 +60,9 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
     adapter for the base (lora_weights.py)."""
     spec = spec or ExportSpec()
     if adapters:
-        from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, write_adapter_folder
+        from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, with_base, write_adapter_folder
 
+        state_dict = with_base(state_dict, adapters)
         base = model_from_state_dict(base_weights(state_dict), model_config, true_vocab)
         write_adapter_folder(state_dict, adapters, base, out_dir / "adapter")
         state_dict = merge_adapters(state_dict, adapters)

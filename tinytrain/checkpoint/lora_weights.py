@@ -24,6 +24,24 @@ def has_adapters(state_dict: dict) -> bool:
     return any(k.endswith(LORA_A) for k in state_dict)
 
 
+def with_base(state_dict: dict, finetune: dict) -> dict:
+    """A QLoRA checkpoint leaves its 4-bit projections out: they come back from the base folder in
+    full precision (the adapters were trained against their NF4 rounding; merging into the original
+    weights is what a QLoRA export does). Other checkpoints are returned as they are."""
+    if finetune["method"] != "qlora":
+        return state_dict
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(finetune["base"], dtype=torch.float32).state_dict()
+    adapted = {k.removesuffix(LORA_A) for k in state_dict if k.endswith(LORA_A)}
+    full = {}
+    for key, value in base.items():
+        module, _, leaf = key.rpartition(".")
+        full[f"{module}{BASE}{leaf}" if module in adapted else key] = value
+    full.update(state_dict)  # adapters, vocab tables (with the run's rows), norms
+    return full
+
+
 def base_weights(state_dict: dict) -> dict:
     """The base model's state dict: adapters dropped, `base_layer` names back to plain ones."""
     return {k.replace(BASE, "."): v for k, v in state_dict.items() if ".lora_" not in k}
@@ -31,6 +49,7 @@ def base_weights(state_dict: dict) -> dict:
 
 def merge_adapters(state_dict: dict, finetune: dict) -> dict:
     """A plain Hugging Face state dict with every adapter merged into its projection."""
+    state_dict = with_base(state_dict, finetune)
     merged = base_weights(state_dict)
     scaling = finetune["alpha"] / finetune["rank"]
     for key, a in state_dict.items():

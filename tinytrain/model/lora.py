@@ -62,5 +62,25 @@ def train_token_rows(model, token_ids) -> None:
         weight.register_hook(lambda grad, mask=mask: grad * mask.to(device=grad.device, dtype=grad.dtype))
 
 
-def trainable_names(model) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
+def load_quantized_base(model_cfg, padded_vocab: int, attention, compute_dtype: torch.dtype):
+    """finetune=qlora: model.pretrained loaded with its projections in 4-bit NF4 (bitsandbytes,
+    double quantization, computed in `compute_dtype`) on this process's GPU, resized to the padded
+    vocab, and prepared for k-bit training (norms and vocab tables in fp32, input gradients on)."""
+    import os
+
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
+    device = int(os.environ.get("LOCAL_RANK", 0))  # bitsandbytes quantizes as it loads onto the GPU
+    model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, quantization_config=quant, dtype=compute_dtype, attn_implementation=attention.implementation, device_map={"": device})
+    if model.get_input_embeddings().weight.shape[0] != padded_vocab:
+        model.resize_token_embeddings(padded_vocab, mean_resizing=True)
+    model.config.use_cache = False
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def quantized_prefixes(model) -> list[str]:
+    """State-dict prefixes of bitsandbytes' 4-bit layers: a QLoRA checkpoint leaves them out (the
+    base is quantized again from model.pretrained, identically, on resume and export)."""
+    return [f"{name}." for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"]

@@ -67,6 +67,10 @@ class CausalLMModule(pl.LightningModule):
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
         self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
+        from tinytrain.model.lora import quantized_prefixes
+
+        self.quantized_prefixes = quantized_prefixes(model) if adapters else []
+        self.strict_loading = not self.quantized_prefixes  # a QLoRA checkpoint holds all but the 4-bit base
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
@@ -183,6 +187,10 @@ class CausalLMModule(pl.LightningModule):
         # The strategy has already gathered full tensors (only rank 0 holds them under
         # fsdp_tp); unpadding comes second, so no shard loses rows.
         unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
+        if self.quantized_prefixes:  # QLoRA: the 4-bit base is not saved (tinytrain/model/lora.py)
+            state = checkpoint["state_dict"]
+            for key in [k for k in state if k.removeprefix(checkpoint_prefix).startswith(tuple(self.quantized_prefixes))]:
+                del state[key]
         checkpoint["tinytrain"] = dict(self.checkpoint_metadata)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -170,7 +170,7 @@ def render(plan: dict) -> str:
             f"finetune   {ft['method']}: rank {ft['rank']}, alpha {ft['alpha']:g}, dropout {ft['dropout']:g} on {', '.join(ft['target_modules'])}; "
             f"{_human(ft['adapter_params'])} adapter parameters, {_human(ft['trainable_params'])} trainable, base {ft['base']} frozen in {ft['frozen_dtype']}"
         )
-        lines.append(f"tokens     trainable rows: {ft['trainable_tokens_reason']}")
+        lines.append(f"token rows {ft['trainable_tokens_reason']}")
     m = plan["memory_per_gpu"]
     lines.append(
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "

@@ -22,7 +22,15 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     from tinytrain.model.init_weights import weights_for_run
     from tinytrain.model.module import CausalLMModule
 
-    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    if plan.finetune and plan.finetune.method == "qlora":
+        from tinytrain.model.lora import load_quantized_base
+
+        import torch
+
+        compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision.dtype.value, torch.float32)
+        model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute)
+    else:
+        model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
     # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
     # weights from its shards, and a frozen base must be the one the adapters were trained on.
     fresh = plan.resume is None or plan.finetune is not None
