@@ -93,7 +93,9 @@ def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: 
                 table = next(t for t in tables if f".{t}." in f".{ours}")
                 p.copy_(trained_rows[table])
     out_dir.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(str(out_dir))
+    # With the trained rows as trainable tokens, peft need not copy whole embedding tables into the
+    # folder (it would, seeing a resized vocab); without them the resized tables are the only record.
+    peft_model.save_pretrained(str(out_dir), save_embedding_layers=False if ids else "auto")
     _note_vocab(out_dir, base_model.config.vocab_size)
     log.info("wrote the LoRA adapter (rank %d, %s%s) to %s", finetune["rank"], ", ".join(finetune["target_modules"]), f", {len(ids)} trained token rows" if ids else "", out_dir)
     return out_dir

@@ -46,6 +46,7 @@ def apply_adapters(model: torch.nn.Module, plan: FinetunePlan, frozen_dtype: tor
             p.data = p.data.to(frozen_dtype)
     if plan.trainable_token_ids:
         train_token_rows(model, plan.trainable_token_ids)
+    model.train()  # from_pretrained returns eval mode, and Lightning keeps it: the adapters' dropout would be off
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info("%s: %d trainable parameters (adapters on %s%s), %d frozen", plan.method, trainable, ", ".join(plan.target_modules), f"; rows of {len(plan.trainable_token_ids)} token(s) in the vocab tables" if plan.trainable_token_ids else "", sum(p.numel() for p in model.parameters()) - trainable)
     return model

@@ -94,6 +94,9 @@ def problems(cfg) -> list[Problem]:
     strategy = cfg.parallel.strategy
     if strategy == Strategy.fsdp_tp:
         found.append(Problem("parallel", cfg.parallel.name, f"{key}: peft's LoRA layers wrap the projections that tensor parallelism shards column- and row-wise, and peft does not shard them", "use parallel=ddp, zero2 or zero3 (ZeRO-3 partitions a base too large for one GPU)"))
+    if strategy == Strategy.deepspeed and cfg.parallel.zero_stage == 1 and f.method == FinetuneMethod.lora:
+        # DeepSpeed saves frozen weights for its consolidation (zero_to_fp32) only from stage 2 on.
+        found.append(Problem("parallel", cfg.parallel.name, "finetune=lora under ZeRO-1: DeepSpeed's ZeRO-1 checkpoints leave the frozen base out of what its consolidation reads, so nothing could be exported", "use parallel=zero2 (for a LoRA run it needs the same memory: the optimizer state is the adapters') or parallel=ddp"))
     if f.method == FinetuneMethod.qlora:
         if cfg.checkpoint.init_from and not cfg.model.pretrained:
             found.append(Problem("checkpoint.init_from", cfg.checkpoint.init_from, "finetune=qlora quantizes its base while loading a Hugging Face folder", "export the checkpoint (mode=export) and set model.pretrained=<that hf_export folder>"))
