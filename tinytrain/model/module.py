@@ -13,6 +13,7 @@ from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_na
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
+from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.packed_attention import flatten_for_flash, is_flash
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -67,8 +68,6 @@ class CausalLMModule(pl.LightningModule):
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
         self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
-        from tinytrain.model.lora import quantized_prefixes
-
         self.quantized_prefixes = quantized_prefixes(model) if adapters else []
         self.strict_loading = not self.quantized_prefixes  # a QLoRA checkpoint holds all but the 4-bit base
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]

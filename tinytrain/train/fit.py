@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 def build_module(cfg, plan: RunPlan, tokenizer):
     """The LightningModule for the plan. A resumed run gets neither checkpoint.init_from nor the
-    untrained-row fix: Lightning loads the resume checkpoint over them."""
+    untrained-row fix (Lightning loads the resume checkpoint over them), except under LoRA, whose
+    frozen base is rebuilt as it was; finetune=lora|qlora then adds the adapters."""
     from tinytrain.checkpoint.format import vocab_param_names
     from tinytrain.model.build import build_model, model_config
     from tinytrain.model.init_weights import weights_for_run
@@ -25,10 +26,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     if plan.finetune and plan.finetune.method == "qlora":
         from tinytrain.model.lora import load_quantized_base
 
-        import torch
-
-        compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision.dtype.value, torch.float32)
-        model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute)
+        model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute_dtype(plan))
     else:
         model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
     # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
@@ -59,16 +57,21 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     return CausalLMModule.for_plan(model, cfg.trainer, plan)
 
 
-def frozen_dtype(plan: RunPlan):
-    """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
-    precision (autocast computes in it anyway); DeepSpeed casts the whole model itself."""
+def compute_dtype(plan: RunPlan):
     import torch
 
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision.dtype.value, torch.float32)
+
+
+def frozen_dtype(plan: RunPlan):
+    """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
+    precision (autocast computes in it anyway); None (as loaded) for QLoRA's 4-bit base and under
+    DeepSpeed, which casts the whole model itself."""
     from tinytrain.config.schema import Strategy
 
-    if plan.parallel.strategy == Strategy.deepspeed:
+    if plan.parallel.strategy == Strategy.deepspeed or plan.finetune.method == "qlora":
         return None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.finetune.frozen_dtype)
+    return compute_dtype(plan)
 
 
 def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
