@@ -219,6 +219,17 @@ CASES = {
     "pretrained folder missing": (["mode=plan", "model.pretrained={F}/missing_model"], ["model.pretrained='{F}/missing_model'", "no config.json"]),
     "pretrained config.json broken": (["mode=plan", "model.pretrained={F}/broken_model"], ["model.pretrained='{F}/broken_model'", "cannot read its config.json"]),
     "pretrained config.json without a model type": (["mode=plan", "model.pretrained={F}/typeless_model"], ["model.pretrained='{F}/typeless_model'", "cannot read its config.json"]),
+    # finetune=lora|qlora
+    "lora without a base model": (["mode=plan", "finetune=lora"], ["model.pretrained=None", "finetune=lora adapts a base model", "Fix: set model.pretrained="]),
+    "lora rank zero": (["mode=plan", "finetune=lora", "finetune.rank=0"], ["finetune.rank=0", ">= 1", "finetune.rank=16"]),
+    "lora alpha zero": (["mode=plan", "finetune=lora", "finetune.alpha=0"], ["finetune.alpha=0.0", "positive", "finetune.alpha=32"]),
+    "lora dropout one": (["mode=plan", "finetune=lora", "finetune.dropout=1"], ["finetune.dropout=1.0", "[0, 1)"]),
+    "lora unknown target module": (["mode=plan", "finetune=lora", "finetune.target_modules=[q_proj,qkv_proj]"], ["finetune.target_modules=['q_proj', 'qkv_proj']", "unknown projection(s) qkv_proj", "Fix: pick from q_proj"]),
+    "lora under fsdp_tp": (["mode=plan", "finetune=lora", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2"], ["parallel='fsdp_tp'", "peft does not shard them", "Fix: use parallel=ddp, zero2 or zero3"]),
+    "lora under zero1": (["mode=plan", "finetune=lora", "parallel=zero1", "hardware.gpu=A100"], ["parallel='zero1'", "ZeRO-1 checkpoints leave the frozen base out", "Fix: use parallel=zero2"]),
+    "qlora under deepspeed": (["mode=plan", "finetune=qlora", *ZERO2], ["parallel='zero2'", "finetune=qlora runs on single or ddp", "Fix: use parallel=single or parallel=ddp"]),
+    "qlora trained on a CPU": (["finetune=qlora"], ["finetune='qlora'", "needs a CUDA GPU", "Fix: plan it here with mode=plan", "finetune=lora"]),
+    "unknown finetune option": (["mode=plan", "finetune=dora"], ["finetune=dora", "full, lora, qlora"]),
 }
 ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
 

@@ -54,9 +54,18 @@ def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision_v
     return ExportSpec(export_dtype(requested_dtype, precision_value or train_cfg.precision.value), template, ends, add_bos)
 
 
-def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
-    """`state_dict`: the HF model's full weights (padded or not). Saves model + tokenizer."""
+def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
+    """`state_dict`: the HF model's full weights (padded or not). Saves model + tokenizer.
+    `adapters` (a LoRA run's finetune plan): the folder holds the merged model, and `adapter/` peft's
+    adapter for the base (lora_weights.py)."""
     spec = spec or ExportSpec()
+    if adapters:
+        from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, with_base, write_adapter_folder
+
+        state_dict = with_base(state_dict, adapters)
+        base = model_from_state_dict(base_weights(state_dict), model_config, true_vocab)
+        write_adapter_folder(state_dict, adapters, base, out_dir / "adapter")
+        state_dict = merge_adapters(state_dict, adapters)
     model = model_from_state_dict(state_dict, model_config, true_vocab)
     model.to(DTYPES[spec.dtype])
     # Training runs without the KV cache (packed documents); served generation needs it.
@@ -128,5 +137,5 @@ def checkpoint_state_dict(ckpt_path: Path) -> dict:
     return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
 
 
-def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
-    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec)
+def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
+    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec, adapters)

@@ -127,6 +127,17 @@ class ExportDtype(Enum):
     fp32 = "fp32"
 
 
+class FinetuneMethod(Enum):
+    full = "full"  # every weight trains
+    lora = "lora"  # low-rank adapters (peft) on a frozen base held in the compute dtype
+    qlora = "qlora"  # LoRA on a 4-bit (NF4, bitsandbytes) base: CUDA GPUs only
+
+
+class TrainableTokens(Enum):
+    auto = "auto"  # rows of tokens the base never trained (added tokens, rows preflight fixes) train with the adapters
+    none = "none"  # only the adapters train; such rows keep their initialisation
+
+
 class TrainOn(Enum):
     assistant = "assistant"  # loss on assistant turns only; every prompt token is -100
     all = "all"  # loss on every token
@@ -264,6 +275,20 @@ class ParallelConfig:
     # deepspeed on a machine without CUDA, for tests only: DeepSpeed's CPU accelerator over gloo
     # through the same strategy code a GPU run uses (slow; proves nothing about NCCL or memory).
     deepspeed_on_cpu: bool = False
+
+
+@dataclass
+class FinetuneConfig:
+    """finetune=full|lora|qlora. LoRA/QLoRA adapt model.pretrained (or checkpoint.init_from) through peft."""
+
+    name: str = "full"
+    method: FinetuneMethod = FinetuneMethod.full
+    rank: int = 16
+    alpha: float = 32.0  # the adapter's update is scaled by alpha / rank
+    dropout: float = 0.05
+    # Linear layers (by module name) that get adapters: every attention and MLP projection of a Llama-family block.
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    trainable_tokens: TrainableTokens = TrainableTokens.auto
 
 
 @dataclass
@@ -428,6 +453,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -19,6 +19,10 @@ def weights_for_run(init: InitPoint, names: list[str], vocab: VocabPlan, tokeniz
     path, meta = init.path, init.saved
     ckpt = read(path)
     state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
+    if meta.get("finetune"):  # a LoRA run's checkpoint: its adapters merged into the base
+        from tinytrain.checkpoint.lora_weights import merge_adapters
+
+        state = merge_adapters(state, meta["finetune"])
     unpad_vocab(state, names, meta["true_vocab"])  # tolerate checkpoints saved padded
     old, new = meta["true_vocab"], vocab.true
     if new > old:

@@ -13,6 +13,7 @@ from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_na
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
+from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.packed_attention import flatten_for_flash, is_flash
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -34,10 +35,13 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on norms, biases and embeddings (1-D or embedding tables)."""
+def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay: bool = True) -> list[dict]:
+    """No weight decay on norms, biases and embeddings (1-D or embedding tables); nor on the lm_head
+    when `vocab_tables_decay` is false (LoRA trains only some rows of it: decay would move the rest)."""
     decay, no_decay = [], []
     embeddings = {id(model.get_input_embeddings().weight)}
+    if not vocab_tables_decay and model.get_output_embeddings() is not None:
+        embeddings.add(id(model.get_output_embeddings().weight))
     for p in model.parameters():
         if not p.requires_grad:
             continue
@@ -51,7 +55,7 @@ class CausalLMModule(pl.LightningModule):
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
     `for_plan`; the keywords are for tests and benchmarks that need one piece."""
 
-    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False):
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -63,6 +67,9 @@ class CausalLMModule(pl.LightningModule):
         self.fused_adamw = fused_adamw
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
+        self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
+        self.quantized_prefixes = quantized_prefixes(model) if adapters else []
+        self.strict_loading = not self.quantized_prefixes  # a QLoRA checkpoint holds all but the 4-bit base
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
@@ -87,6 +94,7 @@ class CausalLMModule(pl.LightningModule):
             fused_adamw=fast.fused_adamw,
             loss_chunk_tokens=fast.loss_chunk_tokens,
             liger_loss=fast.liger_loss,
+            adapters=plan.finetune is not None,
         )
 
     def remember_grad_norm(self, total: torch.Tensor) -> None:
@@ -164,7 +172,7 @@ class CausalLMModule(pl.LightningModule):
 
     def configure_optimizers(self):
         t = self.t
-        groups = param_groups(self.model, t.weight_decay)
+        groups = param_groups(self.model, t.weight_decay, vocab_tables_decay=not self.adapters)
         if self.cpu_adam:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -178,6 +186,10 @@ class CausalLMModule(pl.LightningModule):
         # The strategy has already gathered full tensors (only rank 0 holds them under
         # fsdp_tp); unpadding comes second, so no shard loses rows.
         unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
+        if self.quantized_prefixes:  # QLoRA: the 4-bit base is not saved (tinytrain/model/lora.py)
+            state = checkpoint["state_dict"]
+            for key in [k for k in state if k.removeprefix(checkpoint_prefix).startswith(tuple(self.quantized_prefixes))]:
+                del state[key]
         checkpoint["tinytrain"] = dict(self.checkpoint_metadata)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -40,7 +40,7 @@ def export(cfg, run_dir: Path) -> dict:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec)
+    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 

@@ -31,6 +31,8 @@ class SavedRun:
     train_cfg: object | None  # that run's resolved config (None for an HF folder without one)
     tokenizer: object
     is_hf_folder: bool
+    finetune: dict | None = None  # a LoRA run's adapters (checkpoint metadata): merged for inference
+
 
     def default_export_dir(self) -> Path:
         name = self.checkpoint.name.removesuffix(".ckpt")
@@ -89,7 +91,7 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
                 f"restore the run's tokenizer at {train_cfg.tokenizer.path} (the ids would mean other tokens)",
             )
         )
-    return SavedRun(path, source_run, train_cfg, tokenizer, is_hf_folder=False)
+    return SavedRun(path, source_run, train_cfg, tokenizer, is_hf_folder=False, finetune=meta.get("finetune"))
 
 
 def _hf_folder(path: Path) -> SavedRun:
@@ -147,6 +149,11 @@ def hf_model(saved: SavedRun):
     else:
         from tinytrain.checkpoint.export import model_from_state_dict
 
-        model = model_from_state_dict(state_dict(saved), model_config(saved), len(saved.tokenizer))
+        state = state_dict(saved)
+        if saved.finetune:
+            from tinytrain.checkpoint.lora_weights import merge_adapters
+
+            state = merge_adapters(state, saved.finetune)
+        model = model_from_state_dict(state, model_config(saved), len(saved.tokenizer))
     model.config.use_cache = True
     return model.eval()

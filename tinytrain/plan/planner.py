@@ -14,7 +14,7 @@ from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import PLANNING_MODES, Strategy
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.plan import resolve
+from tinytrain.plan import finetune, resolve
 from tinytrain.plan.attention import choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
@@ -62,7 +62,12 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape)
     preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
     params = parameter_count(shape)
-    states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
+    base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
+    adapters = finetune.make(cfg, shape, tokenizer, base_rows, preflight.rows_to_fix, precision.lightning, params)
+    if adapters:
+        states = finetune.adapter_state_memory(adapters, shape, params, par.strategy.value, world, par.zero_stage, par.offload_optimizer, par.offload_params)
+    else:
+        states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
     flash = attention.implementation == "flash_attention_2"
     activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, batch.micro_batch_size, shape.vocab, par.tp, flash)
     return RunPlan(
@@ -97,6 +102,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
         init_from=init_from,
         resume=resume,
         mixture=mixture_plan(cfg, tokenizer, batch),
+        finetune=adapters,
     )
 
 

@@ -16,6 +16,7 @@ from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.fast_paths import FastPaths
+from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.memory import MemoryPlan
@@ -72,6 +73,7 @@ class RunPlan:
     init_from: InitPoint | None
     resume: ResumePoint | None
     mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
+    finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
 
     @property
     def on_gpu(self) -> bool:
@@ -83,7 +85,10 @@ class RunPlan:
 
     def checkpoint_metadata(self) -> dict:
         """What every checkpoint of the run carries, so a resume or init_from can be checked."""
-        return checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name)
+        meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name)
+        if self.finetune:  # what an export needs to merge the adapters and write peft's folder
+            meta["finetune"] = self.finetune.to_dict()
+        return meta
 
     def to_dict(self) -> dict:
         hw, b, v = self.hardware, self.batch, self.vocab
@@ -113,6 +118,7 @@ class RunPlan:
             "init_from": self.init_from and self.init_from.to_dict(),
             "resume": self.resume and self.resume.to_dict(),
             "data_mixture": self.mixture and self.mixture.to_dict(),
+            "finetune": self.finetune and self.finetune.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -164,6 +170,13 @@ def render(plan: dict) -> str:
     ]
     if plan.get("data_mixture"):
         lines += render_mixture(plan["data_mixture"], plan["max_steps"])
+    if plan.get("finetune"):
+        ft = plan["finetune"]
+        lines.append(
+            f"finetune   {ft['method']}: rank {ft['rank']}, alpha {ft['alpha']:g}, dropout {ft['dropout']:g} on {', '.join(ft['target_modules'])}; "
+            f"{_human(ft['adapter_params'])} adapter parameters, {_human(ft['trainable_params'])} trainable, base {ft['base']} frozen in {ft['frozen_dtype']}"
+        )
+        lines.append(f"token rows {ft['trainable_tokens_reason']}")
     m = plan["memory_per_gpu"]
     lines.append(
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "

@@ -16,14 +16,22 @@ log = logging.getLogger(__name__)
 
 def build_module(cfg, plan: RunPlan, tokenizer):
     """The LightningModule for the plan. A resumed run gets neither checkpoint.init_from nor the
-    untrained-row fix: Lightning loads the resume checkpoint over them."""
+    untrained-row fix (Lightning loads the resume checkpoint over them), except under LoRA, whose
+    frozen base is rebuilt as it was; finetune=lora|qlora then adds the adapters."""
     from tinytrain.checkpoint.format import vocab_param_names
     from tinytrain.model.build import build_model, model_config
     from tinytrain.model.init_weights import weights_for_run
     from tinytrain.model.module import CausalLMModule
 
-    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
-    fresh = plan.resume is None
+    if plan.finetune and plan.finetune.method == "qlora":
+        from tinytrain.model.lora import load_quantized_base
+
+        model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute_dtype(plan))
+    else:
+        model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
+    # weights from its shards, and a frozen base must be the one the adapters were trained on.
+    fresh = plan.resume is None or plan.finetune is not None
     if plan.init_from and fresh:
         names = vocab_param_names(model)
         state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
@@ -33,6 +41,10 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
 
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+    if plan.finetune:
+        from tinytrain.model.lora import apply_adapters
+
+        model = apply_adapters(model, plan.finetune, frozen_dtype(plan))
     fast = plan.fast_paths
     if fast.liger:
         from tinytrain.config.schema import Arch
@@ -44,6 +56,23 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     if fast.compile:
         model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
     return CausalLMModule.for_plan(model, cfg.trainer, plan)
+
+
+def compute_dtype(plan: RunPlan):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision.dtype.value, torch.float32)
+
+
+def frozen_dtype(plan: RunPlan):
+    """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
+    precision (autocast computes in it anyway); None (as loaded) for QLoRA's 4-bit base and under
+    DeepSpeed, which casts the whole model itself."""
+    from tinytrain.config.schema import Strategy
+
+    if plan.parallel.strategy == Strategy.deepspeed or plan.finetune.method == "qlora":
+        return None
+    return compute_dtype(plan)
 
 
 def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
@@ -122,7 +151,8 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
-        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec)
+        adapters = plan.finetune and plan.finetune.to_dict()
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
     if result["data_ran_out"]:
         print(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""

@@ -1,0 +1,178 @@
+"""finetune=lora|qlora: what the adapters add, which vocab rows train with them, and the memory.
+
+Decided here once, without weights: the adapter parameter count (rank x (in + out) for every
+targeted projection of every layer), the token rows that train beside the adapters, the dtype the
+frozen base is held in, and the per-GPU model-state memory. The model stage applies it
+(tinytrain/model/lora.py); the export merges it (tinytrain/checkpoint/lora_weights.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tinytrain.config.schema import FinetuneMethod, Mode, Strategy, TrainableTokens
+from tinytrain.errors import Problem
+from tinytrain.plan.memory import ModelStateMemory
+from tinytrain.plan.model_shape import ModelShape
+
+# A Llama-family block's linear layers (Llama, Mistral, Qwen2, Yi, TinyLlama name them alike).
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Bytes per frozen base weight: the compute dtype's, or NF4's half byte plus its double-quantized
+# constants (one fp8 absmax per 64 weights, one fp32 per 256 blocks: ~0.127 bits per weight).
+FROZEN_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "nf4": 0.5 + 0.127 / 8}
+PRECISION_DTYPE = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32"}
+
+
+@dataclass(frozen=True)
+class FinetunePlan:
+    method: str  # lora | qlora
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]
+    adapter_params: int
+    trainable_token_ids: tuple[int, ...]  # rows of the embedding and lm_head that train (gradients of the others are masked)
+    trainable_tokens_reason: str
+    trainable_params: int  # adapters + the vocab tables when rows of them train
+    frozen_dtype: str  # bf16 | fp16 | fp32 | nf4 (qlora's quantized projections)
+    base: str  # model.pretrained or checkpoint.init_from
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "target_modules": list(self.target_modules),
+            "adapter_params": self.adapter_params,
+            "trainable_params": self.trainable_params,
+            "trainable_token_ids": list(self.trainable_token_ids),
+            "trainable_tokens_reason": self.trainable_tokens_reason,
+            "frozen_dtype": self.frozen_dtype,
+            "base": self.base,
+        }
+
+
+def projection_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of a block."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    h, i = shape.hidden, shape.intermediate
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def adapter_parameter_count(shape: ModelShape, rank: int, targets) -> int:
+    dims = projection_dims(shape)
+    return shape.layers * sum(rank * (dims[t][0] + dims[t][1]) for t in targets)
+
+
+def vocab_table_params(shape: ModelShape) -> int:
+    return shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)
+
+
+def problems(cfg) -> list[Problem]:
+    """Settings LoRA/QLoRA cannot run with, each with its fix (validate.py reports them with the rest)."""
+    f = cfg.finetune
+    if f.method == FinetuneMethod.full:
+        return []
+    key = f"finetune={f.method.value}"
+    found = []
+    if f.rank < 1:
+        found.append(Problem("finetune.rank", f.rank, "must be >= 1", "use e.g. finetune.rank=16"))
+    if not f.alpha > 0:
+        found.append(Problem("finetune.alpha", f.alpha, "must be positive (adapter updates are scaled by alpha / rank)", "use e.g. finetune.alpha=32 (twice the rank)"))
+    if not 0 <= f.dropout < 1:
+        found.append(Problem("finetune.dropout", f.dropout, "must be in [0, 1)", "use e.g. finetune.dropout=0.05"))
+    unknown = [t for t in f.target_modules if t not in LLAMA_PROJECTIONS]
+    if unknown or not f.target_modules:
+        found.append(Problem("finetune.target_modules", list(f.target_modules), f"{'unknown projection(s) ' + ', '.join(unknown) if unknown else 'is empty'}: adapters go on a Llama-family block's linear layers", f"pick from {', '.join(LLAMA_PROJECTIONS)} (the default is all of them)"))
+    if not cfg.model.pretrained and not cfg.checkpoint.init_from:
+        found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
+    strategy = cfg.parallel.strategy
+    if strategy == Strategy.fsdp_tp:
+        found.append(Problem("parallel", cfg.parallel.name, f"{key}: peft's LoRA layers wrap the projections that tensor parallelism shards column- and row-wise, and peft does not shard them", "use parallel=ddp, zero2 or zero3 (ZeRO-3 partitions a base too large for one GPU)"))
+    if strategy == Strategy.deepspeed and cfg.parallel.zero_stage == 1 and f.method == FinetuneMethod.lora:
+        # DeepSpeed saves frozen weights for its consolidation (zero_to_fp32) only from stage 2 on.
+        found.append(Problem("parallel", cfg.parallel.name, "finetune=lora under ZeRO-1: DeepSpeed's ZeRO-1 checkpoints leave the frozen base out of what its consolidation reads, so nothing could be exported", "use parallel=zero2 (for a LoRA run it needs the same memory: the optimizer state is the adapters') or parallel=ddp"))
+    if f.method == FinetuneMethod.qlora:
+        if cfg.checkpoint.init_from and not cfg.model.pretrained:
+            found.append(Problem("checkpoint.init_from", cfg.checkpoint.init_from, "finetune=qlora quantizes its base while loading a Hugging Face folder", "export the checkpoint (mode=export) and set model.pretrained=<that hf_export folder>"))
+        if strategy not in (Strategy.single, Strategy.ddp):
+            found.append(Problem("parallel", cfg.parallel.name, "finetune=qlora runs on single or ddp: DeepSpeed would re-partition and re-cast bitsandbytes' packed 4-bit weights", "use parallel=single or parallel=ddp (a 4-bit 7B base fits one GPU)"))
+        if cfg.mode == Mode.train:
+            found += qlora_runtime_problems()
+    return found
+
+
+def qlora_runtime_problems() -> list[Problem]:
+    """QLoRA trains only where bitsandbytes' CUDA kernels run (mode=plan works anywhere)."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return [Problem("finetune", "qlora", "4-bit QLoRA needs a CUDA GPU (bitsandbytes' NF4 kernels) and this machine has none", "plan it here with mode=plan hardware.gpu=A100 (or T4, V100...), train it on a GPU machine with pip install -e '.[qlora]', or use finetune=lora on this machine")]
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return [Problem("finetune", "qlora", "bitsandbytes is not installed", "pip install -e '.[qlora]' (bitsandbytes), or use finetune=lora")]
+    return []
+
+
+def trainable_tokens(f, tokenizer, base_rows: int, rows_to_fix) -> tuple[tuple[int, ...], str]:
+    """Rows the base never trained: tokens added beyond its vocab and rows preflight rewrites."""
+    if f.trainable_tokens == TrainableTokens.none:
+        return (), "finetune.trainable_tokens=none: only the adapters train"
+    added = list(range(base_rows, len(tokenizer)))
+    fixed = sorted({r.token_id for r in rows_to_fix} - set(added))
+    ids = tuple(added + fixed)
+    if not ids:
+        return (), "none: every token's rows were trained in the base"
+    parts = ([f"{len(added)} token(s) added beyond the base's {base_rows} rows ({', '.join(tokenizer.convert_ids_to_tokens(added[:4]))}{', ...' if len(added) > 4 else ''})"] if added else []) + ([f"{len(fixed)} untrained row(s) preflight rewrites"] if fixed else [])
+    return ids, " and ".join(parts) + ": their embedding and lm_head rows train with the adapters (the other rows stay frozen)"
+
+
+def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precision_lightning: str, params: int) -> FinetunePlan | None:
+    f = cfg.finetune
+    if f.method == FinetuneMethod.full:
+        return None
+    adapters = adapter_parameter_count(shape, f.rank, f.target_modules)
+    ids, reason = trainable_tokens(f, tokenizer, base_rows, rows_to_fix)
+    compute = PRECISION_DTYPE.get(precision_lightning, "fp32")
+    return FinetunePlan(
+        method=f.method.value,
+        rank=f.rank,
+        alpha=float(f.alpha),
+        dropout=float(f.dropout),
+        target_modules=tuple(f.target_modules),
+        adapter_params=adapters,
+        trainable_token_ids=ids,
+        trainable_tokens_reason=reason,
+        trainable_params=adapters + (vocab_table_params(shape) if ids else 0),
+        frozen_dtype="nf4" if f.method == FinetuneMethod.qlora else compute,
+        base=str(cfg.model.pretrained or cfg.checkpoint.init_from),
+    )
+
+
+def adapter_state_memory(plan: FinetunePlan, shape: ModelShape, params: int, strategy: str, world: int, zero_stage: int, offload_optimizer: bool, offload_params: bool) -> ModelStateMemory:
+    """Bytes per GPU with a frozen base: the base in its dtype, fp32 trainable weights with their
+    gradients and Adam moments (16 B each). Under DeepSpeed every weight is 16-bit (partitioned
+    at stage 3) and only trainable ones have gradients and (partitioned) optimizer state."""
+    t = float(plan.trainable_params)
+    frozen = float(params - (vocab_table_params(shape) if plan.trainable_token_ids else 0))
+    if strategy == "deepspeed":
+        n = world
+        opt = 0.0 if offload_optimizer else 12 * t / n
+        if zero_stage == 3:
+            weights = 4.0 * shape.largest_layer_params + (0.0 if offload_params else 2 * (frozen + t) / n)
+            return ModelStateMemory(weights, 0.0 if offload_optimizer else 4 * t / n, opt)
+        grads = 2 * t + 4 * t / n if zero_stage == 1 else 6 * t / n
+        return ModelStateMemory(2 * (frozen + t), 0.0 if offload_optimizer else grads, opt)
+    if plan.method == "qlora":
+        # NF4 holds the block projections; embeddings, lm_head and norms stay in the compute dtype.
+        linear = shape.layers * sum(i * o for i, o in projection_dims(shape).values())
+        base = linear * FROZEN_BYTES["nf4"] + (frozen - linear) * 2.0
+    else:
+        base = frozen * FROZEN_BYTES[plan.frozen_dtype]
+    return ModelStateMemory(base + 4 * t, 4 * t, 8 * t)
