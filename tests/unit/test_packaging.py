@@ -58,15 +58,16 @@ def test_every_imported_package_is_declared():
 
 def test_extras_hold_the_optional_stacks():
     known = declared()
-    assert {k: known[k] for k in ("deepspeed", "wandb", "tensorboard", "flash-attn", "liger-kernel")} == {
+    assert {k: known[k] for k in ("deepspeed", "wandb", "tensorboard", "peft", "flash-attn", "liger-kernel")} == {
         "deepspeed": "deepspeed",
         "wandb": "wandb",
         "tensorboard": "tensorboard",
+        "peft": "lora",
         "flash-attn": "gpu",
         "liger-kernel": "gpu",
     }
     # make setup installs .[dev]: every extra that runs on a CPU comes with it.
-    assert "tinytrain-llm[deepspeed,wandb,tensorboard]" in PROJECT["optional-dependencies"]["dev"]
+    assert "tinytrain-llm[deepspeed,wandb,tensorboard,lora]" in PROJECT["optional-dependencies"]["dev"]
 
 
 def test_dependencies_are_ranges_and_constraints_pin_them():

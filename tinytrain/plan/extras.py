@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable
 
-from tinytrain.config.schema import Strategy
+from tinytrain.config.schema import FinetuneMethod, Strategy
 from tinytrain.errors import Problem
 
 DISTRIBUTION = "tinytrain-llm"
@@ -24,6 +24,8 @@ def missing_extra_problems(cfg, is_installed: Callable[[str], bool] = installed)
         wanted.append(("parallel", cfg.parallel.name, "deepspeed", "deepspeed"))
     if cfg.logger.wandb:
         wanted.append(("logger", "wandb", "wandb", "wandb"))
+    if cfg.finetune.method in (FinetuneMethod.lora, FinetuneMethod.qlora):
+        wanted.append(("finetune", cfg.finetune.method.value, cfg.finetune.method.value, "peft"))
     if cfg.logger.tensorboard:
         wanted.append(("logger", "tensorboard", "tensorboard", "tensorboard"))
     return [

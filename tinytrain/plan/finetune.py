@@ -114,9 +114,9 @@ def qlora_runtime_problems() -> list[Problem]:
     import torch
 
     if not torch.cuda.is_available():
-        return [Problem("finetune", "qlora", "4-bit QLoRA needs a CUDA GPU (bitsandbytes' NF4 kernels) and this machine has none", "plan it here with mode=plan hardware.gpu=A100 (or T4, V100...), train it on a GPU machine with pip install -e '.[qlora]', or use finetune=lora on this machine")]
+        return [Problem("finetune", "qlora", "4-bit QLoRA needs a CUDA GPU (bitsandbytes' NF4 kernels) and this machine has none", "plan it here with mode=plan hardware.gpu=A100 (or T4, V100...), train it on a GPU machine with pip install 'tinytrain-llm[qlora]', or use finetune=lora on this machine")]
     if importlib.util.find_spec("bitsandbytes") is None:
-        return [Problem("finetune", "qlora", "bitsandbytes is not installed", "pip install -e '.[qlora]' (bitsandbytes), or use finetune=lora")]
+        return [Problem("finetune", "qlora", "bitsandbytes is not installed", "pip install 'tinytrain-llm[qlora]' (bitsandbytes), or use finetune=lora")]
     return []
 
 

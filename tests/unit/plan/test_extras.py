@@ -11,10 +11,10 @@ def nothing_installed(module: str) -> bool:
 
 
 def test_missing_extras_are_named():
-    cfg = compose(["parallel=zero2", "logger=[wandb,tensorboard]"])
+    cfg = compose(["parallel=zero2", "logger=[wandb,tensorboard]", "finetune=lora"])
     problems = missing_extra_problems(cfg, nothing_installed)
-    assert [(p.key, p.value) for p in problems] == [("parallel", "zero2"), ("logger", "wandb"), ("logger", "tensorboard")]
-    assert [p.fix.split(" (")[0] for p in problems] == ["pip install 'tinytrain-llm[deepspeed]'", "pip install 'tinytrain-llm[wandb]'", "pip install 'tinytrain-llm[tensorboard]'"]
+    assert [(p.key, p.value) for p in problems] == [("parallel", "zero2"), ("logger", "wandb"), ("finetune", "lora"), ("logger", "tensorboard")]
+    assert [p.fix.split(" (")[0] for p in problems] == ["pip install 'tinytrain-llm[deepspeed]'", "pip install 'tinytrain-llm[wandb]'", "pip install 'tinytrain-llm[lora]'", "pip install 'tinytrain-llm[tensorboard]'"]
 
 
 @pytest.mark.parametrize("overrides", [[], ["parallel=ddp"], ["parallel=fsdp_tp"]])
