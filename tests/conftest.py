@@ -93,6 +93,19 @@ def write_untrained_chat_rows_model(folder: Path, overrides: list[str], common_d
     return folder
 
 
+def save_fresh_model(folder: Path, overrides: list[str], tokenizer) -> Path:
+    """A freshly initialised model of `overrides`' shape (seed 0), saved as a pretrained folder."""
+    import torch
+
+    from tinytrain.model.build import build_model, hf_config
+    from tinytrain.plan.attention import AttentionChoice
+
+    cfg = compose(overrides)
+    torch.manual_seed(0)
+    build_model(cfg.model, hf_config(cfg.model, len(tokenizer), tokenizer), AttentionChoice("sdpa", "test")).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def bundled_tokenizer():
     from tinytrain.data.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import compose
+from tests.conftest import compose, save_fresh_model
 from tests.unit.test_bad_inputs import run_in_process
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
@@ -31,14 +31,7 @@ def hub_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory, bundled_tokenizer):
-    from tinytrain.model.build import build_model, hf_config
-    from tinytrain.plan.attention import AttentionChoice
-
-    cfg = compose(TINY)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("saved_model")
-    build_model(cfg.model, hf_config(cfg.model, len(bundled_tokenizer), bundled_tokenizer), AttentionChoice("sdpa", "test")).save_pretrained(folder)
-    return folder
+    return save_fresh_model(tmp_path_factory.mktemp("saved_model"), TINY, bundled_tokenizer)
 
 
 def put_in_cache(cache, repo_id: str, folder) -> None:

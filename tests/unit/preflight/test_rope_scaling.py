@@ -3,7 +3,7 @@ healthy setups pass; from scratch (Llama-3.1's preset) and on a pretrained folde
 
 import pytest
 
-from tests.conftest import compose
+from tests.conftest import compose, save_fresh_model
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
 from tinytrain.preflight.rope import position_problems, reach
@@ -59,16 +59,7 @@ def test_malformed_scaling_is_refused_by_validation(tmp_path):
 @pytest.fixture(scope="module")
 def pretrained_256(tmp_path_factory, bundled_tokenizer):
     """A tiny 'pretrained' Llama trained at 256 positions, without scaling."""
-    import torch
-
-    from tinytrain.model.build import build_model, hf_config
-    from tinytrain.plan.attention import AttentionChoice
-
-    cfg = compose(TINY)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("pretrained_256")
-    build_model(cfg.model, hf_config(cfg.model, len(bundled_tokenizer), bundled_tokenizer), AttentionChoice("sdpa", "test")).save_pretrained(folder)
-    return folder
+    return save_fresh_model(tmp_path_factory.mktemp("pretrained_256"), TINY, bundled_tokenizer)
 
 
 def test_scaling_a_pretrained_model_must_start_from_its_context(pretrained_256, tmp_path, bundled_tokenizer):
