@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,13 @@ def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: in
         text=True,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a rendezvous or a daemon binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

@@ -22,12 +22,13 @@ import pwd
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.conftest import free_port
 
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "scancel", "squeue")
@@ -54,12 +55,6 @@ def cannot_run_reason() -> str | None:
 
 def _binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _real_memory_mb() -> int:
@@ -115,8 +110,8 @@ class SlurmCluster:
         lines = {
             "ClusterName": "tinytrain-test",
             "SlurmctldHost": "localhost",
-            "SlurmctldPort": _free_port(),
-            "SlurmdPort": _free_port(),  # the default; each node below names its own
+            "SlurmctldPort": free_port(),
+            "SlurmdPort": free_port(),  # the default; each node below names its own
             # Job ids from a random start: Lightning's MASTER_PORT is 15000 + a job id's last 4 digits,
             # so jobs of test clusters running at the same time (job 1 in each) would share it.
             "FirstJobId": random.randrange(1000, 9900),
@@ -152,7 +147,7 @@ class SlurmCluster:
         for node in self.nodes:
             # Each node's slurmd listens on its own port, so several share 127.0.0.1.
             text += (
-                f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs={FAKE_CPUS} "
+                f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} CPUs={FAKE_CPUS} "
                 f"RealMemory={_real_memory_mb()} Gres=gpu:{FAKE_GPUS} State=UNKNOWN\n"
             )
             (self.root / "spool" / node).mkdir()

@@ -13,7 +13,6 @@ And a DDP rank killed outright: rank 0 names it and the resume in one line, not 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from tests.integration.test_resume import (
     MODEL,
     batches,
@@ -140,12 +139,6 @@ def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
     assert len(lines) == 1, out[-3000:]
     assert f"tinytrain: rank 1 (pid {rank_1}) died (killed by SIGKILL) during step" in lines[0]
     assert f"Run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_of(pid: int) -> int | None:
