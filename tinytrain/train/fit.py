@@ -59,9 +59,9 @@ def build_module(cfg, plan: RunPlan, tokenizer):
 
 
 def compute_dtype(plan: RunPlan):
-    import torch
+    from tinytrain.checkpoint.export import DTYPES
 
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision.dtype.value, torch.float32)
+    return DTYPES[plan.precision.dtype.value]
 
 
 def frozen_dtype(plan: RunPlan):
