@@ -21,6 +21,13 @@ LLAMA2_TOKENIZER = SHARED_DATA / "llama2-tokenizer" / "tokenizer.model"
 # built on first use into the venv, once per fresh venv (a CI run), and reused by every later test
 # process, which inherits this.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# Under pytest-xdist each worker (and every training process its tests start, which inherit this)
+# gets one torch thread: with torch's default of a thread per core, two workers' runs on 2 cores
+# oversubscribe them and OpenMP's waiting threads spin on cores the other worker needs (1.46x
+# slower side by side in benchmarks/xdist_threads.py; the suite took 34 min instead of 13). Set
+# before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # parallel=zero* through Lightning's DeepSpeedStrategy on DeepSpeed's CPU accelerator, two ranks over gloo.
 DEEPSPEED_ON_CPU = ["cluster.devices=2", "parallel.deepspeed_on_cpu=true"]
 

@@ -68,10 +68,10 @@ def test_tensor_parallel_shards_other_families_exactly(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import REPO
+    from tests.conftest import REPO, free_port
 
     presets = ["qwen2_5_7b", "gemma2_2b"]
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29677"}
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     procs = [
         subprocess.Popen([sys.executable, "-m", "tests.integration.tp_families_worker", str(tmp_path), *presets], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(2)

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, compose, run_cli
+from tests.conftest import REPO, compose, free_port, run_cli
 from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.cli import run_stages
@@ -30,7 +30,7 @@ TOKENS = f'tokenizer.add_special_tokens=["{ODD_TOKEN}"]'
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2")
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29655"}
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     procs = [
         subprocess.Popen([sys.executable, "-m", "tests.integration.tp_worker", str(out)], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(2)
