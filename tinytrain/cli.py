@@ -54,7 +54,10 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     bos = apply_bos_policy(cfg, tokenizer)
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, tokenizer)
-    plan = make_plan(cfg, tokenizer, run_dir, bos)
+    # A mixture's plan table is read from its data as training builds it: built once, here, for
+    # the plan and for training (each SFT source tokenized once).
+    data = build_data(cfg, tokenizer) if cfg.data.sources else None
+    plan = make_plan(cfg, tokenizer, run_dir, bos, data=data)
     if is_rank_zero():
         write_plan_files(cfg, plan, run_dir)
         print(plan.render(), flush=True)
@@ -67,7 +70,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
 
     from tinytrain.train.fit import fit
 
-    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer)
+    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=data)
 
 
 def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
@@ -125,13 +128,18 @@ def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> No
             log.info("checkpoint.init_from=%s not applied: the run continues from its own checkpoint", cfg.checkpoint.init_from)
 
 
-def prepare_data(cfg: DictConfig, tokenizer):
-    """Build what training reads (the token store; SFT samples are tokenized and counted) and stop."""
+def build_data(cfg: DictConfig, tokenizer):
+    """What training reads (token stores built or reused; SFT samples tokenized and counted)."""
     from tinytrain.data.datamodule import DataModule
     from tinytrain.plan.layout import batch_layout, world_size
 
     batch, _ = batch_layout(cfg, world_size(cfg))
-    data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
+    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
+
+
+def prepare_data(cfg: DictConfig, tokenizer):
+    """mode=prepare: build the data, say what was built, and stop."""
+    data = build_data(cfg, tokenizer)
     if is_rank_zero():
         print(data.describe(), flush=True)
     return data

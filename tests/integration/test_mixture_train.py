@@ -2,12 +2,14 @@
 trains exactly the batches (and losses) of the uninterrupted run, per source, while the small source
 is repeated and across a (nominal) epoch; data.exhaustion=stop ends the run cleanly at the step its small source runs out."""
 
+import json
 import re
+from collections import Counter
 
 import pytest
 import torch
 
-from tests.conftest import metrics_rows, run_cli
+from tests.conftest import compose, logged, metrics_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +71,29 @@ def test_exhaustion_stop_ends_the_run_at_the_step_a_source_runs_out(tmp_path, so
     assert position["samples"] == step * 4 and position["sources"]["small"]["position"] == int(stopped.group(2))
     assert (run_dir / "checkpoints" / "final.ckpt").exists()
     assert max(int(r["step"]) for r in metrics_rows(run_dir)) <= step
+
+
+def test_an_sft_mixture_is_tokenized_once_for_its_plan_and_its_training(tmp_path, monkeypatch):
+    """The plan's mixture table is read from the data training uses: each source's records are
+    tokenized once per run (the plan and fit once built a DataModule each)."""
+    import tinytrain.data.datamodule as datamodule
+    from tinytrain.cli import run_stages
+
+    for name, word in (("maths", "add"), ("poems", "rhyme")):
+        records = [{"instruction": f"{word} {i}", "input": "", "output": f"{word} done {i}"} for i in range(12)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tokenized = Counter()
+    build_samples = datamodule.build_samples
+
+    def counting(records, data_cfg, tokenizer, bad):
+        tokenized[bad.key] += 1
+        return build_samples(records, data_cfg, tokenizer, bad)
+
+    monkeypatch.setattr(datamodule, "build_samples", counting)
+    sources = f"data.sources=[{{path: {tmp_path / 'maths.jsonl'}, weight: 1}}, {{path: {tmp_path / 'poems.jsonl'}, weight: 1}}]"
+    cfg = compose([*RUN, sources, "data.source=jsonl", "data.format=instruction", "data.chat_template=alpaca", "data.seq_len=64", "trainer.max_steps=2", "trainer.warmup_steps=1", "generate.sample_prompts=[]"])
+    result = run_stages(cfg, tmp_path / "run")
+    assert tokenized == {"data.sources[0].path": 1, "data.sources[1].path": 1}
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert [(s["name"], s["items"]) for s in plan["data_mixture"]["sources"]] == [("maths", 11), ("poems", 11)]
+    assert len(logged(tmp_path / "run", "loss")) == 2 and result["last_loss"] > 0

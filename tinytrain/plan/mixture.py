@@ -39,13 +39,15 @@ class MixturePlan:
         return {"exhaustion": self.exhaustion, "stop_step": self.stop_step, "sources": [asdict(s) for s in self.sources]}
 
 
-def mixture_plan(cfg, tokenizer, batch) -> MixturePlan | None:
-    """The mixture table for a config with data.sources (None without): builds the data as training will."""
+def mixture_plan(cfg, tokenizer, batch, data=None) -> MixturePlan | None:
+    """The mixture table for a config with data.sources (None without), read from `data`, the
+    run's DataModule (built here as training builds it when not given)."""
     if not cfg.data.sources:
         return None
-    from tinytrain.data.datamodule import DataModule
+    if data is None:
+        from tinytrain.data.datamodule import DataModule
 
-    data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel)
+        data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel)
     if cfg.data.exhaustion == Exhaustion.stop:
         first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
     return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps)

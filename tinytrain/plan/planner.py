@@ -27,9 +27,10 @@ from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.preflight.checks import run as run_preflight
 
 
-def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> RunPlan:
+def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, data=None) -> RunPlan:
     """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from;
-    `bos`: the BOS policy the data stage applied (decided here when none was)."""
+    `bos`: the BOS policy the data stage applied (decided here when none was); `data`: the run's
+    DataModule where the caller built it already (a mixture's table is read from it)."""
     if bos is None:
         bos = BosDecision(*resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer))
     hardware = resolve.effective_hardware(cfg)
@@ -101,7 +102,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None) -> 
         preflight=preflight,
         init_from=init_from,
         resume=resume,
-        mixture=mixture_plan(cfg, tokenizer, batch),
+        mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
     )
 

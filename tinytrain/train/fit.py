@@ -75,9 +75,10 @@ def frozen_dtype(plan: RunPlan):
     return compute_dtype(plan)
 
 
-def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
-    """Build the data, the module and the trainer for the plan, train, save the final checkpoint
-    and (rank 0) export. A plan with a resume point continues from it."""
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
+    """Build the data (unless `data`, the DataModule a mixture's plan was read from, is given), the
+    module and the trainer for the plan, train, save the final checkpoint and (rank 0) export. A
+    plan with a resume point continues from it."""
     import lightning.pytorch as pl
 
     from tinytrain.data.datamodule import DataModule
@@ -89,7 +90,8 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer) -> dict:
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
-    data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
+    if data is None:
+        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
     log.info("%s", data.describe())
     from tinytrain.preflight.checks import data_findings, report
 
