@@ -86,3 +86,18 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
         remove(path)
         removed.append(path)
     return removed
+
+
+def checkpoint_problems(cfg) -> list[Problem]:
+    problems = []
+    path = cfg.checkpoint.init_from
+    if path and not Path(path).is_file():
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder"))
+    if cfg.checkpoint.keep_last < 1:
+        problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
+    resume = cfg.resume
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        problems.append(
+            Problem("resume", resume, "is neither auto, never, nor an existing checkpoint", "use resume=auto (the newest checkpoint of the run directory), resume=never, or the path of a .ckpt file")
+        )
+    return problems

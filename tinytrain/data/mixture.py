@@ -8,13 +8,13 @@ data's. The name labels the source in the plan, the logs and the checkpoint's da
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinytrain.config.schema import DataSource
-from tinytrain.data.sources import Source
-
-KIND_BY_SUFFIX = {".txt": DataSource.text, ".jsonl": DataSource.jsonl, ".parquet": DataSource.parquet}
+from tinytrain.config.schema import DataFormat, DataSource
+from tinytrain.data.sources import KIND_BY_SUFFIX, RECORD_SOURCES, Source, source_path_problems
+from tinytrain.errors import Problem
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,35 @@ def members(data_cfg) -> list[Member]:
         )
         out.append(Member(default_name(entry, data_cfg), float(entry.weight), src))
     return out
+
+
+def mixture_problems(cfg) -> list[Problem]:
+    """data.sources: each entry a readable source with a positive weight and its own name, and no
+    single-source key that would also name training data."""
+    d = cfg.data
+    problems = []
+    for key, why in (("path", "names one source's data while data.sources names a mixture: which to train on is ambiguous"), ("store", "names one token store while data.sources names a mixture: which to train on is ambiguous"), ("val_path", "a mixture splits validation off each source by data.val_fraction")):
+        if getattr(d, key):
+            problems.append(Problem(f"data.{key}", getattr(d, key), why, f"set data.{key}=null (data=mixture has none), or drop data.sources for one source"))
+    names: dict[str, int] = {}
+    sft = d.format != DataFormat.text
+    for i, entry in enumerate(d.sources):
+        key = f"data.sources[{i}]"
+        if entry.weight is None:
+            problems.append(Problem(f"{key}.weight", None, "is missing; every mixture source needs a weight", f"add one: {{path: {entry.path}, weight: 0.5}} (weights are relative)"))
+        elif not (math.isfinite(entry.weight) and entry.weight > 0):
+            problems.append(Problem(f"{key}.weight", entry.weight, "must be a positive number (a source is drawn with probability weight / the sum of the weights)", "use e.g. weight: 0.7 and weight: 0.3, or remove the source"))
+        source = kind(entry, d)
+        if source == DataSource.pydoc and entry.path:
+            problems.append(Problem(f"{key}.path", entry.path, "a pydoc source is the embedded corpus and takes no path", f"set {key}.source=text (or jsonl, parquet, hf), or remove the path"))
+        elif source != DataSource.pydoc and not entry.path:
+            problems.append(Problem(f"{key}.path", entry.path, "is missing; every mixture source needs a file or folder", f"add one: {{path: data.txt, weight: {entry.weight or 0.5}}}"))
+        else:
+            problems += source_path_problems(source, entry.path, f"{key}.path")
+        if sft and source not in RECORD_SOURCES:
+            problems.append(Problem(f"{key}.source", source.value, f"SFT records (data.format={d.format.value}) come from jsonl, parquet or hf sources", f"point {key}.path at a .jsonl file, or set {key}.source"))
+        name = default_name(entry, d)
+        if name in names:
+            problems.append(Problem(f"{key}.name", name, f"data.sources[{names[name]}] has this name too; checkpoints keep each source's position by name", f"name one of them: {key}.name=<another name>"))
+        names.setdefault(name, i)
+    return problems

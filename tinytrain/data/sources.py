@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,11 @@ from tinytrain.config.schema import BadRecordPolicy, DataSource, TextSplit
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.errors import ConfigError, Problem
 
+# The one file-suffix table: a folder source reads its files by it, validation checks them by it,
+# and a mixture entry without `source` takes its kind from it (data/mixture.py).
 SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
+KIND_BY_SUFFIX = {suffix: kind for kind, suffix in SUFFIX.items()}
+RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)  # where SFT records come from
 # Also splits "\r\n\r\n" (the stray "\r" is stripped with the block); a leading "\r?" would make
 # the regex engine ~5x slower on large files.
 BLANK_LINE = re.compile(r"\n[ \t]*\r?\n")
@@ -218,3 +223,35 @@ def _hf_records(src: Source, columns: list[str] | None) -> Iterator[tuple[dict, 
         for values in zip(*(batch[k] for k in keys)):
             yield dict(zip(keys, values)), f"{src.path} row {row}"
             row += 1
+
+
+def _empty_file_problem(files: list[Path], key: str, path: str, is_file: bool) -> list[Problem]:
+    if all(f.stat().st_size == 0 for f in files):
+        return [Problem(key, path, "is empty" if is_file else "holds only empty files", f"point {key} at data with documents in it")]
+    return []
+
+
+def source_path_problems(source: DataSource, path: str | None, key: str) -> list[Problem]:
+    if source == DataSource.pydoc:
+        if key == "data.val_path":
+            return [Problem(key, path, "data.source=pydoc is one embedded corpus; it is split by data.val_fraction", "remove data.val_path")]
+        return []
+    if not path:
+        return [Problem(key, path, f"data.source={source.value} needs a path", f"set {key} to a file or folder")]
+    p = Path(path)
+    if source == DataSource.hf:
+        looks_local = path.startswith((".", "/", "~")) or p.suffix != ""
+        if looks_local and not p.exists():
+            return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
+        return []
+    suffix = SUFFIX[source]
+    fix = f"point {key} at a readable file or a folder of {suffix} files"
+    if not p.exists():
+        return [Problem(key, path, "no such file or folder", fix)]
+    listed = [p] if p.is_file() else sorted(p.rglob(f"*{suffix}"))
+    if not listed:
+        return [Problem(key, path, f"folder holds no {suffix} files", fix)]
+    unreadable = [f for f in listed if not os.access(f, os.R_OK)]
+    if unreadable:
+        return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
+    return _empty_file_problem(listed, key, path, p.is_file())

@@ -11,17 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES, Strategy
+from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.plan import finetune, resolve
+from tinytrain.plan import deepspeed_config, finetune, resolve
 from tinytrain.plan.attention import choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
-from tinytrain.plan.memory import activation_memory, model_state_memory, plan_memory
+from tinytrain.plan.memory import activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
+from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.preflight.checks import run as run_preflight
@@ -54,9 +55,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), hardware), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     deepspeed = None
-    if par.strategy == Strategy.deepspeed:
-        from tinytrain.plan import deepspeed_config
-
+    row = strategy_row(par.strategy)
+    if row.deepspeed:
         deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
@@ -65,10 +65,11 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
     adapters = finetune.make(cfg, shape, tokenizer, base_rows, preflight.rows_to_fix, precision.lightning, params)
+    layout = state_layout(par, world, shape.largest_layer_params)
     if adapters:
-        states = finetune.adapter_state_memory(adapters, shape, params, par.strategy.value, world, par.zero_stage, par.offload_optimizer, par.offload_params)
+        states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
-        states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
+        states = row.model_states(params, layout)
     flash = attention.implementation == "flash_attention_2"
     activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, batch.micro_batch_size, shape.vocab, par.tp, flash)
     return RunPlan(

@@ -68,9 +68,7 @@ def frozen_dtype(plan: RunPlan):
     """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
     precision (autocast computes in it anyway); None (as loaded) for QLoRA's 4-bit base and under
     DeepSpeed, which casts the whole model itself."""
-    from tinytrain.config.schema import Strategy
-
-    if plan.parallel.strategy == Strategy.deepspeed or plan.finetune.method == "qlora":
+    if plan.parallel.row.deepspeed or plan.finetune.method == "qlora":
         return None
     return compute_dtype(plan)
 
@@ -99,7 +97,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     module = build_module(cfg, plan, tokenizer)
     from tinytrain.train.callbacks.samples import sample_callback
 
-    samples = sample_callback(cfg, run_dir, tokenizer, plan.vocab.true)
+    samples = sample_callback(cfg, plan, run_dir, tokenizer)
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
