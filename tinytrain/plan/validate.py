@@ -23,7 +23,7 @@ from tinytrain.config.schema import (
     ModelConfig,
     Strategy,
 )
-from tinytrain.data import mixture
+from tinytrain.data import mixture, shards
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.data.tokenizer import (
     check_tokenizer_path,
@@ -186,7 +186,6 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
 
 
 RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)
-SOURCE_SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
 
 
 def data_problems(cfg) -> list[Problem]:
@@ -273,16 +272,13 @@ def source_path_problems(source: DataSource, path: str | None, key: str) -> list
         if looks_local and not p.exists():
             return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
         return []
-    suffix = SOURCE_SUFFIX[source]
-    fix = f"point {key} at a readable file or a folder of {suffix} files"
-    if not p.exists():
-        return [Problem(key, path, "no such file or folder", fix)]
-    listed = [p] if p.is_file() else sorted(p.rglob(f"*{suffix}"))
-    if not listed:
-        return [Problem(key, path, f"folder holds no {suffix} files", fix)]
+    try:
+        listed = shards.list_shards(path, key, source)
+    except ConfigError as e:
+        return e.problems
     unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
-        return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
+        return [Problem(key, path, f"not readable: {unreadable[0]}", f"point {key} at readable shards ({shards.READABLE})")]
     return _empty_file_problem(listed, key, path, p.is_file())
 
 
