@@ -181,6 +181,11 @@ CASES = {
     "folder without a readable shard": (["mode=plan", "data=jsonl", "data.path={F}/no_shards"], ["data.path='{F}/no_shards'", "folder holds no readable shard"]),
     "truncated zstd shard": (["mode=prepare", "data=jsonl", "data.text_field=text", "data.path={F}/cut.jsonl.zst"], ["{F}/cut.jsonl.zst:", "damaged compressed shard", "truncated", "download or copy the shard again"]),
     "truncated gzip shard": (["mode=prepare", "data=jsonl", "data.text_field=text", "data.path={F}/cut.json.gz"], ["{F}/cut.json.gz:", "damaged compressed shard", "EOFError", "bad_records=skip"]),
+    "prepare part out of range": (["mode=prepare", "data=text", "data.path={F}/empty_texts/../lines.txt", "data.prepare_parts=1", "data.prepare_part=1"], ["data.prepare_part=1", "out of range", "between 0 and 0"]),
+    "prepare part outside mode=prepare": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_part=0"], ["data.prepare_part=0", "it is for mode=prepare"]),
+    "more parts than shard files": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_parts=3"], ["data.prepare_parts=3", "has 1 shard file(s)", "data.prepare_parts<=1"]),
+    "parts for SFT data": (["mode=plan", "data=alpaca", "data.prepare_parts=2"], ["data.prepare_parts=2", "SFT data is not a token store"]),
+    "store with a missing part": (["mode=plan", "data.store={F}/cache/stores/half"], ["data.store='{F}/cache/stores/half'", "part(s) 1 of 2 not built", "data.prepare_part=1"]),
     "validation file missing": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.val_path={F}/missing_val.txt"], ["data.val_path='{F}/missing_val.txt'", "no such file"]),
     "val fraction zero": (["mode=plan", "data.val_fraction=0"], ["data.val_fraction=0.0", "between 0 and 1"]),
     "val fraction above one": (["mode=plan", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
@@ -291,6 +296,10 @@ def bad(tmp_path_factory):
     (f / "mixed_codecs").mkdir()
     (f / "mixed_codecs" / "a.jsonl").write_text('{"text": "fine"}\n')
     (f / "mixed_codecs" / "b.jsonl.xz").write_bytes(b"\xfd7zXZ")
+    (f / "cache" / "stores" / "half").mkdir(parents=True)
+    (f / "cache" / "parts" / "aaaa").mkdir(parents=True)
+    (f / "cache" / "parts" / "aaaa" / "meta.json").write_text("{}")
+    (f / "cache" / "stores" / "half" / "parts.json").write_text(json.dumps({"parts": [{"index": 0, "key": "aaaa"}, {"index": 1, "key": "bbbb"}]}))
     (f / "no_shards").mkdir()
     (f / "no_shards" / "README.md").write_text("shards go here\n")
     (f / "broken.jsonl").write_text('{"instruction": "q", "output": "a"}\n{"instruction": \n')

@@ -42,6 +42,7 @@ FORMATS: dict[str, Format] = {
 }
 # Longest first, so ".jsonl.gz" wins over a shorter match.
 _BY_LENGTH = sorted(FORMATS, key=len, reverse=True)
+FILE_SOURCES = (DataSource.text, DataSource.jsonl, DataSource.parquet)
 DATA_SUFFIXES = {".txt", ".jsonl", ".json", ".parquet"}
 READABLE = ", ".join(FORMATS)
 GLOB_CHARS = set("*?[")
@@ -58,7 +59,7 @@ def shard_format(path: Path, fallback: DataSource | None = None) -> Format | Non
     for suffix in _BY_LENGTH:
         if name.endswith(suffix):
             return FORMATS[suffix]
-    return Format(fallback, None) if fallback in (DataSource.text, DataSource.jsonl, DataSource.parquet) else None
+    return Format(fallback, None) if fallback in FILE_SOURCES else None
 
 
 def unread_compression(path: Path) -> str | None:
