@@ -23,6 +23,7 @@ from tinytrain.plan.memory import activation_memory, model_state_memory, plan_me
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
+from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.preflight.checks import run as run_preflight
 
@@ -96,6 +97,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         world_size=world,
         batch=batch,
         max_steps=cfg.trainer.max_steps,
+        schedule=schedule_from_trainer(cfg.trainer),
+        stage=cfg.trainer.stage,
         memory=plan_memory(states, activations, hardware.memory_gb),
         fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only),
         deepspeed=deepspeed,
