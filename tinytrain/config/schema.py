@@ -40,10 +40,11 @@ class Arch(Enum):
 
 
 class Attention(Enum):
-    auto = "auto"  # flash_attention_2 when importable and on a GPU, else sdpa
+    auto = "auto"  # torch's varlen kernel, else flash_attention_2, on a GPU of compute capability >= 8.0; else sdpa (plan/attention.py)
     sdpa = "sdpa"
     eager = "eager"
     flash_attention_2 = "flash_attention_2"
+    varlen = "varlen"  # torch.nn.attention.varlen (torch >= 2.10, CUDA, compute capability >= 8.0)
 
 
 class PrecisionRequest(Enum):

@@ -12,7 +12,7 @@ from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
-from tinytrain.model.packed_attention import flatten_for_flash, is_flash
+from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -105,8 +105,9 @@ class CausalLMModule(pl.LightningModule):
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
         # attention_mask alongside), transformers would let them attend to each other. On
-        # flash-attn the rows go in as one flattened row with the boundaries (packed_attention.py).
-        if position_ids is not None and attention_mask is None and is_flash(self.model):
+        # a varlen kernel (torch's or flash-attn's) the rows go in as one flattened row with the
+        # boundaries (packed_attention.py).
+        if position_ids is not None and attention_mask is None and takes_boundaries(self.model):
             return {**flatten_for_flash(input_ids, position_ids, cu_seq_lens, max_length), "use_cache": False}
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": False}
 
@@ -115,7 +116,7 @@ class CausalLMModule(pl.LightningModule):
         if self.loss_chunk_tokens or self.liger_loss:
             # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
             hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
-            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for flash-attn
+            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for a varlen kernel
             weight = self.model.get_output_embeddings().weight
             if self.liger_loss:
                 from tinytrain.model.liger import fused_linear_cross_entropy
