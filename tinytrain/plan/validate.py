@@ -4,7 +4,7 @@ Hydra and the schemas already rejected unknown keys and wrong types; the problem
 than one key to see (tp vs heads, batch arithmetic, paths that must exist) are checked by the
 module that owns the values: config/checks.py, data/checks.py (with data/sources.py,
 data/mixture.py, data/chat_templates.py), data/tokenizer.py, checkpoint/, plan/families.py,
-plan/parallel.py (the strategy table), plan/layout.py, plan/precision.py, plan/hardware.py,
+plan/parallel.py (the strategy table), plan/layout.py, plan/precision.py, plan/schedule.py, plan/hardware.py,
 plan/extras.py and plan/finetune.py. This module only gathers them, so a user sees every problem
 at once.
 """
@@ -30,6 +30,7 @@ from tinytrain.plan.hardware import hardware_problems
 from tinytrain.plan.layout import cluster_problems, slurm_problems
 from tinytrain.plan.parallel import parallel_problems, tp_model_problems
 from tinytrain.plan.precision import precision_problems
+from tinytrain.plan.schedule import schedule_problems
 
 
 def validate(cfg) -> None:
@@ -48,6 +49,7 @@ def validate(cfg) -> None:
         + slurm_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
+        + schedule_problems(cfg.trainer)
         + precision_problems(cfg)
         + guard_problems(cfg)
         + hardware_problems(cfg)
