@@ -138,7 +138,15 @@ def build_data(cfg: DictConfig, tokenizer):
 
 
 def prepare_data(cfg: DictConfig, tokenizer):
-    """mode=prepare: build the data, say what was built, and stop."""
+    """mode=prepare: build the data, say what was built, and stop. With data.prepare_part: that part
+    of the token store only (a Slurm array task), and the store's manifest if it was the last."""
+    if cfg.data.prepare_part is not None:
+        from tinytrain.data import parts
+        from tinytrain.data.sources import Source
+
+        lines = parts.prepare_one(Source.from_config(cfg.data), cfg.data, tokenizer)
+        print("\n".join(f"data       {line}" for line in lines), flush=True)
+        return lines
     data = build_data(cfg, tokenizer)
     if is_rank_zero():
         print(data.describe(), flush=True)

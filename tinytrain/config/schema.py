@@ -252,6 +252,10 @@ class DataConfig:
     cache_dir: str = ".cache/tinytrain"  # relative to the working directory; stores go in <cache_dir>/stores/
     store: Optional[str] = None  # a store folder built by mode=prepare; used instead of building one
     tokenize_workers: Optional[int] = None  # processes tokenizing; null: one per CPU core; 0: this process
+    # A large source's shards (sorted by path) split into this many parts, each tokenized on its own
+    # (in parallel, or one per Slurm array task) and opened together as one store (data/parts.py).
+    prepare_parts: int = 1
+    prepare_part: Optional[int] = None  # mode=prepare: build only this part (0-based), e.g. a Slurm array task
     append_eos: bool = True  # after every document
     prepend_bos: bool = False  # before every document, and before every SFT sample
     # Packing: per-document position ids isolate documents (the varlen path on flash-attn).
