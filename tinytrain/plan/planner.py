@@ -16,6 +16,7 @@ from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import finetune, resolve
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
@@ -23,6 +24,7 @@ from tinytrain.plan.memory import activation_memory, model_state_memory, plan_me
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
+from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.preflight.checks import run as run_preflight
@@ -99,6 +101,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         world_size=world,
         batch=batch,
         max_steps=cfg.trainer.max_steps,
+        schedule=schedule_from_trainer(cfg.trainer),
+        stage=cfg.trainer.stage,
         memory=plan_memory(states, activations, hardware.memory_gb),
         fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only),
         deepspeed=deepspeed,
@@ -107,6 +111,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         resume=resume,
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
+        checkpoint=checkpoint_plan(cfg),
     )
 
 
