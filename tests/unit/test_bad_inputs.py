@@ -82,6 +82,11 @@ CASES = {
     "accumulation against global": (["mode=plan", "trainer.accumulate_grad_batches=2", "trainer.global_batch_size=8"], ["trainer.accumulate_grad_batches=2", "disagrees with global_batch_size(8)"]),
     # optimizer and schedule
     "lr zero": (["mode=plan", "trainer.lr=0"], ["trainer.lr=0.0", "positive"]),
+    "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),
+    "wsd decay fraction above 1": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=1.5"], ["trainer.decay_fraction=1.5", "must be in (0, 1]", "Fix:"]),
+    "wsd decay fraction into the warm-up": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=0.95"], ["trainer.decay_fraction=0.95", "does not fit", "raise trainer.max_steps"]),
+    "decay steps without wsd": (["mode=plan", "trainer.decay_steps=20"], ["trainer.decay_steps=20", "only trainer.lr_schedule=wsd", "Fix: set trainer.lr_schedule=wsd"]),
+    "unknown schedule": (["mode=plan", "trainer.lr_schedule=triangle"], ["trainer.lr_schedule=triangle", "expected one of"]),
     "lr negative": (["mode=plan", "trainer.lr=-1e-3"], ["trainer.lr=-0.001", "positive"]),
     "lr a word": (["mode=plan", "trainer.lr=fast"], ["trainer.lr=fast", "trainer.lr"]),
     "beta above one": (["mode=plan", "trainer.betas=[0.9,1.5]"], ["trainer.betas=[0.9, 1.5]", "[0, 1)"]),

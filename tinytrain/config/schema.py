@@ -40,10 +40,11 @@ class Arch(Enum):
 
 
 class Attention(Enum):
-    auto = "auto"  # flash_attention_2 when importable and on a GPU, else sdpa
+    auto = "auto"  # torch's varlen kernel, else flash_attention_2, on a GPU of compute capability >= 8.0; else sdpa (plan/attention.py)
     sdpa = "sdpa"
     eager = "eager"
     flash_attention_2 = "flash_attention_2"
+    varlen = "varlen"  # torch.nn.attention.varlen (torch >= 2.10, CUDA, compute capability >= 8.0)
 
 
 class PrecisionRequest(Enum):
@@ -107,6 +108,21 @@ class BadRecordPolicy(Enum):
 class Exhaustion(Enum):
     repeat = "repeat"  # a mixture source that runs out starts another pass (a new shuffle)
     stop = "stop"  # the run ends at the last step before any source would repeat (checkpoint saved)
+
+
+class LrSchedule(Enum):
+    cosine = "cosine"  # warm-up, cosine decay over the rest of the run
+    linear = "linear"  # warm-up, linear decay over the rest of the run
+    constant = "constant"  # warm-up, then the peak rate
+    wsd = "wsd"  # warm-up, stable, and a decay over the last trainer.decay_steps / decay_fraction
+
+
+class DecayShape(Enum):
+    """The shape of the WSD decay from the peak to min_lr_ratio x peak (progress p from 0 to 1)."""
+
+    linear = "linear"  # 1 - p
+    cosine = "cosine"  # (1 + cos(pi p)) / 2
+    one_minus_sqrt = "1-sqrt"  # 1 - sqrt(p) (Hägele et al. 2024): steep first; given by name, trainer.decay_shape=one_minus_sqrt
 
 
 class TooLongPolicy(Enum):
@@ -392,8 +408,19 @@ class TrainerConfig:
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1  # the rate a decay ends at, as a fraction of trainer.lr
     warmup_steps: int = 25
+    # The schedule (tinytrain/plan/schedule.py): cosine | linear | constant | wsd. wsd decays over
+    # the last decay_steps steps (null: decay_fraction x max_steps) in decay_shape.
+    lr_schedule: LrSchedule = LrSchedule.cosine
+    decay_fraction: float = 0.2
+    decay_steps: Optional[int] = None
+    decay_shape: DecayShape = DecayShape.one_minus_sqrt
+    # The stage this run trains, in metrics.csv's `stage` column and in its checkpoints. A run
+    # continued from a step checkpoint (resume=<it>) under a new name, with a new schedule and
+    # data, is a new stage of the same run (an anneal branched off the stable phase); its
+    # optimizer state carries on.
+    stage: str = "main"
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8

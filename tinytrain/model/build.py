@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.config.schema import Arch
-from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.attention import TORCH_VARLEN, AttentionChoice
 from tinytrain.plan.families import family
 
 
@@ -79,11 +79,20 @@ def model_config(model_cfg, plan, tokenizer):
     return config
 
 
+def register(attention: AttentionChoice) -> None:
+    """torch's varlen kernel is tinytrain's own attention implementation: transformers learns its name here."""
+    if attention.implementation == TORCH_VARLEN:
+        from tinytrain.model.varlen_attention import use_torch_varlen
+
+        use_torch_varlen()
+
+
 def build_model(model_cfg, config, attention: AttentionChoice):
     """Real weights: from config (pretraining) or from a local pretrained folder (fine-tuning),
     with embedding and lm_head resized to config.vocab_size (the padded size)."""
     from transformers import AutoModelForCausalLM
 
+    register(attention)
     if model_cfg.pretrained:
         model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation)
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:

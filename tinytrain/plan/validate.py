@@ -19,6 +19,7 @@ from tinytrain.config.schema import (
     DataFormat,
     DataSource,
     LossScaleConfig,
+    LrSchedule,
     Mode,
     ModelConfig,
     Strategy,
@@ -36,6 +37,7 @@ from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.families import family, tp_problems
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
+from tinytrain.plan.schedule import decay_steps
 from tinytrain.preflight import rope
 
 DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
@@ -298,6 +300,29 @@ def chat_template_problems(cfg) -> list[Problem]:
     return template_problems(cfg.data.chat_template, tokenizer)
 
 
+def schedule_problems(t) -> list[Problem]:
+    """A WSD decay must fit in the run after the warm-up (tinytrain/plan/schedule.py)."""
+    if t.lr_schedule != LrSchedule.wsd:
+        if t.decay_steps is not None:
+            return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({t.lr_schedule.name} decays over the whole run after the warm-up)", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
+        return []
+    if t.decay_steps is None and not 0.0 < t.decay_fraction <= 1.0:
+        return [Problem("trainer.decay_fraction", t.decay_fraction, "must be in (0, 1]: the share of trainer.max_steps the decay takes", "use e.g. trainer.decay_fraction=0.2 (the last 20% of the run)")]
+    key, value = ("trainer.decay_steps", t.decay_steps) if t.decay_steps is not None else ("trainer.decay_fraction", t.decay_fraction)
+    steps = decay_steps(t)
+    room = t.max_steps - max(0, t.warmup_steps)
+    if steps < 1 or steps > room:
+        return [
+            Problem(
+                key,
+                value,
+                f"a decay of {steps} steps does not fit in the run: trainer.max_steps({t.max_steps}) - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
+                f"use a decay of 1 to {room} steps (trainer.decay_steps=<n> or a smaller trainer.decay_fraction), or raise trainer.max_steps to continue the run into a longer decay",
+            )
+        ]
+    return []
+
+
 def trainer_problems(cfg) -> list[Problem]:
     t = cfg.trainer
     problems = []
@@ -308,6 +333,7 @@ def trainer_problems(cfg) -> list[Problem]:
         problems.append(Problem("trainer.warmup_steps", t.warmup_steps, f"must be >= 0 and below trainer.max_steps({t.max_steps})", "shorten the warm-up"))
     if t.lr <= 0:
         problems.append(Problem("trainer.lr", t.lr, "must be positive", "use e.g. trainer.lr=3e-4"))
+    problems += schedule_problems(t)
     if not 0.0 <= t.min_lr_ratio <= 1.0:
         problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
     if len(t.betas) != 2:
