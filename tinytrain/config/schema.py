@@ -37,6 +37,8 @@ class Arch(Enum):
     mistral = "mistral"
     gemma2 = "gemma2"
     phi3 = "phi3"
+    qwen3 = "qwen3"
+    gemma3_text = "gemma3_text"  # Gemma-3's text model (Gemma-3-1B; the text tower of 4B/12B/27B)
 
 
 class Attention(Enum):
@@ -183,8 +185,14 @@ class ModelConfig:
     attention_bias: bool = False
     # Width of each attention head; null: hidden_size / num_heads (Gemma-2-2B: 8 heads of 256 on 2304).
     head_dim: Optional[int] = None
-    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3); null: full attention.
+    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3, gemma3_text); null: full attention.
     sliding_window: Optional[int] = None
+    # gemma3_text: every Nth layer attends globally, the others within sliding_window (Gemma-3: 6,
+    # five local layers to one global); null: the family's (6).
+    sliding_window_pattern: Optional[int] = None
+    # gemma3_text: the RoPE base of the sliding-window layers (config.json's rope_local_base_freq;
+    # rope_theta and rope_scaling are the global layers'); null: rope_theta.
+    rope_local_theta: Optional[float] = None
     # RoPE scaling, as transformers' rope_parameters take it besides rope_theta (Llama-3.1: rope_type
     # llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); null: none.
     # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
@@ -252,6 +260,10 @@ class DataConfig:
     cache_dir: str = ".cache/tinytrain"  # relative to the working directory; stores go in <cache_dir>/stores/
     store: Optional[str] = None  # a store folder built by mode=prepare; used instead of building one
     tokenize_workers: Optional[int] = None  # processes tokenizing; null: one per CPU core; 0: this process
+    # A large source's shards (sorted by path) split into this many parts, each tokenized on its own
+    # (in parallel, or one per Slurm array task) and opened together as one store (data/parts.py).
+    prepare_parts: int = 1
+    prepare_part: Optional[int] = None  # mode=prepare: build only this part (0-based), e.g. a Slurm array task
     append_eos: bool = True  # after every document
     prepend_bos: bool = False  # before every document, and before every SFT sample
     # Packing: per-document position ids isolate documents (the varlen path on flash-attn).

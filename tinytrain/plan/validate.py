@@ -16,6 +16,7 @@ from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import run_name_problem
 from tinytrain.config.schema import (
+    Arch,
     DataFormat,
     DataSource,
     LossScaleConfig,
@@ -24,7 +25,7 @@ from tinytrain.config.schema import (
     ModelConfig,
     Strategy,
 )
-from tinytrain.data import mixture
+from tinytrain.data import mixture, parts, shards
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.data.tokenizer import (
     check_tokenizer_path,
@@ -84,9 +85,17 @@ def family_problems(m) -> list[Problem]:
         if getattr(m, key) is not None and getattr(m, key) < 1:
             problems.append(Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use null for the default (model.{key}=null)"))
     if m.sliding_window is not None and not fam.sliding_window:
-        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3)"))
+        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3, gemma3_text)"))
     if m.head_dim is not None and not fam.head_dim and m.head_dim * m.num_heads != m.hidden_size:
         problems.append(Problem("model.head_dim", m.head_dim, f"model.arch={m.arch.value} derives it as hidden_size / num_heads ({m.hidden_size} / {m.num_heads})", "use model.head_dim=null"))
+    for key, what in (("sliding_window_pattern", "must be a positive integer (every Nth layer attends globally)"), ("rope_local_theta", "must be positive (the sliding-window layers' RoPE base)")):
+        value = getattr(m, key)
+        if value is None:
+            continue
+        if m.arch != Arch.gemma3_text:
+            problems.append(Problem(f"model.{key}", value, f"only model.arch=gemma3_text has it (this is {m.arch.value})", f"use model.{key}=null"))
+        elif not value > 0:
+            problems.append(Problem(f"model.{key}", value, what, f"use null for the family's (model.{key}=null), e.g. Gemma-3's {6 if key == 'sliding_window_pattern' else 10000.0}"))
     if m.attention_bias and fam.qkv_bias == "never":
         problems.append(Problem("model.attention_bias", True, f"model.arch={m.arch.value} has no q/k/v biases", "use model.attention_bias=false"))
     return problems + rope.scaling_problems(m.rope_scaling)
@@ -188,7 +197,6 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
 
 
 RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)
-SOURCE_SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
 
 
 def data_problems(cfg) -> list[Problem]:
@@ -207,7 +215,12 @@ def data_problems(cfg) -> list[Problem]:
         problems.append(Problem("data.format", d.format.value, f"SFT records come from jsonl, parquet or hf sources, not data.source={d.source.value}", "set data.source=jsonl (or parquet, hf)"))
     if d.store and sft:
         problems.append(Problem("data.store", d.store, f"a token store holds pretraining text, but data.format={d.format.value} (SFT data is tokenized at the start of each run)", "remove data.store"))
-    elif d.store and not (Path(d.store) / "meta.json").is_file():
+    elif d.store and (Path(d.store) / parts.PLAN).is_file() and not (Path(d.store) / parts.MANIFEST).is_file():
+        missing = parts.missing_parts(Path(d.store))
+        listed, n = ", ".join(str(i) for i, _ in missing) or "none", missing[0][1] if missing else "?"
+        first = missing[0][0] if missing else 0
+        problems.append(Problem("data.store", d.store, f"incomplete: part(s) {listed} of {n} not built (no manifest.json yet)", f"build them: python -m tinytrain mode=prepare <the same data options> data.prepare_parts={n} data.prepare_part={first} (or without data.prepare_part: every missing part)"))
+    elif d.store and not ((Path(d.store) / "meta.json").is_file() or (Path(d.store) / parts.MANIFEST).is_file()):
         problems.append(Problem("data.store", d.store, "not a token store (no meta.json there)", "point it at a store folder printed by mode=prepare, or remove data.store to use the cache"))
     elif not d.store and not d.sources:
         problems += source_path_problems(d.source, d.path, "data.path")
@@ -219,9 +232,35 @@ def data_problems(cfg) -> list[Problem]:
         value = getattr(d, key)
         if value is not None and value < 0:
             problems.append(Problem(f"data.{key}", value, "must be >= 0", "use 0 to work in the training process"))
+    problems += part_problems(cfg)
     if d.pad_to_multiple_of < 1:
         problems.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, "must be >= 1", "use 8 (the default) or 1 for no rounding"))
     return problems + chat_template_problems(cfg)
+
+
+def part_problems(cfg) -> list[Problem]:
+    """data.prepare_parts / data.prepare_part: a file source's token store built in parts."""
+    d = cfg.data
+    if d.prepare_parts < 1:
+        return [Problem("data.prepare_parts", d.prepare_parts, "must be >= 1", "use 1 (one store) or the number of parts to build in parallel")]
+    problems = []
+    if d.prepare_parts > 1:
+        if d.format != DataFormat.text or d.source not in shards.FILE_SOURCES or d.sources or d.store:
+            why = "SFT data is not a token store" if d.format != DataFormat.text else "only a file source's token store (data.path of shards) is built in parts"
+            problems.append(Problem("data.prepare_parts", d.prepare_parts, why, "use data.prepare_parts=1"))
+        elif d.path:
+            try:
+                n = len(shards.list_shards(d.path, "data.path", d.source))
+            except ConfigError:
+                n = None  # named by the source's own check
+            if n is not None and d.prepare_parts > n:
+                problems.append(Problem("data.prepare_parts", d.prepare_parts, f"data.path has {n} shard file(s); a part is at least one file", f"use data.prepare_parts<={n}"))
+    if d.prepare_part is not None:
+        if cfg.mode != Mode.prepare:
+            problems.append(Problem("data.prepare_part", d.prepare_part, f"builds one part and stops; it is for mode=prepare, not mode={cfg.mode.value}", "remove data.prepare_part, or use mode=prepare"))
+        if not 0 <= d.prepare_part < d.prepare_parts:
+            problems.append(Problem("data.prepare_part", d.prepare_part, f"out of range: data.prepare_parts={d.prepare_parts} makes parts 0..{d.prepare_parts - 1}", f"use data.prepare_part between 0 and {d.prepare_parts - 1}"))
+    return problems
 
 
 def mixture_problems(cfg) -> list[Problem]:
@@ -275,16 +314,13 @@ def source_path_problems(source: DataSource, path: str | None, key: str) -> list
         if looks_local and not p.exists():
             return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
         return []
-    suffix = SOURCE_SUFFIX[source]
-    fix = f"point {key} at a readable file or a folder of {suffix} files"
-    if not p.exists():
-        return [Problem(key, path, "no such file or folder", fix)]
-    listed = [p] if p.is_file() else sorted(p.rglob(f"*{suffix}"))
-    if not listed:
-        return [Problem(key, path, f"folder holds no {suffix} files", fix)]
+    try:
+        listed = shards.list_shards(path, key, source)
+    except ConfigError as e:
+        return e.problems
     unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
-        return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
+        return [Problem(key, path, f"not readable: {unreadable[0]}", f"point {key} at readable shards ({shards.READABLE})")]
     return _empty_file_problem(listed, key, path, p.is_file())
 
 
