@@ -29,8 +29,8 @@ from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import PackedSamples, PackedWindows
-from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.parts import PLAN, PartedStore
+from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples
 from tinytrain.data.sources import Source, records
