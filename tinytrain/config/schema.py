@@ -373,6 +373,9 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
+    # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
+    async_save: bool = False
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.

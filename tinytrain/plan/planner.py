@@ -17,6 +17,7 @@ from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import finetune, resolve
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
@@ -121,6 +122,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
         preference=preference,
+        checkpoint=checkpoint_plan(cfg),
     )
 
 

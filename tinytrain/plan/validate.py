@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from tinytrain.checkpoint.pretrained import is_hub_id
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
@@ -511,8 +512,17 @@ def hardware_problems(cfg) -> list[Problem]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not Path(path).is_file():
-        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder"))
+    if path and not (Path(path).is_file() or is_sharded(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    if cfg.checkpoint.async_save and cfg.parallel.strategy != Strategy.fsdp_tp:
+        problems.append(
+            Problem(
+                "checkpoint.async_save",
+                True,
+                f"writes sharded checkpoints in the background, which only parallel=fsdp_tp saves (this run: parallel={cfg.parallel.name})",
+                "drop checkpoint.async_save, or train with parallel=fsdp_tp",
+            )
+        )
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume
