@@ -94,6 +94,7 @@ class DataFormat(Enum):
     text = "text"  # documents for pretraining: tokenized into a token store, packed into windows
     instruction = "instruction"  # SFT records: instruction / input / output (or Alpaca's nested instances[])
     chat = "chat"  # SFT records: messages = [{role, content}, ...]
+    preference = "preference"  # pairs: {prompt, chosen, rejected} strings, or chosen/rejected message lists (TRL's layouts)
 
 
 class TextSplit(Enum):
@@ -149,6 +150,13 @@ class FinetuneMethod(Enum):
     full = "full"  # every weight trains
     lora = "lora"  # low-rank adapters (peft) on a frozen base held in the compute dtype
     qlora = "qlora"  # LoRA on a 4-bit (NF4, bitsandbytes) base: CUDA GPUs only
+
+
+class Objective(Enum):
+    sft = "sft"  # next-token cross-entropy on the trained tokens
+    dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
+    ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
+    simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
 
 
 class TrainableTokens(Enum):
@@ -329,6 +337,16 @@ class FinetuneConfig:
     # Linear layers (by module name) that get adapters: every attention and MLP projection of a Llama-family block.
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainable_tokens: TrainableTokens = TrainableTokens.auto
+    # What the run optimizes. dpo|ipo|simpo train on preference pairs (data.format=preference); dpo and
+    # ipo compare the policy with a reference: the base with adapters disabled under lora/qlora, a
+    # frozen copy under full fine-tuning, or log-probs computed once before training (precompute_reference).
+    objective: Objective = Objective.sft
+    beta: float = 0.1  # dpo/simpo: scale of the reward margin; ipo: the regularisation tau (margin target 1/(2 beta))
+    label_smoothing: float = 0.0  # dpo: share of pairs assumed mislabelled (conservative DPO), in [0, 0.5)
+    simpo_gamma: float = 0.5  # simpo: the target reward margin (TRL's simpo_gamma)
+    # Reference log-probs of every pair computed once before training and cached under data.cache_dir
+    # (keyed by data and model, so a run with another beta reuses them): no reference model while training.
+    precompute_reference: bool = False
 
 
 @dataclass
@@ -367,6 +385,9 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
+    # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
+    async_save: bool = False
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.

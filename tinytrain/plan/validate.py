@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from tinytrain.checkpoint.pretrained import is_hub_id
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
@@ -33,7 +34,7 @@ from tinytrain.data.tokenizer import (
     load_tokenizer,
 )
 from tinytrain.errors import ConfigError, Problem, raise_if_any
-from tinytrain.plan import finetune
+from tinytrain.plan import finetune, preference
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.families import family, tp_problems
@@ -540,8 +541,17 @@ def hardware_problems(cfg) -> list[Problem]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not Path(path).is_file():
-        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder"))
+    if path and not (Path(path).is_file() or is_sharded(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    if cfg.checkpoint.async_save and cfg.parallel.strategy != Strategy.fsdp_tp:
+        problems.append(
+            Problem(
+                "checkpoint.async_save",
+                True,
+                f"writes sharded checkpoints in the background, which only parallel=fsdp_tp saves (this run: parallel={cfg.parallel.name})",
+                "drop checkpoint.async_save, or train with parallel=fsdp_tp",
+            )
+        )
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume
@@ -620,5 +630,6 @@ def validate(cfg) -> None:
         + wandb_problems(cfg)
         + checkpoint_problems(cfg)
         + finetune.problems(cfg)
+        + preference.problems(cfg)
     )
     raise_if_any(problems)
