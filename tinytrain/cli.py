@@ -134,7 +134,7 @@ def build_data(cfg: DictConfig, tokenizer):
     from tinytrain.plan.layout import batch_layout, world_size
 
     batch, _ = batch_layout(cfg, world_size(cfg))
-    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
+    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
 
 
 def prepare_data(cfg: DictConfig, tokenizer):

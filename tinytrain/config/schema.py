@@ -235,6 +235,14 @@ class MixtureSource:
 
 
 @dataclass
+class DataStage:
+    """One stage of a mixture's schedule (data.stages): the weights its steps draw by."""
+
+    until_step: Optional[int] = None  # its steps end before this one (the next stage's first); null: the run's end
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> weight (relative); a source not named draws nothing in it
+
+
+@dataclass
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
@@ -244,6 +252,10 @@ class DataConfig:
     # A weighted mixture instead of data.path: [{path: ..., weight: 0.7}, ...] (see MixtureSource);
     # each source is split by val_fraction. exhaustion: what a source that runs out does.
     sources: list[MixtureSource] = field(default_factory=list)
+    # Mixture weights that change at named steps, in order: [{until_step: 800, weights: {web: 1}},
+    # {until_step: null, weights: {web: 0.7, code: 0.3}}]; steps after the last stage draw by
+    # data.sources' own weights. [] (default): those weights for the whole run.
+    stages: list[DataStage] = field(default_factory=list)
     exhaustion: Exhaustion = Exhaustion.repeat
     # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
     val_path: Optional[str] = None
