@@ -134,7 +134,7 @@ def build_data(cfg: DictConfig, tokenizer):
     from tinytrain.plan.layout import batch_layout, world_size
 
     batch, _ = batch_layout(cfg, world_size(cfg))
-    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
+    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
 
 
 def prepare_data(cfg: DictConfig, tokenizer):
@@ -177,7 +177,13 @@ def hydra_main(cfg: DictConfig):
                 from tinytrain.cluster import sbatch
 
                 path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
-                print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
+                if cfg.data.prepare_parts > 1:
+                    from tinytrain.cluster import prepare_array
+
+                    submit = prepare_array.write(cfg, list(hydra_cfg.overrides.task), run_dir)
+                    print(f"Slurm jobs written: {run_dir / prepare_array.PREPARE_NAME} (the token store, {cfg.data.prepare_parts} parts as an array) and {path} (training, after every part); submit both with:\n  bash {submit}")
+                else:
+                    print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
     except (ConfigError, TrainingStopped) as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise

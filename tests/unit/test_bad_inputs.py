@@ -52,7 +52,10 @@ CASES = {
     "tp without tensor parallelism": (["mode=plan", "parallel.tp=2"], ["parallel.tp=2", "no tensor parallelism", "parallel=fsdp_tp"]),
     "dp x tp not the world": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "parallel.dp=3", "cluster.devices=2"], ["parallel.dp=3", "world size 2"]),
     "unknown model option": (["mode=plan", "model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'"]),
-    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3]"]),
+    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3, qwen3, gemma3_text]"]),
+    "sliding window pattern off gemma3": (["mode=plan", "model.sliding_window_pattern=6"], ["model.sliding_window_pattern=6", "only model.arch=gemma3_text has it", "Fix: use model.sliding_window_pattern=null"]),
+    "sliding window pattern zero": (["mode=plan", "model=gemma3_1b", "model.sliding_window_pattern=0"], ["model.sliding_window_pattern=0", "must be a positive integer", "Fix:"]),
+    "local rope base negative": (["mode=plan", "model=gemma3_1b", "model.rope_local_theta=-1"], ["model.rope_local_theta=-1.0", "must be positive", "Fix:"]),
     "unknown attention": (["mode=plan", "model.attention=flash3"], ["model.attention=flash3", "expected one of"]),
     # cluster
     "nodes zero": (["mode=plan", "cluster.nodes=0"], ["cluster.nodes=0", ">= 1", "cluster.nodes=1"]),
@@ -82,6 +85,11 @@ CASES = {
     "accumulation against global": (["mode=plan", "trainer.accumulate_grad_batches=2", "trainer.global_batch_size=8"], ["trainer.accumulate_grad_batches=2", "disagrees with global_batch_size(8)"]),
     # optimizer and schedule
     "lr zero": (["mode=plan", "trainer.lr=0"], ["trainer.lr=0.0", "positive"]),
+    "data stage naming an unknown source": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {web: 1}}]"], ["data.stages[0].weights.web=1.0", "names no mixture source (the sources are tinyshakespeare, alpaca_instructions)", "Fix: use one of those names"]),
+    "data stages out of order": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 1}}, {until_step: 50, weights: {tinyshakespeare: 1}}]"], ["data.stages[1].until_step=50", "after the previous stage's end (step 100)", "Fix: list the stages by until_step"]),
+    "data stage beyond max_steps": (["mode=plan", "data=mixture", "data.stages=[{until_step: 300, weights: {tinyshakespeare: 1}}]"], ["data.stages[0].until_step=300", "beyond trainer.max_steps(250)", "Fix: use a step up to 250"]),
+    "data stage drawing nothing": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 0}}]"], ["data.stages[0].weights=", "draws from no source", "Fix: give at least one source a positive weight"]),
+    "data stages without a mixture": (["mode=plan", "data.stages=[{until_step: 100, weights: {a: 1}}]"], ["data.stages=", "data.sources names no mixture", "Fix: add data.sources"]),
     "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),
     "wsd decay fraction above 1": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=1.5"], ["trainer.decay_fraction=1.5", "must be in (0, 1]", "Fix:"]),
     "wsd decay fraction into the warm-up": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=0.95"], ["trainer.decay_fraction=0.95", "does not fit", "raise trainer.max_steps"]),

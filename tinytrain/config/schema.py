@@ -37,6 +37,8 @@ class Arch(Enum):
     mistral = "mistral"
     gemma2 = "gemma2"
     phi3 = "phi3"
+    qwen3 = "qwen3"
+    gemma3_text = "gemma3_text"  # Gemma-3's text model (Gemma-3-1B; the text tower of 4B/12B/27B)
 
 
 class Attention(Enum):
@@ -92,6 +94,7 @@ class DataFormat(Enum):
     text = "text"  # documents for pretraining: tokenized into a token store, packed into windows
     instruction = "instruction"  # SFT records: instruction / input / output (or Alpaca's nested instances[])
     chat = "chat"  # SFT records: messages = [{role, content}, ...]
+    preference = "preference"  # pairs: {prompt, chosen, rejected} strings, or chosen/rejected message lists (TRL's layouts)
 
 
 class TextSplit(Enum):
@@ -149,6 +152,13 @@ class FinetuneMethod(Enum):
     qlora = "qlora"  # LoRA on a 4-bit (NF4, bitsandbytes) base: CUDA GPUs only
 
 
+class Objective(Enum):
+    sft = "sft"  # next-token cross-entropy on the trained tokens
+    dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
+    ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
+    simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
+
+
 class TrainableTokens(Enum):
     auto = "auto"  # rows of tokens the base never trained (added tokens, rows preflight fixes) train with the adapters
     none = "none"  # only the adapters train; such rows keep their initialisation
@@ -175,8 +185,14 @@ class ModelConfig:
     attention_bias: bool = False
     # Width of each attention head; null: hidden_size / num_heads (Gemma-2-2B: 8 heads of 256 on 2304).
     head_dim: Optional[int] = None
-    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3); null: full attention.
+    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3, gemma3_text); null: full attention.
     sliding_window: Optional[int] = None
+    # gemma3_text: every Nth layer attends globally, the others within sliding_window (Gemma-3: 6,
+    # five local layers to one global); null: the family's (6).
+    sliding_window_pattern: Optional[int] = None
+    # gemma3_text: the RoPE base of the sliding-window layers (config.json's rope_local_base_freq;
+    # rope_theta and rope_scaling are the global layers'); null: rope_theta.
+    rope_local_theta: Optional[float] = None
     # RoPE scaling, as transformers' rope_parameters take it besides rope_theta (Llama-3.1: rope_type
     # llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); null: none.
     # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
@@ -219,6 +235,14 @@ class MixtureSource:
 
 
 @dataclass
+class DataStage:
+    """One stage of a mixture's schedule (data.stages): the weights its steps draw by."""
+
+    until_step: Optional[int] = None  # its steps end before this one (the next stage's first); null: the run's end
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> weight (relative); a source not named draws nothing in it
+
+
+@dataclass
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
@@ -228,6 +252,10 @@ class DataConfig:
     # A weighted mixture instead of data.path: [{path: ..., weight: 0.7}, ...] (see MixtureSource);
     # each source is split by val_fraction. exhaustion: what a source that runs out does.
     sources: list[MixtureSource] = field(default_factory=list)
+    # Mixture weights that change at named steps, in order: [{until_step: 800, weights: {web: 1}},
+    # {until_step: null, weights: {web: 0.7, code: 0.3}}]; steps after the last stage draw by
+    # data.sources' own weights. [] (default): those weights for the whole run.
+    stages: list[DataStage] = field(default_factory=list)
     exhaustion: Exhaustion = Exhaustion.repeat
     # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
     val_path: Optional[str] = None
@@ -309,6 +337,16 @@ class FinetuneConfig:
     # Linear layers (by module name) that get adapters: every attention and MLP projection of a Llama-family block.
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainable_tokens: TrainableTokens = TrainableTokens.auto
+    # What the run optimizes. dpo|ipo|simpo train on preference pairs (data.format=preference); dpo and
+    # ipo compare the policy with a reference: the base with adapters disabled under lora/qlora, a
+    # frozen copy under full fine-tuning, or log-probs computed once before training (precompute_reference).
+    objective: Objective = Objective.sft
+    beta: float = 0.1  # dpo/simpo: scale of the reward margin; ipo: the regularisation tau (margin target 1/(2 beta))
+    label_smoothing: float = 0.0  # dpo: share of pairs assumed mislabelled (conservative DPO), in [0, 0.5)
+    simpo_gamma: float = 0.5  # simpo: the target reward margin (TRL's simpo_gamma)
+    # Reference log-probs of every pair computed once before training and cached under data.cache_dir
+    # (keyed by data and model, so a run with another beta reuses them): no reference model while training.
+    precompute_reference: bool = False
 
 
 @dataclass
@@ -347,6 +385,9 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
+    # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
+    async_save: bool = False
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.

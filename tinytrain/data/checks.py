@@ -9,7 +9,7 @@ from pathlib import Path
 from tinytrain.config.schema import DataFormat, Mode
 from tinytrain.data import parts, shards
 from tinytrain.data.chat_templates import chat_template_problems
-from tinytrain.data.mixture import mixture_problems
+from tinytrain.data.mixture import mixture_problems, stage_problems
 from tinytrain.data.sources import RECORD_SOURCES, source_path_problems
 from tinytrain.errors import ConfigError, Problem
 
@@ -41,6 +41,9 @@ def data_problems(cfg) -> list[Problem]:
         problems += source_path_problems(d.source, d.path, "data.path")
     if d.sources:
         problems += mixture_problems(cfg)
+        problems += stage_problems(cfg)
+    elif d.stages:
+        problems.append(Problem("data.stages", f"[{len(d.stages)} stage(s)]", "change a mixture's weights, and data.sources names no mixture", "add data.sources=[{path: ..., weight: ...}, ...] (data=mixture), or remove data.stages"))
     elif d.val_path is not None:
         problems += source_path_problems(d.source, d.val_path, "data.val_path")
     for key in ("num_workers", "tokenize_workers"):

@@ -61,6 +61,12 @@ def members(data_cfg) -> list[Member]:
     return out
 
 
+def stage_weights(data_cfg) -> list[tuple[int | None, list[float]]]:
+    """data.stages as (until_step, weight of each member in order; 0 for a source not named)."""
+    names = [m.name for m in members(data_cfg)]
+    return [(stage.until_step, [float(stage.weights.get(n, 0.0)) for n in names]) for stage in data_cfg.stages]
+
+
 def mixture_problems(cfg) -> list[Problem]:
     """data.sources: each entry a readable source with a positive weight and its own name, and no
     single-source key that would also name training data."""
@@ -90,4 +96,30 @@ def mixture_problems(cfg) -> list[Problem]:
         if name in names:
             problems.append(Problem(f"{key}.name", name, f"data.sources[{names[name]}] has this name too; checkpoints keep each source's position by name", f"name one of them: {key}.name=<another name>"))
         names.setdefault(name, i)
+    return problems
+
+
+def stage_problems(cfg) -> list[Problem]:
+    """data.stages: in order of until_step, within trainer.max_steps, each naming only the mixture's
+    sources with weights that draw something."""
+    d, max_steps = cfg.data, cfg.trainer.max_steps
+    names = [default_name(entry, d) for entry in d.sources]
+    problems, previous = [], 0
+    for i, stage in enumerate(d.stages):
+        key, until = f"data.stages[{i}]", stage.until_step
+        if until is None and i < len(d.stages) - 1:
+            problems.append(Problem(f"{key}.until_step", None, "null (to the end of the run) is for the last stage only", f"give it the step the next stage starts at: {key}.until_step=<step>"))
+        elif until is not None and until > max_steps:
+            problems.append(Problem(f"{key}.until_step", until, f"is beyond trainer.max_steps({max_steps})", f"use a step up to {max_steps}, null for the run's end, or raise trainer.max_steps"))
+        elif until is not None and until <= previous:
+            problems.append(Problem(f"{key}.until_step", until, f"stages go in order: it must be after the previous stage's end (step {previous})", "list the stages by until_step, each later than the one before"))
+        previous = until if until is not None else previous
+        unknown = sorted(set(stage.weights) - set(names))
+        for name in unknown:
+            problems.append(Problem(f"{key}.weights.{name}", stage.weights[name], f"names no mixture source (the sources are {', '.join(names)})", "use one of those names (data.sources[i].name, or the file name without suffix)"))
+        bad = {n: w for n, w in stage.weights.items() if not (math.isfinite(w) and w >= 0)}
+        for name, w in bad.items():
+            problems.append(Problem(f"{key}.weights.{name}", w, "must be >= 0 (relative; 0 draws nothing from it)", "use e.g. 0.3"))
+        if not unknown and not bad and not any(w > 0 for w in stage.weights.values()):
+            problems.append(Problem(f"{key}.weights", dict(stage.weights), "draws from no source (every weight 0, or none given)", f"give at least one source a positive weight, e.g. {{{names[0]}: 1.0}}"))
     return problems

@@ -79,6 +79,22 @@ def deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
     return ModelStateMemory(params_mem, 0.0 if layout.offload_optimizer else 4 * p / n, opt)
 
 
+def replicated_frozen_copy(params: int, layout: StateLayout) -> float:
+    """A frozen copy of the model held like the policy (a preference reference): its fp32 weights only."""
+    return 4.0 * params
+
+
+def sharded_frozen_copy(params: int, layout: StateLayout) -> float:
+    return 4.0 * params / (layout.tp * (layout.world // layout.tp))
+
+
+def deepspeed_frozen_copy(params: int, layout: StateLayout) -> float:
+    """16-bit under DeepSpeed, partitioned at ZeRO-3 (or offloaded with the parameters)."""
+    if layout.zero_stage == 3:
+        return 0.0 if layout.offload_params else 2.0 * params / layout.world
+    return 2.0 * params
+
+
 def local_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStateMemory:
     """The frozen base in its dtype, fp32 trainable weights with their gradients and Adam moments."""
     t = a.trainable
@@ -115,13 +131,14 @@ class MemoryPlan:
     gpu_memory_gib: float | None
     fits: bool | None
     note: str
+    reference_gib: float = 0.0  # a frozen DPO/IPO reference copy (finetune.objective, full fine-tuning)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None) -> MemoryPlan:
-    total = states.total + activations
+def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None, reference: float = 0.0) -> MemoryPlan:
+    total = states.total + activations + reference
     gpu_gib = gpu_memory_gb * 1e9 / GIB if gpu_memory_gb else None
     fits = None if gpu_gib is None else total / GIB <= gpu_gib
     if gpu_gib is None:
@@ -139,4 +156,5 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
         round(gpu_gib, 1) if gpu_gib else None,
         fits,
         note,
+        round(reference / GIB, 3),
     )

@@ -25,9 +25,12 @@ from tinytrain.plan.memory import (
     ModelStateMemory,
     StateLayout,
     deepspeed_adapter_states,
+    deepspeed_frozen_copy,
     deepspeed_states,
     local_adapter_states,
+    replicated_frozen_copy,
     replicated_states,
+    sharded_frozen_copy,
     sharded_states,
 )
 
@@ -35,7 +38,8 @@ from tinytrain.plan.memory import (
 class CheckpointFormat(Enum):
     """What a strategy's checkpoint is on disk (checkpoint/resume.py reads both)."""
 
-    file = "file"  # one full .ckpt file (gathered to rank 0 under fsdp_tp), vocab rows unpadded
+    file = "file"  # one full .ckpt file, vocab rows unpadded (fsdp_tp's before sharded checkpoints)
+    sharded = "sharded"  # a torch.distributed.checkpoint folder, every rank its own shards (checkpoint/sharded.py); async saves possible
     deepspeed = "deepspeed"  # DeepSpeed's folder of ZeRO partitions, published atomically
 
 
@@ -53,6 +57,7 @@ class StrategyRow:
     # -- memory: per-GPU model states, full training and with a frozen LoRA base (plan/memory.py)
     model_states: Callable  # (params, StateLayout) -> ModelStateMemory
     adapter_states: Callable  # (AdapterStates, StateLayout) -> ModelStateMemory
+    frozen_copy_bytes: Callable  # (params, StateLayout) -> bytes of a frozen copy held like the policy (a preference reference)
     # -- checkpoints: what it writes, and the formats a run under it can resume from
     checkpoint_format: CheckpointFormat
     resumable_from: frozenset
@@ -103,6 +108,7 @@ STRATEGIES = {
         tensor_parallel=False,
         problems=no_problems,
         model_states=replicated_states,
+        frozen_copy_bytes=replicated_frozen_copy,
         adapter_states=local_adapter_states,
         checkpoint_format=CheckpointFormat.file,
         resumable_from=FILE_FORMATS,
@@ -120,6 +126,7 @@ STRATEGIES = {
         tensor_parallel=False,
         problems=no_problems,
         model_states=replicated_states,
+        frozen_copy_bytes=replicated_frozen_copy,
         adapter_states=local_adapter_states,
         checkpoint_format=CheckpointFormat.file,
         resumable_from=FILE_FORMATS,
@@ -137,6 +144,7 @@ STRATEGIES = {
         tensor_parallel=False,
         problems=deepspeed_problems,
         model_states=deepspeed_states,
+        frozen_copy_bytes=deepspeed_frozen_copy,
         adapter_states=deepspeed_adapter_states,
         checkpoint_format=CheckpointFormat.deepspeed,
         resumable_from=frozenset({CheckpointFormat.deepspeed}),
@@ -155,9 +163,10 @@ STRATEGIES = {
         tensor_parallel=True,
         problems=fsdp_tp_problems,
         model_states=sharded_states,
+        frozen_copy_bytes=sharded_frozen_copy,
         adapter_states=local_adapter_states,  # unused: LoRA is refused under it
-        checkpoint_format=CheckpointFormat.file,
-        resumable_from=FILE_FORMATS,
+        checkpoint_format=CheckpointFormat.sharded,
+        resumable_from=frozenset({CheckpointFormat.sharded, CheckpointFormat.file}),  # earlier runs' gathered files too
         deepspeed=False,
         rank0_holds_model=False,
         fused_adamw=False,
@@ -205,6 +214,16 @@ def parallel_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
     _, batch = batch_layout(cfg, world)
     return problems + batch
+
+
+def checkpoint_problems(cfg) -> list[Problem]:
+    """checkpoint.async_save writes a sharded checkpoint in the background: only a strategy whose
+    checkpoints are sharded has one to write."""
+    par = cfg.parallel
+    if not cfg.checkpoint.async_save or strategy_row(par.strategy).checkpoint_format is CheckpointFormat.sharded:
+        return []
+    sharded = " or ".join(f"parallel={s.value}" for s, r in STRATEGIES.items() if r.checkpoint_format is CheckpointFormat.sharded)
+    return [Problem("checkpoint.async_save", True, f"writes sharded checkpoints in the background, which only {sharded} saves (this run: parallel={par.name})", f"drop checkpoint.async_save, or train with {sharded}")]
 
 
 def tp_model_problems(cfg) -> list[Problem]:
