@@ -23,6 +23,7 @@ class Mode(Enum):
     export = "export"  # a Hugging Face folder from checkpoint.path (a step checkpoint, final, a DeepSpeed folder)
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
+    average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -235,6 +236,14 @@ class MixtureSource:
 
 
 @dataclass
+class DataStage:
+    """One stage of a mixture's schedule (data.stages): the weights its steps draw by."""
+
+    until_step: Optional[int] = None  # its steps end before this one (the next stage's first); null: the run's end
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> weight (relative); a source not named draws nothing in it
+
+
+@dataclass
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
@@ -244,6 +253,10 @@ class DataConfig:
     # A weighted mixture instead of data.path: [{path: ..., weight: 0.7}, ...] (see MixtureSource);
     # each source is split by val_fraction. exhaustion: what a source that runs out does.
     sources: list[MixtureSource] = field(default_factory=list)
+    # Mixture weights that change at named steps, in order: [{until_step: 800, weights: {web: 1}},
+    # {until_step: null, weights: {web: 0.7, code: 0.3}}]; steps after the last stage draw by
+    # data.sources' own weights. [] (default): those weights for the whole run.
+    stages: list[DataStage] = field(default_factory=list)
     exhaustion: Exhaustion = Exhaustion.repeat
     # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
     val_path: Optional[str] = None
@@ -376,10 +389,19 @@ class CheckpointConfig:
     # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
     # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
     async_save: bool = False
+    # The plan's save-time estimate: write bandwidth to run.root's filesystem (GB/s, all ranks
+    # together), and the share of the time between saves a synchronous save may take before the
+    # plan warns.
+    write_gbps: float = 2.0
+    max_save_share: float = 0.1
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
     path: Optional[str] = None
+    # mode=average: the checkpoints whose mean weights it writes (`checkpoints=[a,b,...]` is short
+    # for checkpoint.average=[...]), or the newest average_last step checkpoints of the run.
+    average: list[str] = field(default_factory=list)
+    average_last: Optional[int] = None
 
 
 @dataclass

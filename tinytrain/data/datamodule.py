@@ -26,7 +26,7 @@ from tinytrain.config.schema import DataFormat
 from tinytrain.data import parts
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
-from tinytrain.data.mixture import Member, members
+from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
@@ -66,7 +66,8 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
+        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples."""
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -93,7 +94,9 @@ class DataModule:
         self._check_sizes()
         if self.parts:
             # Validation draws from the mixture too, the same batches every time and for every seed.
-            self.train_sampler = MixtureBatchSampler([p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed)
+            self.train_sampler = MixtureBatchSampler(
+                [p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed, stage_weights(data_cfg), samples_per_step
+            )
             self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
         else:
             grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length

@@ -100,7 +100,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
     if data is None:
-        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
+        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel, samples_per_step=plan.batch.global_batch_size)
     log.info("%s", data.describe())
     from tinytrain.preflight.checks import data_findings, report
 
