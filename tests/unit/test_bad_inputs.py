@@ -52,7 +52,10 @@ CASES = {
     "tp without tensor parallelism": (["mode=plan", "parallel.tp=2"], ["parallel.tp=2", "no tensor parallelism", "parallel=fsdp_tp"]),
     "dp x tp not the world": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "parallel.dp=3", "cluster.devices=2"], ["parallel.dp=3", "world size 2"]),
     "unknown model option": (["mode=plan", "model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'"]),
-    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3]"]),
+    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3, qwen3, gemma3_text]"]),
+    "sliding window pattern off gemma3": (["mode=plan", "model.sliding_window_pattern=6"], ["model.sliding_window_pattern=6", "only model.arch=gemma3_text has it", "Fix: use model.sliding_window_pattern=null"]),
+    "sliding window pattern zero": (["mode=plan", "model=gemma3_1b", "model.sliding_window_pattern=0"], ["model.sliding_window_pattern=0", "must be a positive integer", "Fix:"]),
+    "local rope base negative": (["mode=plan", "model=gemma3_1b", "model.rope_local_theta=-1"], ["model.rope_local_theta=-1.0", "must be positive", "Fix:"]),
     "unknown attention": (["mode=plan", "model.attention=flash3"], ["model.attention=flash3", "expected one of"]),
     # cluster
     "nodes zero": (["mode=plan", "cluster.nodes=0"], ["cluster.nodes=0", ">= 1", "cluster.nodes=1"]),

@@ -14,6 +14,7 @@ import torch
 
 from tinytrain.checkpoint.format import MODULE_PREFIX, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
+from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,10 @@ def readable(out_dir: Path) -> None:
 
 
 def checkpoint_state_dict(ckpt_path: Path) -> dict:
-    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed)."""
+    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed);
+    of a sharded (fsdp_tp) folder, read one tensor at a time without the optimizer state."""
+    if is_sharded(Path(ckpt_path)):
+        return consolidated_weights(Path(ckpt_path), "export")
     ckpt = load_file(ckpt_path, "export")
     return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
 

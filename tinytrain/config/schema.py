@@ -37,6 +37,8 @@ class Arch(Enum):
     mistral = "mistral"
     gemma2 = "gemma2"
     phi3 = "phi3"
+    qwen3 = "qwen3"
+    gemma3_text = "gemma3_text"  # Gemma-3's text model (Gemma-3-1B; the text tower of 4B/12B/27B)
 
 
 class Attention(Enum):
@@ -175,8 +177,14 @@ class ModelConfig:
     attention_bias: bool = False
     # Width of each attention head; null: hidden_size / num_heads (Gemma-2-2B: 8 heads of 256 on 2304).
     head_dim: Optional[int] = None
-    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3); null: full attention.
+    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3, gemma3_text); null: full attention.
     sliding_window: Optional[int] = None
+    # gemma3_text: every Nth layer attends globally, the others within sliding_window (Gemma-3: 6,
+    # five local layers to one global); null: the family's (6).
+    sliding_window_pattern: Optional[int] = None
+    # gemma3_text: the RoPE base of the sliding-window layers (config.json's rope_local_base_freq;
+    # rope_theta and rope_scaling are the global layers'); null: rope_theta.
+    rope_local_theta: Optional[float] = None
     # RoPE scaling, as transformers' rope_parameters take it besides rope_theta (Llama-3.1: rope_type
     # llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); null: none.
     # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
@@ -347,6 +355,9 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
+    # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
+    async_save: bool = False
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.

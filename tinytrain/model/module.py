@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_names
+from tinytrain.checkpoint.sharded import holds_shards
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
@@ -190,9 +191,11 @@ class CausalLMModule(pl.LightningModule):
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # The strategy has already gathered full tensors (only rank 0 holds them under
-        # fsdp_tp); unpadding comes second, so no shard loses rows.
-        unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
+        # Full tensors (single, ddp, DeepSpeed's module states): unpadded, so any tp loads them.
+        # fsdp_tp saves each rank's shards of the padded tables as they are (checkpoint/sharded.py);
+        # its metadata says the padding, and a load under another tp re-pads (train/sharded_checkpoints.py).
+        if not holds_shards(checkpoint["state_dict"]):
+            unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
         if self.quantized_prefixes:  # QLoRA: the 4-bit base is not saved (tinytrain/model/lora.py)
             state = checkpoint["state_dict"]
             for key in [k for k in state if k.removeprefix(checkpoint_prefix).startswith(tuple(self.quantized_prefixes))]:

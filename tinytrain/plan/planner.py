@@ -16,6 +16,7 @@ from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import finetune, resolve
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
@@ -110,6 +111,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         resume=resume,
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
+        checkpoint=checkpoint_plan(cfg),
     )
 
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.checkpoint_cost import CheckpointPlan
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
@@ -78,6 +79,7 @@ class RunPlan:
     stage: str = "main"  # trainer.stage
     mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
     finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
+    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last and their cost
 
     @property
     def on_gpu(self) -> bool:
@@ -129,6 +131,7 @@ class RunPlan:
             "resume": self.resume and self.resume.to_dict(),
             "data_mixture": self.mixture and self.mixture.to_dict(),
             "finetune": self.finetune and self.finetune.to_dict(),
+            "checkpoint": self.checkpoint.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:

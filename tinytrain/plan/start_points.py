@@ -76,7 +76,7 @@ class InitPoint:
 def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> InitPoint | None:
     if not path:
         return None
-    return InitPoint(path, check_compatible(read(path), path, vocab, fingerprint, allow_tokenizer_change, shape))
+    return InitPoint(path, check_compatible(read(path, weights=False), path, vocab, fingerprint, allow_tokenizer_change, shape))
 
 
 def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> ResumePoint | None:

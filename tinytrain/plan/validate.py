@@ -11,11 +11,13 @@ import os
 from pathlib import Path
 
 from tinytrain.checkpoint.pretrained import is_hub_id
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import run_name_problem
 from tinytrain.config.schema import (
+    Arch,
     DataFormat,
     DataSource,
     LossScaleConfig,
@@ -84,9 +86,17 @@ def family_problems(m) -> list[Problem]:
         if getattr(m, key) is not None and getattr(m, key) < 1:
             problems.append(Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use null for the default (model.{key}=null)"))
     if m.sliding_window is not None and not fam.sliding_window:
-        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3)"))
+        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3, gemma3_text)"))
     if m.head_dim is not None and not fam.head_dim and m.head_dim * m.num_heads != m.hidden_size:
         problems.append(Problem("model.head_dim", m.head_dim, f"model.arch={m.arch.value} derives it as hidden_size / num_heads ({m.hidden_size} / {m.num_heads})", "use model.head_dim=null"))
+    for key, what in (("sliding_window_pattern", "must be a positive integer (every Nth layer attends globally)"), ("rope_local_theta", "must be positive (the sliding-window layers' RoPE base)")):
+        value = getattr(m, key)
+        if value is None:
+            continue
+        if m.arch != Arch.gemma3_text:
+            problems.append(Problem(f"model.{key}", value, f"only model.arch=gemma3_text has it (this is {m.arch.value})", f"use model.{key}=null"))
+        elif not value > 0:
+            problems.append(Problem(f"model.{key}", value, what, f"use null for the family's (model.{key}=null), e.g. Gemma-3's {6 if key == 'sliding_window_pattern' else 10000.0}"))
     if m.attention_bias and fam.qkv_bias == "never":
         problems.append(Problem("model.attention_bias", True, f"model.arch={m.arch.value} has no q/k/v biases", "use model.attention_bias=false"))
     return problems + rope.scaling_problems(m.rope_scaling)
@@ -502,8 +512,17 @@ def hardware_problems(cfg) -> list[Problem]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not Path(path).is_file():
-        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder"))
+    if path and not (Path(path).is_file() or is_sharded(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    if cfg.checkpoint.async_save and cfg.parallel.strategy != Strategy.fsdp_tp:
+        problems.append(
+            Problem(
+                "checkpoint.async_save",
+                True,
+                f"writes sharded checkpoints in the background, which only parallel=fsdp_tp saves (this run: parallel={cfg.parallel.name})",
+                "drop checkpoint.async_save, or train with parallel=fsdp_tp",
+            )
+        )
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume
