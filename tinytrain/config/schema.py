@@ -389,6 +389,11 @@ class CheckpointConfig:
     # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
     # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
     async_save: bool = False
+    # The plan's save-time estimate: write bandwidth to run.root's filesystem (GB/s, all ranks
+    # together), and the share of the time between saves a synchronous save may take before the
+    # plan warns.
+    write_gbps: float = 2.0
+    max_save_share: float = 0.1
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
