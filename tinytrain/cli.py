@@ -90,8 +90,10 @@ def data_overridden() -> bool:
 
 
 def checkpoint_shorthand(args: list[str]) -> list[str]:
-    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node)."""
-    return [f"checkpoint.path={a.removeprefix('checkpoint=')}" if a.startswith("checkpoint=") else a for a in args]
+    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node), and
+    `checkpoints=[...]` for checkpoint.average=[...]."""
+    shorthands = {"checkpoint=": "checkpoint.path=", "checkpoints=": "checkpoint.average="}
+    return [next((full + a.removeprefix(short) for short, full in shorthands.items() if a.startswith(short)), a) for a in args]
 
 
 def refuse_trained_directory(run_dir: Path) -> None:

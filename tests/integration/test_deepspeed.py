@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import DEEPSPEED_ON_CPU, compose, logged, run_cli
+from tests.conftest import DEEPSPEED_ON_CPU, assert_checkpoint_size_estimated, compose, logged, run_cli
 from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
@@ -130,6 +130,7 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
     for name in watcher.first_seen:  # each shard passes the no-pickled-code check resume makes (safe_load.py)
         assert read_state(run_dir / "checkpoints" / name)["tinytrain"]["true_vocab"] == TRUE_VOCAB
 
+    assert_checkpoint_size_estimated(run_dir)  # plan.json's size of a step checkpoint, within 10%
     ran = json.loads((run_dir / "deepspeed_config.json").read_text())
     stage = int(option[4])
     assert ran["zero_optimization"]["stage"] == stage and ran["gradient_accumulation_steps"] == 1
@@ -166,6 +167,11 @@ def export_step_folder(run_dir, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     convert_zero_checkpoint_to_fp32_state_dict(str(step), str(tmp_path / "step4.ckpt"))
     assert_export_matches(tmp_path / "step4", checkpoint_weights(tmp_path / "step4.ckpt"), RUN, TRUE_VOCAB)
+    # mode=average of two copies of the folder: its weights back, without the padding rows.
+    r = run_cli(["mode=average", f"checkpoints=[{step},{step}]", f"export.dir={tmp_path / 'average'}"], tmp_path / "average-cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    mean, consolidated = checkpoint_weights(run_dir / "checkpoints" / "average-k2-step0000004.ckpt"), checkpoint_weights(tmp_path / "step4.ckpt")
+    assert mean.keys() == consolidated.keys() and all(torch.equal(v, consolidated[k][: v.shape[0]]) for k, v in mean.items())
 
 
 @pytest.mark.timeout(600)

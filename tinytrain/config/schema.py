@@ -23,6 +23,7 @@ class Mode(Enum):
     export = "export"  # a Hugging Face folder from checkpoint.path (a step checkpoint, final, a DeepSpeed folder)
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
+    average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -388,10 +389,20 @@ class CheckpointConfig:
     # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
     # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
     async_save: bool = False
+    # The plan's save-time estimate: write bandwidth to run.root's filesystem (GB/s, all ranks
+    # together), and the share of the time between saves a synchronous save may take before the
+    # plan warns.
+    write_gbps: float = 2.0
+    max_save_share: float = 0.1
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
     path: Optional[str] = None
+    # mode=average: the checkpoints whose mean weights it writes (`checkpoints=[a,b,...]` is short
+    # for checkpoint.average=[...]), or the newest average_last step checkpoints of the run; a
+    # training run with average_last also writes that average (and its export) when it ends.
+    average: list[str] = field(default_factory=list)
+    average_last: Optional[int] = None
 
 
 @dataclass

@@ -15,13 +15,13 @@ import logging
 import math
 from pathlib import Path
 
-from tinytrain.outputs import saved_run
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.outputs import saved_run
 
 log = logging.getLogger(__name__)
 
-OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval)
+OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval, Mode.average)
 
 
 def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
@@ -29,6 +29,8 @@ def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
         return export(cfg, run_dir)
     if cfg.mode == Mode.generate:
         return generate(cfg, run_dir)
+    if cfg.mode == Mode.average:
+        return average(cfg, run_dir)
     return evaluate(cfg, run_dir, data_overridden)
 
 
@@ -43,6 +45,24 @@ def export(cfg, run_dir: Path) -> dict:
     export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
+
+
+def average(cfg, run_dir: Path) -> dict:
+    """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
+    checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
+    from tinytrain.checkpoint.export import export_spec, export_state_dict
+
+    paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
+    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
+    saved = saved_run.load(str(out), run_dir)
+    spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
+    export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
+    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), export_dir, spec)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out} and {export_dir}")
+    return {"checkpoint": str(out), "export_dir": str(export_dir), "averaged": [str(p) for p in paths]}
 
 
 def inference_setup(saved):
@@ -65,7 +85,8 @@ def inference_setup(saved):
 
 
 def generate(cfg, run_dir: Path) -> dict:
-    from tinytrain.model.generation import Sampling, generate as generate_texts, read_prompts
+    from tinytrain.model.generation import Sampling, read_prompts
+    from tinytrain.model.generation import generate as generate_texts
 
     g = cfg.generate
     prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read

@@ -123,7 +123,17 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
         preference=preference,
-        checkpoint=checkpoint_plan(cfg),
+        checkpoint=checkpoint_plan(
+            cfg,
+            params=params,
+            trainable=adapters.trainable_params if adapters else params,
+            largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
+            world=world,
+            dp=batch.data_parallel,
+            sixteen_bit=precision.dtype.value != "fp32",
+            step_seconds=step_seconds(hardware, precision, params, batch.tokens_per_step, world),
+            run_dir=run_dir,
+        ),
     )
 
 
@@ -132,6 +142,16 @@ def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     if pretrained is not None:
         return getattr(pretrained, "sliding_window", None) is not None  # Qwen2 sets it None unless use_sliding_window
     return fam.sliding_window and model_cfg.sliding_window is not None
+
+
+def step_seconds(hardware, precision, params: int, tokens_per_step: int, world: int) -> float | None:
+    """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one)."""
+    from tinytrain.plan.checkpoint_cost import ASSUMED_MFU
+
+    peak = {"bf16": hardware.peak_bf16_tflops, "fp16": hardware.peak_fp16_tflops}.get(precision.dtype.value)
+    if hardware.is_cpu or not peak:
+        return None
+    return 6.0 * params * tokens_per_step / (world * peak * 1e12 * ASSUMED_MFU)
 
 
 def cluster_layout(cfg) -> ClusterLayout:

@@ -16,6 +16,7 @@ from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.checkpoint_cost import CheckpointPlan
+from tinytrain.plan.checkpoint_cost import render as render_checkpoint
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
@@ -87,7 +88,7 @@ class RunPlan:
     mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
     finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
     preference: PreferencePlan | None = None  # finetune.objective=dpo|ipo|simpo: settings and the reference
-    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last and their cost
+    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
 
     @property
     def on_gpu(self) -> bool:
@@ -227,6 +228,8 @@ def render(plan: dict) -> str:
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
     )
+    if plan.get("checkpoint"):
+        lines += render_checkpoint(plan["checkpoint"])
     f = plan["fast_paths"]
     on = [k for k in ("fused_adamw", "compile", "activation_checkpointing", "liger") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
