@@ -21,6 +21,7 @@ from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.layout import BatchPlan
+from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
@@ -106,6 +107,9 @@ class RunPlan:
     def checkpoint_metadata(self) -> dict:
         """What every checkpoint of the run carries, so a resume or init_from can be checked."""
         meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name, self.stage)
+        p = self.parallel
+        # The layout it was saved under: a resume under another one is decided from it (plan/layout_change.py).
+        meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage).to_dict()
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta
