@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import ConcatDataset, DataLoader
 
 from tinytrain.config.schema import DataFormat
-from tinytrain.data import parts
+from tinytrain.data import parts, sft_cache
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members, stage_weights
@@ -34,6 +34,7 @@ from tinytrain.data.sample_index import EpochOrders, split_indices, split_window
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples
 from tinytrain.data.sources import Source, records
+from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.errors import ConfigError, Problem
@@ -152,12 +153,20 @@ class DataModule:
     # -- supervised fine-tuning ---------------------------------------------------------------
 
     def _samples(self, validation: bool, src: Source | None = None) -> list[SftSample]:
+        """The source's SFT samples, tokenized once per source, template, tokenizer and policy
+        (sft_cache.py): other ranks and a requeued job read them."""
         src = src or Source.from_config(self.cfg, validation)
-        bad = BadRecords(self.cfg.bad_records, src.key)
-        samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
-        if not samples:
-            raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
-        self.lines.append(f"{src.describe()}: {counts.summary(self.cfg.seq_len)}")
+
+        def build() -> tuple[list[SftSample], str]:
+            bad = BadRecords(self.cfg.bad_records, src.key)
+            samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
+            if not samples:
+                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+            return samples, counts.summary(self.cfg.seq_len)
+
+        key = sft_cache.cache_key(sources_fingerprint(src), self.tokenizer, self.cfg)
+        samples, summary, built = sft_cache.cached_samples(self.cfg.cache_dir, key, build)
+        self.lines.append(f"{src.describe()}: {summary} ({'tokenized' if built else 'read from the cache'}: {Path(self.cfg.cache_dir) / 'sft' / key})")
         return samples
 
     def _sft(self):

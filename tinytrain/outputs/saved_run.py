@@ -112,8 +112,8 @@ def run_config(path: Path):
 
 def model_config(saved: SavedRun):
     """The transformers config the run trained (vocab rows set by the export to len(tokenizer))."""
-    from tinytrain.model.build import hf_config
     from tinytrain.checkpoint.pretrained import pretrained_config
+    from tinytrain.model.build import hf_config
 
     cfg = saved.train_cfg
     true_vocab = len(saved.tokenizer)
@@ -127,7 +127,6 @@ def model_config(saved: SavedRun):
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
     from tinytrain.checkpoint.export import checkpoint_state_dict
-
     from tinytrain.checkpoint.sharded import is_sharded
 
     if not saved.checkpoint.is_dir() or is_sharded(saved.checkpoint):
