@@ -164,10 +164,10 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         plan.attention.implementation,
         plan.preflight.rows_to_fix,
     )
-    if cache.load_into(data.train, data.val):
+    loaded = cache.load_into(data.train, data.val)
+    if loaded:
         log.info("reference log-probs reused from %s (no reference forward)", cache.path)
-        return []
-    if plan.resume is not None:
+    elif plan.resume is not None:
         from tinytrain.errors import ConfigError, Problem
 
         raise ConfigError(
@@ -180,7 +180,7 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         )
     from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 
-    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size)]
+    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size, loaded)]
 
 
 def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
