@@ -43,6 +43,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def rows(batch: dict) -> int:
+    """The sequences in a batch (what `self.log` weighs a mean by)."""
+    return int(batch["input_ids"].shape[0])
+
+
 class CausalLMModule(pl.LightningModule):
     """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
     code, tinytrain/model/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
@@ -175,9 +180,9 @@ class CausalLMModule(pl.LightningModule):
         else:
             loss, metrics = self.preference_step(batch)
             # Averaged over the data-parallel ranks, as TRL gathers them.
-            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True)
-        self.log("loss", loss, prog_bar=True)
-        self.log("lr", self.lr_schedulers().get_last_lr()[0])
+            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
+        self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
 
     def optimizer_step(self, *args, **kwargs):
@@ -205,8 +210,9 @@ class CausalLMModule(pl.LightningModule):
             loss = self.batch_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
-            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True)
-        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
+        # The batch's rows weigh its loss in the epoch mean (Lightning would guess them from the dict).
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
