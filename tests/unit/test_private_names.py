@@ -97,7 +97,7 @@ PRIVATE_NAMES = [
     ("torch", "torch._foreach_norm", "train/callbacks/nonfinite_guard.py", module_attr("torch", "_foreach_norm")),
     ("torch", "torch.distributed.tensor._redistribute (logger name)", "train/trainer.py (quiet_lightning)", lambda: importlib.import_module("torch.distributed.tensor._redistribute")),
     ("hydra-core", "JobReturn._return_value", "cluster/sweep_results.py (a failed job's exception)", dataclass_field("hydra.core.utils", "JobReturn", "_return_value")),
-    ("omegaconf", "DictConfig._get_node", "plan/validate.py (unknown keys at any depth)", class_attr("omegaconf", "DictConfig", "_get_node")),
+    ("omegaconf", "DictConfig._get_node", "config/checks.py (unknown keys at any depth)", class_attr("omegaconf", "DictConfig", "_get_node")),
     ("datasets", "Dataset._fingerprint", "data/sources.py (an hf source's content key)", assigned_in_init("datasets", "Dataset", "_fingerprint")),
     ("transformers", "PretrainedConfig._attn_implementation", "model/packed_attention.py", class_attr("transformers", "PretrainedConfig", "_attn_implementation")),
     *[

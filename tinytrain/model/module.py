@@ -15,6 +15,7 @@ from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
+from tinytrain.model.tensor_parallel import parallelize
 from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -79,20 +80,15 @@ class CausalLMModule(pl.LightningModule):
 
     @classmethod
     def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan, reference=None) -> CausalLMModule:
-        from tinytrain.config.schema import Strategy
-
-        strategy, fast = plan.parallel.strategy, plan.fast_paths
-        parallelize = None
-        if strategy == Strategy.fsdp_tp:
-            from tinytrain.model.tensor_parallel import parallelize
+        row, fast = plan.parallel.row, plan.fast_paths
         return cls(
             model,
             trainer_cfg=trainer_cfg,
             true_vocab=plan.vocab.true,
             checkpoint_metadata=plan.checkpoint_metadata(),
-            parallelize=parallelize,
-            clip_in_module=strategy != Strategy.deepspeed,
-            cpu_adam=strategy == Strategy.deepspeed and plan.parallel.offload_optimizer,
+            parallelize=parallelize if row.tensor_parallel else None,
+            clip_in_module=not row.deepspeed,  # DeepSpeed's engine clips
+            cpu_adam=row.deepspeed and plan.parallel.offload_optimizer,
             fused_adamw=fast.fused_adamw,
             loss_chunk_tokens=fast.loss_chunk_tokens,
             liger_loss=fast.liger_loss,

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.parallel import strategy_row
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class Layout:
 
 
 def run_layout(strategy: str, world: int, dp: int, tp: int, zero_stage: int) -> Layout:
-    fmt = {"single": "file", "ddp": "file", "deepspeed": "deepspeed", "fsdp_tp": "sharded"}[strategy]
-    return Layout(fmt, strategy, world, dp, tp, zero_stage if strategy == "deepspeed" else 0)
+    row = strategy_row(strategy)
+    return Layout(row.checkpoint_format.value, row.strategy.value, world, dp, tp, zero_stage if row.deepspeed else 0)
 
 
 def saved_layout(path: Path, state: dict) -> Layout:

@@ -26,6 +26,7 @@ from tinytrain.plan.memory import MemoryPlan
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.parallel import StrategyRow, strategy_row
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
@@ -52,6 +53,11 @@ class ParallelLayout:
     zero_stage: int
     offload_optimizer: bool
     deepspeed_on_cpu: bool  # DeepSpeed on its CPU accelerator (tests only)
+
+    @property
+    def row(self) -> StrategyRow:
+        """What the strategy allows and how it behaves (plan/parallel.py's table)."""
+        return strategy_row(self.strategy)
 
 
 @dataclass(frozen=True)
