@@ -164,7 +164,7 @@ CASES = {
     "unknown top-level key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
     "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
     "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
-    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: smoke, tinyllama_pretrain"]),
+    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, smoke, tinyllama_pretrain"]),
     "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     # special tokens
@@ -350,7 +350,7 @@ def small_model_checkpoint(path) -> None:
     cfg = compose(SMALL_MODEL)
     tokenizer = load_from_config(cfg.tokenizer)
     plan = make_plan(cfg, tokenizer, Path(path).parent / "small_run")
-    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    model = build_model(cfg.model, model_config(cfg.model, plan.vocab.padded, tokenizer), plan.attention)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "tinytrain": plan.checkpoint_metadata(), "global_step": 4}, path)
 

@@ -15,9 +15,9 @@ import logging
 import math
 from pathlib import Path
 
-from tinytrain.outputs import saved_run
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.outputs import saved_run
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def inference_setup(saved):
 
 
 def generate(cfg, run_dir: Path) -> dict:
-    from tinytrain.model.generation import Sampling, generate as generate_texts, read_prompts
+    from tinytrain.model.generation import Sampling, read_prompts
+    from tinytrain.model.generation import generate as generate_texts
 
     g = cfg.generate
     prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read

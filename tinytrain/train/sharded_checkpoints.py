@@ -16,6 +16,7 @@ and broadcast from rank 0.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import threading
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_path
-from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key
+from tinytrain.checkpoint.format import repad_rows
+from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key, tensor_shapes
 from tinytrain.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class PendingSave:
             for action in actions:
                 action()
         except BaseException as e:  # told by wait(), on the training thread
-            self.error = e
+            self.error = save_failed(e, self.final)  # measured before the partial shards go
             if self.publisher:
                 shutil.rmtree(self.tmp, ignore_errors=True)
         finally:
@@ -71,24 +73,40 @@ class PendingSave:
     def wait(self) -> None:
         self.settled.wait()
         if self.error is not None:
-            raise save_failed(self.error, self.final) from self.error
+            raise self.error
 
 
 def save_failed(error: BaseException, final: Path) -> BaseException:
     """A full disk is told as such (the previous checkpoint is intact); other errors pass through."""
     from tinytrain.train.atomic_io import disk_full, disk_full_message
 
-    if final.parent.exists() and disk_full(error, final.parent):
+    if out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent)):
         return TrainingStopped(disk_full_message(final))
     return error
+
+
+def out_of_space(error: BaseException) -> bool:
+    """DCP raises one CheckpointException on every rank, holding each failed rank's error (torch's
+    zip writer reports a full disk as "unexpected pos", its OSError in the chain)."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values())]
+    return False
 
 
 def sharded_model_parallel_strategy(async_save: bool = False):
     """The strategy class for parallel=fsdp_tp (built lazily: Lightning and torch.distributed imports)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from lightning.fabric.strategies.model_parallel import _load_raw_module_state, _rekey_optimizer_state_if_needed
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state
     from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -96,6 +114,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
         set_model_state_dict,
         set_optimizer_state_dict,
     )
+    from torch.distributed.tensor import distribute_tensor
 
     class ShardedModelParallelStrategy(ModelParallelStrategy):
         def __init__(self, **kwargs):
@@ -126,10 +145,11 @@ def sharded_model_parallel_strategy(async_save: bool = False):
                     self.pending = PendingSave(future, tmp, final, publisher=self.global_rank == 0)
                     return
                 dcp.save(state, storage_writer=writer)
-            except Exception as e:
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+                stopped = save_failed(e, final)  # the free space measured before the partial shards go
                 if self.global_rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)
-                raise save_failed(e, final) from e
+                raise stopped from e
             # DCP's finish step gathered every rank's write results before rank 0 wrote the index.
             if self.global_rank == 0:
                 publish_directory(tmp, final)
@@ -171,7 +191,26 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             state = {"state_dict": get_model_state_dict(self.model)}
             optimizers = {f"optimizer_{i}": opt for i, opt in enumerate(self.optimizers)}
             state.update({key: get_optimizer_state_dict(self.model, opt) for key, opt in optimizers.items()})
+            # Vocab tables saved under another padding (another tp or vocab_multiple): not resharded
+            # by DCP (their global shapes differ) but read whole, one at a time, re-padded and cut.
+            shapes = tensor_shapes(path, "resume", "")
+            repadded = []
+            for name in self.lightning_module.vocab_names:
+                holders = [(state["state_dict"], name, f"state_dict.{name}")]
+                for key in optimizers:
+                    moments = state[key]["state"].get(name, {})
+                    holders += [(moments, m, f"{key}.state.{name}.{m}") for m, v in moments.items() if v.ndim >= 1]
+                for holder, k, flat in holders:
+                    if flat in shapes and tuple(shapes[flat]) != tuple(holder[k].shape):
+                        repadded.append((holder, k, flat, holder.pop(k)))
             dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner())
+            true_vocab = meta["tinytrain"]["true_vocab"]
+            for holder, k, flat, target in repadded:
+                saved = torch.empty(shapes[flat], dtype=target.dtype)
+                dcp.load({flat: saved}, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner())
+                full = repad_rows(saved, true_vocab, target.shape[0])
+                target.to_local().copy_(distribute_tensor(full, target.device_mesh, target.placements).to_local())
+                holder[k] = target
             set_model_state_dict(self.model, state["state_dict"], options=StateDictOptions(strict=self.lightning_module.strict_loading))
             for key, opt in optimizers.items():
                 set_optimizer_state_dict(self.model, opt, optim_state_dict=state[key])
@@ -179,9 +218,9 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             return meta
 
         def load_full_file(self, path: Path, weights_only) -> dict:
-            """A full checkpoint file (single, ddp): the same steps as Lightning's loader for one,
-            with the vocab re-padded for this run's tp in between (module.on_load_checkpoint runs
-            too late here). The optimizer state was saved from padded parameters and loads as it is."""
+            """A full checkpoint file (single, ddp; fsdp_tp before it saved sharded): the same steps
+            as Lightning's loader for one, with the vocab rows of the weights and the Adam moments
+            re-padded for this run's tp in between (module.on_load_checkpoint runs too late here)."""
             module = self.lightning_module
             checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
             state = checkpoint.pop("state_dict")
@@ -189,7 +228,11 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             _load_raw_module_state(state, self.model, strict=module.strict_loading)
             options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
             for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
-                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
+                # By name, in the optimizer's own order (Lightning's rekeying assumes the module's
+                # parameter order: a single/ddp file's state then lands on the wrong parameters), the
+                # vocab moments re-padded for this run's tp.
+                named = module.named_optimizer_state(saved) if isinstance(next(iter(saved["state"]), ""), int) else saved
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named, options=options)
             return checkpoint
 
     return ShardedModelParallelStrategy
