@@ -54,6 +54,13 @@ def test_summary_prints_first_and_last_loss(smoke_run):
     assert "tokens/s per device after the first step; MFU omitted: no tensor-core peak for a CPU" in smoke_run[1].stdout
     assert "first optimizer step done" in smoke_run[1].stdout + smoke_run[1].stderr
     assert "vocab      4098 -> 4160" in smoke_run[1].stdout
+    # 8 steps: the means of the first and last 2, beside the single batches.
+    assert "loss mean of the first 2 step(s) " in smoke_run[1].stdout and "(one batch's loss is noisy: compare these)" in smoke_run[1].stdout
+
+
+def test_lightning_is_told_each_batch_size(smoke_run):
+    """self.log gets the batch's rows: Lightning no longer guesses them from the batch dict."""
+    assert "Trying to infer the `batch_size`" not in smoke_run[1].stdout + smoke_run[1].stderr
 
 
 def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):

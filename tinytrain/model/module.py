@@ -40,7 +40,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # An empty group is left out: DeepSpeed drops it from the optimizer, and the schedule built on
+    # both groups would then step one group too many (LoRA without trainable token rows has only
+    # decayed adapter matrices).
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def rows(batch: dict) -> int:
+    """The sequences in a batch (what `self.log` weighs a mean by)."""
+    return int(batch["input_ids"].shape[0])
 
 
 class CausalLMModule(pl.LightningModule):
@@ -175,9 +184,9 @@ class CausalLMModule(pl.LightningModule):
         else:
             loss, metrics = self.preference_step(batch)
             # Averaged over the data-parallel ranks, as TRL gathers them.
-            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True)
-        self.log("loss", loss, prog_bar=True)
-        self.log("lr", self.lr_schedulers().get_last_lr()[0])
+            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
+        self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
 
     def optimizer_step(self, *args, **kwargs):
@@ -205,8 +214,9 @@ class CausalLMModule(pl.LightningModule):
             loss = self.batch_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
-            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True)
-        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
+        # The batch's rows weigh its loss in the epoch mean (Lightning would guess them from the dict).
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
