@@ -271,7 +271,10 @@ class CausalLMModule(pl.LightningModule):
             self.repad_state_dict(checkpoint["state_dict"])
             for i, saved in enumerate(checkpoint.get("optimizer_states", [])):
                 if isinstance(saved, dict) and saved.get("state") and all(isinstance(k, int) for k in saved["state"]):
-                    checkpoint["optimizer_states"][i] = self.indexed(self.named_optimizer_state(saved))
+                    try:
+                        checkpoint["optimizer_states"][i] = self.indexed(self.named_optimizer_state(saved))
+                    except ValueError:  # no parameter order fits: torch's own load names the mismatch
+                        pass
 
     def optimizer_param_names(self) -> list[str]:
         """The optimizer's parameters by name, in its order (configure_optimizers' param groups)."""
