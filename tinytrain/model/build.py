@@ -69,7 +69,7 @@ def model_config(model_cfg, plan, tokenizer):
     """The transformers config the run trains: model.pretrained's own, or one from the model
     group; either way with the plan's padded vocab and without the KV cache."""
     if model_cfg.pretrained:
-        config = pretrained_config(model_cfg.pretrained)
+        config = pretrained_config(model_cfg.pretrained, model_cfg.trust_remote_code)
         config.vocab_size = plan.vocab.padded
         if model_cfg.rope_scaling:  # extending a pretrained model's context (preflight checked it)
             config.rope_parameters = rope_parameters(config.rope_parameters["rope_theta"], model_cfg.rope_scaling)
@@ -85,7 +85,7 @@ def build_model(model_cfg, config, attention: AttentionChoice):
     from transformers import AutoModelForCausalLM
 
     if model_cfg.pretrained:
-        model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation)
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation, trust_remote_code=model_cfg.trust_remote_code)
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:
             # New rows get the mean of the old ones (transformers' mean_resizing).
             model.resize_token_embeddings(config.vocab_size, mean_resizing=True)

@@ -31,7 +31,7 @@ from tinytrain.data.tokenizer import (
     load_tokenizer,
 )
 from tinytrain.errors import ConfigError, Problem, raise_if_any
-from tinytrain.plan import finetune
+from tinytrain.plan import finetune, input_safety
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.families import family, tp_problems
@@ -529,5 +529,6 @@ def validate(cfg) -> None:
         + wandb_problems(cfg)
         + checkpoint_problems(cfg)
         + finetune.problems(cfg)
+        + input_safety.problems(cfg)
     )
     raise_if_any(problems)
