@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -192,3 +191,44 @@ def test_trusting_remote_code_is_passed_to_transformers(hard, monkeypatch):
     with pytest.raises(Stop):
         pretrained.pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
     assert seen == {"trust_remote_code": True}
+
+
+def test_an_os_error_names_its_file_operation_and_override(tmp_path):
+    """Not the run directory: the file that failed, the call and the tinytrain function making it,
+    the override that named the path, and a fix for that errno."""
+    from tinytrain.checkpoint.files import fsync_directory
+    from tinytrain.config.friendly_errors import friendly_message
+
+    missing = tmp_path / "gone" / "checkpoints"
+    with pytest.raises(OSError) as e:
+        fsync_directory(missing)
+    message = friendly_message(e.value, [f"hydra.run.dir={tmp_path / 'gone'}"])
+    assert f"fsync_directory (tinytrain/checkpoint/files.py) failed on {missing} (from hydra.run.dir={tmp_path / 'gone'}): No such file or directory" in message
+    assert f"Fix: check that {missing} exists" in message and "cannot create the run directory" not in message
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KB tmpfs (root only)."""
+    import os
+
+    from tests.conftest import mounted_tmpfs
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    folder = tmp_path / "small_disk"
+    folder.mkdir()
+    with mounted_tmpfs(folder, "size=64k"):
+        yield folder
+
+
+def test_a_full_disk_during_a_store_build_names_the_store_and_the_disk(full_disk, clean_env, tmp_path):
+    text = tmp_path / "big.txt"
+    text.write_text("\n\n".join(f"Document {i}: " + "some words of text " * 20 for i in range(400)))
+    code, err = run_in_process(["mode=prepare", "data=text", f"data.path={text}", f"data.cache_dir={full_disk / 'cache'}", "data.tokenize_workers=0", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 2 and "Traceback" not in err, err
+    assert "cannot create the run directory" not in err, err
+    assert f"tinytrain: build (tinytrain/data/store.py) failed on {full_disk / 'cache' / 'stores'}/." in err, err
+    assert f"(from data.cache_dir={full_disk / 'cache'}): No space left on device" in err
+    assert "Fix: free space on the disk holding" in err
+    assert not [p for p in (full_disk / "cache" / "stores").iterdir() if ".tmp-" in p.name]  # the partial store is removed

@@ -130,8 +130,6 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
             f"tinytrain: configuration error: hydra.run.dir: cannot create the run directory {where}: {head.strerror or head}. "
             f"Fix: choose a writable folder with run.root=<folder> (or hydra.run.dir=<folder>), and move away any regular file on that path. {HINT}"
         )
-    if isinstance(head, OSError):
-        return os_error_message(head, argv)
     if isinstance(head, MissingConfigException) and head.missing_cfg_file and "/" in head.missing_cfg_file:
         group, option = head.missing_cfg_file.rsplit("/", 1)
         options = head.options or []
@@ -159,4 +157,6 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
             if isinstance(err, ValidationError):
                 return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
         return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"
+    if isinstance(head, OSError):  # after Hydra's own errors (MissingConfigException is an IOError)
+        return os_error_message(head, argv)
     return None
