@@ -24,7 +24,8 @@ OVERRIDES = ["trainer.micro_batch_size=8", "data.seq_len=256", "trainer.progress
 def raw_block(model_config, cfg, true_vocab, loader, warmup: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    from tinytrain.model.module import param_groups, warmup_cosine
+    from tinytrain.model.module import param_groups
+    from tinytrain.plan.schedule import warmup_cosine
 
     t = cfg.trainer
     torch.manual_seed(cfg.seed)

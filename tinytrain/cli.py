@@ -138,7 +138,15 @@ def build_data(cfg: DictConfig, tokenizer):
 
 
 def prepare_data(cfg: DictConfig, tokenizer):
-    """mode=prepare: build the data, say what was built, and stop."""
+    """mode=prepare: build the data, say what was built, and stop. With data.prepare_part: that part
+    of the token store only (a Slurm array task), and the store's manifest if it was the last."""
+    if cfg.data.prepare_part is not None:
+        from tinytrain.data import parts
+        from tinytrain.data.sources import Source
+
+        lines = parts.prepare_one(Source.from_config(cfg.data), cfg.data, tokenizer)
+        print("\n".join(f"data       {line}" for line in lines), flush=True)
+        return lines
     data = build_data(cfg, tokenizer)
     if is_rank_zero():
         print(data.describe(), flush=True)
@@ -169,7 +177,13 @@ def hydra_main(cfg: DictConfig):
                 from tinytrain.cluster import sbatch
 
                 path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
-                print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
+                if cfg.data.prepare_parts > 1:
+                    from tinytrain.cluster import prepare_array
+
+                    submit = prepare_array.write(cfg, list(hydra_cfg.overrides.task), run_dir)
+                    print(f"Slurm jobs written: {run_dir / prepare_array.PREPARE_NAME} (the token store, {cfg.data.prepare_parts} parts as an array) and {path} (training, after every part); submit both with:\n  bash {submit}")
+                else:
+                    print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
     except (ConfigError, TrainingStopped) as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise

@@ -37,5 +37,16 @@ def assert_export_matches(export_dir: Path, state_dict: dict, run_overrides: lis
 
 
 def checkpoint_weights(path: Path) -> dict:
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    """A checkpoint file's weights; a sharded (fsdp_tp) folder's through DCP's own converter, not
+    tinytrain's reader."""
+    if path.is_dir():
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path, Path(tmp) / "full.pt")
+            ckpt = torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)
+    else:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
     return {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}

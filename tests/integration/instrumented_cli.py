@@ -6,6 +6,9 @@ Environment:
                             its input ids (which samples a run saw, in order)
   TT_TEST_STALL_SAVE=<n>    the n-th checkpoint save of this process writes half its bytes and
                             then hangs, as on a slow disk, until the test kills the process
+  TT_TEST_SLOW_SHARDED_SAVE=<n>:<s>  the n-th sharded (fsdp_tp) save of this process writes its
+                            shard files and then waits <s> seconds before DCP's finish step (the
+                            index, the rename): a slow disk, in the writer's thread under async_save
   TT_TEST_NO_LOSS_SCALE_GUARD=1  the loss-scale guard watches but never stops the run (what
                             happens without it)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
@@ -85,6 +88,23 @@ def kill_during_save(point: str, step: int) -> None:
     step_checkpoints.prune = prune_around
 
 
+def slow_sharded_save(n: int, seconds: float) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write = FileSystemWriter.write_data
+    saves = []
+
+    def write_then_wait(self, plan, planner):
+        written = write(self, plan, planner)
+        saves.append(1)
+        if len(saves) == n:
+            written.wait()
+            time.sleep(seconds)
+        return written
+
+    FileSystemWriter.write_data = write_then_wait
+
+
 def disarm_loss_scale_guard() -> None:
     from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
@@ -99,6 +119,9 @@ if __name__ == "__main__":
     if os.environ.get("TT_TEST_KILL_AT"):
         point, step = os.environ["TT_TEST_KILL_AT"].split(":")
         kill_during_save(point, int(step))
+    if os.environ.get("TT_TEST_SLOW_SHARDED_SAVE"):
+        n, seconds = os.environ["TT_TEST_SLOW_SHARDED_SAVE"].split(":")
+        slow_sharded_save(int(n), float(seconds))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
         disarm_loss_scale_guard()
     from tinytrain.cli import main

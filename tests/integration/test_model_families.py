@@ -39,6 +39,14 @@ FAMILIES = {
     # 4 heads of 32 on a hidden size of 64, as Gemma-2-2B's heads are not hidden / heads wide.
     "gemma2_2b": (["model.head_dim=32", "model.sliding_window=16"], "Gemma2ForCausalLM", {"head_dim": 32, "sliding_window": 16}),
     "phi3_mini": (["model.sliding_window=16"], "Phi3ForCausalLM", {"sliding_window": 16}),
+    # q/k head norms (heads of 32 on 64, head_dim its own as Qwen3's 128 on 1024).
+    "qwen3_0_6b": (["model.head_dim=32"], "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
+    # Sliding (window 16, RoPE base 10000) and global layers (base 1e6) alternating; no soft-capping.
+    "gemma3_1b": (
+        ["model.head_dim=32", "model.sliding_window=16", "model.sliding_window_pattern=2"],
+        "Gemma3ForCausalLM",
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16, "final_logit_softcapping": None, "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}, "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
+    ),
 }
 
 
@@ -63,14 +71,16 @@ def test_family_preset_trains_a_tiny_variant(preset, tmp_path):
 
 def test_tensor_parallel_shards_other_families_exactly(tmp_path):
     """tp=2 over gloo with the plan read from each built model: the sharded loss equals the
-    unsharded one (Qwen2's q/k/v biases split with their columns; Gemma-2's 4 heads of 32 on 64)."""
+    unsharded one, and so does every gradient (Qwen2's q/k/v biases split with
+    their columns; Gemma-2's 4 heads of 32 on 64; Qwen3's and Gemma-3's q/k head norms replicated,
+    their gradients summed over the ranks)."""
     import os
     import subprocess
     import sys
 
     from tests.conftest import REPO, free_port
 
-    presets = ["qwen2_5_7b", "gemma2_2b"]
+    presets = ["qwen2_5_7b", "gemma2_2b", "qwen3_8b", "gemma3_1b"]
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     procs = [
         subprocess.Popen([sys.executable, "-m", "tests.integration.tp_families_worker", str(tmp_path), *presets], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -83,3 +93,4 @@ def test_tensor_parallel_shards_other_families_exactly(tmp_path):
         r = results[preset]
         assert r["loss_tp"] == pytest.approx(r["loss_ref"], abs=1e-5), preset
         assert r["after_step"] < r["loss_tp"], preset
+        assert r["max_grad_diff"] < 1e-5, (preset, r["worst_grad"], r["max_grad_diff"])

@@ -35,3 +35,37 @@ def test_two_nodes_train_in_one_run_directory_and_resume_together_after_sigusr1(
     # One run directory for both nodes and both starts.
     assert [p.name for p in (tmp_path / "interrupted").iterdir() if p.is_dir()] == [f"slurm-{job_id}"]
     assert_resumed_on_the_same_trajectory(requeued)
+
+
+def test_mode_sbatch_builds_the_store_as_a_two_part_array_then_trains_after_it(slurm_two_nodes, tmp_path):
+    """mode=sbatch data.prepare_parts=2: submit.sh sends the prepare array (a part a task) and the
+    training job with --dependency=afterok; the tasks build one part each, the last writes the
+    manifest, and training starts after both and reuses the parts."""
+    import json
+    import subprocess
+
+    from tests.conftest import run_cli
+    from tests.integration.slurm_jobs import SHORT_RUN, finish, job_env
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for f in range(4):
+        (shards / f"shard-{f}.jsonl").write_text("".join(json.dumps({"text": f"shard {f} document {d}: " + "words and more words " * 8}) + "\n" for d in range(30)))
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    data = ["data=jsonl", f"data.path={shards}", "data.text_field=text", f"data.cache_dir={cache}", "data.prepare_parts=2", "data.tokenize_workers=0"]
+    r = run_cli(["mode=sbatch", "cluster=slurm", "cluster.nodes=1", "cluster.devices=1", "cluster.cpus_per_task=1", "parallel=single", *data, *SHORT_RUN], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not cache.exists()  # planning built nothing: the array does
+    submitted = subprocess.run(["bash", str(run_dir / "submit.sh")], env=slurm_two_nodes.env(job_env()), capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    prepare_id, train_id = (int(w) for w in __import__("re").findall(r"job (\d+)", submitted.stdout))
+    trained = finish(slurm_two_nodes, train_id, tmp_path, timeout=400, run_dir=run_dir)
+    tasks = slurm_two_nodes.jobs(prepare_id)
+    assert sorted(t.fields["ArrayTaskId"] for t in tasks) == ["0", "1"] and all(t.state == "COMPLETED" for t in tasks)
+    assert trained.job.fields["StartTime"] >= max(t.fields["EndTime"] for t in tasks)  # ISO times: afterok held it
+    logs = {t.fields["ArrayTaskId"]: (run_dir / "prepare" / f"slurm-{prepare_id}_{t.fields['ArrayTaskId']}.out").read_text() for t in tasks}
+    for part, log in logs.items():
+        assert f"part {part} of 2 (2 files: shard-{2 * int(part)}.jsonl .. shard-{2 * int(part) + 1}.jsonl): built" in log, log[-3000:]
+    assert sum("complete: all 2 parts built" in log for log in logs.values()) >= 1
+    assert "2 parts, reused" in trained.log and "(first step) ->" in trained.log, trained.log[-3000:]
+    assert sorted(trained.losses()) == list(range(6))

@@ -52,7 +52,10 @@ CASES = {
     "tp without tensor parallelism": (["mode=plan", "parallel.tp=2"], ["parallel.tp=2", "no tensor parallelism", "parallel=fsdp_tp"]),
     "dp x tp not the world": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "parallel.dp=3", "cluster.devices=2"], ["parallel.dp=3", "world size 2"]),
     "unknown model option": (["mode=plan", "model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'"]),
-    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3]"]),
+    "unknown architecture": (["mode=plan", "model.arch=gpt2"], ["model.arch=gpt2", "expected one of [llama, qwen2, mistral, gemma2, phi3, qwen3, gemma3_text]"]),
+    "sliding window pattern off gemma3": (["mode=plan", "model.sliding_window_pattern=6"], ["model.sliding_window_pattern=6", "only model.arch=gemma3_text has it", "Fix: use model.sliding_window_pattern=null"]),
+    "sliding window pattern zero": (["mode=plan", "model=gemma3_1b", "model.sliding_window_pattern=0"], ["model.sliding_window_pattern=0", "must be a positive integer", "Fix:"]),
+    "local rope base negative": (["mode=plan", "model=gemma3_1b", "model.rope_local_theta=-1"], ["model.rope_local_theta=-1.0", "must be positive", "Fix:"]),
     "unknown attention": (["mode=plan", "model.attention=flash3"], ["model.attention=flash3", "expected one of"]),
     # cluster
     "nodes zero": (["mode=plan", "cluster.nodes=0"], ["cluster.nodes=0", ">= 1", "cluster.nodes=1"]),
@@ -82,6 +85,11 @@ CASES = {
     "accumulation against global": (["mode=plan", "trainer.accumulate_grad_batches=2", "trainer.global_batch_size=8"], ["trainer.accumulate_grad_batches=2", "disagrees with global_batch_size(8)"]),
     # optimizer and schedule
     "lr zero": (["mode=plan", "trainer.lr=0"], ["trainer.lr=0.0", "positive"]),
+    "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),
+    "wsd decay fraction above 1": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=1.5"], ["trainer.decay_fraction=1.5", "must be in (0, 1]", "Fix:"]),
+    "wsd decay fraction into the warm-up": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=0.95"], ["trainer.decay_fraction=0.95", "does not fit", "raise trainer.max_steps"]),
+    "decay steps without wsd": (["mode=plan", "trainer.decay_steps=20"], ["trainer.decay_steps=20", "only trainer.lr_schedule=wsd", "Fix: set trainer.lr_schedule=wsd"]),
+    "unknown schedule": (["mode=plan", "trainer.lr_schedule=triangle"], ["trainer.lr_schedule=triangle", "expected one of"]),
     "lr negative": (["mode=plan", "trainer.lr=-1e-3"], ["trainer.lr=-0.001", "positive"]),
     "lr a word": (["mode=plan", "trainer.lr=fast"], ["trainer.lr=fast", "trainer.lr"]),
     "beta above one": (["mode=plan", "trainer.betas=[0.9,1.5]"], ["trainer.betas=[0.9, 1.5]", "[0, 1)"]),
@@ -173,8 +181,19 @@ CASES = {
     "text file missing": (["mode=plan", "data=text", "data.path={F}/missing.txt"], ["data.path='{F}/missing.txt'", "no such file or folder"]),
     "text file empty": (["mode=plan", "data=text", "data.path={F}/empty.txt"], ["data.path='{F}/empty.txt'", "is empty"]),
     "text folder of empty files": (["mode=plan", "data=text", "data.path={F}/empty_texts"], ["data.path='{F}/empty_texts'", "holds only empty files"]),
-    "text folder without text files": (["mode=plan", "data=text", "data.path={F}/empty_dir"], ["data.path='{F}/empty_dir'", "folder holds no .txt files"]),
+    "text folder without text files": (["mode=plan", "data=text", "data.path={F}/empty_dir"], ["data.path='{F}/empty_dir'", "folder holds no readable shard (read: .txt, .txt.gz"]),
     "text not UTF-8": (["mode=prepare", "data=text", "data.path={F}/latin1.txt"], ["{F}/latin1.txt:1", "not UTF-8", "convert the file to UTF-8"]),
+    "glob matching nothing": (["mode=plan", "data=jsonl", "data.path={F}/shards/*.jsonl.zst"], ["data.path='{F}/shards/*.jsonl.zst'", "the glob matches no files", "quote it"]),
+    "unknown compression suffix": (["mode=plan", "data=jsonl", "data.path={F}/shard.jsonl.bz2"], ["data.path='{F}/shard.jsonl.bz2'", "compression .bz2 is not read", "recompress it as .gz or .zst"]),
+    "unknown compression in a folder": (["mode=plan", "data=jsonl", "data.path={F}/mixed_codecs"], ["data.path='{F}/mixed_codecs'", "b.jsonl.xz: compression .xz is not read"]),
+    "folder without a readable shard": (["mode=plan", "data=jsonl", "data.path={F}/no_shards"], ["data.path='{F}/no_shards'", "folder holds no readable shard"]),
+    "truncated zstd shard": (["mode=prepare", "data=jsonl", "data.text_field=text", "data.path={F}/cut.jsonl.zst"], ["{F}/cut.jsonl.zst:", "damaged compressed shard", "truncated", "download or copy the shard again"]),
+    "truncated gzip shard": (["mode=prepare", "data=jsonl", "data.text_field=text", "data.path={F}/cut.json.gz"], ["{F}/cut.json.gz:", "damaged compressed shard", "EOFError", "bad_records=skip"]),
+    "prepare part out of range": (["mode=prepare", "data=text", "data.path={F}/empty_texts/../lines.txt", "data.prepare_parts=1", "data.prepare_part=1"], ["data.prepare_part=1", "out of range", "between 0 and 0"]),
+    "prepare part outside mode=prepare": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_part=0"], ["data.prepare_part=0", "it is for mode=prepare"]),
+    "more parts than shard files": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_parts=3"], ["data.prepare_parts=3", "has 1 shard file(s)", "data.prepare_parts<=1"]),
+    "parts for SFT data": (["mode=plan", "data=alpaca", "data.prepare_parts=2"], ["data.prepare_parts=2", "SFT data is not a token store"]),
+    "store with a missing part": (["mode=plan", "data.store={F}/cache/stores/half"], ["data.store='{F}/cache/stores/half'", "part(s) 1 of 2 not built", "data.prepare_part=1"]),
     "validation file missing": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.val_path={F}/missing_val.txt"], ["data.val_path='{F}/missing_val.txt'", "no such file"]),
     "val fraction zero": (["mode=plan", "data.val_fraction=0"], ["data.val_fraction=0.0", "between 0 and 1"]),
     "val fraction above one": (["mode=plan", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
@@ -272,6 +291,25 @@ def bad(tmp_path_factory):
     (f / "empty_dir").mkdir()
     (f / "good.txt").write_text("A document.\n\nAnother document.\n")
     (f / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+    shard = "".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(2000)).encode()
+    import gzip
+
+    import zstandard
+
+    packed = zstandard.ZstdCompressor().compress(shard)
+    (f / "cut.jsonl.zst").write_bytes(packed[: len(packed) // 2])
+    packed = gzip.compress(shard)
+    (f / "cut.json.gz").write_bytes(packed[: len(packed) // 2])
+    (f / "shard.jsonl.bz2").write_bytes(b"BZh9")
+    (f / "mixed_codecs").mkdir()
+    (f / "mixed_codecs" / "a.jsonl").write_text('{"text": "fine"}\n')
+    (f / "mixed_codecs" / "b.jsonl.xz").write_bytes(b"\xfd7zXZ")
+    (f / "cache" / "stores" / "half").mkdir(parents=True)
+    (f / "cache" / "parts" / "aaaa").mkdir(parents=True)
+    (f / "cache" / "parts" / "aaaa" / "meta.json").write_text("{}")
+    (f / "cache" / "stores" / "half" / "parts.json").write_text(json.dumps({"parts": [{"index": 0, "key": "aaaa"}, {"index": 1, "key": "bbbb"}]}))
+    (f / "no_shards").mkdir()
+    (f / "no_shards" / "README.md").write_text("shards go here\n")
     (f / "broken.jsonl").write_text('{"instruction": "q", "output": "a"}\n{"instruction": \n')
     (f / "corrupt_tokenizer").mkdir()
     (f / "corrupt_tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": ')

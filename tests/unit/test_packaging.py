@@ -63,9 +63,10 @@ def test_extras_hold_the_optional_stacks():
         "wandb": "wandb",
         "tensorboard": "tensorboard",
         "peft": "lora",
-        "flash-attn": "gpu",
+        "flash-attn": "flash-attn",  # its own extra: `gpu` must install from wheels (no CUDA build)
         "liger-kernel": "gpu",
     }
+    assert PROJECT["optional-dependencies"]["gpu"] == ["liger-kernel>=0.8"]
     # make setup installs .[dev]: every extra that runs on a CPU comes with it.
     assert "tinytrain-llm[deepspeed,wandb,tensorboard,lora]" in PROJECT["optional-dependencies"]["dev"]
 

@@ -91,6 +91,7 @@ PRIVATE_NAMES = [
         "train/callbacks/dead_rank.py (finds the thread by it)",
         source_mentions(module_attr("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver"), '"child-process-observer"'),
     ),
+    ("torch", "ParallelStyle._apply", "model/tensor_parallel.py (head_norm_parallel, a style of its own)", class_attr("torch.distributed.tensor.parallel", "ParallelStyle", "_apply")),
     ("torch", "torch._foreach_norm", "train/callbacks/nonfinite_guard.py", module_attr("torch", "_foreach_norm")),
     ("torch", "torch.distributed.tensor._redistribute (logger name)", "train/trainer.py (quiet_lightning)", lambda: importlib.import_module("torch.distributed.tensor._redistribute")),
     ("hydra-core", "JobReturn._return_value", "cluster/sweep_results.py (a failed job's exception)", dataclass_field("hydra.core.utils", "JobReturn", "_return_value")),

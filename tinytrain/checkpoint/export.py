@@ -18,6 +18,7 @@ from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_
 from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.format import MODULE_PREFIX, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
+from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
 from tinytrain.errors import raise_if_any
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,10 @@ def readable(out_dir: Path) -> None:
 
 
 def checkpoint_state_dict(ckpt_path: Path) -> dict:
-    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed)."""
+    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed);
+    of a sharded (fsdp_tp) folder, read one tensor at a time without the optimizer state."""
+    if is_sharded(Path(ckpt_path)):
+        return consolidated_weights(Path(ckpt_path), "export")
     ckpt = load_file(ckpt_path, "export")
     return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
 

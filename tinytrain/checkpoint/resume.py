@@ -8,12 +8,13 @@ import logging
 from pathlib import Path
 
 from tinytrain.checkpoint.files import is_temp, remove, step_checkpoints
-from tinytrain.checkpoint.format import read
+from tinytrain.checkpoint.format import MODULE_PREFIX, read
 from tinytrain.checkpoint.safe_load import (
     check_deepspeed_folder,
     deepspeed_globals,
     load_file,
 )
+from tinytrain.checkpoint.sharded import check_folder, is_sharded, shape_stand_ins
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,10 @@ DEEPSPEED_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_0
 def read_state(path: Path, key: str = "resume") -> dict:
     """The checkpoint's top-level dict (global_step, tinytrain metadata, ...), memory-mapped and
     read without running code from it; a DeepSpeed folder has each file checked first, since
-    DeepSpeed's own loader unpickles anything."""
+    DeepSpeed's own loader unpickles anything. A sharded (fsdp_tp) folder is checked for every
+    rank's shard file of this save; its `state_dict` holds meta tensors of the saved shapes."""
+    if is_sharded(path):
+        return {**check_folder(path, key), "state_dict": {MODULE_PREFIX + k: v for k, v in shape_stand_ins(path, key).items()}}
     if path.is_dir():
         check_deepspeed_folder(path, key)
         return load_file(deepspeed_state_file(path), key, deepspeed_globals())

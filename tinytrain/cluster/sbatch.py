@@ -129,11 +129,15 @@ def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str 
     return "\n".join(lines)
 
 
-def write(cfg, overrides: list[str], run_dir: Path) -> Path:
-    # validate() checked these through Hydra; checked again here for any other caller.
+def check_script_values(cfg, overrides: list[str], run_dir: Path) -> None:
+    """validate() checked these through Hydra; checked again by every writer, for any other caller."""
     problems = slurm_values.script_value_problems(cfg, training_overrides(overrides), str(run_dir.resolve()), str(Path.cwd()))
     if problems:
         raise ConfigError(problems)
+
+
+def write(cfg, overrides: list[str], run_dir: Path) -> Path:
+    check_script_values(cfg, overrides, run_dir)
     path = run_dir / SCRIPT_NAME
     path.write_text(render(cfg, overrides, run_dir, Path.cwd()))
     path.chmod(0o755)

@@ -37,13 +37,16 @@ class Arch(Enum):
     mistral = "mistral"
     gemma2 = "gemma2"
     phi3 = "phi3"
+    qwen3 = "qwen3"
+    gemma3_text = "gemma3_text"  # Gemma-3's text model (Gemma-3-1B; the text tower of 4B/12B/27B)
 
 
 class Attention(Enum):
-    auto = "auto"  # flash_attention_2 when importable and on a GPU, else sdpa
+    auto = "auto"  # torch's varlen kernel, else flash_attention_2, on a GPU of compute capability >= 8.0; else sdpa (plan/attention.py)
     sdpa = "sdpa"
     eager = "eager"
     flash_attention_2 = "flash_attention_2"
+    varlen = "varlen"  # torch.nn.attention.varlen (torch >= 2.10, CUDA, compute capability >= 8.0)
 
 
 class PrecisionRequest(Enum):
@@ -108,6 +111,21 @@ class Exhaustion(Enum):
     stop = "stop"  # the run ends at the last step before any source would repeat (checkpoint saved)
 
 
+class LrSchedule(Enum):
+    cosine = "cosine"  # warm-up, cosine decay over the rest of the run
+    linear = "linear"  # warm-up, linear decay over the rest of the run
+    constant = "constant"  # warm-up, then the peak rate
+    wsd = "wsd"  # warm-up, stable, and a decay over the last trainer.decay_steps / decay_fraction
+
+
+class DecayShape(Enum):
+    """The shape of the WSD decay from the peak to min_lr_ratio x peak (progress p from 0 to 1)."""
+
+    linear = "linear"  # 1 - p
+    cosine = "cosine"  # (1 + cos(pi p)) / 2
+    one_minus_sqrt = "1-sqrt"  # 1 - sqrt(p) (Hägele et al. 2024): steep first; given by name, trainer.decay_shape=one_minus_sqrt
+
+
 class TooLongPolicy(Enum):
     truncate = "truncate"
     skip = "skip"
@@ -159,8 +177,14 @@ class ModelConfig:
     attention_bias: bool = False
     # Width of each attention head; null: hidden_size / num_heads (Gemma-2-2B: 8 heads of 256 on 2304).
     head_dim: Optional[int] = None
-    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3); null: full attention.
+    # Tokens a sliding-window layer attends to (mistral, gemma2, phi3, gemma3_text); null: full attention.
     sliding_window: Optional[int] = None
+    # gemma3_text: every Nth layer attends globally, the others within sliding_window (Gemma-3: 6,
+    # five local layers to one global); null: the family's (6).
+    sliding_window_pattern: Optional[int] = None
+    # gemma3_text: the RoPE base of the sliding-window layers (config.json's rope_local_base_freq;
+    # rope_theta and rope_scaling are the global layers'); null: rope_theta.
+    rope_local_theta: Optional[float] = None
     # RoPE scaling, as transformers' rope_parameters take it besides rope_theta (Llama-3.1: rope_type
     # llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); null: none.
     # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
@@ -231,6 +255,10 @@ class DataConfig:
     cache_dir: str = ".cache/tinytrain"  # relative to the working directory; stores go in <cache_dir>/stores/
     store: Optional[str] = None  # a store folder built by mode=prepare; used instead of building one
     tokenize_workers: Optional[int] = None  # processes tokenizing; null: one per CPU core; 0: this process
+    # A large source's shards (sorted by path) split into this many parts, each tokenized on its own
+    # (in parallel, or one per Slurm array task) and opened together as one store (data/parts.py).
+    prepare_parts: int = 1
+    prepare_part: Optional[int] = None  # mode=prepare: build only this part (0-based), e.g. a Slurm array task
     append_eos: bool = True  # after every document
     prepend_bos: bool = False  # before every document, and before every SFT sample
     # Packing: per-document position ids isolate documents (the varlen path on flash-attn).
@@ -330,6 +358,9 @@ class CheckpointConfig:
     allow_tokenizer_change: bool = False
     # Step checkpoints (checkpoints/step<N>.ckpt, every trainer.checkpoint_every_n_steps) kept; older ones are deleted.
     keep_last: int = 3
+    # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
+    # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
+    async_save: bool = False
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
@@ -377,8 +408,19 @@ class TrainerConfig:
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1  # the rate a decay ends at, as a fraction of trainer.lr
     warmup_steps: int = 25
+    # The schedule (tinytrain/plan/schedule.py): cosine | linear | constant | wsd. wsd decays over
+    # the last decay_steps steps (null: decay_fraction x max_steps) in decay_shape.
+    lr_schedule: LrSchedule = LrSchedule.cosine
+    decay_fraction: float = 0.2
+    decay_steps: Optional[int] = None
+    decay_shape: DecayShape = DecayShape.one_minus_sqrt
+    # The stage this run trains, in metrics.csv's `stage` column and in its checkpoints. A run
+    # continued from a step checkpoint (resume=<it>) under a new name, with a new schedule and
+    # data, is a new stage of the same run (an anneal branched off the stable phase); its
+    # optimizer state carries on.
+    stage: str = "main"
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8

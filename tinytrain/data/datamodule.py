@@ -16,17 +16,20 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader
 
 from tinytrain.config.schema import DataFormat
+from tinytrain.data import parts
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import PackedSamples, PackedWindows
+from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
 from tinytrain.data.sources import Source, records
@@ -97,14 +100,21 @@ class DataModule:
     def _store(self, validation: bool, progress: bool, src: Source | None = None) -> TokenStore:
         d = self.cfg
         if d.store and not validation and src is None:
-            store = TokenStore.open(d.store)
+            store = PartedStore.open(d.store) if (Path(d.store) / PLAN).exists() else TokenStore.open(d.store)
             store.check_matches(fingerprint(self.tokenizer), str(self.tokenizer.name_or_path), d.append_eos, d.prepend_bos)
             self.lines.append(f"token store {store.path} (data.store): {store.describe()}")
             self.stores.append(store)
             return store
         src = src or Source.from_config(d, validation)
-        store, built = ensure_store(src, d, self.tokenizer, progress)
-        how = f"built in {store.meta['build_seconds']:.1f} s with {store.meta['tokenize_workers']} workers" if built else "reused"
+        if d.prepare_parts > 1 and not validation:
+            store, built = parts.ensure(src, d, self.tokenizer, progress)
+            self.lines += store.build_lines
+        else:
+            store, built = ensure_store(src, d, self.tokenizer, progress)
+        if isinstance(store, PartedStore):
+            how = f"{len(store.parts)} parts, tokenized in {store.meta['build_seconds']:.1f} s of build time" if built else f"{len(store.parts)} parts, reused"
+        else:
+            how = f"built in {store.meta['build_seconds']:.1f} s with {store.meta['tokenize_workers']} workers" if built else "reused"
         self.lines.append(f"token store {store.path} ({how}) for {src.describe()}: {store.describe()}; {store.meta['bad_records']}")
         self.stores.append(store)
         return store

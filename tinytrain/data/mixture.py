@@ -1,7 +1,8 @@
 """The members of a weighted mixture (data.sources): each entry's name, weight and Source.
 
-An entry's kind is its `source`, or else follows its path: `.txt` text, `.jsonl` JSON Lines,
-`.parquet` Parquet, anything else (a folder, a dataset name) data.source. Its text field is its own
+An entry's kind is its `source`, or else follows its path's suffix (data/shards.py's table: `.txt`
+text, `.jsonl`/`.jsonl.zst`/`.json.gz` JSON Lines, `.parquet` Parquet); anything else (a folder, a
+glob, a dataset name) data.source. Its text field is its own
 `text_field` or data.text_field; the other reading options (text_split, hf_split, bad_records) are
 data's. The name labels the source in the plan, the logs and the checkpoint's data position.
 """
@@ -12,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.config.schema import DataSource
+from tinytrain.data.shards import shard_format
 from tinytrain.data.sources import Source
-
-KIND_BY_SUFFIX = {".txt": DataSource.text, ".jsonl": DataSource.jsonl, ".parquet": DataSource.parquet}
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class Member:
 def kind(entry, data_cfg) -> DataSource:
     if entry.source is not None:
         return entry.source
-    return KIND_BY_SUFFIX.get(Path(entry.path).suffix, data_cfg.source) if entry.path else data_cfg.source
+    fmt = shard_format(Path(entry.path)) if entry.path else None
+    return fmt.kind if fmt is not None else data_cfg.source
 
 
 def default_name(entry, data_cfg) -> str:

@@ -1,11 +1,14 @@
-"""Where documents and records come from: text files, JSON Lines, Parquet, Hugging Face datasets,
-and the embedded pydoc corpus.
+"""Where documents and records come from: shards of text, JSON Lines (plain, .gz, .zst) and Parquet,
+Hugging Face datasets, and the embedded pydoc corpus.
 
-Readers stream: `documents()` yields pretraining texts, `records()` yields SFT records (dicts), each
-with its location ("data.jsonl:12", "part-0.parquet row 7") so a bad one can be named. Unusable
-records go through BadRecords (data.bad_records). A source's fingerprint is what the token store is
-keyed by: its kind, its files with size and modification time, and the options that change what
-is read.
+A file source's path is a file, a folder (recursive) or a glob; its shards may mix formats, each read
+by its own suffix (data/shards.py). Readers stream with constant memory whatever a shard's size: text
+in 1 MiB reads split at blank lines, JSON Lines line by line, Parquet in record batches.
+`documents()` yields pretraining texts, `records()` yields SFT records (dicts), each with its location
+("data.jsonl.zst:12", "part-0.parquet row 7") so a bad one can be named. Unusable records and damaged
+compressed shards go through BadRecords (data.bad_records). A source's fingerprint is what the token
+store is keyed by: its kind, its files with size and modification time, and the options that change
+what is read.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.config.schema import BadRecordPolicy, DataSource, TextSplit
+from tinytrain.data import shards
 from tinytrain.data.bad_records import BadRecords
+from tinytrain.data.shards import ShardDamaged
 from tinytrain.errors import ConfigError, Problem
 
-SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
 # Also splits "\r\n\r\n" (the stray "\r" is stripped with the block); a leading "\r?" would make
-# the regex engine ~5x slower on large files.
-BLANK_LINE = re.compile(r"\n[ \t]*\r?\n")
+# the regex engine ~5x slower on large files. On bytes: the separator is ASCII, never inside a
+# UTF-8 sequence.
+BLANK_LINE = re.compile(rb"\n[ \t]*\r?\n")
+DAMAGED_FIX = "download or copy the shard again (a .gz/.zst shard cut short fails its own check: gzip -t / zstd -t)"
 HF_SAVED_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 BATCH_ROWS = 4096
 
@@ -56,11 +62,17 @@ class Source:
 
 
 def files(src: Source) -> list[Path]:
-    """The files of a text/jsonl/parquet source: the file itself, or a folder's files (recursive, sorted)."""
-    p = Path(src.path)
-    if p.is_dir():
-        return sorted(f for f in p.rglob(f"*{SUFFIX[src.kind]}") if f.is_file())
-    return [p]
+    """The shards of a text/jsonl/parquet source, sorted (data/shards.py: a file, a folder, a glob)."""
+    return shards.list_shards(src.path, src.key, src.kind)
+
+
+def file_stats(listed: list[Path]) -> list[tuple[str, int, int]]:
+    """(resolved path, size, mtime) per file: what a store or a part of one is keyed by."""
+    out = []
+    for f in listed:
+        st = f.stat()
+        out.append((str(f.resolve()), st.st_size, st.st_mtime_ns))
+    return out
 
 
 def fingerprint(src: Source) -> str:
@@ -74,9 +86,7 @@ def fingerprint(src: Source) -> str:
         ds = load_hf(src)
         payload.update(path=src.path, split=src.hf_split, dataset=ds._fingerprint)  # datasets' own content fingerprint
     else:
-        root = Path(src.path).resolve()
-        listed = files(src)
-        payload["files"] = [(str(f.resolve().relative_to(root)) if root.is_dir() else str(root), f.stat().st_size, f.stat().st_mtime_ns) for f in listed]
+        payload["files"] = file_stats(files(src))
     if src.kind == DataSource.text:
         payload["text_split"] = src.text_split.value
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -88,56 +98,122 @@ def documents(src: Source, bad: BadRecords, field: str | None = None) -> Iterato
         from tinytrain.data.corpus import pydoc_documents
 
         yield from (d for d in pydoc_documents() if d.strip())
-    elif src.kind == DataSource.text:
-        yield from _text_documents(src, bad)
+    elif src.kind == DataSource.hf:
+        yield from _field_documents(_hf_records(src, [field or src.text_field]), field or src.text_field, bad)
     else:
-        field = field or src.text_field
-        for record, where in records(src, bad, columns=[field]):
-            text = record.get(field)
-            if field not in record:
-                bad.report(where, f"missing field '{field}'", f"fields: {', '.join(record) or 'none'}", "add the field or set data.text_field")
-            elif not isinstance(text, str):
-                bad.report(where, f"field '{field}' is not a string", f"{type(text).__name__}")
-            elif text.strip():
-                yield text
+        yield from shard_documents(files(src), src, bad, field)
 
 
-def _text_documents(src: Source, bad: BadRecords) -> Iterator[str]:
-    for f in files(src):
-        raw = f.read_bytes()
-        if not raw.strip():
-            bad.report(str(f), "empty file", fix="remove it")
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = raw[: e.start].count(b"\n") + 1
-            bad.report(f"{f}:{line}", "not UTF-8", f"byte {e.start}: {raw[e.start : e.start + 1]!r}", "convert the file to UTF-8")
-            continue
-        if src.text_split == TextSplit.file:
-            yield text.strip()
+def shard_documents(listed: list[Path], src: Source, bad: BadRecords, field: str | None = None) -> Iterator[str]:
+    """The documents of these shards, in order, each read by its own format."""
+    field = field or src.text_field
+    for f in listed:
+        fmt = shards.shard_format(f, src.kind)
+        if fmt.kind == DataSource.text:
+            yield from _text_documents(f, fmt, src.text_split, bad)
         else:
-            yield from (block.strip() for block in BLANK_LINE.split(text) if block.strip())
+            yield from _field_documents(_shard_records(f, fmt, bad, [field]), field, bad)
+
+
+def _field_documents(rows: Iterator[tuple[dict, str]], field: str, bad: BadRecords) -> Iterator[str]:
+    for record, where in rows:
+        text = record.get(field)
+        if field not in record:
+            bad.report(where, f"missing field '{field}'", f"fields: {', '.join(record) or 'none'}", "add the field or set data.text_field")
+        elif not isinstance(text, str):
+            bad.report(where, f"field '{field}' is not a string", f"{type(text).__name__}")
+        elif text.strip():
+            yield text
+
+
+def _text_documents(f: Path, fmt: shards.Format, split: TextSplit, bad: BadRecords) -> Iterator[str]:
+    """Blank-line blocks (or the whole file, data.text_split=file) read 1 MiB at a time: memory is one
+    read plus the block in progress. A block that is not UTF-8 is a bad record named by its line."""
+    blocks = _file_blocks if split == TextSplit.file else _blank_line_blocks
+    seen_any = False
+    with shards.open_binary(f, fmt) as stream:
+        try:
+            for start_byte, start_line, block in blocks(stream):
+                stripped = block.strip()
+                if not stripped:
+                    continue
+                seen_any = True
+                try:
+                    yield stripped.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    at = start_byte + (len(block) - len(block.lstrip())) + e.start
+                    line = start_line + block[: (len(block) - len(block.lstrip())) + e.start].count(b"\n")
+                    bad.report(f"{f}:{line}", "not UTF-8", f"byte {at}: {stripped[e.start : e.start + 1]!r}", "convert the file to UTF-8")
+        except ShardDamaged as e:
+            bad.report(str(f), "damaged compressed shard", str(e), DAMAGED_FIX)
+            return
+    if not seen_any:
+        bad.report(str(f), "empty file", fix="remove it")
+
+
+def _file_blocks(stream) -> Iterator[tuple[int, int, bytes]]:
+    yield 0, 1, stream.read()
+
+
+def _blank_line_blocks(stream) -> Iterator[tuple[int, int, bytes]]:
+    """(byte offset, line number, bytes) of each block between blank lines."""
+    carry = b""
+    byte, line = 0, 1  # where `carry` starts
+    while True:
+        chunk = stream.read(shards.READ_BYTES)
+        buf = carry + chunk
+        # Only separators followed by more data are final: at the end of a read a separator may
+        # continue (more blank lines, or "\r").
+        cut = 0
+        for m in BLANK_LINE.finditer(buf):
+            if chunk and m.end() == len(buf):
+                break
+            block = buf[cut : m.start()]
+            yield byte + cut, line, block
+            line += buf.count(b"\n", cut, m.end())
+            cut = m.end()
+        byte += cut
+        carry = buf[cut:]
+        if not chunk:
+            if carry:
+                yield byte, line, carry
+            return
 
 
 def records(src: Source, bad: BadRecords, columns: list[str] | None = None) -> Iterator[tuple[dict, str]]:
     """Records of a jsonl / parquet / hf source with their locations."""
-    if src.kind == DataSource.jsonl:
-        for f in files(src):
-            yield from _jsonl_records(f, bad)
-    elif src.kind == DataSource.parquet:
-        for f in files(src):
-            yield from _parquet_records(f, bad, columns)
-    elif src.kind == DataSource.hf:
+    if src.kind == DataSource.hf:
         yield from _hf_records(src, columns)
-    else:
+        return
+    if src.kind not in (DataSource.jsonl, DataSource.parquet):
         raise ConfigError(Problem("data.source", src.kind.value, "holds documents, not records", "use data.source=jsonl, parquet or hf for SFT records"))
+    for f in files(src):
+        fmt = shards.shard_format(f, src.kind)
+        if fmt.kind == DataSource.text:
+            raise ConfigError(Problem(src.key, src.path, f"{f} is text: it holds documents, not records", "keep SFT records (.jsonl, .jsonl.gz/.zst, .parquet) in their own folder"))
+        yield from _shard_records(f, fmt, bad, columns)
 
 
-def _jsonl_records(f: Path, bad: BadRecords) -> Iterator[tuple[dict, str]]:
+def _shard_records(f: Path, fmt: shards.Format, bad: BadRecords, columns: list[str] | None) -> Iterator[tuple[dict, str]]:
+    if fmt.kind == DataSource.parquet:
+        yield from _parquet_records(f, bad, columns)
+    else:
+        yield from _jsonl_records(f, fmt, bad)
+
+
+def _jsonl_records(f: Path, fmt: shards.Format, bad: BadRecords) -> Iterator[tuple[dict, str]]:
     seen_any = False
-    with f.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
+    number = 0
+    with shards.open_binary(f, fmt) as lines:
+        while True:
+            try:
+                raw = lines.readline()
+            except ShardDamaged as e:
+                bad.report(f"{f}:{number + 1}", "damaged compressed shard", str(e), DAMAGED_FIX)
+                return
+            if not raw:
+                break
+            number += 1
             if not raw.strip():
                 continue
             seen_any = True
@@ -177,7 +253,15 @@ def _parquet_records(f: Path, bad: BadRecords, columns: list[str] | None) -> Ite
         bad.report(str(f), "empty file", fix="remove it")
         return
     row = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=columns)  # one row group's batch at a time
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            bad.report(f"{f} row {row}", "damaged Parquet row group", str(e).splitlines()[0], DAMAGED_FIX)
+            return
+        if batch is None:
+            return
         for record in batch.to_pylist():
             yield record, f"{f} row {row}"
             row += 1

@@ -8,7 +8,8 @@ explicitly (data.store) that was built with another tokenizer is refused.
 
 Building is atomic: everything is written into a temporary sibling folder that is renamed into
 place only when complete, so a crash mid-build leaves nothing that a later run would use. One
-process builds (a file lock); every other process (other ranks, other runs) waits and reuses it.
+process builds (build_lock.py: a marker file, no flock needed); every other process (other ranks,
+other runs, other nodes) waits and reuses it. A large source is built in parts (parts.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tinytrain.data import tokenize_worker
+from tinytrain.data.build_lock import BuildLock
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -75,8 +77,9 @@ class TokenStore:
         size = (path / TOKENS).stat().st_size if (path / TOKENS).exists() else -1
         if size != meta["num_tokens"] * itemsize:
             raise ConfigError(Problem(key, str(path), f"damaged: {TOKENS} has {size} bytes, meta.json says {meta['num_tokens']} tokens x {itemsize}", fix))
-        offsets = np.load(path / OFFSETS)
-        if offsets.shape != (meta["num_documents"] + 1,) or offsets[0] != 0 or offsets[-1] != meta["num_tokens"] or np.any(np.diff(offsets) < 0):
+        # Mapped, not loaded: every rank and DataLoader worker shares the page cache's one copy.
+        offsets = np.load(path / OFFSETS, mmap_mode="r")
+        if offsets.shape != (meta["num_documents"] + 1,) or offsets[0] != 0 or offsets[-1] != meta["num_tokens"]:
             raise ConfigError(Problem(key, str(path), f"damaged: {OFFSETS} does not index {meta['num_documents']} documents", fix))
         return cls(path, meta, offsets)
 
@@ -100,8 +103,13 @@ class TokenStore:
     def num_tokens(self) -> int:
         return self.meta["num_tokens"]
 
+    # A DataLoader worker gets the path, not the arrays: it maps the same files again.
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_tokens": None}
+        return {**self.__dict__, "_tokens": None, "offsets": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.offsets = np.load(self.path / OFFSETS, mmap_mode="r")
 
     def describe(self) -> str:
         m = self.meta
@@ -253,6 +261,7 @@ def build(final: Path, docs: Iterable[str], tokenizer, meta: dict, workers: int,
             "tokenize_workers": workers,
             "build_seconds": round(time.perf_counter() - started, 3),
             "bad_records": bad.summary() if bad is not None else "not tracked",
+            "bad_record_counts": dict(bad.counts) if bad is not None else {},
         }
         with (tmp / META).open("w") as f:
             json.dump(meta, f, indent=2)
@@ -272,8 +281,6 @@ def build(final: Path, docs: Iterable[str], tokenizer, meta: dict, workers: int,
 def ensure_store(src, data_cfg, tokenizer, progress: bool = True) -> tuple[TokenStore, bool]:
     """The cached store for this source, tokenizer and policy: reused when complete, else built.
     Returns (store, built_now)."""
-    from filelock import FileLock
-
     from tinytrain.data import sources
     from tinytrain.data.bad_records import BadRecords
     from tinytrain.data.tokenizer import fingerprint
@@ -289,7 +296,7 @@ def ensure_store(src, data_cfg, tokenizer, progress: bool = True) -> tuple[Token
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(Problem("data.cache_dir", data_cfg.cache_dir, f"cannot create {root}: {e.strerror}", "set data.cache_dir to a writable folder")) from e
-    with FileLock(str(root / f"{key}.lock")):
+    with BuildLock(root / f"{key}.lock", f"token store {key}"):
         if (final / META).exists():  # another process built it while this one waited for the lock
             return TokenStore.open(final, key="data.cache_dir"), False
         for stale in root.glob(f".{key}.tmp-*"):  # left by a build that was killed; never used

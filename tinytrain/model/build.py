@@ -1,5 +1,5 @@
 """Model construction from config: Hugging Face classes of each family (llama, qwen2, mistral,
-gemma2, phi3), no parallelism, no dtype.
+gemma2, phi3, qwen3, gemma3_text), no parallelism, no dtype.
 
 Strategy code applies parallelism and precision; this module only knows architecture.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.config.schema import Arch
-from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.attention import TORCH_VARLEN, AttentionChoice
 from tinytrain.plan.families import family
 
 
@@ -35,12 +35,15 @@ def hf_config(model_cfg, vocab_size: int, tokenizer):
         # With the KV cache on, packed documents silently attend to each other: training never uses it.
         use_cache=False,
     )
-    return AutoConfig.for_model(model_cfg.arch.value, **common, **family_options(model_cfg))
+    return AutoConfig.for_model(model_cfg.arch.value, **{**common, **family_options(model_cfg)})
 
 
 def rope_parameters(theta: float, scaling) -> dict:
     """transformers' rope_parameters: rope_theta plus model.rope_scaling (its type, factor, ...)."""
     return {"rope_type": "default", "rope_theta": float(theta), **(dict(scaling) if scaling else {})}
+
+
+GEMMA3_PATTERN = 6  # Gemma-3: five sliding-window layers, then a global one
 
 
 def family_options(m) -> dict:
@@ -59,6 +62,16 @@ def family_options(m) -> dict:
         options["query_pre_attn_scalar"] = head_dim
         if m.sliding_window is None:
             options["layer_types"] = ["full_attention"] * m.num_layers
+    if m.arch == Arch.gemma3_text:
+        # Gemma-3 scales queries by query_pre_attn_scalar (its head_dim for 1B and 4B); a global
+        # layer after every sliding_window_pattern - 1 windowed ones, each kind with its own RoPE.
+        pattern = m.sliding_window_pattern or GEMMA3_PATTERN
+        options["query_pre_attn_scalar"] = head_dim
+        options["layer_types"] = ["full_attention" if m.sliding_window is None or (i + 1) % pattern == 0 else "sliding_attention" for i in range(m.num_layers)]
+        options["rope_parameters"] = {
+            "full_attention": rope_parameters(m.rope_theta, m.rope_scaling),
+            "sliding_attention": rope_parameters(m.rope_local_theta or m.rope_theta, None),
+        }
     if m.arch == Arch.phi3:
         # The context its RoPE was trained at (longrope scales from it).
         options["original_max_position_embeddings"] = (m.rope_scaling or {}).get("original_max_position_embeddings", m.max_position_embeddings)
@@ -79,11 +92,20 @@ def model_config(model_cfg, plan, tokenizer):
     return config
 
 
+def register(attention: AttentionChoice) -> None:
+    """torch's varlen kernel is tinytrain's own attention implementation: transformers learns its name here."""
+    if attention.implementation == TORCH_VARLEN:
+        from tinytrain.model.varlen_attention import use_torch_varlen
+
+        use_torch_varlen()
+
+
 def build_model(model_cfg, config, attention: AttentionChoice):
     """Real weights: from config (pretraining) or from a local pretrained folder (fine-tuning),
     with embedding and lm_head resized to config.vocab_size (the padded size)."""
     from transformers import AutoModelForCausalLM
 
+    register(attention)
     if model_cfg.pretrained:
         model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation, trust_remote_code=model_cfg.trust_remote_code)
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:

@@ -13,10 +13,12 @@ def apply_kernels(model: torch.nn.Module, arch: Arch) -> None:
     """In place on this model instance (RoPE is patched module-wide by liger)."""
     import liger_kernel.transformers
 
-    # apply_liger_kernel_to_llama / _qwen2 / _mistral / _phi3 (Gemma-2 never gets here: fast_paths.py).
+    # apply_liger_kernel_to_llama / _qwen2 / _mistral / _phi3 / _qwen3 / _gemma3_text (Gemma-2 never
+    # gets here: fast_paths.py). Gemma-3's MLP is GeGLU, the others' SwiGLU.
     patch = getattr(liger_kernel.transformers, f"apply_liger_kernel_to_{arch.value}")
+    mlp = {"geglu": True} if arch == Arch.gemma3_text else {"swiglu": True}
     # Its own loss stays off: tinytrain's loss slices the padded vocab rows away (module.py).
-    patch(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
+    patch(rope=True, rms_norm=True, **mlp, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, true_vocab: int) -> torch.Tensor:

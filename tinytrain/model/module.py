@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_names
+from tinytrain.checkpoint.sharded import holds_shards
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
-from tinytrain.model.packed_attention import flatten_for_flash, is_flash
+from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
+from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
@@ -25,14 +25,6 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) 
     rows (ids >= true_vocab) are sliced off, so they can never take probability mass."""
     logits = logits[..., :true_vocab]
     return F.cross_entropy(logits.reshape(-1, true_vocab).float(), labels.reshape(-1), ignore_index=-100)
-
-
-def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay: bool = True) -> list[dict]:
@@ -55,7 +47,7 @@ class CausalLMModule(pl.LightningModule):
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
     `for_plan`; the keywords are for tests and benchmarks that need one piece."""
 
-    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False):
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False, schedule: Schedule | None = None):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -67,6 +59,7 @@ class CausalLMModule(pl.LightningModule):
         self.fused_adamw = fused_adamw
         self.loss_chunk_tokens = loss_chunk_tokens
         self.liger_loss = liger_loss
+        self.schedule = schedule  # null: from trainer_cfg
         self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
         self.quantized_prefixes = quantized_prefixes(model) if adapters else []
         self.strict_loading = not self.quantized_prefixes  # a QLoRA checkpoint holds all but the 4-bit base
@@ -95,6 +88,7 @@ class CausalLMModule(pl.LightningModule):
             loss_chunk_tokens=fast.loss_chunk_tokens,
             liger_loss=fast.liger_loss,
             adapters=plan.finetune is not None,
+            schedule=plan.schedule,
         )
 
     def remember_grad_norm(self, total: torch.Tensor) -> None:
@@ -112,8 +106,9 @@ class CausalLMModule(pl.LightningModule):
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
         # attention_mask alongside), transformers would let them attend to each other. On
-        # flash-attn the rows go in as one flattened row with the boundaries (packed_attention.py).
-        if position_ids is not None and attention_mask is None and is_flash(self.model):
+        # a varlen kernel (torch's or flash-attn's) the rows go in as one flattened row with the
+        # boundaries (packed_attention.py).
+        if position_ids is not None and attention_mask is None and takes_boundaries(self.model):
             return {**flatten_for_flash(input_ids, position_ids, cu_seq_lens, max_length), "use_cache": False}
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "use_cache": False}
 
@@ -122,7 +117,7 @@ class CausalLMModule(pl.LightningModule):
         if self.loss_chunk_tokens or self.liger_loss:
             # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
             hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
-            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for flash-attn
+            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for a varlen kernel
             weight = self.model.get_output_embeddings().weight
             if self.liger_loss:
                 from tinytrain.model.liger import fused_linear_cross_entropy
@@ -179,13 +174,28 @@ class CausalLMModule(pl.LightningModule):
             opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
         else:
             opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=self.fused_adamw or None)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, t.warmup_steps, t.max_steps, t.min_lr_ratio))
+        schedule = self.schedule or from_trainer(t)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.multiplier(step))  # a function: nothing of it in the scheduler's saved state
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def on_train_start(self) -> None:
+        # A resumed run gets its step count from the checkpoint and its rates from this run's
+        # schedule: the checkpoint's optimizer and scheduler hold the rate (and peak) of the
+        # schedule that saved it, which a new stage (another max_steps, decay or trainer.lr) replaces.
+        scheduler = self.lr_schedulers()
+        if scheduler is None:
+            return
+        scheduler.base_lrs = [self.t.lr for _ in scheduler.base_lrs]
+        for group, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # The strategy has already gathered full tensors (only rank 0 holds them under
-        # fsdp_tp); unpadding comes second, so no shard loses rows.
-        unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
+        # Full tensors (single, ddp, DeepSpeed's module states): unpadded, so any tp loads them.
+        # fsdp_tp saves each rank's shards of the padded tables as they are (checkpoint/sharded.py);
+        # its metadata says the padding, and a load under another tp re-pads (train/sharded_checkpoints.py).
+        if not holds_shards(checkpoint["state_dict"]):
+            unpad_vocab(checkpoint["state_dict"], self.vocab_names, self.true_vocab)
         if self.quantized_prefixes:  # QLoRA: the 4-bit base is not saved (tinytrain/model/lora.py)
             state = checkpoint["state_dict"]
             for key in [k for k in state if k.removeprefix(checkpoint_prefix).startswith(tuple(self.quantized_prefixes))]:

@@ -1,11 +1,12 @@
-"""Packed batches on flash-attn: one flattened row with the documents' boundaries.
+"""Packed batches on a varlen kernel (torch's, or flash-attn's): one flattened row with the documents' boundaries.
 
 transformers 5 takes flash-attn's varlen path from position ids only for a batch of one row
 (`_is_packed_sequence` is False when batch_size != 1): a packed batch of several rows would get
 plain causal attention across its documents. So, as `DataCollatorWithFlattening` does, the rows
 go in as one row of rows x seq tokens with `cu_seq_lens_q/k` and `max_length_q/k`, which puts the
 dispatch on the varlen kernel directly (and skips its per-layer device sync of detecting packing).
-SDPA and eager need none of this: they build a block-diagonal mask from the position ids.
+torch's varlen kernel (model/varlen_attention.py) reads the same keys. SDPA and eager need none of
+this: they build a block-diagonal mask from the position ids.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import torch
 
 from tinytrain.data.collate import document_boundaries
+from tinytrain.plan.attention import TORCH_VARLEN
 
 
-def is_flash(model) -> bool:
-    # transformers' own test (`is_flash_attention_requested`): any implementation named *flash*.
-    return "flash" in (model.config._attn_implementation or "")
+def takes_boundaries(model) -> bool:
+    """A varlen kernel: torch's (model/varlen_attention.py, and its CPU reference) or flash-attn's
+    (transformers' own test, `is_flash_attention_requested`: any implementation named *flash*)."""
+    implementation = model.config._attn_implementation or ""
+    return "flash" in implementation or implementation.startswith(TORCH_VARLEN)
 
 
 def flatten_for_flash(input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seq_lens: torch.Tensor | None = None, max_length: int | None = None) -> dict:

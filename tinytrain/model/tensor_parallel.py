@@ -7,6 +7,13 @@ vocab_multiple x tp. The lm_head's logits are gathered (Replicate) so the loss c
 padding columns exactly as without TP. HF's attention reshapes with -1 heads, so each rank runs
 its num_heads / tp heads unchanged.
 
+Qwen3's and Gemma-3's q_norm / k_norm normalise each head over its head_dim between the
+column-split projection and attention, so each rank normalises its own heads with the same weight
+(transformers' style `replicated_with_grad_allreduce`). head_norm_parallel keeps the weight a
+Replicate DTensor and hands the norm its input as the heads' shard of the whole (Shard on the
+heads dimension): the forward is local, and the weight's gradient (a sum over every head) comes
+out Partial and is all-reduced over the tensor-parallel ranks, so the replicas stay equal.
+
 Which layers are split how is read from the built model: transformers' `base_model_tp_plan` of
 its family (layer patterns -> colwise/rowwise), matched against the model's module names; a family
 whose plan is not plainly column/row-wise (Phi-3's fused qkv_proj) is refused by name.
@@ -18,6 +25,32 @@ import re
 
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.families import tp_problems
+
+
+def head_norm_parallel(heads: int):
+    """The style for a norm over each head (the last dimension) of a tensor whose `heads` heads are
+    split over the tensor-parallel ranks (a torch ParallelStyle, for parallelize_module's plan)."""
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    class HeadNormParallel(ParallelStyle):
+        def _apply(self, module, mesh):
+            local_heads = heads // mesh.size()
+
+            def replicate(name, mod, mesh):
+                for key, param in list(mod.named_parameters(recurse=False)):
+                    mod.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, [Replicate()]), requires_grad=param.requires_grad))
+
+            def shard_input(mod, inputs, mesh):
+                x = inputs[0]
+                # (batch, seq, heads, head_dim) as Qwen3 normalises, (batch, heads, seq, head_dim) as Gemma-3.
+                heads_dim = x.ndim - 2 if x.shape[-2] == local_heads else 1
+                return (DTensor.from_local(x, mesh, [Shard(heads_dim)], run_check=False), *inputs[1:])
+
+            return distribute_module(module, mesh, replicate, shard_input, lambda mod, out, mesh: out.to_local())
+
+    return HeadNormParallel()
 
 
 def module_name(model, module) -> str:
@@ -45,7 +78,11 @@ def tp_plan(model) -> dict:
         if not matched:
             raise ConfigError(Problem("parallel", "fsdp_tp", f"the {family} model has no module matching {pattern!r} of its tensor-parallel plan", "use parallel=ddp or zero2/zero3 for this model"))
         for name in matched:
-            plan[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+            if style == "replicated_with_grad_allreduce":
+                config = model.config
+                plan[name] = head_norm_parallel(config.num_attention_heads if name.endswith("q_norm") else config.num_key_value_heads)
+            else:
+                plan[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
     return plan
 
 

@@ -144,7 +144,9 @@ def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
     from tinytrain.checkpoint.export import checkpoint_state_dict
 
-    if not saved.checkpoint.is_dir():
+    from tinytrain.checkpoint.sharded import is_sharded
+
+    if not saved.checkpoint.is_dir() or is_sharded(saved.checkpoint):
         return checkpoint_state_dict(saved.checkpoint)
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 

@@ -1,4 +1,11 @@
-"""The attention implementation for the hardware the run trains on, with its reason."""
+"""The attention implementation for the hardware the run trains on, with its reason.
+
+Order of choice for `model.attention=auto`: torch's own varlen kernel (a CUDA GPU of compute
+capability >= 8.0 and a torch that has it: packed documents as one flattened row with their
+boundaries, no flash-attn to build) > flash-attn 2 (where installed, same GPUs) > PyTorch SDPA with
+the block-diagonal mask built from the position ids (V100, T4, CPU; or the model needs what neither
+kernel has). Each choice says why the ones before it were passed over.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,12 @@ from dataclasses import dataclass
 from tinytrain.config.schema import Attention
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.hardware import Hardware, describe
+from tinytrain.plan.torch_varlen import MIN_CAPABILITY, VarlenSupport
+
+# The name transformers knows tinytrain/model/varlen_attention.py's forward by (model.attention=varlen).
+TORCH_VARLEN = "torch_varlen"
+# Implementations that take a packed batch as one flattened row with cu_seq_lens (model/packed_attention.py).
+VARLEN_KERNELS = (TORCH_VARLEN, "flash_attention_2")
 
 
 @dataclass(frozen=True)
@@ -17,29 +30,39 @@ class AttentionChoice:
 
 
 # flash-attn 2 runs on Ampere and newer only (its README: "Ampere, Ada, or Hopper GPUs").
-FLASH_MIN_CAPABILITY = (8, 0)
+FLASH_MIN_CAPABILITY = MIN_CAPABILITY
 
 
-def choose_attention(requested: Attention, flash_installed: bool, hardware: Hardware) -> AttentionChoice:
+def choose_attention(requested: Attention, flash_installed: bool, varlen: VarlenSupport, hardware: Hardware, sliding_window: bool = False, softcap: bool = False) -> AttentionChoice:
     """The attention implementation for `hardware` (detected, or named by hardware.gpu), with why.
-    An explicit flash_attention_2 where it cannot run is a ConfigError naming the GPU and the fix."""
+    `varlen`: what the installed torch's varlen kernel offers; `sliding_window`/`softcap`: what the
+    model needs of a kernel. An explicit varlen or flash_attention_2 where it cannot run is a
+    ConfigError naming the GPU (or the torch) and the fix."""
     where = describe(hardware)
-    capable = not hardware.is_cpu and hardware.compute_capability >= FLASH_MIN_CAPABILITY
+    capable = not hardware.is_cpu and hardware.compute_capability >= MIN_CAPABILITY
+    gap = varlen.gap(sliding_window, softcap)
     if requested == Attention.auto:
-        if capable and flash_installed:
-            return AttentionChoice("flash_attention_2", f"flash-attn is installed and {where} has compute capability >= 8.0")
         if hardware.is_cpu:
-            why = "no GPU"
-        elif not capable:
-            why = f"flash-attn 2 needs compute capability >= 8.0 and {where} has less"
-        else:
-            why = "flash-attn is not installed (pip install -e '.[gpu]')"
-        return AttentionChoice("sdpa", f"PyTorch SDPA because {why}")
+            return AttentionChoice("sdpa", "PyTorch SDPA with a block-diagonal mask because there is no GPU")
+        if not capable:
+            return AttentionChoice("sdpa", f"PyTorch SDPA with a block-diagonal mask because torch's varlen kernel and flash-attn 2 need compute capability >= 8.0 and {where} has less")
+        if gap is None:
+            return AttentionChoice(TORCH_VARLEN, f"torch {varlen.torch_version}'s varlen kernel (packed documents by cu_seq_lens) on {where}")
+        if flash_installed:
+            return AttentionChoice("flash_attention_2", f"flash-attn 2 on {where} because {gap}")
+        return AttentionChoice("sdpa", f"PyTorch SDPA with a block-diagonal mask because {gap} and flash-attn is not installed (pip install 'tinytrain-llm[flash-attn]')")
+    if requested == Attention.varlen:
+        if not capable:
+            raise ConfigError(Problem("model.attention", requested.value, f"torch's varlen kernel is FlashAttention's: CUDA GPUs of compute capability >= 8.0 (A100, A800, H100, ...) only, and this run is on {where}", "use model.attention=auto (SDPA with a block-diagonal mask here) or sdpa"))
+        if gap is not None:
+            fix = "use model.attention=auto (flash-attn 2 or SDPA)" + ("" if varlen.available else ", or install torch >= 2.10")
+            raise ConfigError(Problem("model.attention", requested.value, gap, fix))
+        return AttentionChoice(TORCH_VARLEN, f"as configured: torch {varlen.torch_version}'s varlen kernel on {where}")
     if requested == Attention.flash_attention_2:
         if not capable:
             raise ConfigError(Problem("model.attention", requested.value, f"flash-attn 2 needs a GPU with compute capability >= 8.0 (A100, A800, H100, ...) and this run is on {where}", "use model.attention=sdpa (or auto, which picks SDPA here)"))
         if not flash_installed:
-            return AttentionChoice("flash_attention_2", "as configured; flash-attn is not installed on this machine: the one that trains needs it (pip install -e '.[gpu]')")
+            return AttentionChoice("flash_attention_2", "as configured; flash-attn is not installed on this machine: the one that trains needs it (pip install 'tinytrain-llm[flash-attn]')")
         return AttentionChoice("flash_attention_2", f"as configured ({where})")
     return AttentionChoice(requested.value, "as configured")
 

@@ -22,6 +22,7 @@ class Family:
     head_dim: bool  # model.head_dim is (others derive hidden_size / num_heads)
     sdpa: bool = True  # transformers runs it on PyTorch SDPA
     logits_only: str | None = None  # why the loss must come from the model's own logits (no chunked / liger loss)
+    qk_norm: bool = False  # an RMSNorm over each query and key head (head_dim weights each): Qwen3, Gemma-3
 
 
 GEMMA2_SOFTCAP = "Gemma-2 soft-caps its logits inside the model's forward (final_logit_softcapping)"
@@ -35,6 +36,13 @@ FAMILIES = {
     Arch.gemma2: Family(Arch.gemma2, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, sdpa=False, logits_only=GEMMA2_SOFTCAP),
     # Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj: the same parameters as Llama's.
     Arch.phi3: Family(Arch.phi3, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=False),
+    # Qwen3: Qwen2 without the q/k/v biases and with RMSNorms on each query and key head, head_dim
+    # its own (128 on a hidden size of 1024 for 0.6B); published with full attention.
+    Arch.qwen3: Family(Arch.qwen3, norms_per_layer=2, qkv_bias="option", sliding_window=False, head_dim=True, qk_norm=True),
+    # Gemma-3 (text): Gemma-2's four norms per layer plus q/k norms in place of attention
+    # soft-capping (none of either soft-capping: SDPA runs it); five sliding-window layers with
+    # their own RoPE base per global layer (model.sliding_window_pattern, model.rope_local_theta).
+    Arch.gemma3_text: Family(Arch.gemma3_text, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, qk_norm=True),
 }
 
 
@@ -55,13 +63,15 @@ def has_qkv_bias(fam: Family, attention_bias: bool) -> bool:
     return fam.qkv_bias == "always" or (fam.qkv_bias == "option" and attention_bias)
 
 
-# transformers' tensor-parallel styles that tinytrain's FSDP2 x TP applies as Megatron's split.
-TP_STYLES = ("colwise", "rowwise")
+# transformers' tensor-parallel styles that tinytrain's FSDP2 x TP applies: Megatron's split, and
+# norms replicated on every rank whose weight gradients are summed over the ranks (Qwen3's and
+# Gemma-3's per-head q/k norms: each rank normalises its own heads).
+TP_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
 
 
 def tp_problems(base_model_tp_plan: dict | None, family_name: str) -> list[Problem]:
     """A family's layer plan (transformers' `base_model_tp_plan`: module pattern -> style) is
-    usable when every module is split column- or row-wise; fused projections (Phi-3's qkv_proj is
+    usable when every module is split column- or row-wise (or is a per-head norm); fused projections (Phi-3's qkv_proj is
     `colwise_gather_output`) would hand each rank a mix of q, k and v columns."""
     fix = "use parallel=ddp or zero2/zero3 for this model (no tensor parallelism)"
     if not base_model_tp_plan:

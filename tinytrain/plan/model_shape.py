@@ -23,6 +23,7 @@ class ModelShape:
     qkv_bias: bool
     explicit_head_dim: int | None = None  # null: hidden // heads (Gemma-2 sets its own)
     norms_per_layer: int = 2
+    qk_norm: bool = False  # a head_dim-wide RMSNorm on queries and one on keys per layer (Qwen3, Gemma-3)
 
     @property
     def head_dim(self) -> int:
@@ -46,6 +47,7 @@ def shape_from_config(model_cfg, padded_vocab: int) -> ModelShape:
         qkv_bias=has_qkv_bias(fam, model_cfg.attention_bias),
         explicit_head_dim=_unless_derived(model_cfg.head_dim, model_cfg.hidden_size, model_cfg.num_heads),
         norms_per_layer=fam.norms_per_layer,
+        qk_norm=fam.qk_norm,
     )
 
 
@@ -63,6 +65,7 @@ def shape_from_hf(config, padded_vocab: int) -> ModelShape:
         qkv_bias=has_qkv_bias(fam, bool(getattr(config, "attention_bias", False))),
         explicit_head_dim=_unless_derived(getattr(config, "head_dim", None), config.hidden_size, config.num_attention_heads),
         norms_per_layer=fam.norms_per_layer,
+        qk_norm=fam.qk_norm,
     )
 
 
@@ -73,9 +76,10 @@ def _unless_derived(head_dim: int | None, hidden: int, heads: int) -> int | None
 
 def parameter_count(s: ModelShape) -> int:
     """Embeddings (+ lm_head unless tied) + per layer (q, k, v, o [+ q/k/v biases], gate/up/down,
-    two RMSNorms, four for Gemma-2) + the final norm. Phi-3's fused qkv_proj and gate_up_proj hold
+    two RMSNorms, four for Gemma-2 and Gemma-3 [+ the q/k head norms of Qwen3 and Gemma-3]) + the
+    final norm. Phi-3's fused qkv_proj and gate_up_proj hold
     the same numbers."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     attention = 2 * s.hidden * q + 2 * s.hidden * kv + ((q + 2 * kv) if s.qkv_bias else 0)
-    layer = attention + 3 * s.hidden * s.intermediate + s.norms_per_layer * s.hidden
+    layer = attention + 3 * s.hidden * s.intermediate + s.norms_per_layer * s.hidden + (2 * s.head_dim if s.qk_norm else 0)
     return s.vocab * s.hidden * (1 if s.tied_embeddings else 2) + s.layers * layer + s.hidden

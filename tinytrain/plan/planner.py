@@ -15,7 +15,8 @@ from tinytrain.config.schema import PLANNING_MODES, Strategy
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import finetune, resolve
-from tinytrain.plan.attention import choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
@@ -23,7 +24,9 @@ from tinytrain.plan.memory import activation_memory, model_state_memory, plan_me
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
+from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.preflight.checks import run as run_preflight
 
 
@@ -51,7 +54,9 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     else:
         shape = shape_from_config(cfg.model, vocab.padded)
         fam = family(cfg.model.arch)
-    attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), hardware), cfg.model.attention, fam.arch.value, fam.sdpa)
+    # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
+    needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
+    attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), installed_support(), hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     deepspeed = None
     if par.strategy == Strategy.deepspeed:
@@ -69,7 +74,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         states = finetune.adapter_state_memory(adapters, shape, params, par.strategy.value, world, par.zero_stage, par.offload_optimizer, par.offload_params)
     else:
         states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
-    flash = attention.implementation == "flash_attention_2"
+    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, batch.micro_batch_size, shape.vocab, par.tp, flash)
     return RunPlan(
         model_name=cfg.model.name,
@@ -96,6 +101,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         world_size=world,
         batch=batch,
         max_steps=cfg.trainer.max_steps,
+        schedule=schedule_from_trainer(cfg.trainer),
+        stage=cfg.trainer.stage,
         memory=plan_memory(states, activations, hardware.memory_gb),
         fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only),
         deepspeed=deepspeed,
@@ -104,7 +111,15 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         resume=resume,
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
+        checkpoint=checkpoint_plan(cfg),
     )
+
+
+def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
+    """Whether any layer attends through a sliding window (what a varlen kernel must offer)."""
+    if pretrained is not None:
+        return getattr(pretrained, "sliding_window", None) is not None  # Qwen2 sets it None unless use_sliding_window
+    return fam.sliding_window and model_cfg.sliding_window is not None
 
 
 def cluster_layout(cfg) -> ClusterLayout:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
+from tinytrain.plan.checkpoint_cost import CheckpointPlan
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
@@ -24,6 +25,8 @@ from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.precision import PrecisionDecision
+from tinytrain.plan.schedule import Schedule
+from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
 from tinytrain.plan.vocab import VocabPlan
 from tinytrain.preflight.checks import PreflightReport
@@ -72,8 +75,11 @@ class RunPlan:
     preflight: PreflightReport
     init_from: InitPoint | None
     resume: ResumePoint | None
+    schedule: Schedule | None = None  # the learning-rate schedule (tinytrain/plan/schedule.py)
+    stage: str = "main"  # trainer.stage
     mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
     finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
+    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last and their cost
 
     @property
     def on_gpu(self) -> bool:
@@ -83,9 +89,14 @@ class RunPlan:
     def total_tokens(self) -> int:
         return self.batch.tokens_per_step * self.max_steps
 
+    @property
+    def stage_start(self) -> int:
+        """The first step this stage trains: 0, or the step of the checkpoint it continues."""
+        return self.resume.step if self.resume else 0
+
     def checkpoint_metadata(self) -> dict:
         """What every checkpoint of the run carries, so a resume or init_from can be checked."""
-        meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name)
+        meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name, self.stage)
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta
@@ -110,6 +121,7 @@ class RunPlan:
             "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
             "tokens_per_step": b.tokens_per_step,
             "max_steps": self.max_steps,
+            "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start},
             "total_tokens": self.total_tokens,
             "memory_per_gpu": self.memory.to_dict(),
             "deepspeed": self.deepspeed,
@@ -119,6 +131,7 @@ class RunPlan:
             "resume": self.resume and self.resume.to_dict(),
             "data_mixture": self.mixture and self.mixture.to_dict(),
             "finetune": self.finetune and self.finetune.to_dict(),
+            "checkpoint": self.checkpoint.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -138,6 +151,20 @@ def _human(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def render_schedule(s: dict, total: int, resume: dict | None) -> list[str]:
+    phases = ", ".join(f"{p['phase']} {p['from_step']}-{p['to_step']}" for p in s["phases"])
+    lines = [f"schedule   {s['kind']}: {phases} (to {s['min_lr_ratio']:g} x lr); stage {s['stage']!r}"]
+    marks = {}
+    if resume:
+        came = f"stage {resume['stage']!r}" if resume["stage"] != s["stage"] else "the same stage"
+        lines.append(f"stage      {s['stage']!r} from step {s['stage_start']} ({came}'s checkpoint): this schedule from there on, the optimizer state carried over")
+        if s["decay_steps"] and s["decay_start"] < s["stage_start"] and resume["stage"] != s["stage"]:
+            lines.append(f"           note: the decay starts at step {s['decay_start']}, before this stage's first step: the rate jumps to the schedule's value at step {s['stage_start']}")
+        marks[s["stage_start"]] = "|"
+    lines += ["           " + line for line in schedule_picture(s, total, marks=marks)]
+    return lines
 
 
 def render(plan: dict) -> str:
@@ -168,6 +195,8 @@ def render(plan: dict) -> str:
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
+    if plan.get("schedule"):
+        lines += render_schedule(plan["schedule"], plan["max_steps"], plan["resume"])
     if plan.get("data_mixture"):
         lines += render_mixture(plan["data_mixture"], plan["max_steps"])
     if plan.get("finetune"):

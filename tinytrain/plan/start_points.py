@@ -38,16 +38,17 @@ class ResumePoint:
     step: int
     how: str  # "resume=auto" or "resume=<path>"
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints that did not load, and why
+    stage: str = "main"  # the trainer.stage that saved it (checkpoints from before stages: main)
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "skipped": [f"{p.name}: {why}" for p, why in self.skipped]}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped]}
 
 
-def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str) -> dict:
+def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str, stage: str = "main") -> dict:
     """What every tinytrain checkpoint carries (under "tinytrain"), checked here when a run
     resumes from it or starts from its weights."""
     return {
@@ -57,6 +58,7 @@ def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name
         "tp": vocab.tp,
         "tokenizer_fingerprint": tokenizer_fingerprint,
         "model": model_name,
+        "stage": stage,
     }
 
 
@@ -74,7 +76,7 @@ class InitPoint:
 def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> InitPoint | None:
     if not path:
         return None
-    return InitPoint(path, check_compatible(read(path), path, vocab, fingerprint, allow_tokenizer_change, shape))
+    return InitPoint(path, check_compatible(read(path, weights=False), path, vocab, fingerprint, allow_tokenizer_change, shape))
 
 
 def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> ResumePoint | None:
@@ -100,7 +102,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape)
+    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
@@ -113,7 +115,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
                 "move those checkpoints away (or delete them), or continue in a new directory: run.name=<new>",
             )
         )
-    return ResumePoint(path, step, how, skipped)
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

@@ -11,19 +11,22 @@ import os
 from pathlib import Path
 
 from tinytrain.checkpoint.pretrained import is_hub_id
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import run_name_problem
 from tinytrain.config.schema import (
+    Arch,
     DataFormat,
     DataSource,
     LossScaleConfig,
+    LrSchedule,
     Mode,
     ModelConfig,
     Strategy,
 )
-from tinytrain.data import mixture
+from tinytrain.data import mixture, parts, shards
 from tinytrain.data.chat_templates import template_problems
 from tinytrain.data.tokenizer import (
     check_tokenizer_path,
@@ -36,6 +39,7 @@ from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.families import family, tp_problems
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
+from tinytrain.plan.schedule import decay_steps
 from tinytrain.preflight import rope
 
 DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
@@ -82,9 +86,17 @@ def family_problems(m) -> list[Problem]:
         if getattr(m, key) is not None and getattr(m, key) < 1:
             problems.append(Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use null for the default (model.{key}=null)"))
     if m.sliding_window is not None and not fam.sliding_window:
-        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3)"))
+        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3, gemma3_text)"))
     if m.head_dim is not None and not fam.head_dim and m.head_dim * m.num_heads != m.hidden_size:
         problems.append(Problem("model.head_dim", m.head_dim, f"model.arch={m.arch.value} derives it as hidden_size / num_heads ({m.hidden_size} / {m.num_heads})", "use model.head_dim=null"))
+    for key, what in (("sliding_window_pattern", "must be a positive integer (every Nth layer attends globally)"), ("rope_local_theta", "must be positive (the sliding-window layers' RoPE base)")):
+        value = getattr(m, key)
+        if value is None:
+            continue
+        if m.arch != Arch.gemma3_text:
+            problems.append(Problem(f"model.{key}", value, f"only model.arch=gemma3_text has it (this is {m.arch.value})", f"use model.{key}=null"))
+        elif not value > 0:
+            problems.append(Problem(f"model.{key}", value, what, f"use null for the family's (model.{key}=null), e.g. Gemma-3's {6 if key == 'sliding_window_pattern' else 10000.0}"))
     if m.attention_bias and fam.qkv_bias == "never":
         problems.append(Problem("model.attention_bias", True, f"model.arch={m.arch.value} has no q/k/v biases", "use model.attention_bias=false"))
     return problems + rope.scaling_problems(m.rope_scaling)
@@ -186,7 +198,6 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
 
 
 RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)
-SOURCE_SUFFIX = {DataSource.text: ".txt", DataSource.jsonl: ".jsonl", DataSource.parquet: ".parquet"}
 
 
 def data_problems(cfg) -> list[Problem]:
@@ -205,7 +216,12 @@ def data_problems(cfg) -> list[Problem]:
         problems.append(Problem("data.format", d.format.value, f"SFT records come from jsonl, parquet or hf sources, not data.source={d.source.value}", "set data.source=jsonl (or parquet, hf)"))
     if d.store and sft:
         problems.append(Problem("data.store", d.store, f"a token store holds pretraining text, but data.format={d.format.value} (SFT data is tokenized at the start of each run)", "remove data.store"))
-    elif d.store and not (Path(d.store) / "meta.json").is_file():
+    elif d.store and (Path(d.store) / parts.PLAN).is_file() and not (Path(d.store) / parts.MANIFEST).is_file():
+        missing = parts.missing_parts(Path(d.store))
+        listed, n = ", ".join(str(i) for i, _ in missing) or "none", missing[0][1] if missing else "?"
+        first = missing[0][0] if missing else 0
+        problems.append(Problem("data.store", d.store, f"incomplete: part(s) {listed} of {n} not built (no manifest.json yet)", f"build them: python -m tinytrain mode=prepare <the same data options> data.prepare_parts={n} data.prepare_part={first} (or without data.prepare_part: every missing part)"))
+    elif d.store and not ((Path(d.store) / "meta.json").is_file() or (Path(d.store) / parts.MANIFEST).is_file()):
         problems.append(Problem("data.store", d.store, "not a token store (no meta.json there)", "point it at a store folder printed by mode=prepare, or remove data.store to use the cache"))
     elif not d.store and not d.sources:
         problems += source_path_problems(d.source, d.path, "data.path")
@@ -217,9 +233,35 @@ def data_problems(cfg) -> list[Problem]:
         value = getattr(d, key)
         if value is not None and value < 0:
             problems.append(Problem(f"data.{key}", value, "must be >= 0", "use 0 to work in the training process"))
+    problems += part_problems(cfg)
     if d.pad_to_multiple_of < 1:
         problems.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, "must be >= 1", "use 8 (the default) or 1 for no rounding"))
     return problems + chat_template_problems(cfg)
+
+
+def part_problems(cfg) -> list[Problem]:
+    """data.prepare_parts / data.prepare_part: a file source's token store built in parts."""
+    d = cfg.data
+    if d.prepare_parts < 1:
+        return [Problem("data.prepare_parts", d.prepare_parts, "must be >= 1", "use 1 (one store) or the number of parts to build in parallel")]
+    problems = []
+    if d.prepare_parts > 1:
+        if d.format != DataFormat.text or d.source not in shards.FILE_SOURCES or d.sources or d.store:
+            why = "SFT data is not a token store" if d.format != DataFormat.text else "only a file source's token store (data.path of shards) is built in parts"
+            problems.append(Problem("data.prepare_parts", d.prepare_parts, why, "use data.prepare_parts=1"))
+        elif d.path:
+            try:
+                n = len(shards.list_shards(d.path, "data.path", d.source))
+            except ConfigError:
+                n = None  # named by the source's own check
+            if n is not None and d.prepare_parts > n:
+                problems.append(Problem("data.prepare_parts", d.prepare_parts, f"data.path has {n} shard file(s); a part is at least one file", f"use data.prepare_parts<={n}"))
+    if d.prepare_part is not None:
+        if cfg.mode != Mode.prepare:
+            problems.append(Problem("data.prepare_part", d.prepare_part, f"builds one part and stops; it is for mode=prepare, not mode={cfg.mode.value}", "remove data.prepare_part, or use mode=prepare"))
+        if not 0 <= d.prepare_part < d.prepare_parts:
+            problems.append(Problem("data.prepare_part", d.prepare_part, f"out of range: data.prepare_parts={d.prepare_parts} makes parts 0..{d.prepare_parts - 1}", f"use data.prepare_part between 0 and {d.prepare_parts - 1}"))
+    return problems
 
 
 def mixture_problems(cfg) -> list[Problem]:
@@ -273,16 +315,13 @@ def source_path_problems(source: DataSource, path: str | None, key: str) -> list
         if looks_local and not p.exists():
             return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
         return []
-    suffix = SOURCE_SUFFIX[source]
-    fix = f"point {key} at a readable file or a folder of {suffix} files"
-    if not p.exists():
-        return [Problem(key, path, "no such file or folder", fix)]
-    listed = [p] if p.is_file() else sorted(p.rglob(f"*{suffix}"))
-    if not listed:
-        return [Problem(key, path, f"folder holds no {suffix} files", fix)]
+    try:
+        listed = shards.list_shards(path, key, source)
+    except ConfigError as e:
+        return e.problems
     unreadable = [f for f in listed if not os.access(f, os.R_OK)]
     if unreadable:
-        return [Problem(key, path, f"not readable: {unreadable[0]}", fix)]
+        return [Problem(key, path, f"not readable: {unreadable[0]}", f"point {key} at readable shards ({shards.READABLE})")]
     return _empty_file_problem(listed, key, path, p.is_file())
 
 
@@ -298,6 +337,29 @@ def chat_template_problems(cfg) -> list[Problem]:
     return template_problems(cfg.data.chat_template, tokenizer)
 
 
+def schedule_problems(t) -> list[Problem]:
+    """A WSD decay must fit in the run after the warm-up (tinytrain/plan/schedule.py)."""
+    if t.lr_schedule != LrSchedule.wsd:
+        if t.decay_steps is not None:
+            return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({t.lr_schedule.name} decays over the whole run after the warm-up)", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
+        return []
+    if t.decay_steps is None and not 0.0 < t.decay_fraction <= 1.0:
+        return [Problem("trainer.decay_fraction", t.decay_fraction, "must be in (0, 1]: the share of trainer.max_steps the decay takes", "use e.g. trainer.decay_fraction=0.2 (the last 20% of the run)")]
+    key, value = ("trainer.decay_steps", t.decay_steps) if t.decay_steps is not None else ("trainer.decay_fraction", t.decay_fraction)
+    steps = decay_steps(t)
+    room = t.max_steps - max(0, t.warmup_steps)
+    if steps < 1 or steps > room:
+        return [
+            Problem(
+                key,
+                value,
+                f"a decay of {steps} steps does not fit in the run: trainer.max_steps({t.max_steps}) - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
+                f"use a decay of 1 to {room} steps (trainer.decay_steps=<n> or a smaller trainer.decay_fraction), or raise trainer.max_steps to continue the run into a longer decay",
+            )
+        ]
+    return []
+
+
 def trainer_problems(cfg) -> list[Problem]:
     t = cfg.trainer
     problems = []
@@ -308,6 +370,7 @@ def trainer_problems(cfg) -> list[Problem]:
         problems.append(Problem("trainer.warmup_steps", t.warmup_steps, f"must be >= 0 and below trainer.max_steps({t.max_steps})", "shorten the warm-up"))
     if t.lr <= 0:
         problems.append(Problem("trainer.lr", t.lr, "must be positive", "use e.g. trainer.lr=3e-4"))
+    problems += schedule_problems(t)
     if not 0.0 <= t.min_lr_ratio <= 1.0:
         problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
     if len(t.betas) != 2:
@@ -449,8 +512,17 @@ def hardware_problems(cfg) -> list[Problem]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not Path(path).is_file():
-        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file from a tinytrain run's checkpoints/ folder"))
+    if path and not (Path(path).is_file() or is_sharded(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    if cfg.checkpoint.async_save and cfg.parallel.strategy != Strategy.fsdp_tp:
+        problems.append(
+            Problem(
+                "checkpoint.async_save",
+                True,
+                f"writes sharded checkpoints in the background, which only parallel=fsdp_tp saves (this run: parallel={cfg.parallel.name})",
+                "drop checkpoint.async_save, or train with parallel=fsdp_tp",
+            )
+        )
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume

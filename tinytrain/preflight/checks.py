@@ -76,6 +76,7 @@ def pretrained_findings(cfg, tokenizer, hf_config, saved: int, weight_rows: int 
 def hf_rope_scaling(hf_config) -> dict | None:
     """A transformers config's RoPE scaling in model.rope_scaling's form (None: plain RoPE)."""
     rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope = dict(rope.get("full_attention", rope))  # Gemma-3: per layer kind; the global layers' reach furthest
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     rope.pop("rope_theta", None)
     return None if rope_type == "default" else {"rope_type": rope_type, **rope}

@@ -107,8 +107,12 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     try:
         # Raises Preempted (callbacks/preemption.py) after a signal: no final checkpoint, no export.
         trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader(), ckpt_path=resume and str(resume.path))
-        # Every rank takes part: under fsdp_tp the full tensors are gathered to rank 0 first.
+        # Every rank takes part: each writes its shards (fsdp_tp, DeepSpeed), and an async save
+        # in flight is finished first; the final one is written before the export reads it.
         trainer.save_checkpoint(final)
+        wait_for_checkpoint = getattr(trainer.strategy, "wait_for_checkpoint", None)
+        if wait_for_checkpoint is not None:
+            wait_for_checkpoint()
         failed = False
     except Exception as e:
         from tinytrain.errors import TrainingStopped
@@ -143,8 +147,11 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        if final_checkpoint.is_dir():
+        from tinytrain.checkpoint.sharded import is_sharded
+
+        if final_checkpoint.is_dir() and not is_sharded(final_checkpoint):
             # DeepSpeed writes a folder of partitions: consolidate to one fp32 state dict first.
+            # (A sharded fsdp_tp folder is read one tensor at a time by the export itself.)
             from lightning.pytorch.utilities.deepspeed import (
                 convert_zero_checkpoint_to_fp32_state_dict,
             )

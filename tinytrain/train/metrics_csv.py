@@ -75,10 +75,11 @@ class ContinuedMetrics(ExperimentWriter):
 
 
 class ResumableCSVLogger(CSVLogger):
-    def __init__(self, run_dir: Path, resume_step: int | None):
+    def __init__(self, run_dir: Path, resume_step: int | None, stage: str = "main"):
         # name="" and version="": metrics.csv directly in the run directory.
         super().__init__(save_dir=str(run_dir), name="", version="", flush_logs_every_n_steps=1)
         self.resume_step = resume_step
+        self.stage = stage  # trainer.stage: every row says which stage trained its step
         self.written_early: tuple[int | None, dict] | None = None  # the row write_step_row_now wrote
 
     @rank_zero_only
@@ -86,7 +87,7 @@ class ResumableCSVLogger(CSVLogger):
         if self.written_early == (step, metrics):
             self.written_early = None  # Lightning's own copy of the row written before the save
             return
-        super().log_metrics(metrics, step)
+        super().log_metrics({**metrics, "stage": self.stage}, step)
 
     def log_early(self, metrics: dict, step: int | None) -> None:
         self.log_metrics(metrics, step)

@@ -1,4 +1,5 @@
-"""Loss curve PNG from the CSV metrics, since people would rather look at a curve than a CSV."""
+"""Loss curve PNG from the CSV metrics, since people would rather look at a curve than a CSV; the
+learning rate beside it, each stage's first step marked on both (trainer.stage)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,26 @@ def read_series(metrics_csv: Path, key: str) -> tuple[list[int], list[float]]:
     return steps, values
 
 
+def stage_starts(metrics_csv: Path) -> list[tuple[int, str]]:
+    """(first step, name) of each stage after the first, from metrics.csv's `stage` column."""
+    starts, current = [], None
+    with metrics_csv.open() as f:
+        for row in csv.DictReader(f):
+            stage = row.get("stage") or None
+            if stage and stage != current:
+                if current is not None:
+                    starts.append((int(row["step"]), stage))
+                current = stage
+    return starts
+
+
 def plot_loss(metrics_csv: Path, out_png: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    fig, (ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=110, gridspec_kw={"width_ratios": [2, 1]})
     for key, style in (("loss", "-"), ("val_loss", "o-")):
         steps, values = read_series(metrics_csv, key)
         if steps:
@@ -30,7 +44,15 @@ def plot_loss(metrics_csv: Path, out_png: Path, title: str) -> Path:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
+    steps, values = read_series(metrics_csv, "lr")
+    lr_ax.plot(steps, values, "-", color="tab:green")
+    lr_ax.set_xlabel("optimizer step")
+    lr_ax.set_title("learning rate")
+    for a in (ax, lr_ax):
+        for step, stage in stage_starts(metrics_csv):
+            a.axvline(step, color="grey", linestyle="--", linewidth=0.8)
+            a.annotate(stage, (step, 1.0), xycoords=("data", "axes fraction"), fontsize=7, ha="left", va="top")
+        a.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_png)

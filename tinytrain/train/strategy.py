@@ -40,7 +40,7 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: St
     return MixedPrecision("16-mixed", device, scaler=scaler)
 
 
-def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None):
+def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None, async_save: bool = False):
     backend = "nccl" if on_gpu else "gloo"
     kind = parallel.strategy
     if kind == Strategy.ddp:
@@ -53,12 +53,12 @@ def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dic
         cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
         return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
     if kind == Strategy.fsdp_tp:
-        # One full checkpoint file on rank 0: tinytrain unpads it after the gather and any tp
-        # can load it (tinytrain/checkpoint/format.py).
-        return repadding_model_parallel_strategy()(
+        # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
+        from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
+
+        return sharded_model_parallel_strategy(async_save)(
             data_parallel_size=parallel.dp,
             tensor_parallel_size=parallel.tp,
-            save_distributed_checkpoint=False,
             process_group_backend=backend,
         )
     return "auto"
@@ -138,50 +138,13 @@ def allow_fp16_on_cpu() -> None:
     CPU_Accelerator.is_fp16_supported = lambda self: True
 
 
-def repadding_model_parallel_strategy():
-    """Lightning's ModelParallelStrategy (FSDP2 x TP) whose resume re-pads the vocab rows first.
-
-    It loads a full checkpoint into the sharded model itself, before the module's
-    on_load_checkpoint, so the re-padding the module does for single/ddp happens here: the same
-    steps as Lightning's loader for a full-checkpoint file, with the re-pad in between. The
-    optimizer state was saved from the padded parameters and loads as it is.
-    """
-    import torch
-    from lightning.fabric.strategies.model_parallel import (
-        _load_raw_module_state,
-        _rekey_optimizer_state_if_needed,
-    )
-    from lightning.pytorch.strategies import ModelParallelStrategy
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_optimizer_state_dict,
-    )
-
-    class RepaddingModelParallelStrategy(ModelParallelStrategy):
-        def load_checkpoint(self, checkpoint_path, weights_only=None):
-            path = Path(self.broadcast(str(checkpoint_path)))
-            if path.is_dir():  # a distributed checkpoint (tinytrain does not write them)
-                return super().load_checkpoint(path, weights_only)
-            module = self.lightning_module
-            checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
-            state = checkpoint.pop("state_dict")
-            module.repad_state_dict(state)
-            _load_raw_module_state(state, self.model, strict=module.strict_loading)
-            options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
-            for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
-                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
-            return checkpoint
-
-    return RepaddingModelParallelStrategy
-
-
 def build_trainer_hardware(plan: RunPlan) -> TrainerHardware:
     accelerator = "gpu" if plan.on_gpu else "cpu"
     return TrainerHardware(
         accelerator,
         plan.cluster.devices_per_node,
         plan.cluster.nodes,
-        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed),
+        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed, plan.checkpoint.async_save),
         plan.precision.lightning,
         precision_plugin(plan.precision, accelerator, plan.parallel.strategy),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,22 @@ def test_cli_writes_the_script_next_to_the_plan(tmp_path):
     assert f"sbatch {run_dir / 'job.sbatch'}" in r.stdout
     script = (run_dir / "job.sbatch").read_text()
     assert "--ntasks-per-node=4" in directives(script) and "mode=sbatch" not in script.split("#SBATCH")[-1]
+
+
+def test_the_prepare_array_quotes_every_value_and_training_waits_for_it(tmp_path):
+    from tinytrain.cluster.prepare_array import render_prepare, render_submit
+
+    hostile = "data.path=/data/a b;$(touch pwned)"
+    overrides = ["mode=sbatch", "cluster=slurm", "cluster.cpus_per_task=4", "data=text", hostile, "data.prepare_parts=3", "data.prepare_part=1"]
+    cfg = compose(["cluster=slurm", "cluster.cpus_per_task=4", "data=text", "data.prepare_parts=3"])
+    script = render_prepare(cfg, overrides, tmp_path / "run", Path("/repo"), python="python")
+    assert "--array=0-2" in directives(script) and "--requeue" in directives(script) and "--cpus-per-task=32" in directives(script)
+    assert not any(d.startswith("--gpus") for d in directives(script))
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    argv = shlex.split(srun)
+    assert hostile in argv and "data.prepare_part=1" not in argv  # one word, the user's own part number dropped
+    assert argv[-2:] == ["data.prepare_part=${part}", f"hydra.run.dir={tmp_path / 'run'}/prepare/part-${{part}}"]
+    submit = render_submit(tmp_path / "run", 3)
+    assert f'--dependency="afterok:${{prepare}}" {tmp_path / "run"}/job.sbatch' in submit
+    for text in (script, submit):
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0

@@ -148,3 +148,35 @@ def test_partition_lists_and_plain_names_are_accepted():
 
 def test_a_comment_never_ends_whatever_it_is_given():
     assert "\n" not in slurm_values.comment_safe("a\nb\rc\x00") and slurm_values.comment_safe("a\nb") == "a\\x0ab"
+
+
+@pytest.mark.parametrize("kind", ["command substitution", "single quote", "leading dashes"])
+def test_the_prepare_array_script_carries_the_same_values_as_data(kind, stubs, tmp_path):
+    """mode=sbatch with data.prepare_parts also writes prepare.sbatch (the store as an array job)."""
+    from tinytrain.cluster import prepare_array
+
+    marker = tmp_path / "MARKER"
+    text = tmp_path / "docs.txt"
+    text.write_text("One document.\n\nAnother.\n")
+    override = f"generate.prompts=[{hydra_quote(HOSTILE_DATA[kind].format(M=marker))}]"
+    overrides = [*BASE, "data=text", f"data.path={text}", "data.prepare_parts=2", override]
+    cfg = compose(overrides)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    prepare_array.write(cfg, overrides, run_dir)
+    argv_file = tmp_path / "argv"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "ARGV_FILE": str(argv_file), "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_JOB_ID": "9", "SLURM_JOB_NODELIST": "node1"}
+    done = subprocess.run(["bash", str(run_dir / prepare_array.PREPARE_NAME)], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = argv_file.read_bytes().decode().split("\0")[:-1]
+    assert not marker.exists()
+    assert argv[argv.index("tinytrain") + 1 :] == ["mode=prepare", *sbatch.training_overrides(overrides), "data.prepare_part=1", f"hydra.run.dir={run_dir.resolve() / 'prepare'}/part-1"]
+
+
+def test_the_prepare_array_script_is_refused_like_the_job(tmp_path):
+    from tinytrain.cluster import prepare_array
+
+    overrides = [*BASE, "cluster.account='acct --nodes=64'"]
+    with pytest.raises(ConfigError, match="cluster.account"):
+        prepare_array.write(compose(overrides), overrides, tmp_path)
+    assert not (tmp_path / prepare_array.PREPARE_NAME).exists()

@@ -18,15 +18,15 @@ def plan(overrides, tmp_path: Path) -> dict:
 
 
 # Analytic counts: embeddings + lm_head (unless tied) + per layer (attention + MLP + norms) + final norm.
-def expected_params(h, layers, heads, kv, inter, vocab, tied=False, qkv_bias=False, head_dim=None, norms=2):
+def expected_params(h, layers, heads, kv, inter, vocab, tied=False, qkv_bias=False, head_dim=None, norms=2, qk_norm=False):
     head_dim = head_dim or h // heads
     q, k = heads * head_dim, kv * head_dim
     attn = h * q + 2 * h * k + q * h + (q + 2 * k if qkv_bias else 0)
-    per_layer = attn + 3 * h * inter + norms * h
+    per_layer = attn + 3 * h * inter + norms * h + (2 * head_dim if qk_norm else 0)
     return vocab * h * (1 if tied else 2) + layers * per_layer + h
 
 
-# hidden, layers, heads, kv heads, intermediate, tied, q/k/v bias[, head_dim, norms per layer]
+# hidden, layers, heads, kv heads, intermediate, tied, q/k/v bias[, head_dim, norms per layer, q/k head norms]
 MODELS = {
     "tiny": (192, 4, 6, 2, 512, False, False),
     "tinyllama_1b": (2048, 22, 32, 4, 5632, False, False),
@@ -40,6 +40,10 @@ MODELS = {
     "mistral_7b": (4096, 32, 32, 8, 14336, False, False),
     "gemma2_2b": (2304, 26, 8, 4, 9216, True, False, 256, 4),
     "phi3_mini": (3072, 32, 32, 32, 8192, False, False),
+    "qwen3_0_6b": (1024, 28, 16, 8, 3072, True, False, 128, 2, True),
+    "qwen3_8b": (4096, 36, 32, 8, 12288, False, False, 128, 2, True),
+    "gemma3_1b": (1152, 26, 4, 1, 6912, True, False, 256, 4, True),
+    "gemma3_4b": (2560, 34, 8, 4, 10240, True, False, 256, 4, True),
 }
 # Published parameter counts with each model's own vocab rows (model card / safetensors totals).
 PUBLISHED = {
@@ -49,7 +53,16 @@ PUBLISHED = {
     "llama3_1_8b": (128256, 8_030_261_248),
     "gemma2_2b": (256000, 2_614_341_888),
     "phi3_mini": (32064, 3_821_079_552),
+    # Qwen3 model cards: 0.6B (0.44B non-embedding), 8.2B (6.95B non-embedding); Gemma-3: 1B, and
+    # 4B of which the language model is ~3.88B (the rest the SigLIP vision tower).
+    "qwen3_0_6b": (151936, 596_049_920),
+    "qwen3_8b": (151936, 8_190_735_360),
+    "gemma3_1b": (262144, 999_885_952),
+    "gemma3_4b": (262208, 3_880_263_168),
 }
+# The model cards' figures the exact counts above are checked against: (total, without the
+# embedding tables), in billions, to the digits the cards give.
+CARDS = {"qwen3_0_6b": (0.6, 0.44), "qwen3_8b": (8.2, 6.95), "gemma3_1b": (1.0, None), "gemma3_4b": (3.9, None)}
 
 
 def test_every_model_config_is_covered():
@@ -69,6 +82,17 @@ def test_family_presets_match_the_published_sizes(model):
     """The shapes, counted with each model's own vocab, give the sizes the model cards publish."""
     vocab, published = PUBLISHED[model]
     assert expected_params(*MODELS[model][:5], vocab, *MODELS[model][5:]) == published
+
+
+@pytest.mark.parametrize("model", sorted(CARDS))
+def test_new_family_presets_match_their_model_cards(model):
+    vocab, exact = PUBLISHED[model]
+    total, non_embedding = CARDS[model]
+    h, tied = MODELS[model][0], MODELS[model][5]
+    digits = len(str(total).split(".")[1])
+    assert round(exact / 1e9, digits) == total
+    if non_embedding is not None:
+        assert round((exact - vocab * h * (1 if tied else 2)) / 1e9, 2) == non_embedding
 
 
 def test_tinyllama_matches_the_published_size(tmp_path):

@@ -50,7 +50,7 @@ def test_format_source_and_store_problems(tmp_path):
     (found,) = problems_of(["data=pydoc", "data.val_path=x.txt"])
     assert found.key == "data.val_path"
     (found,) = problems_of(["data=text", f"data.path={tmp_path}"])
-    assert "holds no .txt files" in found.message
+    assert "holds no readable shard" in found.message
     (found,) = problems_of(["data=jsonl", "data.path=./missing_dataset", "data.source=hf"])
     assert found.key == "data.path" and "no such folder" in found.message
     validate(compose(["data=jsonl", "data.path=someone/some-dataset", "data.source=hf", "mode=plan"]))  # a hub name cannot be checked offline

@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from tinytrain.model.module import causal_lm_loss, param_groups, warmup_cosine
+from tinytrain.model.module import causal_lm_loss, param_groups
+from tinytrain.plan.schedule import warmup_cosine
 
 
 def test_padded_vocab_rows_never_contribute_to_the_loss():

@@ -21,14 +21,18 @@ def meta_model(preset: str, bundled_tokenizer):
         return AutoModelForCausalLM.from_config(hf_config(cfg.model, 4096, bundled_tokenizer))
 
 
-@pytest.mark.parametrize("preset", ["tiny", "qwen2_5_7b", "mistral_7b", "gemma2_2b"])
+@pytest.mark.parametrize("preset", ["tiny", "qwen2_5_7b", "mistral_7b", "gemma2_2b", "qwen3_8b", "gemma3_1b"])
 def test_plan_covers_every_projection_of_the_built_model(preset, bundled_tokenizer):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     model = meta_model(preset, bundled_tokenizer)
     plan = tp_plan(model)
     linears = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(plan) == linears | {"model.embed_tokens"}  # every projection, the lm_head and the embedding
+    head_norms = {name for name in dict(model.named_modules()) if name.endswith(("q_norm", "k_norm"))}
+    assert bool(head_norms) == preset.startswith(("qwen3", "gemma3"))
+    # every projection, the lm_head, the embedding and Qwen3's / Gemma-3's per-head q/k norms
+    assert set(plan) == linears | {"model.embed_tokens"} | head_norms
+    assert all(type(plan[name]).__name__ == "HeadNormParallel" for name in head_norms)
     for i in range(2):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
             assert type(plan[f"model.layers.{i}.{name}"]) is ColwiseParallel

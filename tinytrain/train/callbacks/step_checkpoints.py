@@ -78,6 +78,12 @@ class StepCheckpoints(Checkpoint):
         trainer.save_checkpoint(path)
         self.last_saved_step = trainer.global_step
         if trainer.is_global_zero:
-            for old in prune(self.directory, self.keep_last):
-                log.debug("removed %s (checkpoint.keep_last=%d)", old, self.keep_last)
+            # An async save (fsdp_tp, checkpoint.async_save) is in place only when written: the
+            # older ones go after that, from the writer's thread.
+            when_published = getattr(trainer.strategy, "after_checkpoint_published", lambda action: action())
+            when_published(self.prune)
         return path
+
+    def prune(self) -> None:
+        for old in prune(self.directory, self.keep_last):
+            log.debug("removed %s (checkpoint.keep_last=%d)", old, self.keep_last)

@@ -1,0 +1,104 @@
+"""The learning-rate schedule: a pure function of the optimizer step and the trainer settings.
+
+  cosine    linear warm-up to trainer.lr, cosine decay to min_lr_ratio x lr at max_steps
+  linear    linear warm-up, linear decay to min_lr_ratio x lr at max_steps
+  constant  linear warm-up, then trainer.lr to the end
+  wsd       warmup-stable-decay (MiniCPM, SmolLM, OLMo 2): linear warm-up, trainer.lr held, and a
+            decay over the last decay_steps (or decay_fraction x max_steps) steps, shaped
+            linear, cosine or 1-sqrt (1 - sqrt(progress), DeepSeek's and "Scaling Laws and
+            Compute-Optimal Training Beyond Fixed Training Durations")
+
+Because the rate depends only on the step and these settings (never on the scheduler's saved
+state), a run continued from a stable-phase checkpoint with a later max_steps and a decay
+(a new trainer.stage) trains step for step as a run given that schedule from the start.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tinytrain.config.schema import DecayShape, LrSchedule
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at `total`."""
+    return Schedule(LrSchedule.cosine, warmup, total, total - warmup, DecayShape.cosine, min_ratio).multiplier(step)
+
+
+SHAPES = {
+    DecayShape.linear: lambda p: 1.0 - p,
+    DecayShape.cosine: lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+    DecayShape.one_minus_sqrt: lambda p: 1.0 - math.sqrt(p),
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: LrSchedule
+    warmup: int
+    total: int  # trainer.max_steps
+    decay_steps: int  # steps of the decay at the end (cosine/linear: everything after the warm-up; constant: 0)
+    shape: DecayShape
+    min_ratio: float
+
+    @property
+    def decay_start(self) -> int:
+        return self.total - self.decay_steps
+
+    def multiplier(self, step: int) -> float:
+        """lr / trainer.lr at optimizer step `step` (0-based: the first step trains with step 0's)."""
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.decay_steps == 0 or step < self.decay_start:
+            return 1.0
+        progress = min(1.0, (step - self.decay_start) / max(1, self.decay_steps))
+        return self.min_ratio + (1.0 - self.min_ratio) * SHAPES[self.shape](progress)
+
+    def phases(self) -> list[tuple[str, int, int]]:
+        """(name, first step, end step) of each phase with steps in it."""
+        named = [("warmup", 0, self.warmup), ("stable", self.warmup, self.decay_start), (f"decay ({self.shape.value})", max(self.warmup, self.decay_start), self.total)]
+        return [(n, a, b) for n, a, b in named if b > a]
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind.value,
+            "warmup_steps": self.warmup,
+            "decay_steps": self.decay_steps,
+            "decay_start": self.decay_start,
+            "decay_shape": self.shape.value,
+            "min_lr_ratio": self.min_ratio,
+            "phases": [{"phase": n, "from_step": a, "to_step": b} for n, a, b in self.phases()],
+        }
+
+
+def decay_steps(t) -> int:
+    """The decay's length in steps for trainer settings `t` (validated: within the run)."""
+    if t.lr_schedule == LrSchedule.constant:
+        return 0
+    if t.lr_schedule in (LrSchedule.cosine, LrSchedule.linear):
+        return t.max_steps - t.warmup_steps
+    return t.decay_steps if t.decay_steps is not None else round(t.decay_fraction * t.max_steps)
+
+
+def from_trainer(t) -> Schedule:
+    shape = {LrSchedule.cosine: DecayShape.cosine, LrSchedule.linear: DecayShape.linear}.get(t.lr_schedule, t.decay_shape)
+    return Schedule(t.lr_schedule, t.warmup_steps, t.max_steps, decay_steps(t), shape, t.min_lr_ratio)
+
+
+def picture(schedule: dict, total: int, width: int = 60, height: int = 6, marks: dict[int, str] | None = None) -> list[str]:
+    """A small text plot of the schedule (plan.json's `schedule`), lr against step; `marks`:
+    steps to label under the axis (a stage's start)."""
+    s = Schedule(LrSchedule(schedule["kind"]), schedule["warmup_steps"], total, schedule["decay_steps"], DecayShape(schedule["decay_shape"]), schedule["min_lr_ratio"])
+    width = min(width, total)
+    columns = [s.multiplier(min(total - 1, round(i * (total - 1) / max(1, width - 1)))) for i in range(width)]
+    # A filled area: row r (of `height`) is marked where the multiplier reaches it.
+    rows = ["".join("#" if v * height >= r - 0.5 else " " for v in columns) for r in range(height, 0, -1)]
+    axis = ["-"] * width
+    for step, label in (marks or {}).items():
+        at = min(width - 1, round(step * (width - 1) / max(1, total - 1)))
+        axis[at] = label
+    lines = [f"  1.0 |{rows[0]}"] + [f"      |{row}" for row in rows[1:]]
+    lines.append(f"  0.0 +{''.join(axis)}")
+    lines.append(f"       step 0{' ' * max(1, width - len(str(total)) - 6)}{total}")
+    return lines

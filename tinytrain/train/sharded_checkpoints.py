@@ -1,0 +1,205 @@
+"""fsdp_tp's checkpoints, sharded: Lightning's ModelParallelStrategy whose saves and loads go
+through torch.distributed.checkpoint (tinytrain/checkpoint/sharded.py has the folder's layout).
+
+Saving: each rank writes its own shards of the weights and optimizer state into one folder under
+a temp name (no rank gathers anything); rank 0 writes meta.pt (step, loops, callbacks, tinytrain
+metadata) and, once DCP's finish step has collected every rank's write results, renames the folder
+onto its step name. With `checkpoint.async_save` the shards are staged (a copy in host memory) and
+written by a background thread over a process group of their own while training goes on; the next
+save, the end of training and a signal-triggered save wait for it first. A process killed while
+writing leaves only the temp folder, which the next run removes (resume.leftover_temp_files).
+
+Loading: a sharded folder loads into the sharded model and optimizer whatever the dp and tp it was
+saved with (DCP reshards); a full .ckpt file (single, ddp, or an earlier tinytrain) is re-padded
+and broadcast from rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import torch
+
+from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_path
+from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key
+from tinytrain.errors import TrainingStopped
+
+log = logging.getLogger(__name__)
+
+
+class PendingSave:
+    """An async save in flight. Rank 0 publishes the folder as soon as the write is done (from
+    the writer's thread), so a complete checkpoint never waits for the next save to appear."""
+
+    def __init__(self, future, tmp: Path, final: Path, publisher: bool):
+        self.tmp, self.final, self.publisher = tmp, final, publisher
+        self.error: BaseException | None = None
+        self.settled = threading.Event()
+        self.lock = threading.Lock()
+        self.then: list = []  # run once published (pruning: older checkpoints go after the new one is in place)
+        future.add_done_callback(self.done)
+
+    def after_published(self, action) -> None:
+        with self.lock:
+            if not self.settled.is_set():
+                self.then.append(action)
+                return
+        if self.error is None:
+            action()
+
+    def done(self, future) -> None:
+        try:
+            future.result()
+            if self.publisher:
+                publish_directory(self.tmp, self.final)
+            with self.lock:
+                actions, self.then = self.then, []
+            for action in actions:
+                action()
+        except BaseException as e:  # told by wait(), on the training thread
+            self.error = e
+            if self.publisher:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        finally:
+            with self.lock:
+                self.settled.set()
+
+    def wait(self) -> None:
+        self.settled.wait()
+        if self.error is not None:
+            raise save_failed(self.error, self.final) from self.error
+
+
+def save_failed(error: BaseException, final: Path) -> BaseException:
+    """A full disk is told as such (the previous checkpoint is intact); other errors pass through."""
+    from tinytrain.train.atomic_io import disk_full, disk_full_message
+
+    if final.parent.exists() and disk_full(error, final.parent):
+        return TrainingStopped(disk_full_message(final))
+    return error
+
+
+def sharded_model_parallel_strategy(async_save: bool = False):
+    """The strategy class for parallel=fsdp_tp (built lazily: Lightning and torch.distributed imports)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state, _rekey_optimizer_state_if_needed
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    class ShardedModelParallelStrategy(ModelParallelStrategy):
+        def __init__(self, **kwargs):
+            super().__init__(save_distributed_checkpoint=True, **kwargs)
+            self.async_save = async_save
+            self.pending: PendingSave | None = None
+            self.checkpoint_group = None  # async saves' collectives, apart from training's
+
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+            if storage_options is not None:
+                raise TypeError(f"{type(self).__name__} takes no storage_options")
+            self.wait_for_checkpoint()  # one save in flight at most, in order
+            final = Path(self.broadcast(str(filepath)))
+            tmp = Path(self.broadcast(str(temp_path(final))))  # rank 0's pid in every rank's name
+            save_id = self.broadcast(uuid.uuid4().hex)
+            state = {"state_dict": checkpoint.pop("state_dict")}
+            state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+            state[rank_id_key(self.global_rank)] = id_tensor(save_id)
+            checkpoint[SAVE_ID_KEY] = {"id": save_id, "ranks": self.world_size}
+            try:
+                if self.global_rank == 0:
+                    tmp.mkdir(parents=True, exist_ok=True)
+                    write_meta(checkpoint, tmp / META_FILE)
+                self.barrier("tinytrain.sharded_save_folder")
+                writer = dcp.FileSystemWriter(str(tmp))
+                if self.async_save:
+                    future = dcp.async_save(state, storage_writer=writer, process_group=self.background_group())
+                    self.pending = PendingSave(future, tmp, final, publisher=self.global_rank == 0)
+                    return
+                dcp.save(state, storage_writer=writer)
+            except Exception as e:
+                if self.global_rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise save_failed(e, final) from e
+            # DCP's finish step gathered every rank's write results before rank 0 wrote the index.
+            if self.global_rank == 0:
+                publish_directory(tmp, final)
+            self.barrier("tinytrain.sharded_save_published")
+
+        def background_group(self):
+            if self.checkpoint_group is None:
+                self.checkpoint_group = dist.new_group(backend="gloo")
+            return self.checkpoint_group
+
+        def after_checkpoint_published(self, action) -> None:
+            """Run `action` once the last save is in place: now, or from the writer's thread."""
+            if self.pending is None:
+                action()
+            else:
+                self.pending.after_published(action)
+
+        def wait_for_checkpoint(self) -> None:
+            """Block until the async save in flight (if any) is written and published."""
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                pending.wait()
+
+        def teardown(self):
+            # The end of training, an exception, or a signal's stop: the save in flight finishes first.
+            try:
+                self.wait_for_checkpoint()
+            finally:
+                super().teardown()
+
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            path = Path(self.broadcast(str(checkpoint_path)))
+            if is_sharded(path):
+                return self.load_sharded(path)
+            return self.load_full_file(path, weights_only)
+
+        def load_sharded(self, path: Path) -> dict:
+            meta = check_folder(path, "resume")
+            state = {"state_dict": get_model_state_dict(self.model)}
+            optimizers = {f"optimizer_{i}": opt for i, opt in enumerate(self.optimizers)}
+            state.update({key: get_optimizer_state_dict(self.model, opt) for key, opt in optimizers.items()})
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner())
+            set_model_state_dict(self.model, state["state_dict"], options=StateDictOptions(strict=self.lightning_module.strict_loading))
+            for key, opt in optimizers.items():
+                set_optimizer_state_dict(self.model, opt, optim_state_dict=state[key])
+            meta.pop(SAVE_ID_KEY, None)
+            return meta
+
+        def load_full_file(self, path: Path, weights_only) -> dict:
+            """A full checkpoint file (single, ddp): the same steps as Lightning's loader for one,
+            with the vocab re-padded for this run's tp in between (module.on_load_checkpoint runs
+            too late here). The optimizer state was saved from padded parameters and loads as it is."""
+            module = self.lightning_module
+            checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+            state = checkpoint.pop("state_dict")
+            module.repad_state_dict(state)
+            _load_raw_module_state(state, self.model, strict=module.strict_loading)
+            options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
+            for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
+            return checkpoint
+
+    return ShardedModelParallelStrategy
+
+
+def write_meta(checkpoint: dict, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        import os
+
+        os.fsync(f.fileno())
+    fsync_directory(path.parent)
