@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 # Slurm's scheduler), so a second worker uses the second core.
 PYTEST_WORKERS ?= auto
 
-.PHONY: setup run plan lint test clean
+.PHONY: setup run plan lint test test-compat clean
 
 setup: $(STAMP)
 
@@ -36,5 +36,16 @@ test: setup
 	@bash .ci/install-slurm
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
+# The unit tests against the oldest transformers tinytrain is checked with: the GPU image's 5.17
+# (pyproject's range starts there). Only transformers is swapped: installed alone into .compat/ and
+# put first on the path of pytest and of every process it starts; the rest is the dev venv's.
+COMPAT_TRANSFORMERS ?= 5.17.0
+COMPAT_DIR := .compat/transformers-$(COMPAT_TRANSFORMERS)
+
+test-compat: setup
+	@test -d $(COMPAT_DIR) || $(PIP) install -q --no-deps --target $(COMPAT_DIR) transformers==$(COMPAT_TRANSFORMERS)
+	PYTHONPATH=$(CURDIR)/$(COMPAT_DIR):$(CURDIR) $(PY) -c "import transformers; assert transformers.__version__ == '$(COMPAT_TRANSFORMERS)', transformers.__file__; print('transformers', transformers.__version__)"
+	PYTHONPATH=$(CURDIR)/$(COMPAT_DIR):$(CURDIR) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder tests/unit $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) runs outputs multirun .pytest_cache
+	rm -rf $(VENV) runs outputs multirun .pytest_cache .compat

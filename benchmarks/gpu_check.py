@@ -1,143 +1,244 @@
-"""One command that proves the GPU path (run through benchmarks/gpu_check.sh).
+"""The GPU path in parts that each fit a short lease (run through benchmarks/gpu_check.sh).
 
-On one NVIDIA GPU: TinyLlama-1.1B (seq 2048) trained ~30 steps with parallel=single, zero2 and
-zero3 in bf16 (cluster.devices=1), and in fp16 with the loss-scale policy; packed-document
-isolation on the real flash-attn kernel if importable; benchmarks/mfu.py with and without
-torch.compile and liger-kernel. Prints one table.
+On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
+  a  packed-document isolation on the real kernels (torch varlen, SDPA; flash-attn where installed)
+     and a 30-step bf16 single-GPU TinyLlama-1.1B run (seq 2048) with its export reloaded
+  b  DeepSpeed zero2 and zero3 in bf16, and zero2 in fp16 with the loss-scale policy (1 GPU each)
+  c  benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16, tinytrain vs the raw loop on the same attention
+     kernel: plain, --compile, --liger
+  d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
+Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
+device, date and versions per part) from all rows there, so a later part or a later lease continues
+the table; a part run again replaces its own rows. Each training run records its peak GPU memory
+(benchmarks/peak_memory.py) beside the plan's estimate.
 
-`--dry-run` proves the script on a CPU in about a minute: a tiny model, a few steps, fp32 and fp16
-(GradScaler on CPU), zero2 on DeepSpeed's CPU accelerator (parallel.deepspeed_on_cpu; zero3 is
-left to tests/integration/test_deepspeed.py); compile and liger in mfu.py are skipped; isolation
-uses the CPU stand-in kernel.
+`--dry-run` proves a part on a CPU: a tiny model, a few steps, fp32 / fp16 (GradScaler or DeepSpeed's
+loss scaler on its CPU accelerator); the CUDA kernels are their pure-torch references; compile,
+liger, zero3 and the memory layouts beyond one are reported as skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
+import importlib.metadata
 import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+PARTS = ("a", "b", "c", "d")
+COLUMNS = ["part", "check", "status", "loss", "tokens/s", "MFU", "peak GiB", "plan GiB", "note"]
+RESULTS = "gpu_check.json"
+BUDGET_S = 450  # of the 8 minutes a part may take on one H100: the rest is imports and the wheels' install
 
 
-def run(cmd: list[str], log: Path, timeout: int) -> int:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    with log.open("w") as out:
-        try:
-            return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            return 124
+class Part:
+    """One part's runs: a work folder, a deadline every subprocess shares, the rows it makes."""
+
+    def __init__(self, name: str, out: Path, gpu: bool, budget: float):
+        self.name, self.gpu = name, gpu
+        self.work = out / f"part_{name}"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.deadline = time.monotonic() + budget
+        self.rows: list[dict] = []
+
+    def run(self, cmd: list[str], log: str, limit: int = 600) -> int:
+        left = int(self.deadline - time.monotonic())
+        if left < 20:
+            return -1
+        with (self.work / log).open("w") as out:
+            try:
+                return subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=min(limit, left)).returncode
+            except subprocess.TimeoutExpired:
+                return 124
+
+    def add(self, row: dict) -> None:
+        self.rows.append({"part": self.name, **row})
+        print(f"  {row['check']}: {row['status']}", flush=True)
 
 
-def train_case(name: str, overrides: list[str], work: Path, timeout: int) -> dict:
-    run_dir = work / name
-    rc = run([sys.executable, "-m", "tinytrain", *overrides, f"hydra.run.dir={run_dir}"], work / f"{name}.log", timeout)
-    row = {"check": f"train {name}", "status": "ok" if rc == 0 else f"FAILED (exit {rc}, see {name}.log)"}
+def status(rc: int, log: str) -> str:
+    if rc == 0:
+        return "ok"
+    if rc == -1:
+        return "not run (the part's time was spent: run the part again)"
+    return f"FAILED (exit {rc}{', timed out' if rc == 124 else ''}, see {log})"
+
+
+def train(part: Part, name: str, overrides: list[str], export: bool) -> None:
+    """A tinytrain run; its loss, tokens/s, MFU, loss scale, peak memory against the plan's, export."""
+    run_dir, peak = part.work / name, part.work / f"{name}.peak.json"
+    overrides = [*overrides, f"hydra.run.dir={run_dir}"] + ([] if export else ["trainer.export=false"])
+    rc = part.run([sys.executable, "benchmarks/peak_memory.py", str(peak), *overrides], f"{name}.log")
+    row = {"check": f"train {name}", "status": status(rc, f"part_{part.name}/{name}.log")}
     metrics = run_dir / "metrics.csv"
     if metrics.exists():
         with metrics.open(newline="") as f:
             rows = list(csv.DictReader(f))
-        loss = [float(r["loss"]) for r in rows if r.get("loss")]
-        tps = [float(r["tokens_per_s"]) for r in rows if r.get("tokens_per_s")]
-        mfu = [float(r["mfu"]) for r in rows if r.get("mfu")]
-        scale = [float(r["loss_scale"]) for r in rows if r.get("loss_scale")]
+        loss, tps, mfu, scale = ([float(r[key]) for r in rows if r.get(key)] for key in ("loss", "tokens_per_s", "mfu", "loss_scale"))
         if loss:
             row["loss"] = f"{loss[0]:.3f} -> {loss[-1]:.3f}"
-            if rc == 0 and not loss[-1] < loss[0]:
+            if rc == 0 and len(loss) > 5 and not loss[-1] < loss[0]:
                 row["status"] = "FAILED (loss did not fall)"
         row["tokens/s"] = f"{statistics.median(tps):,.0f}" if tps else ""
         row["MFU"] = f"{100 * statistics.median(mfu):.1f}%" if mfu else ""
         row["note"] = f"loss scale {scale[0]:g} -> {scale[-1]:g}" if scale else ""
     plan = run_dir / "plan.json"
     if plan.exists():
-        row["plan GiB"] = f"{json.loads(plan.read_text())['memory_per_gpu']['total_gib']:.1f}"
-    export = run_dir / "hf_export"
-    if rc == 0 and export.exists():
+        planned = json.loads(plan.read_text())
+        row["plan GiB"] = f"{planned['memory_per_gpu']['total_gib']:.1f}"
+        row["note"] = "; ".join(x for x in (row.get("note"), f"attention {planned['model']['attention']}") if x)
+    if peak.exists():
+        measured = json.loads(peak.read_text())
+        row["peak GiB"] = f"{measured['allocated_gib']:.1f} (reserved {measured['reserved_gib']:.1f})"
+    if export and rc == 0:
         check = "from transformers import AutoModelForCausalLM, AutoTokenizer; import sys; m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); assert m.get_input_embeddings().weight.shape[0] == len(AutoTokenizer.from_pretrained(sys.argv[1]))"
-        ok = run([sys.executable, "-c", check, str(export)], work / f"{name}.export.log", 600) == 0
-        row["note"] = (row.get("note", "") + "; " if row.get("note") else "") + ("export reloads" if ok else "EXPORT FAILED")
+        ok = part.run([sys.executable, "-c", check, str(run_dir / "hf_export")], f"{name}.export.log") == 0
+        row["note"] = "; ".join(x for x in (row.get("note"), "export reloads" if ok else "EXPORT FAILED") if x)
         if not ok:
             row["status"] = "FAILED (export)"
-    return row
+    part.add(row)
+
+
+def common(gpu: bool, steps: int, micro: int) -> list[str]:
+    model = ["model=tinyllama_1b", "data.seq_len=2048", "cluster.devices=1"] if gpu else ["model=tiny", "data.seq_len=64"]
+    return [*model, f"trainer.micro_batch_size={micro if gpu else 2}", f"trainer.max_steps={steps}", "trainer.warmup_steps=2", "trainer.log_every_n_steps=1",
+            "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000", "trainer.progress_bar=false", "trainer.plot=false", "trainer.lr=1e-3"]
+
+
+def part_a(part: Part) -> None:
+    kernels = ["varlen", "sdpa"] + (["flash"] if part.gpu and importlib.util.find_spec("flash_attn") else [])
+    for kernel in kernels:
+        out = part.work / f"isolation_{kernel}.json"
+        rc = part.run([sys.executable, "benchmarks/packed_isolation.py", "--kernel", kernel, "--json", str(out)] + ([] if part.gpu else ["--reference"]), f"isolation_{kernel}.log")
+        row = {"check": f"packed isolation {kernel}", "status": status(rc, f"part_a/isolation_{kernel}.log")}
+        if out.exists():
+            r = json.loads(out.read_text())
+            row["note"] = f"{r['kernel']}: max |packed - alone| " + ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_diff"].items()) + f" (tolerance {r['tolerance']:g})"
+        part.add(row)
+    steps = 30 if part.gpu else 4
+    train(part, "single_bf16" if part.gpu else "single_fp32", common(part.gpu, steps, 4) + ["parallel=single"], export=True)
+
+
+def part_b(part: Part) -> None:
+    steps = 30 if part.gpu else 4
+    deepspeed = [] if part.gpu else ["parallel.deepspeed_on_cpu=true"]
+    fp16 = ["precision=fp16", "precision.loss_scale.initial_scale_power=12"]
+    if part.gpu:
+        train(part, "zero2_bf16", common(True, steps, 4) + ["parallel=zero2"], export=False)
+        train(part, "zero3_bf16", common(True, steps, 4) + ["parallel=zero3"], export=False)
+    else:
+        part.add({"check": "train zero2_bf16 / zero3_bf16", "status": "skipped (dry run: zero2 fp16 below shows the DeepSpeed path on a CPU)"})
+    train(part, "zero2_fp16", common(part.gpu, steps, 4) + ["parallel=zero2", *fp16, *deepspeed], export=False)
+
+
+def part_c(part: Part) -> None:
+    liger = importlib.util.find_spec("liger_kernel") is not None
+    variants = [("plain", [])] + ([("compile", ["--compile"])] + ([("liger", ["--liger"])] if liger else []) if part.gpu else [])
+    mfu_args = ["--steps", "10", "--warmup", "3"] if part.gpu else ["--steps", "3", "--warmup", "1", "--tiny"]
+    for name, extra in variants:
+        out = part.work / f"mfu_{name}.json"
+        rc = part.run([sys.executable, "benchmarks/mfu.py", *mfu_args, *extra, "--json", str(out)], f"mfu_{name}.log")
+        row = {"check": f"mfu.py {name}", "status": status(rc, f"part_c/mfu_{name}.log") if rc != 0 or out.exists() else "FAILED (no figures)"}
+        if out.exists():
+            r = json.loads(out.read_text())
+            row["tokens/s"] = f"{r['tinytrain_tokens_per_s']:,.0f} (raw {r['raw_tokens_per_s']:,.0f})"
+            row["MFU"] = f"{100 * r['tinytrain_mfu']:.1f}% (raw {100 * r['raw_mfu']:.1f}%)" if r["tinytrain_mfu"] else "omitted on CPU"
+            row["peak GiB"] = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] else ""
+            row["note"] = f"raw/tinytrain step time {r['ratio']:.3f}; attention {r['attention']}"
+        part.add(row)
+    if not part.gpu:
+        part.add({"check": "mfu.py compile / liger", "status": "skipped (dry run: compile on a CPU takes minutes; liger needs CUDA)"})
+    elif not liger:
+        part.add({"check": "mfu.py liger", "status": "skipped (liger-kernel not installed: benchmarks/gpu_wheels.sh)"})
+
+
+def part_d(part: Part) -> None:
+    layouts = ["single", "zero2", "zero3"] if part.gpu else ["single"]
+    for layout in layouts:
+        train(part, f"memory_{layout}_mb8", common(part.gpu, 4, 8) + [f"parallel={layout}"], export=False)
+    if not part.gpu:
+        part.add({"check": "train memory_zero2_mb8 / memory_zero3_mb8", "status": "skipped (dry run: no GPU memory to measure)"})
+
+
+def versions() -> str:
+    found = []
+    for dist in ("torch", "transformers", "lightning", "deepspeed", "liger-kernel", "flash-attn"):
+        try:
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def device(gpu: bool) -> str:
+    if not gpu:
+        return "CPU (dry run)"
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{torch.cuda.get_device_name(0)} (compute capability {major}.{minor}, CUDA {torch.version.cuda})"
+
+
+def save(out: Path, part: Part, header: dict) -> list[dict]:
+    """Merge this part's rows into OUT/gpu_check.json (replacing its own from an earlier run) and
+    rewrite OUT/gpu_check.md from all of them."""
+    path = out / RESULTS
+    results = json.loads(path.read_text()) if path.exists() else {"parts": {}, "rows": []}
+    results["parts"][part.name] = header
+    results["rows"] = [r for r in results["rows"] if r["part"] != part.name] + part.rows
+    results["rows"].sort(key=lambda r: r["part"])
+    path.write_text(json.dumps(results, indent=2))
+    lines = ["# gpu_check", ""]
+    lines += [f"- part {p}: {h['date']}, {h['device']}; {h['versions']}" for p, h in sorted(results["parts"].items())]
+    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "/") for c in COLUMNS) + " |" for r in results["rows"]]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    return results["rows"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description="the GPU path in parts (benchmarks/gpu_check.sh)")
+    parser.add_argument("--part", required=True, help="a, b, c or d (see this file's docstring)")
+    parser.add_argument("--out", required=True, help="folder of the results file the parts share (gpu_check.json / .md) and the runs' logs")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, a few steps, on a CPU")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--work", help="folder for the runs and logs (default: a temporary one)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the part's runs may take in all")
     args = parser.parse_args()
-    work = Path(args.work or tempfile.mkdtemp(prefix="gpu_check-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if args.part not in PARTS:
+        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory)")
+    # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.
+    needed = {"hydra": "hydra-core", "omegaconf": "omegaconf"} | ({"deepspeed": "deepspeed"} if args.part in "bd" else {})
+    missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SystemExit(f"gpu_check: {', '.join(missing)} not importable: carry the wheels (bash benchmarks/gpu_wheels.sh DIR on a machine with PyPI, then gpu_check.sh --wheels DIR)")
     gpu = not args.dry_run
     if gpu:
         import torch
 
         if not torch.cuda.is_available():
             raise SystemExit("gpu_check: no CUDA GPU visible; --dry-run checks the script on a CPU")
-        steps, timeout = args.steps, 600
-        common = ["model=tinyllama_1b", "data.seq_len=2048", "trainer.micro_batch_size=4", "cluster.devices=1"]
-    else:
-        steps, timeout = 4, 300
-        common = ["model=tiny", "data.seq_len=64", "trainer.micro_batch_size=2"]
-    common += [f"trainer.max_steps={steps}", "trainer.warmup_steps=2", "trainer.log_every_n_steps=1", "trainer.val_every_n_steps=100000",
-               "trainer.checkpoint_every_n_steps=100000", "trainer.progress_bar=false", "trainer.plot=false", "trainer.lr=1e-3"]
-    rows = []
-    deepspeed = [] if gpu else ["parallel.deepspeed_on_cpu=true"]
-    cases = [("single_bf16" if gpu else "single_fp32", ["parallel=single"], True),
-             ("zero2_bf16" if gpu else "zero2_fp32", ["parallel=zero2", "trainer.export=false", *deepspeed], True),
-             ("zero3_bf16", ["parallel=zero3", "trainer.export=false"], gpu),
-             ("single_fp16", ["parallel=single", "precision=fp16", "precision.loss_scale.initial_scale_power=12", "trainer.export=false"], True)]
-    for name, overrides, runs in cases:
-        if runs:
-            rows.append(train_case(name, common + overrides, work, timeout))
-            print(f"  {rows[-1]['check']}: {rows[-1]['status']}", flush=True)
-        else:
-            rows.append({"check": f"train {name}", "status": "skipped (dry run: zero2 shows the DeepSpeed path on CPU)"})
-
-    iso = work / "isolation.json"
-    rc = run([sys.executable, "benchmarks/flash_isolation.py", "--json", str(iso)], work / "isolation.log", timeout)
-    row = {"check": "flash-attn packing isolation", "status": "ok" if rc == 0 else f"FAILED (exit {rc}, see isolation.log)"}
-    if iso.exists():
-        r = json.loads(iso.read_text())
-        row["note"] = f"{r['kernel']}: max |packed - alone| " + ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_diff"].items())
-    rows.append(row)
-
-    liger = importlib.util.find_spec("liger_kernel") is not None
-    variants = [("plain", [])]
-    if gpu:
-        variants += [("compile", ["--compile"])] + ([("liger", ["--liger"]), ("compile+liger", ["--compile", "--liger"])] if liger else [])
-    mfu_args = ["--steps", str(10 if gpu else 3), "--warmup", str(3 if gpu else 1)] + ([] if gpu else ["--tiny"])
-    for name, extra in variants:
-        out = work / f"mfu_{name}.json"
-        rc = run([sys.executable, "benchmarks/mfu.py", *mfu_args, *extra, "--json", str(out)], work / f"mfu_{name}.log", timeout)
-        row = {"check": f"mfu.py {name}", "status": "ok" if rc == 0 and out.exists() else f"FAILED (exit {rc}, see mfu_{name}.log)"}
-        if out.exists():
-            r = json.loads(out.read_text())
-            row["tokens/s"] = f"{r['tinytrain_tokens_per_s']:,.0f} (raw {r['raw_tokens_per_s']:,.0f})"
-            row["MFU"] = f"{100 * r['tinytrain_mfu']:.1f}% (raw {100 * r['raw_mfu']:.1f}%)" if r["tinytrain_mfu"] else "omitted on CPU"
-            row["note"] = f"raw/tinytrain step time {r['ratio']:.3f}; {r['attention']}" + (f"; peak {r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] else "")
-        rows.append(row)
-    if not gpu:
-        rows.append({"check": "mfu.py compile / liger", "status": "skipped (dry run: compile on a CPU takes minutes; liger needs CUDA)"})
-    elif not liger:
-        rows.append({"check": "mfu.py liger", "status": "skipped (liger-kernel not installed: carry its wheel, benchmarks/README.md)"})
-
-    columns = ["check", "status", "loss", "tokens/s", "MFU", "plan GiB", "note"]
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
-    print(f"\ngpu_check ({'dry run on CPU' if not gpu else 'GPU'}; runs and logs in {work})")
-    print(" | ".join(c.ljust(widths[c]) for c in columns))
-    print("-+-".join("-" * widths[c] for c in columns))
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
+    part = Part(args.part, out, gpu, args.budget)
+    header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device(gpu), "versions": versions()}
+    print(f"gpu_check part {args.part} ({header['device']}; {header['versions']})", flush=True)
+    {"a": part_a, "b": part_b, "c": part_c, "d": part_d}[args.part](part)
+    rows = save(out, part, header)
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in COLUMNS}
+    print(f"\ngpu_check ({'dry run on CPU' if not gpu else 'GPU'}; results in {out / RESULTS}, table in {out / 'gpu_check.md'})")
+    print(" | ".join(c.ljust(widths[c]) for c in COLUMNS))
+    print("-+-".join("-" * widths[c] for c in COLUMNS))
     for r in rows:
-        print(" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
-    raise SystemExit(1 if any(r["status"].startswith("FAILED") for r in rows) else 0)
+        print(" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in COLUMNS))
+    raise SystemExit(1 if any(r["status"].startswith(("FAILED", "not run")) for r in part.rows) else 0)
 
 
 if __name__ == "__main__":

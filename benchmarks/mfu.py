@@ -2,8 +2,8 @@
 
 Default: the TinyLlama-1.1B architecture (vocab 32000, as with its Llama-2 tokenizer), seq 2048,
 bf16 where the GPU has it, random tokens. tinytrain runs through build_module + build_trainer
-(its fast paths: flash-attn 2 when installed, fused AdamW); the raw loop uses the same HF model
-class and attention with torch.autocast and fused AdamW. MFU = model FLOPs (tinytrain/plan/flops.py)
+(its fast paths: torch's varlen kernel or flash-attn 2 on a capable GPU, fused AdamW); the raw loop
+uses the same HF model class and attention kernel with torch.autocast and fused AdamW. MFU = model FLOPs (tinytrain/plan/flops.py)
 per second / the hardware table's dense peak.
 
     python benchmarks/mfu.py                      # on a GPU machine
@@ -67,6 +67,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
+    from tinytrain.model.build import register
+
+    register(attention)  # the raw loop on the very kernel tinytrain's run used (torch varlen is tinytrain's own)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
     raw_model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attention.implementation).to(device)

@@ -147,3 +147,15 @@ def pytest_collection_modifyitems(config, items):
         return 0 if item.get_closest_marker("longest") else 1 if item.get_closest_marker("slow") else 2
 
     items.sort(key=cost)
+
+
+def assert_checkpoint_size_estimated(run_dir: Path, name: str = "step0000004.ckpt", within: float = 0.10) -> None:
+    """plan.json's size of one step checkpoint (tinytrain/plan/checkpoint_cost.py) against the
+    checkpoint the run wrote (a file, or a folder of shards), within `within` of the real size."""
+    import json
+
+    plan = json.loads((run_dir / "plan.json").read_text())
+    path = run_dir / "checkpoints" / name
+    actual = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    estimate = plan["checkpoint"]["step_bytes"]
+    assert abs(estimate - actual) <= within * actual, f"parallel={plan['parallel']['strategy']} {plan['precision']['value']}: estimated {estimate:,} B, wrote {actual:,} B"

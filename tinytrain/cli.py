@@ -90,8 +90,10 @@ def data_overridden() -> bool:
 
 
 def checkpoint_shorthand(args: list[str]) -> list[str]:
-    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node)."""
-    return [f"checkpoint.path={a.removeprefix('checkpoint=')}" if a.startswith("checkpoint=") else a for a in args]
+    """`checkpoint=<path>` is short for checkpoint.path=<path> (`checkpoint` is a config node), and
+    `checkpoints=[...]` for checkpoint.average=[...]."""
+    shorthands = {"checkpoint=": "checkpoint.path=", "checkpoints=": "checkpoint.average="}
+    return [next((full + a.removeprefix(short) for short, full in shorthands.items() if a.startswith(short)), a) for a in args]
 
 
 def refuse_trained_directory(run_dir: Path) -> None:
@@ -134,7 +136,7 @@ def build_data(cfg: DictConfig, tokenizer):
     from tinytrain.plan.layout import batch_layout, world_size
 
     batch, _ = batch_layout(cfg, world_size(cfg))
-    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel)
+    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
 
 
 def prepare_data(cfg: DictConfig, tokenizer):

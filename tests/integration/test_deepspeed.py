@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import DEEPSPEED_ON_CPU, compose, logged, run_cli
+from tests.conftest import DEEPSPEED_ON_CPU, assert_checkpoint_size_estimated, compose, logged, run_cli
 from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
@@ -130,6 +130,7 @@ def test_trains_saves_atomically_consolidates_and_exports(option, extra, tmp_pat
     for name in watcher.first_seen:  # each shard passes the no-pickled-code check resume makes (safe_load.py)
         assert read_state(run_dir / "checkpoints" / name)["tinytrain"]["true_vocab"] == TRUE_VOCAB
 
+    assert_checkpoint_size_estimated(run_dir)  # plan.json's size of a step checkpoint, within 10%
     ran = json.loads((run_dir / "deepspeed_config.json").read_text())
     stage = int(option[4])
     assert ran["zero_optimization"]["stage"] == stage and ran["gradient_accumulation_steps"] == 1

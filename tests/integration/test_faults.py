@@ -7,6 +7,7 @@ tests/unit/test_run_directory.py.)
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,23 +16,25 @@ import time
 import pytest
 import torch
 
-from tests.conftest import mounted_tmpfs, run_cli
+from tests.conftest import REPO, mounted_tmpfs
 
 pytestmark = pytest.mark.slow
 
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
-# A step checkpoint of this model is 7.2 MB: a 10 MB disk holds step 4's and fills up during step 8's.
+# A step checkpoint of this model is 7.2 MB. The plan refuses a run root that cannot hold keep_last
+# + 1 of them (test_checkpoint_cost.py), so the 40 MB disk is filled by another writer once step 4's
+# checkpoint is in place, leaving 3 MB: step 8's save fills it up.
 RUN = ["experiment=smoke", *MODEL, "data.seq_len=32", "trainer.max_steps=12", "trainer.progress_bar=false", "trainer.export=false", "trainer.plot=false"]
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 10 MB tmpfs (root only)."""
+    """A 40 MB tmpfs (root only)."""
     mount_point = tmp_path / "small_disk"
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    with mounted_tmpfs(mount_point, "size=10m"):
+    with mounted_tmpfs(mount_point, "size=40m"):
         yield mount_point
 
 
@@ -39,7 +42,7 @@ def small_disk(tmp_path):
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(small_disk, tmp_path):
     run_dir = small_disk / "run"
     outside_before = sorted(p.name for p in tmp_path.iterdir())
-    r = run_cli(RUN, run_dir)
+    r = run_filling_the_disk(RUN, run_dir, small_disk)
     assert r.returncode == 3, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "enforce fail" not in r.stderr, r.stderr[-3000:]
     assert f"disk full while saving {run_dir / 'checkpoints' / 'step0000008.ckpt'}; the previous checkpoint step0000004.ckpt is intact" in r.stderr
@@ -122,3 +125,15 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
     child.start()
     child.join(timeout=10)
     assert child.exitcode == 1
+def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
+    """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "step0000004.ckpt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended (or stalled) before step 4's checkpoint"
+        time.sleep(0.01)
+    with open(disk / "ballast", "wb") as f:
+        f.write(bytes(shutil.disk_usage(disk).free - 3 * 2**20))
+    stdout, stderr = proc.communicate(timeout=240)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -1,7 +1,10 @@
-"""benchmarks/gpu_check.sh end to end on a CPU (--dry-run): a tiny model for a few steps in fp32 and
-fp16, flash-attn isolation on the CPU stand-in kernel, mfu.py; DeepSpeed, compile and liger are
-reported as skipped. On a GPU machine the same script runs the full check."""
+"""benchmarks/gpu_check.sh part by part on a CPU (--dry-run): parts a (packed isolation on the CPU
+references of the kernels, a tiny fp32 run with export), b (DeepSpeed zero2 in fp16 with the loss
+scale policy on its CPU accelerator) and c (mfu.py) append to one results file, each part's rows
+beside the others'; an unknown part and a wheel folder missing a package stop with the fix before
+anything runs. On a GPU machine the same parts run the real checks (benchmarks/README.md)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,17 +16,44 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_gpu_check_dry_run_prints_the_summary_table(tmp_path):
-    result = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh", "--dry-run", "--work", str(tmp_path)],
-        cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    table = result.stdout[result.stdout.index("gpu_check (dry run on CPU"):]
-    rows = {line.split("|")[0].strip(): line for line in table.splitlines() if "|" in line}
-    for check in ("train single_fp32", "train zero2_fp32", "train single_fp16", "flash-attn packing isolation", "mfu.py plain"):
-        assert rows[check].split("|")[1].strip() == "ok", rows[check]
-    assert "export reloads" in rows["train single_fp32"]
-    assert "loss scale" in rows["train single_fp16"]
-    assert "cpu reference" in rows["flash-attn packing isolation"]
-    assert "skipped (dry run: zero2 shows the DeepSpeed path on CPU)" in rows["train zero3_bf16"]
+def gpu_check(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    # WHEELS: no wheel folder here, the venv has every package already.
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": "/nonexistent", **(env or {})}
+    return subprocess.run(["bash", "benchmarks/gpu_check.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_parts_append_to_one_results_table(tmp_path):
+    for part in ("a", "b", "c"):
+        result = gpu_check("--part", part, "--out", str(tmp_path), "--dry-run")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert sorted(results["parts"]) == ["a", "b", "c"] and all(h["device"] == "CPU (dry run)" and "torch " in h["versions"] for h in results["parts"].values())
+    rows = {r["check"]: r for r in results["rows"]}
+    for check in ("packed isolation varlen", "packed isolation sdpa", "train single_fp32", "train zero2_fp16", "mfu.py plain"):
+        assert rows[check]["status"] == "ok", rows[check]
+    assert "torch_varlen_reference (cpu reference)" in rows["packed isolation varlen"]["note"] and "mistral micro4" in rows["packed isolation varlen"]["note"]
+    assert "export reloads" in rows["train single_fp32"]["note"] and rows["train single_fp32"]["plan GiB"]
+    assert "loss scale 4096" in rows["train zero2_fp16"]["note"]
+    assert rows["train zero2_bf16 / zero3_bf16"]["status"].startswith("skipped (dry run")
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table.count("\n| a | ") == 3 and table.count("\n| b | ") == 2 and table.count("\n| c | ") == 2 and "- part c: " in table
+
+
+def test_an_unknown_part_names_the_parts(tmp_path):
+    result = gpu_check("--part", "e", "--out", str(tmp_path), timeout=30)
+    assert result.returncode == 2 and "--part 'e' is not a part: use a (isolation + bf16 run), b (DeepSpeed), c (mfu.py) or d (memory)" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_wheel_folder_missing_a_package_names_it_and_the_fix(tmp_path):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    pins = [line for line in (REPO / "benchmarks" / "gpu_wheels.txt").read_text().splitlines() if line and not line.startswith("#")]
+    for pin in pins:  # the names gpu_wheels.sh gives them; empty files are enough to stop before the install
+        if not pin.startswith(("omegaconf", "deepspeed")):
+            name, version = pin.split("==")
+            (folder / f"{name.replace('-', '_').lower()}-{version}-py3-none-any.whl").touch()
+    result = gpu_check("--part", "a", "--out", str(tmp_path / "out"), env={"WHEELS": str(folder)}, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert "lacks omegaconf==2.3.1 deepspeed==0.19.8: fill it on a machine with PyPI with: bash benchmarks/gpu_wheels.sh" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

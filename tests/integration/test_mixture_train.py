@@ -57,6 +57,26 @@ def test_a_resumed_mixture_trains_the_uninterrupted_runs_batches(tmp_path, sourc
     assert data_position(resumed / "checkpoints" / "final.ckpt")["sources"] == data_position(whole / "checkpoints" / "final.ckpt")["sources"]
 
 
+def test_data_stages_switch_sources_at_their_step_and_resume_exactly_across_the_boundary(tmp_path, sources):
+    """data.stages through the CLI: steps 1-5 draw only 'big', steps 6-8 only 'small' (the plan's
+    table says so); a run resumed from step 4 crosses the boundary with the uninterrupted run's batches."""
+    stages = "data.stages=[{until_step: 5, weights: {big: 1}}, {until_step: null, weights: {small: 1}}]"
+    run = [*RUN, *sources, stages, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    for run_dir in (whole, resumed):
+        run_dir.mkdir()
+    r = run_cli(run, whole, env={"TT_TEST_BATCH_LOG": str(whole / "batches.txt")}, module="tests.integration.instrumented_cli")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"data\.stages\[0\]\s+0-5\s+100\.0%\s+0\.0%", out) and re.search(r"data\.stages\[1\]\s+5-8\s+0\.0%\s+100\.0%", out), out[-3000:]
+    position = data_position(whole / "checkpoints" / "final.ckpt")
+    assert position["sources"]["big"]["position"] == 5 * 4 and position["sources"]["small"]["position"] == 3 * 4
+    r = run_cli([*run, f"resume={whole / 'checkpoints' / 'step0000004.ckpt'}"], resumed, env={"TT_TEST_BATCH_LOG": str(resumed / "batches.txt")}, module="tests.integration.instrumented_cli")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert batches(resumed) == batches(whole)[4:]
+    assert data_position(resumed / "checkpoints" / "final.ckpt")["sources"] == position["sources"]
+
+
 def test_exhaustion_stop_ends_the_run_at_the_step_a_source_runs_out(tmp_path, sources):
     run_dir = tmp_path / "run"
     r = run_cli([*RUN, *sources, "trainer.max_steps=12", "data.exhaustion=stop"], run_dir)

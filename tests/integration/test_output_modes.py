@@ -118,8 +118,45 @@ def test_lm_eval_local_task_on_the_export(chat_run, tmp_path):
     [
         (["mode=export"], "checkpoint.path"),
         (["mode=generate", "checkpoint=final"], "generate.prompts"),
+        (["mode=average", "checkpoints=[a.ckpt]"], "checkpoint.average=['a.ckpt']: needs two or more checkpoints"),
+        (["mode=average", "checkpoint.average_last=3"], "checkpoint.average_last=3"),
     ],
 )
 def test_errors_name_the_key_and_the_fix(args, says, tmp_path):
     r = run_cli(args, tmp_path / "run")
     assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+
+
+def test_average_of_copies_of_one_checkpoint_gives_its_logits_and_of_two_their_mean(chat_run, tmp_path):
+    """mode=average: k copies of one checkpoint average back to it exactly (float64 sums), and its
+    export computes that checkpoint's logits; two checkpoints average to their element-wise mean."""
+    import torch
+
+    step4, step8 = (chat_run / "checkpoints" / f"step000000{n}.ckpt" for n in (4, 8))
+    r = run_cli(["mode=average", f"checkpoints=[{step4},{step4},{step4}]", f"export.dir={tmp_path / 'copies'}"], tmp_path / "cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    averaged = chat_run / "checkpoints" / "average-k3-step0000004.ckpt"
+    assert f"averaged 3 checkpoints (step0000004.ckpt, step0000004.ckpt, step0000004.ckpt) -> {averaged}" in r.stdout
+    weights, original = checkpoint_weights(averaged), checkpoint_weights(step4)
+    assert weights.keys() == original.keys() and all(torch.equal(weights[k], original[k]) for k in original)
+    assert_export_matches(tmp_path / "copies", original, RUN, TRUE_VOCAB)
+    # The run's newest two step checkpoints (step 4 and step 8), named by the run.
+    r = run_cli(["mode=average", "checkpoint.average_last=2", "export.dir=" + str(tmp_path / "two")], chat_run)
+    assert r.returncode == 0, r.stderr[-3000:]
+    mean = checkpoint_weights(chat_run / "checkpoints" / "average-k2-step0000008.ckpt")
+    later = checkpoint_weights(step8)
+    for k in original:
+        torch.testing.assert_close(mean[k], ((original[k].double() + later[k].double()) / 2).float(), rtol=0, atol=0)
+    assert not torch.equal(mean["lm_head.weight"], later["lm_head.weight"])
+    assert_export_matches(tmp_path / "two", mean, RUN, TRUE_VOCAB)
+
+
+def test_average_refuses_checkpoints_of_another_shape_naming_the_fix(chat_run, tmp_path):
+    other = tmp_path / "other"
+    r = run_cli([*RUN, "model.hidden_size=32", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.checkpoint_every_n_steps=2", "trainer.val_every_n_steps=2", "trainer.export=false", "generate.sample_prompts=[]"], other)
+    assert r.returncode == 0, r.stderr[-3000:]
+    theirs = other / "checkpoints" / "step0000002.ckpt"
+    r = run_cli(["mode=average", f"checkpoints=[{chat_run / 'checkpoints' / 'step0000004.ckpt'},{theirs}]"], tmp_path / "cli")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"checkpoint.average='{theirs}': holds another model shape: " in r.stderr and "Fix: average checkpoints of one run" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, assert_checkpoint_size_estimated
 from tests.integration.test_resume import MODEL, batches, metrics, wait_for
 from tinytrain.checkpoint.files import is_temp
 from tinytrain.checkpoint.resume import newest_loadable, read_state
@@ -108,6 +108,7 @@ def test_every_rank_writes_its_own_shards(reference):
     state = read_state(folder)
     assert state["global_step"] == 12 and state["tinytrain"]["padded_vocab"] == rows
     assert state["state_dict"]["model.model.embed_tokens.weight"].shape == (rows, 64)  # from the index alone
+    assert_checkpoint_size_estimated(reference, "step0000012.ckpt")  # plan.json's estimate, within 10%
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from tests.conftest import logged, run_cli
+from tests.conftest import assert_checkpoint_size_estimated, logged, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +61,7 @@ def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):
     r = run_cli(["experiment=smoke", "precision=fp16", "precision.loss_scale.initial_scale_power=10", "trainer.progress_bar=false"], run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "precision  16-mixed" in r.stdout
+    assert_checkpoint_size_estimated(run_dir)  # single, fp16: plan.json's estimate within 10%
     ckpt = torch.load(run_dir / "checkpoints" / "final.ckpt", map_location="cpu", weights_only=False)
     # Lightning stores the GradScaler's state only when the fp16 plugin (not bf16) trained.
     scaler = ckpt["MixedPrecision"]
@@ -74,6 +75,7 @@ def test_ddp_two_processes_over_gloo(tmp_path):
     r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2"], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world size 2 = tp 1 x dp 2" in r.stdout
+    assert_checkpoint_size_estimated(run_dir)
     assert (run_dir / "hf_export" / "config.json").exists()
     assert len(logged(run_dir, "loss")) > 0
     log = (run_dir / "tinytrain.log").read_text()

@@ -85,6 +85,11 @@ CASES = {
     "accumulation against global": (["mode=plan", "trainer.accumulate_grad_batches=2", "trainer.global_batch_size=8"], ["trainer.accumulate_grad_batches=2", "disagrees with global_batch_size(8)"]),
     # optimizer and schedule
     "lr zero": (["mode=plan", "trainer.lr=0"], ["trainer.lr=0.0", "positive"]),
+    "data stage naming an unknown source": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {web: 1}}]"], ["data.stages[0].weights.web=1.0", "names no mixture source (the sources are tinyshakespeare, alpaca_instructions)", "Fix: use one of those names"]),
+    "data stages out of order": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 1}}, {until_step: 50, weights: {tinyshakespeare: 1}}]"], ["data.stages[1].until_step=50", "after the previous stage's end (step 100)", "Fix: list the stages by until_step"]),
+    "data stage beyond max_steps": (["mode=plan", "data=mixture", "data.stages=[{until_step: 300, weights: {tinyshakespeare: 1}}]"], ["data.stages[0].until_step=300", "beyond trainer.max_steps(250)", "Fix: use a step up to 250"]),
+    "data stage drawing nothing": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 0}}]"], ["data.stages[0].weights=", "draws from no source", "Fix: give at least one source a positive weight"]),
+    "data stages without a mixture": (["mode=plan", "data.stages=[{until_step: 100, weights: {a: 1}}]"], ["data.stages=", "data.sources names no mixture", "Fix: add data.sources"]),
     "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),
     "wsd decay fraction above 1": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=1.5"], ["trainer.decay_fraction=1.5", "must be in (0, 1]", "Fix:"]),
     "wsd decay fraction into the warm-up": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=0.95"], ["trainer.decay_fraction=0.95", "does not fit", "raise trainer.max_steps"]),
@@ -158,7 +163,7 @@ CASES = {
     "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
     "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
     "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: smoke, tinyllama_pretrain"]),
-    "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval]"]),
+    "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     # special tokens
     "special token empty": (["mode=plan", 'tokenizer.add_special_tokens=[""]'], ["tokenizer.add_special_tokens=['']", "blank token"]),

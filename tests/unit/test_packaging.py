@@ -90,3 +90,15 @@ def test_one_source_for_the_version():
     assert PROJECT["dynamic"] == ["version"] and "version" not in PROJECT
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tinytrain.__version__"}
     assert re.search(rf"^## {re.escape(tinytrain.__version__)}\b", (REPO / "CHANGELOG.md").read_text(), re.M)
+
+
+def test_the_gpu_wheel_list_pins_what_ci_tested():
+    """benchmarks/gpu_wheels.txt (the wheels a bare GPU image needs) pins each package as constraints-cpu.txt does."""
+    pins = {canonicalize_name(k): v for k, v in (line.split("==", 1) for line in (REPO / "constraints-cpu.txt").read_text().splitlines() if "==" in line and not line.startswith("#"))}
+    wheels = [Requirement(line) for line in (REPO / "benchmarks" / "gpu_wheels.txt").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert {"hydra-core", "omegaconf", "antlr4-python3-runtime", "deepspeed", "liger-kernel", "submitit", "hydra-submitit-launcher"} <= {canonicalize_name(r.name) for r in wheels}
+    for r in wheels:
+        if canonicalize_name(r.name) in pins:
+            assert str(r.specifier) == f"=={pins[canonicalize_name(r.name)]}", f"{r}: constraints-cpu.txt pins {pins[canonicalize_name(r.name)]}"
+        else:
+            assert canonicalize_name(r.name) == "liger-kernel", f"{r.name} is not pinned in constraints-cpu.txt"

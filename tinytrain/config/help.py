@@ -36,6 +36,7 @@ MODES = {
     Mode.export: "a Hugging Face folder from checkpoint=<path>",
     Mode.generate: "text from checkpoint=<path> for generate.prompts",
     Mode.eval: "loss and perplexity of checkpoint=<path> -> eval.json",
+    Mode.average: "the mean weights of checkpoints=[a,b,...] (or checkpoint.average_last=<k>) -> a checkpoint and its export",
 }
 
 README_SECTIONS = ("Planning a run", "Configuration", "Parallelism", "Running on a Slurm cluster", "Resuming", "Errors")

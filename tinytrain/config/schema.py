@@ -23,6 +23,7 @@ class Mode(Enum):
     export = "export"  # a Hugging Face folder from checkpoint.path (a step checkpoint, final, a DeepSpeed folder)
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
+    average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -94,6 +95,7 @@ class DataFormat(Enum):
     text = "text"  # documents for pretraining: tokenized into a token store, packed into windows
     instruction = "instruction"  # SFT records: instruction / input / output (or Alpaca's nested instances[])
     chat = "chat"  # SFT records: messages = [{role, content}, ...]
+    preference = "preference"  # pairs: {prompt, chosen, rejected} strings, or chosen/rejected message lists (TRL's layouts)
 
 
 class TextSplit(Enum):
@@ -149,6 +151,13 @@ class FinetuneMethod(Enum):
     full = "full"  # every weight trains
     lora = "lora"  # low-rank adapters (peft) on a frozen base held in the compute dtype
     qlora = "qlora"  # LoRA on a 4-bit (NF4, bitsandbytes) base: CUDA GPUs only
+
+
+class Objective(Enum):
+    sft = "sft"  # next-token cross-entropy on the trained tokens
+    dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
+    ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
+    simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
 
 
 class TrainableTokens(Enum):
@@ -230,6 +239,14 @@ class MixtureSource:
 
 
 @dataclass
+class DataStage:
+    """One stage of a mixture's schedule (data.stages): the weights its steps draw by."""
+
+    until_step: Optional[int] = None  # its steps end before this one (the next stage's first); null: the run's end
+    weights: dict[str, float] = field(default_factory=dict)  # source name -> weight (relative); a source not named draws nothing in it
+
+
+@dataclass
 class DataConfig:
     name: str = "pydoc"
     source: DataSource = DataSource.pydoc
@@ -239,6 +256,10 @@ class DataConfig:
     # A weighted mixture instead of data.path: [{path: ..., weight: 0.7}, ...] (see MixtureSource);
     # each source is split by val_fraction. exhaustion: what a source that runs out does.
     sources: list[MixtureSource] = field(default_factory=list)
+    # Mixture weights that change at named steps, in order: [{until_step: 800, weights: {web: 1}},
+    # {until_step: null, weights: {web: 0.7, code: 0.3}}]; steps after the last stage draw by
+    # data.sources' own weights. [] (default): those weights for the whole run.
+    stages: list[DataStage] = field(default_factory=list)
     exhaustion: Exhaustion = Exhaustion.repeat
     # Validation from a separate source of the same kind; null splits val_fraction of the documents off.
     val_path: Optional[str] = None
@@ -320,6 +341,16 @@ class FinetuneConfig:
     # Linear layers (by module name) that get adapters: every attention and MLP projection of a Llama-family block.
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     trainable_tokens: TrainableTokens = TrainableTokens.auto
+    # What the run optimizes. dpo|ipo|simpo train on preference pairs (data.format=preference); dpo and
+    # ipo compare the policy with a reference: the base with adapters disabled under lora/qlora, a
+    # frozen copy under full fine-tuning, or log-probs computed once before training (precompute_reference).
+    objective: Objective = Objective.sft
+    beta: float = 0.1  # dpo/simpo: scale of the reward margin; ipo: the regularisation tau (margin target 1/(2 beta))
+    label_smoothing: float = 0.0  # dpo: share of pairs assumed mislabelled (conservative DPO), in [0, 0.5)
+    simpo_gamma: float = 0.5  # simpo: the target reward margin (TRL's simpo_gamma)
+    # Reference log-probs of every pair computed once before training and cached under data.cache_dir
+    # (keyed by data and model, so a run with another beta reuses them): no reference model while training.
+    precompute_reference: bool = False
 
 
 @dataclass
@@ -361,10 +392,19 @@ class CheckpointConfig:
     # parallel=fsdp_tp: write the step checkpoints' shards in the background while training goes
     # on (torch.distributed.checkpoint's async save); the next save waits for the previous one.
     async_save: bool = False
+    # The plan's save-time estimate: write bandwidth to run.root's filesystem (GB/s, all ranks
+    # together), and the share of the time between saves a synchronous save may take before the
+    # plan warns.
+    write_gbps: float = 2.0
+    max_save_share: float = 0.1
     # mode=export|generate|eval: a checkpoint (step<N>.ckpt, final.ckpt, a DeepSpeed folder), `final` or
     # `last` (of the run in hydra.run.dir), or an exported Hugging Face folder (generate, eval).
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
     path: Optional[str] = None
+    # mode=average: the checkpoints whose mean weights it writes (`checkpoints=[a,b,...]` is short
+    # for checkpoint.average=[...]), or the newest average_last step checkpoints of the run.
+    average: list[str] = field(default_factory=list)
+    average_last: Optional[int] = None
 
 
 @dataclass

@@ -3,6 +3,8 @@ before compute is spent, and never from inside a DataLoader worker).
 
 format=text              source -> token store (cached, or data.store) -> document split -> PackedWindows
 format=instruction|chat  source records -> SFT samples -> sample split -> SftDataset or PackedSamples
+format=preference        source records -> chosen/rejected pairs -> pair split -> PreferenceDataset
+                         (a micro batch of B pairs is 2B rows; the samplers count pairs)
 data.sources             each source as above (its own token store or samples), concatenated;
                          samples drawn by weight (mixture_sampler.py), for validation too
 
@@ -26,10 +28,11 @@ from tinytrain.config.schema import DataFormat
 from tinytrain.data import parts
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
-from tinytrain.data.mixture import Member, members
+from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
+from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
 from tinytrain.data.sources import Source, records
@@ -65,7 +68,8 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
+        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples."""
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -78,17 +82,23 @@ class DataModule:
             self.train, self.val = self._mixture(progress)
         elif data_cfg.format == DataFormat.text:
             self.train, self.val = self._pretraining(progress)
+        elif data_cfg.format == DataFormat.preference:
+            self.train, self.val = self._preference()
         else:
             self.train, self.val = self._sft()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
         if data_cfg.format == DataFormat.text:
             self.collate = collate_windows  # fixed-size windows
+        elif data_cfg.format == DataFormat.preference:
+            self.collate = PreferenceCollator(pad, data_cfg.pad_to_multiple_of)
         else:
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
             self.collate = PaddedCollator(pad, data_cfg.pad_to_multiple_of)
         self._check_sizes()
         if self.parts:
             # Validation draws from the mixture too, the same batches every time and for every seed.
-            self.train_sampler = MixtureBatchSampler([p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed)
+            self.train_sampler = MixtureBatchSampler(
+                [p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed, stage_weights(data_cfg), samples_per_step
+            )
             self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
         else:
             grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
@@ -179,6 +189,33 @@ class DataModule:
             grouped = d.group_by_length and not d.sources  # a mixture's batches are drawn by weight
             shape = f"padded to the longest in each batch (multiple of {d.pad_to_multiple_of}){', length-grouped' if grouped else ''}"
         return train, val, shape
+
+    # -- preference pairs ----------------------------------------------------------------------
+
+    def _pairs(self, validation: bool) -> list:
+        src = Source.from_config(self.cfg, validation)
+        bad = BadRecords(self.cfg.bad_records, src.key)
+        pairs, counts = build_pairs(records(src, bad), self.cfg, self.tokenizer, bad)
+        if not pairs:
+            raise ConfigError(Problem(src.key, src.path, f"no usable preference pairs ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+        self.lines.append(f"{src.describe()}: {counts.summary(self.cfg.seq_len)}")
+        return pairs
+
+    def _preference(self):
+        d = self.cfg
+        pairs = self._pairs(validation=False)
+        if d.val_path:
+            train_pairs, val_pairs = pairs, self._pairs(validation=True)
+        else:
+            train_ids, val_ids = split_indices(len(pairs), d.val_fraction, SPLIT_SEED, "pairs")
+            train_pairs, val_pairs = [pairs[i] for i in train_ids], [pairs[i] for i in val_ids]
+        trained = sum(int((p.chosen_labels != -100).sum() + (p.rejected_labels != -100).sum()) for p in train_pairs)
+        self.lines.append(
+            f"preference (template {d.chat_template.value}): {len(train_pairs):,} train / {len(val_pairs):,} validation pairs, {trained:,} answer tokens scored; "
+            f"a micro batch of {self.micro_batch_size} pairs is {2 * self.micro_batch_size} rows (chosen, then rejected), padded to the longest"
+            f"{' (multiple of ' + str(d.pad_to_multiple_of) + '), length-grouped' if d.group_by_length else ''}"
+        )
+        return PreferenceDataset(train_pairs), PreferenceDataset(val_pairs)
 
     # -- a weighted mixture ---------------------------------------------------------------------
 

@@ -57,3 +57,9 @@ def members(data_cfg) -> list[Member]:
         )
         out.append(Member(default_name(entry, data_cfg), float(entry.weight), src))
     return out
+
+
+def stage_weights(data_cfg) -> list[tuple[int | None, list[float]]]:
+    """data.stages as (until_step, weight of each member in order; 0 for a source not named)."""
+    names = [m.name for m in members(data_cfg)]
+    return [(stage.until_step, [float(stage.weights.get(n, 0.0)) for n in names]) for stage in data_cfg.stages]

@@ -8,6 +8,12 @@ global sample number (batch j holds samples j*B .. j*B + B - 1):
   n_k        how many samples before g came from source k: the source's position
   item(g)    entry n_k % N_k of source k's shuffle for pass n_k // N_k (seeded [seed, crc32(name), pass])
 
+With data stages (data.stages) the weights change at named steps: sample g is drawn with the
+weights of the stage its optimizer step falls in (step = g // samples per step), from the same
+uniform number (the block's draws are uniforms mapped through the stage's cumulative weights,
+which is how numpy's choice draws), so the stream stays a pure function of seed, position and
+stages, and one stage draws exactly what the weights alone did before stages existed.
+
 so a source is read in a shuffled order, one whole pass before the next (data.exhaustion decides
 whether a second pass is allowed; callbacks/mixture_exhaustion.py stops the run otherwise). Every
 rank computes the same stream and trains the global batches j = rank (mod world), as
@@ -31,11 +37,19 @@ log = logging.getLogger(__name__)
 BLOCK = 1 << 16  # source draws are generated in blocks of this many samples, each from its own seed
 
 
+def cumulative(p: np.ndarray) -> np.ndarray:
+    """The cumulative weights numpy's Generator.choice maps uniforms through (last entry exactly 1)."""
+    cdf = np.cumsum(p)
+    return cdf / cdf[-1]
+
+
 class MixtureBatchSampler(Sampler[list[int]]):
     """Batches of indices into the concatenation of the sources' datasets (source k's items start
     at offsets[k])."""
 
-    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[float], batch_size: int, seed: int):
+    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[float], batch_size: int, seed: int, stages: Sequence[tuple[int | None, Sequence[float]]] = (), samples_per_step: int = 0):
+        """`stages`: (until_step, weights per source) in order (data.stages), the steps after the last
+        one drawn by `weights`; `samples_per_step`: the global batch in sequences (steps -> samples)."""
         if any(n < 1 for n in sizes):
             raise ValueError(f"every mixture source needs at least one item: {dict(zip(names, sizes))}")
         self.names = list(names)
@@ -43,6 +57,13 @@ class MixtureBatchSampler(Sampler[list[int]]):
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
         w = np.asarray(weights, dtype=np.float64)
         self.weights = w / w.sum()
+        self.stages = [(until, np.asarray(sw, dtype=np.float64) / float(np.sum(sw))) for until, sw in stages]
+        self.samples_per_step = samples_per_step
+        # (first sample after it or None, cumulative weights) of each phase of the stream, in order.
+        phases = [(None if until is None else until * samples_per_step, sw) for until, sw in self.stages]
+        if not phases or phases[-1][0] is not None:
+            phases.append((None, self.weights))
+        self._phases = [(end, cumulative(p)) for end, p in phases]
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
@@ -80,8 +101,15 @@ class MixtureBatchSampler(Sampler[list[int]]):
     def _block(self, block: int) -> np.ndarray:
         # The last block is kept: each step's exhaustion check and checkpoint read the same one.
         if self._last_block is None or self._last_block[0] != block:
-            rng = np.random.default_rng([self.seed, block])
-            self._last_block = (block, rng.choice(len(self.names), size=BLOCK, p=self.weights))
+            uniform = np.random.default_rng([self.seed, block]).random(BLOCK)
+            sample = block * BLOCK + np.arange(BLOCK)
+            drawn = np.empty(BLOCK, dtype=np.int64)
+            start = 0
+            for end, cdf in self._phases:
+                at = (sample >= start) & (sample < end) if end is not None else sample >= start
+                drawn[at] = cdf.searchsorted(uniform[at], side="right")
+                start = end if end is not None else start
+            self._last_block = (block, drawn)
         return self._last_block[1]
 
     def positions_at(self, sample: int) -> np.ndarray:
@@ -158,6 +186,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
             "samples": g,
             "batch_size": self.batch_size,
             "seed": self.seed,
+            "stages": [{"until_step": until, "weights": dict(zip(self.names, w.tolist()))} for until, w in self.stages],
             "sources": {
                 name: {"position": int(n), "pass": int(n // size), "in_pass": int(n % size), "items": int(size), "weight": float(w)}
                 for name, n, size, w in zip(self.names, positions, self.sizes, self.weights)
@@ -186,6 +215,10 @@ class MixtureBatchSampler(Sampler[list[int]]):
         weights = {name: s["weight"] for name, s in saved.items()}
         if weights != dict(zip(self.names, self.weights.tolist())):
             log.info("mixture weights changed from %s to %s: each source continues from its position", weights, dict(zip(self.names, self.weights.round(4).tolist())))
+        stages = [{"until_step": until, "weights": dict(zip(self.names, w.tolist()))} for until, w in self.stages]
+        if state.get("stages", []) != stages:
+            step = state["samples"] // self.samples_per_step if self.samples_per_step else None
+            log.warning("data stages changed since the checkpoint (step %s): %s -> %s; the steps from here on are drawn by the new stages", step, state.get("stages", []), stages)
         batches = state["samples"] // self.batch_size
         self.epoch, self.consumed = divmod(batches, self.epoch_batches)
         self._origin = self._known = (batches * self.batch_size, positions)

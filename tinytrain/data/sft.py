@@ -68,6 +68,11 @@ def no_samples_fix(counts: SftCounts, data_cfg) -> str:
 
 def conversations(record: dict, where: str, fmt: DataFormat, bad: BadRecords) -> list[list[dict]]:
     """The conversations one record holds ([] when it is bad and skipped)."""
+    if isinstance(record, dict) and "chosen" in record and "rejected" in record:
+        # Whatever data.bad_records says: every record of such a file would be dropped.
+        raise ConfigError(
+            Problem("data.format", fmt.value, f"{where} is a preference pair (chosen/rejected), not a {fmt.value} record", "set data.format=preference and finetune.objective=dpo (or ipo, simpo)")
+        )
     if fmt == DataFormat.chat:
         return _chat(record, where, bad)
     return _instruction(record, where, bad)

@@ -14,6 +14,7 @@ from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
+from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
 from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -45,9 +46,14 @@ class CausalLMModule(pl.LightningModule):
     """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
     code, tinytrain/model/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
     `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
-    `for_plan`; the keywords are for tests and benchmarks that need one piece."""
+    `for_plan`; the keywords are for tests and benchmarks that need one piece.
 
-    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False, schedule: Schedule | None = None):
+    `objective` (finetune.objective=dpo|ipo|simpo) trains on preference batches; `reference` is the
+    frozen copy full fine-tuning compares with (tinytrain/model/reference.py), placed at fit start
+    (`deepspeed_config`: in an engine of its own). Without one, DPO/IPO read the reference's
+    log-probs from the batch (precomputed) or disable the adapters (LoRA)."""
+
+    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False, schedule: Schedule | None = None, objective: PreferenceObjective | None = None, reference=None, deepspeed_config: dict | None = None):
         super().__init__()
         self.model = model
         self.t = trainer_cfg
@@ -67,9 +73,12 @@ class CausalLMModule(pl.LightningModule):
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
         self.measured_grad_norm: torch.Tensor | None = None
+        self.objective = objective
+        self.reference = reference
+        self.deepspeed_config = deepspeed_config
 
     @classmethod
-    def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan) -> CausalLMModule:
+    def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan, reference=None) -> CausalLMModule:
         from tinytrain.config.schema import Strategy
 
         strategy, fast = plan.parallel.strategy, plan.fast_paths
@@ -89,6 +98,9 @@ class CausalLMModule(pl.LightningModule):
             liger_loss=fast.liger_loss,
             adapters=plan.finetune is not None,
             schedule=plan.schedule,
+            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma),
+            reference=reference,
+            deepspeed_config=plan.deepspeed,
         )
 
     def remember_grad_norm(self, total: torch.Tensor) -> None:
@@ -97,7 +109,13 @@ class CausalLMModule(pl.LightningModule):
     def configure_model(self):
         if self.parallelize is not None and not getattr(self, "_parallelized", False):
             self.parallelize(self.model, self.device_mesh)
+            if self.reference is not None:
+                self.reference.shard(self.parallelize, self.device_mesh, self.trainer.strategy.root_device)
             self._parallelized = True
+
+    def on_fit_start(self) -> None:
+        if self.reference is not None and self.parallelize is None:
+            self.reference.place(self.trainer, self.deepspeed_config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None, max_length: int | None = None) -> torch.Tensor:
         logits = self.model(**self.model_kwargs(input_ids, attention_mask, position_ids, cu_seq_lens, max_length)).logits
@@ -126,8 +144,42 @@ class CausalLMModule(pl.LightningModule):
             return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
 
+    # -- preference objectives (dpo, ipo, simpo) ---------------------------------------------------
+
+    def sequence_logps(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        return sequence_logps(self(**inputs), batch["labels"], self.true_vocab)
+
+    @torch.no_grad()
+    def reference_logps(self, batch: dict) -> torch.Tensor:
+        """The reference's log-prob sums of the batch's rows: from the batch when precomputed, else
+        the frozen copy's, else the policy's with its adapters disabled (LoRA)."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"]
+        if self.reference is not None:
+            inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+            logits = self.reference(**self.model_kwargs(**inputs)).logits
+            logits = logits.view(*batch["input_ids"].shape, -1) if logits.shape[0] != batch["input_ids"].shape[0] else logits
+            return sequence_logps(logits, batch["labels"], self.true_vocab)[0]
+        if not self.adapters:
+            raise RuntimeError("a preference objective with a reference, but no reference model, adapters or precomputed log-probs")
+        from tinytrain.model.reference import adapters_disabled
+
+        with adapters_disabled(self.model):
+            return self.sequence_logps(batch)[0]
+
+    def preference_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        logps, counts = self.sequence_logps(batch)
+        ref = self.reference_logps(batch) if self.objective.needs_reference else None
+        return preference_loss(self.objective, logps, counts, ref)
+
     def training_step(self, batch, batch_idx):
-        loss = self.batch_loss(batch)
+        if self.objective is None:
+            loss = self.batch_loss(batch)
+        else:
+            loss, metrics = self.preference_step(batch)
+            # Averaged over the data-parallel ranks, as TRL gathers them.
+            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True)
         self.log("loss", loss, prog_bar=True)
         self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
@@ -153,7 +205,11 @@ class CausalLMModule(pl.LightningModule):
         scheduler.step()
 
     def validation_step(self, batch, batch_idx):
-        loss = self.batch_loss(batch)
+        if self.objective is None:
+            loss = self.batch_loss(batch)
+        else:
+            loss, metrics = self.preference_step(batch)
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True)
         self.log("val_loss", loss, prog_bar=True, sync_dist=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

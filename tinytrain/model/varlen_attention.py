@@ -59,7 +59,8 @@ def varlen_forward(kernel, support: VarlenSupport):
             raise ValueError(f"torch's varlen_attn has no attention dropout ({dropout}): set the model's attention_dropout to 0")
         b, hq, sq, d = query.shape
         hk, sk = key.shape[1], key.shape[2]
-        q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, S, H, D)
+        # (B, S, H, D) in memory, as transformers' flash path lays them out for the kernel
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
 
         def run(q_, k_, v_, cu_q, cu_k, max_q, max_k):
             return attend(kernel, support, q_, k_, v_, cu_q, cu_k, max_q, max_k, scaling, sliding_window)

@@ -21,7 +21,7 @@ from tinytrain.errors import ConfigError, Problem, raise_if_any
 
 log = logging.getLogger(__name__)
 
-OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval)
+OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval, Mode.average)
 
 
 def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
@@ -32,6 +32,8 @@ def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
         return export(cfg, run_dir)
     if cfg.mode == Mode.generate:
         return generate(cfg, run_dir)
+    if cfg.mode == Mode.average:
+        return average(cfg, run_dir)
     return evaluate(cfg, run_dir, data_overridden)
 
 
@@ -46,6 +48,22 @@ def export(cfg, run_dir: Path) -> dict:
     export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
+
+
+def average(cfg, run_dir: Path) -> dict:
+    """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
+    checkpoints) as a checkpoint beside them, exported as mode=export would (outputs/average.py)."""
+    from tinytrain.checkpoint.export import export_spec, export_state_dict
+    from tinytrain.outputs.average import average_checkpoints, output_name, resolve_paths
+
+    paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
+    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths))
+    saved = saved_run.load(str(out), run_dir)
+    spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
+    export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
+    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), export_dir, spec)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out} and {export_dir}")
+    return {"checkpoint": str(out), "export_dir": str(export_dir), "averaged": [str(p) for p in paths]}
 
 
 def inference_setup(saved):

@@ -2,15 +2,45 @@
 
 format  `file` (single, ddp: one .ckpt), `deepspeed` (a folder of DeepSpeed's per-rank shards),
         `sharded` (fsdp_tp: a folder of DCP shards, one file per rank; checkpoint/sharded.py).
+
+Size of one step checkpoint, per parameter P (the padded count the plan prints) and what holds it:
+- single, ddp, fsdp_tp: Lightning keeps fp32 weights under every precision (mixed precision
+  autocasts), so 4 B weights + 8 B Adam moments (fp32) = 12 B/P; fsdp_tp splits them evenly
+  over its world (each rank writes world^-1 of them).
+- DeepSpeed ZeRO-1/2: rank 0's module states hold the weights in the training dtype (2 B in
+  bf16/fp16, 4 B in fp32); every rank's optimizer partition holds the fp32 master weights and
+  the moments, 12 B/P over the dp ranks: 14 or 16 B/P in all.
+- ZeRO-3: the weights are partitioned (the module states hold none); the optimizer partitions
+  hold fp32 master + moments: 12 B/P.
+- LoRA: moments (and DeepSpeed's fp32 master) only for the trainable parameters.
+Plus the rest (loops, callbacks, every rank's RNG states, DCP's index): a few KiB per rank.
+tests/integration check the estimate against the checkpoints real runs write (within 10%).
+
+Host memory one rank needs at most while saving (on GPUs: what is copied to host memory at once):
+a file save streams tensor by tensor (the largest tensor); a sharded save the same, unless async,
+which stages the rank's whole shard in host memory first; DeepSpeed the rank's largest flat
+partition (4 B/P over the dp ranks). Gathering on rank 0 (fsdp_tp before sharded saves) would need
+the whole checkpoint there; the plan prints that figure beside it.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from tinytrain.config.schema import Strategy
+from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.config.schema import Mode, Strategy
+from tinytrain.errors import ConfigError, Problem
 
 FORMATS = {Strategy.single: "file", Strategy.ddp: "file", Strategy.deepspeed: "deepspeed", Strategy.fsdp_tp: "sharded"}
+GB = 1e9
+# The rest: loops, callbacks, the LR schedule, tinytrain's metadata (rank 0) and each rank's RNG
+# states, gathered into rank 0's part; DCP's index and DeepSpeed's client state per file.
+REST_BYTES = 24_000
+REST_PER_RANK = 12_000
+# Model FLOPs utilisation assumed for the time between saves (a measured run logs its own MFU).
+ASSUMED_MFU = 0.4
 
 
 @dataclass(frozen=True)
@@ -18,10 +48,133 @@ class CheckpointPlan:
     format: str
     async_save: bool
     keep_last: int
+    step_bytes: int = 0  # one step checkpoint on disk
+    weights_bytes: int = 0
+    optimizer_bytes: int = 0
+    largest_rank_bytes: int = 0  # the largest part one rank writes
+    save_host_bytes: int = 0  # host memory one rank needs at most while saving
+    gathered_host_bytes: int = 0  # what gathering the state on rank 0 would need instead
+    disk_needed_bytes: int = 0  # keep_last + 1 checkpoints (the newest is written before the oldest goes)
+    free_bytes: int | None = None  # at run.root (None: could not be measured)
+    save_seconds: float = 0.0  # one save at write_gbps
+    between_saves_seconds: float | None = None  # trainer.checkpoint_every_n_steps steps at ASSUMED_MFU (None: no peak for this hardware)
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "warnings": list(self.warnings)}
 
 
-def checkpoint_plan(cfg) -> CheckpointPlan:
-    return CheckpointPlan(FORMATS[cfg.parallel.strategy], bool(cfg.checkpoint.async_save), cfg.checkpoint.keep_last)
+def step_checkpoint_bytes(strategy: Strategy, zero_stage: int, sixteen_bit: bool, params: int, trainable: int, world: int) -> tuple[int, int, int]:
+    """(weights, optimizer state, rest) bytes of one step checkpoint."""
+    rest = REST_BYTES + REST_PER_RANK * world
+    if strategy == Strategy.deepspeed:
+        weights = 0 if zero_stage == 3 else (2 if sixteen_bit else 4) * params
+        return weights, 12 * trainable, rest
+    return 4 * params, 8 * trainable, rest
+
+
+def largest_rank_bytes(strategy: Strategy, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, dp: int) -> int:
+    if strategy == Strategy.fsdp_tp:
+        return (weights + optimizer) // world + rest
+    if strategy == Strategy.deepspeed:
+        return (weights if zero_stage < 3 else 0) + optimizer // dp + rest  # rank 0: module states + its partition
+    return weights + optimizer + rest
+
+
+def save_host_bytes(strategy: Strategy, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, dp: int) -> int:
+    if strategy == Strategy.fsdp_tp and async_save:
+        return rank_bytes  # the staging copy of the whole shard
+    if strategy == Strategy.deepspeed:
+        return max(largest_tensor, 4 * trainable // dp)
+    return largest_tensor
+
+
+def free_space(run_dir: Path) -> int | None:
+    """Free bytes on the filesystem the run directory is (or will be) on."""
+    where = run_dir.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def existing_bytes(checkpoint_dir: Path) -> int:
+    """Bytes this run's step checkpoints already take (a resumed run replaces them as it goes)."""
+    total = 0
+    for _, path in step_checkpoints(checkpoint_dir):
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        total += sum(p.stat().st_size for p in files)
+    return total
+
+
+def human(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, dp: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path) -> CheckpointPlan:
+    """The checkpoint line's numbers; raises ConfigError (run.root) when a training run's disk
+    cannot hold keep_last + 1 checkpoints."""
+    c, par = cfg.checkpoint, cfg.parallel
+    strategy = par.strategy
+    weights, optimizer, rest = step_checkpoint_bytes(strategy, par.zero_stage, sixteen_bit, params, trainable, world)
+    step = weights + optimizer + rest
+    rank = largest_rank_bytes(strategy, par.zero_stage, weights, optimizer, rest, world, dp)
+    host = save_host_bytes(strategy, c.async_save, rank, largest_tensor, trainable, dp)
+    needed = max(step, (c.keep_last + 1) * step - existing_bytes(run_dir / "checkpoints"))
+    free = free_space(run_dir)
+    save_seconds = step / (c.write_gbps * GB)
+    between = step_seconds * cfg.trainer.checkpoint_every_n_steps if step_seconds else None
+    warnings = []
+    if free is not None and free < needed:
+        problem = Problem(
+            "run.root",
+            cfg.run.root,
+            f"has {human(free)} free; {c.keep_last} kept checkpoints + the one being written need {human(needed)} ({human(step)} each, parallel={par.name}, {'16-bit' if sixteen_bit else 'fp32'})",
+            (f"keep fewer (checkpoint.keep_last={free // step - 1} fits), free space there, or point run.root at a larger filesystem" if free >= 2 * step else f"free space there (even checkpoint.keep_last=1 needs {human(2 * step)}), or point run.root at a larger filesystem"),
+        )
+        if cfg.mode == Mode.train:
+            raise ConfigError(problem)
+        warnings.append(problem.render())
+    if between is not None and not c.async_save and save_seconds > c.max_save_share * between:
+        warnings.append(
+            f"a save takes ~{save_seconds:.0f} s at checkpoint.write_gbps={c.write_gbps:g}, {100 * save_seconds / between:.0f}% of the ~{between:.0f} s between saves "
+            f"(more than checkpoint.max_save_share={c.max_save_share:g}): save less often (trainer.checkpoint_every_n_steps)"
+            + (", or checkpoint.async_save=true" if strategy == Strategy.fsdp_tp else "")
+        )
+    return CheckpointPlan(
+        FORMATS[strategy],
+        bool(c.async_save),
+        c.keep_last,
+        step,
+        weights,
+        optimizer,
+        rank,
+        host,
+        weights + optimizer + rest,
+        needed,
+        free,
+        round(save_seconds, 3),
+        round(between, 1) if between is not None else None,
+        tuple(warnings),
+    )
+
+
+def render(c: dict) -> list[str]:
+    """The plan's checkpoint line (and its warnings)."""
+    free = human(c["free_bytes"]) if c["free_bytes"] is not None else "unknown"
+    how = {"file": "one file", "deepspeed": "DeepSpeed's shard folder", "sharded": "sharded folder, every rank its own file"}[c["format"]]
+    gathered = f" (gathered on rank 0: {human(c['gathered_host_bytes'])})" if c["format"] == "sharded" else ""
+    lines = [
+        f"checkpoint {how}{', async' if c['async_save'] else ''}: {human(c['step_bytes'])} per step checkpoint "
+        f"(weights {human(c['weights_bytes'])} + optimizer {human(c['optimizer_bytes'])}), largest rank part {human(c['largest_rank_bytes'])}, "
+        f"host memory at save <= {human(c['save_host_bytes'])} per rank{gathered}; keep_last {c['keep_last']} + 1 being written = {human(c['disk_needed_bytes'])}, "
+        f"{free} free at run.root; ~{c['save_seconds']:.1f} s per save"
+        + (f", ~{c['between_saves_seconds']:.0f} s between saves" if c["between_saves_seconds"] is not None else "")
+    ]
+    lines += [f"           warning: {w}" for w in c["warnings"]]
+    return lines

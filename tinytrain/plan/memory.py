@@ -65,13 +65,14 @@ class MemoryPlan:
     gpu_memory_gib: float | None
     fits: bool | None
     note: str
+    reference_gib: float = 0.0  # a frozen DPO/IPO reference copy (finetune.objective, full fine-tuning)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None) -> MemoryPlan:
-    total = states.total + activations
+def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None, reference: float = 0.0) -> MemoryPlan:
+    total = states.total + activations + reference
     gpu_gib = gpu_memory_gb * 1e9 / GIB if gpu_memory_gb else None
     fits = None if gpu_gib is None else total / GIB <= gpu_gib
     if gpu_gib is None:
@@ -89,4 +90,5 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
         round(gpu_gib, 1) if gpu_gib else None,
         fits,
         note,
+        round(reference / GIB, 3),
     )

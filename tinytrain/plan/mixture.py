@@ -2,6 +2,10 @@
 pass over it holds, and how much of it the run trains on: expected values, share x the sequences
 of every step (each sample is drawn independently; the run's own draws are fixed by the seed).
 
+With data.stages the shares change at named steps: each stage's shares are listed, and what a
+source is expected to give over the run (drawn items, passes, the step its first pass ends) adds
+up the stages.
+
 The sizes come from the data as training builds it (each source's token store, built or reused as
 mode=prepare would, or its SFT samples), so the table is what the run will see.
 """
@@ -30,13 +34,22 @@ class SourcePlan:
 
 
 @dataclass(frozen=True)
+class StagePlan:
+    from_step: int
+    to_step: int  # exclusive
+    shares: dict[str, float]  # source name -> probability a sample of these steps comes from it
+    given: bool  # a data.stages entry (False: the steps after the last, drawn by data.sources' weights)
+
+
+@dataclass(frozen=True)
 class MixturePlan:
     exhaustion: str
     sources: tuple[SourcePlan, ...]
     stop_step: int | None  # data.exhaustion=stop: the expected step the run ends at, if before max_steps
+    stages: tuple[StagePlan, ...] = ()  # data.stages (empty without)
 
     def to_dict(self) -> dict:
-        return {"exhaustion": self.exhaustion, "stop_step": self.stop_step, "sources": [asdict(s) for s in self.sources]}
+        return {"exhaustion": self.exhaustion, "stop_step": self.stop_step, "sources": [asdict(s) for s in self.sources], "stages": [asdict(s) for s in self.stages]}
 
 
 def mixture_plan(cfg, tokenizer, batch, data=None) -> MixturePlan | None:
@@ -47,10 +60,12 @@ def mixture_plan(cfg, tokenizer, batch, data=None) -> MixturePlan | None:
     if data is None:
         from tinytrain.data.datamodule import DataModule
 
-        data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel)
+        data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
     if cfg.data.exhaustion == Exhaustion.stop:
         first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
-    return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps)
+    from tinytrain.data.mixture import stage_weights
+
+    return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps, stage_weights(cfg.data))
 
 
 def first_step_problem(sampler, batch, paths: list) -> None:
@@ -68,18 +83,36 @@ def first_step_problem(sampler, batch, paths: list) -> None:
         )
 
 
-def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int) -> MixturePlan:
-    """`parts`: the DataModule's MixtureParts."""
+def stage_plans(parts, max_steps: int, stages: list[tuple[int | None, list[float]]]) -> list[StagePlan]:
+    """The run's steps cut by data.stages, each with its shares (one piece without stages)."""
+    def shares(weights) -> dict[str, float]:
+        return {p.name: w / sum(weights) for p, w in zip(parts, weights)}
+
+    out, start = [], 0
+    for until, weights in stages:
+        end = max_steps if until is None else until
+        out.append(StagePlan(start, end, shares(weights), True))
+        start = end
+    if start < max_steps:
+        out.append(StagePlan(start, max_steps, shares([p.weight for p in parts]), False))
+    return out
+
+
+def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int, stages: list[tuple[int | None, list[float]]] = ()) -> MixturePlan:
+    """`parts`: the DataModule's MixtureParts; `stages`: data.stages as data/mixture.py's stage_weights."""
+    pieces = stage_plans(parts, max_steps, list(stages))
     total = sum(p.weight for p in parts)
     sources = []
     for p in parts:
-        share = p.weight / total
-        per_step = share * global_batch_size
-        drawn = per_step * max_steps
-        runs_out = math.floor(p.items / per_step)
-        sources.append(SourcePlan(p.name, p.where, p.weight, share, p.items, p.item_kind, p.tokens, drawn, drawn / p.items, runs_out if runs_out < max_steps else None))
+        drawn, runs_out = 0.0, None
+        for piece in pieces:
+            per_step = piece.shares[p.name] * global_batch_size
+            if runs_out is None and per_step > 0 and drawn + per_step * (piece.to_step - piece.from_step) > p.items:
+                runs_out = piece.from_step + math.floor((p.items - drawn) / per_step)
+            drawn += per_step * (piece.to_step - piece.from_step)
+        sources.append(SourcePlan(p.name, p.where, p.weight, p.weight / total, p.items, p.item_kind, p.tokens, drawn, drawn / p.items, runs_out if runs_out is not None and runs_out < max_steps else None))
     ends = [s.runs_out_step for s in sources if s.runs_out_step is not None]
-    return MixturePlan(exhaustion, tuple(sources), min(ends) if exhaustion == "stop" and ends else None)
+    return MixturePlan(exhaustion, tuple(sources), min(ends) if exhaustion == "stop" and ends else None, tuple(pieces) if stages else ())
 
 
 def render(mixture: dict, max_steps: int) -> list[str]:
@@ -96,4 +129,17 @@ def render(mixture: dict, max_steps: int) -> list[str]:
         then = "a source that runs out starts another pass"
     lines = [f"mixture    {len(mixture['sources'])} sources over {max_steps:,} steps, data.exhaustion={mixture['exhaustion']}: {then}"]
     lines += ["           " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    return lines
+    return lines + render_stages(mixture.get("stages") or [], [s["name"] for s in mixture["sources"]])
+
+
+def render_stages(stages: list[dict], names: list[str]) -> list[str]:
+    """Each data stage's steps and shares (the weight column above is data.sources')."""
+    if not stages:
+        return []
+    rows = [("stage", "steps", *names)]
+    for i, st in enumerate(stages):
+        label = f"data.stages[{i}]" if st["given"] else "data.sources"
+        rows.append((label, f"{st['from_step']:,}-{st['to_step']:,}", *(f"{100 * st['shares'][n]:.1f}%" for n in names)))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = [f"stages     {sum(st['given'] for st in stages)} data stage(s): the share of each source by step (drawn, passes and first pass above add them up)"]
+    return lines + ["           " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

@@ -15,6 +15,7 @@ from tinytrain.config.schema import PLANNING_MODES, Strategy
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import finetune, resolve
+from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
@@ -74,8 +75,17 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         states = finetune.adapter_state_memory(adapters, shape, params, par.strategy.value, world, par.zero_stage, par.offload_optimizer, par.offload_params)
     else:
         states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
+    preference = preference_plan.make(cfg, params, world)
+    if adapters:
+        preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
-    activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, batch.micro_batch_size, shape.vocab, par.tp, flash)
+    rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
+    activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, rows, shape.vocab, par.tp, flash)
+    memory = plan_memory(states, activations, hardware.memory_gb, preference.reference_bytes if preference else 0.0)
+    preference_plan.memory_problem(preference, memory)
+    fast = select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only)
+    if preference:
+        fast = preference_plan.logits_loss(fast)
     return RunPlan(
         model_name=cfg.model.name,
         shape=shape,
@@ -103,15 +113,26 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         max_steps=cfg.trainer.max_steps,
         schedule=schedule_from_trainer(cfg.trainer),
         stage=cfg.trainer.stage,
-        memory=plan_memory(states, activations, hardware.memory_gb),
-        fast_paths=select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only),
+        memory=memory,
+        fast_paths=fast,
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,
         resume=resume,
         mixture=mixture_plan(cfg, tokenizer, batch, data),
         finetune=adapters,
-        checkpoint=checkpoint_plan(cfg),
+        preference=preference,
+        checkpoint=checkpoint_plan(
+            cfg,
+            params=params,
+            trainable=adapters.trainable_params if adapters else params,
+            largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
+            world=world,
+            dp=batch.data_parallel,
+            sixteen_bit=precision.dtype.value != "fp32",
+            step_seconds=step_seconds(hardware, precision, params, batch.tokens_per_step, world),
+            run_dir=run_dir,
+        ),
     )
 
 
@@ -120,6 +141,16 @@ def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     if pretrained is not None:
         return getattr(pretrained, "sliding_window", None) is not None  # Qwen2 sets it None unless use_sliding_window
     return fam.sliding_window and model_cfg.sliding_window is not None
+
+
+def step_seconds(hardware, precision, params: int, tokens_per_step: int, world: int) -> float | None:
+    """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one)."""
+    from tinytrain.plan.checkpoint_cost import ASSUMED_MFU
+
+    peak = {"bf16": hardware.peak_bf16_tflops, "fp16": hardware.peak_fp16_tflops}.get(precision.dtype.value)
+    if hardware.is_cpu or not peak:
+        return None
+    return 6.0 * params * tokens_per_step / (world * peak * 1e12 * ASSUMED_MFU)
 
 
 def cluster_layout(cfg) -> ClusterLayout:

@@ -16,6 +16,7 @@ from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.checkpoint_cost import CheckpointPlan
+from tinytrain.plan.checkpoint_cost import render as render_checkpoint
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
@@ -25,6 +26,7 @@ from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.precision import PrecisionDecision
+from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
 from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
@@ -79,7 +81,8 @@ class RunPlan:
     stage: str = "main"  # trainer.stage
     mixture: MixturePlan | None = None  # data.sources: each source's share, size and passes
     finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
-    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last and their cost
+    preference: PreferencePlan | None = None  # finetune.objective=dpo|ipo|simpo: settings and the reference
+    checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
 
     @property
     def on_gpu(self) -> bool:
@@ -131,6 +134,7 @@ class RunPlan:
             "resume": self.resume and self.resume.to_dict(),
             "data_mixture": self.mixture and self.mixture.to_dict(),
             "finetune": self.finetune and self.finetune.to_dict(),
+            "preference": self.preference and self.preference.to_dict(),
             "checkpoint": self.checkpoint.to_dict(),
         }
 
@@ -192,7 +196,9 @@ def render(plan: dict) -> str:
     lines += [
         f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
         f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x dp {plan['parallel']['dp']}",
-        f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} sequences of {b['seq_len']}",
+        f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
+        + ("pairs (each a chosen and a rejected sequence) of up to " if plan.get("preference") else "sequences of ")
+        + str(b["seq_len"]),
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
     if plan.get("schedule"):
@@ -206,11 +212,18 @@ def render(plan: dict) -> str:
             f"{_human(ft['adapter_params'])} adapter parameters, {_human(ft['trainable_params'])} trainable, base {ft['base']} frozen in {ft['frozen_dtype']}"
         )
         lines.append(f"token rows {ft['trainable_tokens_reason']}")
+    if plan.get("preference"):
+        pr = plan["preference"]
+        settings = f"beta {pr['beta']:g}" + (f", label smoothing {pr['label_smoothing']:g}" if pr["label_smoothing"] else "") + (f", gamma {pr['simpo_gamma']:g}" if pr["name"] == "simpo" else "")
+        lines.append(f"objective  {pr['name']}: {settings}; reference: {pr['reference']}")
     m = plan["memory_per_gpu"]
+    reference = f" + reference {m['reference_gib']:.2f}" if m.get("reference_gib") else ""
     lines.append(
-        f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f} "
+        f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
     )
+    if plan.get("checkpoint"):
+        lines += render_checkpoint(plan["checkpoint"])
     f = plan["fast_paths"]
     on = [k for k in ("fused_adamw", "compile", "activation_checkpointing", "liger") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")

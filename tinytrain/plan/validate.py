@@ -34,7 +34,7 @@ from tinytrain.data.tokenizer import (
     load_tokenizer,
 )
 from tinytrain.errors import ConfigError, Problem, raise_if_any
-from tinytrain.plan import finetune, input_safety
+from tinytrain.plan import finetune, input_safety, preference
 from tinytrain.plan import hardware as hw_table
 from tinytrain.plan.extras import missing_extra_problems
 from tinytrain.plan.families import family, tp_problems
@@ -227,6 +227,9 @@ def data_problems(cfg) -> list[Problem]:
         problems += source_path_problems(d.source, d.path, "data.path")
     if d.sources:
         problems += mixture_problems(cfg)
+        problems += stage_problems(cfg)
+    elif d.stages:
+        problems.append(Problem("data.stages", f"[{len(d.stages)} stage(s)]", "change a mixture's weights, and data.sources names no mixture", "add data.sources=[{path: ..., weight: ...}, ...] (data=mixture), or remove data.stages"))
     elif d.val_path is not None:
         problems += source_path_problems(d.source, d.val_path, "data.val_path")
     for key in ("num_workers", "tokenize_workers"):
@@ -293,6 +296,32 @@ def mixture_problems(cfg) -> list[Problem]:
         if name in names:
             problems.append(Problem(f"{key}.name", name, f"data.sources[{names[name]}] has this name too; checkpoints keep each source's position by name", f"name one of them: {key}.name=<another name>"))
         names.setdefault(name, i)
+    return problems
+
+
+def stage_problems(cfg) -> list[Problem]:
+    """data.stages: in order of until_step, within trainer.max_steps, each naming only the mixture's
+    sources with weights that draw something."""
+    d, max_steps = cfg.data, cfg.trainer.max_steps
+    names = [mixture.default_name(entry, d) for entry in d.sources]
+    problems, previous = [], 0
+    for i, stage in enumerate(d.stages):
+        key, until = f"data.stages[{i}]", stage.until_step
+        if until is None and i < len(d.stages) - 1:
+            problems.append(Problem(f"{key}.until_step", None, "null (to the end of the run) is for the last stage only", f"give it the step the next stage starts at: {key}.until_step=<step>"))
+        elif until is not None and until > max_steps:
+            problems.append(Problem(f"{key}.until_step", until, f"is beyond trainer.max_steps({max_steps})", f"use a step up to {max_steps}, null for the run's end, or raise trainer.max_steps"))
+        elif until is not None and until <= previous:
+            problems.append(Problem(f"{key}.until_step", until, f"stages go in order: it must be after the previous stage's end (step {previous})", "list the stages by until_step, each later than the one before"))
+        previous = until if until is not None else previous
+        unknown = sorted(set(stage.weights) - set(names))
+        for name in unknown:
+            problems.append(Problem(f"{key}.weights.{name}", stage.weights[name], f"names no mixture source (the sources are {', '.join(names)})", "use one of those names (data.sources[i].name, or the file name without suffix)"))
+        bad = {n: w for n, w in stage.weights.items() if not (math.isfinite(w) and w >= 0)}
+        for name, w in bad.items():
+            problems.append(Problem(f"{key}.weights.{name}", w, "must be >= 0 (relative; 0 draws nothing from it)", "use e.g. 0.3"))
+        if not unknown and not bad and not any(w > 0 for w in stage.weights.values()):
+            problems.append(Problem(f"{key}.weights", dict(stage.weights), "draws from no source (every weight 0, or none given)", f"give at least one source a positive weight, e.g. {{{names[0]}: 1.0}}"))
     return problems
 
 
@@ -601,6 +630,7 @@ def validate(cfg) -> None:
         + wandb_problems(cfg)
         + checkpoint_problems(cfg)
         + finetune.problems(cfg)
+        + preference.problems(cfg)
         + input_safety.problems(cfg)
     )
     raise_if_any(problems)

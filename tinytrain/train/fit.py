@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 def build_module(cfg, plan: RunPlan, tokenizer):
     """The LightningModule for the plan. A resumed run gets neither checkpoint.init_from nor the
     untrained-row fix (Lightning loads the resume checkpoint over them), except under LoRA, whose
-    frozen base is rebuilt as it was; finetune=lora|qlora then adds the adapters."""
+    frozen base is rebuilt as it was, and for a DPO/IPO reference copy (the initial weights, taken
+    before Lightning loads the resumed policy); finetune=lora|qlora then adds the adapters."""
     from tinytrain.checkpoint.format import vocab_param_names
     from tinytrain.model.build import build_model, model_config
     from tinytrain.model.init_weights import weights_for_run
@@ -31,7 +32,8 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
     # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
     # weights from its shards, and a frozen base must be the one the adapters were trained on.
-    fresh = plan.resume is None or plan.finetune is not None
+    frozen_copy = plan.preference is not None and plan.preference.frozen_copy
+    fresh = plan.resume is None or plan.finetune is not None or frozen_copy
     if plan.init_from and fresh:
         names = vocab_param_names(model)
         state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
@@ -41,6 +43,13 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
 
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+    reference = None
+    if frozen_copy:
+        import copy
+
+        from tinytrain.model.reference import FrozenReference
+
+        reference = FrozenReference(copy.deepcopy(model))
     if plan.finetune:
         from tinytrain.model.lora import apply_adapters
 
@@ -55,7 +64,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if fast.compile:
         model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
-    return CausalLMModule.for_plan(model, cfg.trainer, plan)
+    return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
 
 
 def compute_dtype(plan: RunPlan):
@@ -91,15 +100,16 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     # Data first: bad data is reported before weights are allocated.
     if data is None:
-        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel)
+        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel, samples_per_step=plan.batch.global_batch_size)
     log.info("%s", data.describe())
     from tinytrain.preflight.checks import data_findings, report
 
     report(data_findings(cfg, data.stores, plan.vocab.true))
+    precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
     from tinytrain.train.callbacks.samples import sample_callback
 
-    samples = sample_callback(cfg, run_dir, tokenizer, plan.vocab.true)
+    samples = sample_callback(cfg, run_dir, tokenizer, plan.vocab.true) + precompute
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
@@ -137,6 +147,42 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     if trainer.is_global_zero:
         finish(cfg, plan, run_dir, final, tokenizer, result)
     return result
+
+
+def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
+    """finetune.precompute_reference: the cached log-probs attached to the pairs, or the callback
+    that computes them at fit start (a fresh run: its initial weights are the reference)."""
+    if plan.preference is None or not plan.preference.precomputed:
+        return []
+    from tinytrain.data.reference_cache import ReferenceCache, model_source
+
+    cache = ReferenceCache.for_run(
+        cfg.data.cache_dir,
+        data.train,
+        data.val,
+        plan.tokenizer_fingerprint,
+        model_source(cfg.model, cfg.checkpoint.init_from, cfg.seed),
+        plan.precision.lightning,
+        plan.attention.implementation,
+        plan.preflight.rows_to_fix,
+    )
+    if cache.load_into(data.train, data.val):
+        log.info("reference log-probs reused from %s (no reference forward)", cache.path)
+        return []
+    if plan.resume is not None:
+        from tinytrain.errors import ConfigError, Problem
+
+        raise ConfigError(
+            Problem(
+                "finetune.precompute_reference",
+                True,
+                f"this run resumes from step {plan.resume.step}, but the reference log-probs it started with ({cache.path}) are gone, and the resumed weights are no longer the reference",
+                "restore that file (or data.cache_dir), or start the run afresh in a new run directory",
+            )
+        )
+    from tinytrain.train.callbacks.reference_logps import PrecomputeReference
+
+    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size)]
 
 
 def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:

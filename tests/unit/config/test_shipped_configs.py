@@ -117,6 +117,8 @@ def test_group_option_plans(group, option, tmp_path):
         extra = ["parallel=ddp"]
     if (group, option) == ("data", "chat"):  # ChatML's markers must be special tokens (validate says so)
         extra = ['tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]']
+    if (group, option) == ("data", "preference"):  # pairs train a preference objective
+        extra = ['tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "finetune.objective=dpo"]
     p = plan([f"{group}={option}", *extra], tmp_path)
     assert p["tokens_per_step"] == p["batch"]["global_batch_size"] * p["batch"]["seq_len"]
 

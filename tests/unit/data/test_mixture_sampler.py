@@ -155,3 +155,46 @@ def test_positions_of_the_other_kind_start_from_the_first_batch(caplog):
     fresh = sampler()
     fresh.load_state_dict(single.state_dict())
     assert train(fresh, 3) == train(sampler(), 3) and "not a mixture's" in caplog.text
+
+
+# Three data stages over 900 optimizer steps of one batch of 8: the weights change at steps 300 and 600.
+STAGES = [(300, [1.0, 0.0, 0.0]), (600, [1.0, 1.0, 2.0]), (None, [0.0, 3.0, 1.0])]
+
+
+def staged(seed=1234, stages=STAGES) -> MixtureBatchSampler:
+    return MixtureBatchSampler(NAMES, SIZES, WEIGHTS, BATCH, seed, stages, samples_per_step=BATCH)
+
+
+@pytest.mark.parametrize("seed", [0, 1234])
+def test_each_data_stage_draws_its_own_shares_within_a_binomial_bound(seed):
+    batches = train(staged(seed), 900)
+    for (start, end), (_, weights) in zip([(0, 300), (300, 600), (600, 900)], STAGES):
+        n = (end - start) * BATCH
+        counts = np.bincount([source_of(i) for b in batches[start:end] for i in b], minlength=len(NAMES))
+        for k, p in enumerate(np.asarray(weights) / sum(weights)):
+            bound = Z * math.sqrt(n * p * (1 - p))
+            assert abs(counts[k] - n * p) <= bound, (start, NAMES[k], counts[k], n * p, bound)
+            assert p in (0.0, 1.0) or bound < 0.25 * n * p
+
+
+def test_one_stage_draws_what_the_weights_alone_draw():
+    """Stages map the same uniforms through each stage's weights: a run without stages (and a
+    checkpoint from before they existed) draws exactly as before."""
+    assert train(MixtureBatchSampler(NAMES, SIZES, WEIGHTS, BATCH, 7, [(None, WEIGHTS)], BATCH), 200) == train(sampler(7), 200)
+
+
+def test_a_resume_across_a_stage_boundary_is_exact_and_a_changed_later_stage_is_logged(caplog):
+    reference = train(staged(), 400)
+    first = staged()
+    before = train(first, 290)  # stage 0; the resumed run crosses into stage 1 at step 300
+    state = first.state_dict()
+    assert [s["until_step"] for s in state["stages"]] == [300, 600, None]
+    resumed = staged()
+    resumed.load_state_dict(state)
+    assert before + train(resumed, 110) == reference
+    assert "data stages changed" not in caplog.text
+    # The last stage changed while the run is in stage 0: allowed, logged, and stage 1 is as before.
+    changed = staged(stages=[*STAGES[:2], (None, [1.0, 1.0, 1.0])])
+    changed.load_state_dict(state)
+    assert train(changed, 310) == reference[290:400] + train(staged(), 600)[400:600]
+    assert "data stages changed since the checkpoint (step 290)" in caplog.text

@@ -1,0 +1,83 @@
+"""The checkpoint line of the plan: size on disk per strategy and precision, host memory at save,
+keep_last and the disk they need, free space at run.root, save time; preflight's refusal of a run
+root too small for keep_last + 1 checkpoints. (The size estimate is checked against real
+checkpoints of every strategy in tests/integration: test_train_cpu.py, test_deepspeed.py,
+test_sharded_checkpoints.py.)"""
+
+import os
+
+import pytest
+
+from tests.conftest import compose, mounted_tmpfs
+from tinytrain.cli import run_stages
+from tinytrain.errors import ConfigError
+
+A800_7B = ["mode=plan", "model=llama2_7b", "hardware.gpu=A800", "cluster.devices=8"]
+
+
+def checkpoint(tmp_path, *overrides):
+    plan = run_stages(compose([*A800_7B, *overrides]), tmp_path)
+    return plan.checkpoint, plan
+
+
+def test_sizes_per_strategy_and_precision(tmp_path):
+    sharded, plan = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2")
+    p = plan.params
+    assert sharded.format == "sharded" and sharded.step_bytes == pytest.approx(12 * p, rel=1e-3)  # fp32 weights + Adam moments
+    assert sharded.largest_rank_bytes == pytest.approx(12 * p / 8, rel=1e-3)  # each of 8 ranks writes its eighth
+    assert sharded.save_host_bytes < sharded.largest_rank_bytes / 10  # streamed tensor by tensor, never gathered
+    assert sharded.gathered_host_bytes == pytest.approx(8 * sharded.largest_rank_bytes, rel=1e-3)  # what rank 0 held before
+    assert sharded.disk_needed_bytes == pytest.approx(4 * sharded.step_bytes, rel=1e-3)  # keep_last 3 + the one being written
+    staged, _ = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2", "checkpoint.async_save=true")
+    assert staged.save_host_bytes == staged.largest_rank_bytes  # async: the rank's shard staged in host memory
+    zero2_bf16, _ = checkpoint(tmp_path, "parallel=zero2")
+    zero2_fp32, _ = checkpoint(tmp_path, "parallel=zero2", "precision=fp32")
+    zero3, _ = checkpoint(tmp_path, "parallel=zero3")
+    assert zero2_bf16.step_bytes == pytest.approx(14 * p, rel=1e-3) and zero2_fp32.step_bytes == pytest.approx(16 * p, rel=1e-3)
+    assert zero3.step_bytes == pytest.approx(12 * p, rel=1e-3) and zero3.format == "deepspeed"
+    ddp, _ = checkpoint(tmp_path, "parallel=ddp", "checkpoint.keep_last=5")
+    assert ddp.format == "file" and ddp.largest_rank_bytes == ddp.step_bytes and ddp.disk_needed_bytes == pytest.approx(6 * ddp.step_bytes, rel=1e-3)
+
+
+def test_plan_prints_the_checkpoint_line_and_plan_json_carries_it(tmp_path, capsys):
+    _, plan = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2")
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("checkpoint "))
+    assert "sharded folder, every rank its own file: 78.1 GB per step checkpoint" in line and "keep_last 3 + 1 being written = 312.5 GB" in line
+    assert "free at run.root" in line and "(gathered on rank 0: 78.1 GB)" in line
+    import json
+
+    written = json.loads((tmp_path / "plan.json").read_text())["checkpoint"]
+    assert written["step_bytes"] == plan.checkpoint.step_bytes and written["free_bytes"] > 0 and written["keep_last"] == 3
+
+
+def test_a_save_slower_than_its_share_of_the_time_between_saves_warns(tmp_path):
+    slow, _ = checkpoint(tmp_path, "parallel=zero3", "checkpoint.write_gbps=0.5", "trainer.checkpoint_every_n_steps=100")
+    assert any("checkpoint.write_gbps=0.5" in w and "checkpoint.max_save_share=0.1" in w for w in slow.warnings), slow.warnings
+    fast, _ = checkpoint(tmp_path, "parallel=zero3", "checkpoint.write_gbps=50", "trainer.checkpoint_every_n_steps=100")
+    assert not [w for w in fast.warnings if "write_gbps" in w]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount_point = tmp_path / "tiny_disk"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    with mounted_tmpfs(mount_point, "size=20m"):
+        yield mount_point
+
+
+def test_a_run_root_without_room_for_keep_last_plus_one_is_refused_before_training(tiny_disk):
+    # A 7.2 MB checkpoint: keep_last 3 + 1 need 28.9 MB of the 20 MB disk.
+    model = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+    cfg = compose(["experiment=smoke", *model, "data.seq_len=32", f"run.root={tiny_disk}"])
+    with pytest.raises(ConfigError) as e:
+        run_stages(cfg, tiny_disk / "run")
+    message = str(e.value)
+    assert f"run.root='{tiny_disk}'" in message and "3 kept checkpoints + the one being written need 28.9 MB" in message
+    assert "checkpoint.keep_last=1 fits" in message
+    assert not (tiny_disk / "run" / "checkpoints").exists()
+    # mode=plan (planning for a cluster from elsewhere) says it instead of stopping.
+    plan = run_stages(compose(["mode=plan", "experiment=smoke", *model, "data.seq_len=32"]), tiny_disk / "plan")
+    assert any(w.startswith("run.root='runs': has ") and "need 28.9 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings

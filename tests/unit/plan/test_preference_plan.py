@@ -1,0 +1,89 @@
+"""finetune.objective=dpo|ipo|simpo in validation and the plan: settings checked with key, value and
+fix; where the reference comes from; the memory line counting a frozen reference copy; full
+fine-tuning that fits only without the copy refused with the way out."""
+
+import json
+
+import pytest
+
+from tests.conftest import compose
+from tinytrain.cli import run_stages
+from tinytrain.errors import ConfigError
+from tinytrain.plan import preference
+from tinytrain.plan.validate import validate
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": "Q?", "chosen": "Yes.", "rejected": "No."}) + "\n")
+    return path
+
+
+def problems_of(overrides) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate(compose(overrides))
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["finetune.objective=dpo"], "data.format='text': finetune.objective=dpo trains on preference pairs. Fix: set data.format=preference"),
+        (["finetune.beta=0"], "finetune.beta=0.0: must be positive"),
+        (["finetune.beta=-1", "finetune.objective=ipo"], "finetune.beta=-1.0: must be positive"),
+        (["finetune.label_smoothing=0.5"], "finetune.label_smoothing=0.5: must be in [0, 0.5)"),
+        (["finetune.objective=ipo", "finetune.label_smoothing=0.1"], "finetune.label_smoothing=0.1: ipo has no label smoothing"),
+        (["finetune.objective=simpo", "finetune.precompute_reference=true"], "finetune.precompute_reference=True: simpo is reference-free"),
+        (["data.pack=true"], "data.pack=True: preference pairs are scored row by row"),
+    ],
+)
+def test_bad_settings_name_key_value_and_fix(pairs, overrides, expected):
+    base = [] if overrides == ["finetune.objective=dpo"] else ["data=jsonl", "data.format=preference", f"data.path={pairs}", "finetune.objective=dpo"]
+    assert expected in problems_of([*base, *overrides])
+
+
+def test_preference_data_needs_a_preference_objective(pairs):
+    assert "finetune.objective='sft': data.format=preference holds chosen/rejected pairs" in problems_of(["data=jsonl", "data.format=preference", f"data.path={pairs}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, reference",
+    [
+        ([], preference.FROZEN_COPY),
+        (["finetune.precompute_reference=true"], preference.PRECOMPUTED),
+        (["finetune=lora"], preference.ADAPTERS_OFF),
+        (["finetune.objective=simpo"], preference.NONE),
+    ],
+)
+def test_where_the_reference_comes_from(pairs, overrides, reference):
+    cfg = compose(["data=jsonl", "data.format=preference", f"data.path={pairs}", "finetune.objective=dpo", *overrides])
+    plan = preference.make(cfg, params=1000, world=1)
+    assert plan.reference == reference
+    assert plan.reference_bytes == (4000 if reference == preference.FROZEN_COPY else 0)
+
+
+@pytest.mark.parametrize("strategy, world, tp, stage, expected", [("single", 1, 1, 0, 4000), ("ddp", 2, 1, 0, 4000), ("deepspeed", 4, 1, 2, 2000), ("deepspeed", 4, 1, 3, 500), ("fsdp_tp", 4, 2, 0, 1000)])
+def test_the_frozen_copy_is_held_like_the_policy(strategy, world, tp, stage, expected):
+    assert preference.reference_bytes(strategy, 1000, world, tp, stage, offload_params=False) == expected
+
+
+def plan_of(overrides, tmp_path) -> dict:
+    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
+
+
+def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_fit(pairs, tmp_path, capsys):
+    """A 1B model fully fine-tuned on a 24 GB A10: it fits without the frozen copy, not with it."""
+    run = ["model=tinyllama_1b", "data=jsonl", "data.format=preference", f"data.path={pairs}", "data.chat_template=alpaca", "finetune.objective=dpo", "hardware.gpu=A10", "trainer.micro_batch_size=24"]
+    with pytest.raises(ConfigError) as e:
+        plan_of(run, tmp_path / "online")
+    message = str(e.value)
+    assert "finetune.precompute_reference=False: dpo on full fine-tuning holds a frozen reference copy" in message and "Fix: set finetune.precompute_reference=true" in message
+    precomputed = plan_of([*run, "finetune.precompute_reference=true"], tmp_path / "precomputed")
+    assert precomputed["memory_per_gpu"]["fits"] and precomputed["memory_per_gpu"]["reference_gib"] == 0
+    small = plan_of([*run, "trainer.micro_batch_size=1"], tmp_path / "small")
+    m = small["memory_per_gpu"]
+    assert m["reference_gib"] == pytest.approx(m["params_gib"]) and m["fits"]  # fp32, like AMP's weights
+    assert m["total_gib"] == pytest.approx(m["params_gib"] + m["grads_gib"] + m["optimizer_gib"] + m["reference_gib"] + m["activations_gib"], abs=0.01)
+    out = capsys.readouterr().out
+    assert "objective  dpo: beta 0.1; reference: a frozen copy of the initial weights, held like the policy" in out and f"+ reference {m['reference_gib']:.2f}" in out

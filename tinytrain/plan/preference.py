@@ -1,0 +1,137 @@
+"""finetune.objective=dpo|ipo|simpo: the objective's settings, where the reference comes from, and
+what holding it costs per GPU, decided once here (the model stage applies it:
+tinytrain/model/preference_loss.py and tinytrain/model/reference.py).
+
+Reference, by method: lora/qlora disable the adapters (nothing held); full fine-tuning holds a
+frozen copy of the initial weights like the policy (fp32 beside AMP's fp32 weights on single, ddp,
+fsdp_tp, sharded by tp x dp there; 16-bit under DeepSpeed, partitioned at ZeRO-3);
+precompute_reference computes log-probs once before training (nothing held); simpo has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.memory import GIB
+
+ADAPTERS_OFF = "the base with the adapters disabled (no copy held)"
+FROZEN_COPY = "a frozen copy of the initial weights, held like the policy"
+PRECOMPUTED = "log-probs computed once before training, cached with the pairs (no reference model while training)"
+NONE = "none (reference-free)"
+
+
+@dataclass(frozen=True)
+class PreferencePlan:
+    name: str  # dpo | ipo | simpo
+    beta: float
+    label_smoothing: float
+    simpo_gamma: float
+    reference: str  # one of the descriptions above
+    reference_bytes: float  # per GPU, counted in the memory line
+
+    @property
+    def frozen_copy(self) -> bool:
+        return self.reference == FROZEN_COPY
+
+    @property
+    def precomputed(self) -> bool:
+        return self.reference == PRECOMPUTED
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def problems(cfg) -> list[Problem]:
+    f, d = cfg.finetune, cfg.data
+    preference = f.objective != Objective.sft
+    found = []
+    if preference and d.format != DataFormat.preference:
+        found.append(Problem("data.format", d.format.value, f"finetune.objective={f.objective.value} trains on preference pairs", "set data.format=preference (records {prompt, chosen, rejected}), or finetune.objective=sft"))
+    if d.format == DataFormat.preference and not preference:
+        found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo)"))
+    if not preference:
+        return found
+    if not f.beta > 0:
+        found.append(Problem("finetune.beta", f.beta, "must be positive (it scales the reward margin; ipo's margin target is 1/(2 beta))", "use e.g. finetune.beta=0.1"))
+    if not 0 <= f.label_smoothing < 0.5:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "must be in [0, 0.5) (the share of pairs assumed mislabelled)", "use 0 (plain DPO) or e.g. 0.1"))
+    elif f.label_smoothing and f.objective == Objective.ipo:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "ipo has no label smoothing (its squared loss has no flipped-label term)", "set finetune.label_smoothing=0, or finetune.objective=dpo"))
+    if f.precompute_reference and f.objective == Objective.simpo:
+        found.append(Problem("finetune.precompute_reference", True, "simpo is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if d.pack:
+        found.append(Problem("data.pack", True, "preference pairs are scored row by row (chosen and rejected in one micro batch), not packed", "set data.pack=false"))
+    if d.sources:
+        found.append(Problem("data.sources", f"{len(d.sources)} sources", "a mixture of preference data is not supported", "use one data.path (concatenate the files into one folder)"))
+    return found
+
+
+def reference_bytes(strategy: str, params: int, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
+    """A frozen copy held like the policy: its weights only (no gradients, no optimizer state)."""
+    p = float(params)
+    if strategy == "deepspeed":
+        if zero_stage == 3:
+            return 0.0 if offload_params else 2 * p / world
+        return 2 * p
+    shards = tp * (world // tp if strategy == "fsdp_tp" else 1)
+    return 4 * p / shards
+
+
+def make(cfg, params: int, world: int) -> PreferencePlan | None:
+    f, par = cfg.finetune, cfg.parallel
+    if f.objective == Objective.sft:
+        return None
+    held = 0.0
+    if f.objective == Objective.simpo:
+        reference = NONE
+    elif f.precompute_reference:
+        reference = PRECOMPUTED
+    elif f.method != FinetuneMethod.full:
+        reference = ADAPTERS_OFF
+    else:
+        reference = FROZEN_COPY
+        held = reference_bytes(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_params)
+    return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held)
+
+
+def trainable_rows_problem(plan: PreferencePlan | None, adapters) -> None:
+    """LoRA's trainable token rows move the vocab tables themselves; disabling the adapters does
+    not undo that, so an online reference would drift with them."""
+    if plan is None or plan.reference != ADAPTERS_OFF or not adapters.trainable_token_ids:
+        return
+    raise ConfigError(
+        Problem(
+            "finetune.trainable_tokens",
+            "auto",
+            f"the rows of {len(adapters.trainable_token_ids)} token(s) train beside the adapters ({adapters.trainable_tokens_reason.split(':')[0]}); disabling the adapters does not undo them, so the {plan.name} reference would drift",
+            "set finetune.precompute_reference=true (the reference's log-probs computed before training), or finetune.trainable_tokens=none",
+        )
+    )
+
+
+def memory_problem(plan: PreferencePlan | None, memory) -> None:
+    """Full fine-tuning that fits without the frozen reference copy but not with it."""
+    if plan is None or not plan.frozen_copy or memory.fits is not False:
+        return
+    without = memory.total_gib - plan.reference_bytes / GIB
+    if without > memory.gpu_memory_gib:
+        return  # it does not fit either way: the memory line says so
+    raise ConfigError(
+        Problem(
+            "finetune.precompute_reference",
+            False,
+            f"{plan.name} on full fine-tuning holds a frozen reference copy ({plan.reference_bytes / GIB:.1f} GiB per GPU); with it the run needs {memory.total_gib:.1f} GiB of the GPU's {memory.gpu_memory_gib:.1f} GiB, without it {without:.1f} GiB",
+            "set finetune.precompute_reference=true (its log-probs computed once before training, no copy held), or finetune=lora (the reference is the base with adapters off), or a higher ZeRO stage / parallel=fsdp_tp",
+        )
+    )
+
+
+def logits_loss(fast):
+    """Preference objectives score whole sequences from the logits: the chunked and fused
+    cross-entropy paths (which return one mean loss) are not used."""
+    if not (fast.loss_chunk_tokens or fast.liger_loss):
+        return fast
+    reasons = {**fast.reasons, "loss_chunk_tokens": "off: preference objectives score each sequence from its logits"}
+    return replace(fast, loss_chunk_tokens=0, liger_loss=False, reasons=reasons)
