@@ -36,14 +36,15 @@ test: setup
 	@bash .ci/install-slurm
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
-# The unit tests against the oldest transformers tinytrain is checked with: the GPU image's 5.17
-# (pyproject's range starts there). Only transformers is swapped: installed alone into .compat/ and
-# put first on the path of pytest and of every process it starts; the rest is the dev venv's.
+# The unit tests against the GPU image's transformers (5.17). Only transformers is swapped, with the
+# huggingface-hub it accepts (< 2): installed alone into .compat/ and put first on the path of pytest
+# and of every process it starts; the rest is the dev venv's. ~10 min on 2 cores: not part of `test`.
 COMPAT_TRANSFORMERS ?= 5.17.0
+COMPAT_HUB ?= huggingface-hub>=1.5,<2
 COMPAT_DIR := .compat/transformers-$(COMPAT_TRANSFORMERS)
 
 test-compat: setup
-	@test -d $(COMPAT_DIR) || $(PIP) install -q --no-deps --target $(COMPAT_DIR) transformers==$(COMPAT_TRANSFORMERS)
+	@test -d $(COMPAT_DIR) || $(PIP) install -q --no-deps --target $(COMPAT_DIR) transformers==$(COMPAT_TRANSFORMERS) '$(COMPAT_HUB)'
 	PYTHONPATH=$(CURDIR)/$(COMPAT_DIR):$(CURDIR) $(PY) -c "import transformers; assert transformers.__version__ == '$(COMPAT_TRANSFORMERS)', transformers.__file__; print('transformers', transformers.__version__)"
 	PYTHONPATH=$(CURDIR)/$(COMPAT_DIR):$(CURDIR) $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder tests/unit $(PYTEST_ARGS)
 

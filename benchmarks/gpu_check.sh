@@ -45,6 +45,7 @@ if [[ -d "$wheels" ]]; then
     # --no-deps: the machine's torch, transformers and lightning stay; --target: nothing else is touched.
     "$python" -m pip install -q --disable-pip-version-check --no-index --no-deps --upgrade --target "$site" "$wheels"/*.whl
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    export PATH="$site/bin:$PATH"  # ninja's binary, for the DeepSpeed ops that build on first use
 fi
 cd "$repo"
 exec "$python" benchmarks/gpu_check.py "${args[@]}"

@@ -167,6 +167,11 @@ def export_step_folder(run_dir, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     convert_zero_checkpoint_to_fp32_state_dict(str(step), str(tmp_path / "step4.ckpt"))
     assert_export_matches(tmp_path / "step4", checkpoint_weights(tmp_path / "step4.ckpt"), RUN, TRUE_VOCAB)
+    # mode=average of two copies of the folder: its weights back, without the padding rows.
+    r = run_cli(["mode=average", f"checkpoints=[{step},{step}]", f"export.dir={tmp_path / 'average'}"], tmp_path / "average-cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    mean, consolidated = checkpoint_weights(run_dir / "checkpoints" / "average-k2-step0000004.ckpt"), checkpoint_weights(tmp_path / "step4.ckpt")
+    assert mean.keys() == consolidated.keys() and all(torch.equal(v, consolidated[k][: v.shape[0]]) for k, v in mean.items())
 
 
 @pytest.mark.timeout(600)

@@ -151,10 +151,20 @@ def test_average_of_copies_of_one_checkpoint_gives_its_logits_and_of_two_their_m
     assert_export_matches(tmp_path / "two", mean, RUN, TRUE_VOCAB)
 
 
-def test_average_refuses_checkpoints_of_another_shape_naming_the_fix(chat_run, tmp_path):
+def test_average_last_at_the_end_and_a_refusal_of_checkpoints_of_another_shape(chat_run, tmp_path):
+    """A run with checkpoint.average_last=2 averages its last two step checkpoints when it ends;
+    a checkpoint of that (smaller) run does not average with chat_run's: exit 2 with the fix."""
+    import torch
+
     other = tmp_path / "other"
-    r = run_cli([*RUN, "model.hidden_size=32", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.checkpoint_every_n_steps=2", "trainer.val_every_n_steps=2", "trainer.export=false", "generate.sample_prompts=[]"], other)
+    r = run_cli([*RUN, "model.hidden_size=32", "trainer.max_steps=4", "trainer.warmup_steps=1", "trainer.checkpoint_every_n_steps=2", "trainer.val_every_n_steps=4", "checkpoint.average_last=2", "generate.sample_prompts=[]"], other)
     assert r.returncode == 0, r.stderr[-3000:]
+    averaged = other / "checkpoints" / "average-k2-step0000004.ckpt"
+    assert f"averaged the last 2 step checkpoints (step0000002.ckpt, step0000004.ckpt) -> {averaged} and {other / 'hf_export-average-k2-step0000004'}" in r.stdout
+    two, four, mean = (checkpoint_weights(other / "checkpoints" / name) for name in ("step0000002.ckpt", "step0000004.ckpt", averaged.name))
+    for k in mean:
+        torch.testing.assert_close(mean[k], ((two[k].double() + four[k].double()) / 2).float(), rtol=0, atol=0)
+    assert_export_matches(other / "hf_export-average-k2-step0000004", mean, [*RUN, "model.hidden_size=32"], TRUE_VOCAB)
     theirs = other / "checkpoints" / "step0000002.ckpt"
     r = run_cli(["mode=average", f"checkpoints=[{chat_run / 'checkpoints' / 'step0000004.ckpt'},{theirs}]"], tmp_path / "cli")
     assert r.returncode == 2, r.stderr[-3000:]

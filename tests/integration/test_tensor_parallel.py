@@ -129,6 +129,19 @@ def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert_export_matches(tmp_path / "tp2" / "hf_export-step0000004", checkpoint_weights(step), common, 4097)
 
+    # mode=average of two sharded folders (read one tensor at a time): the element-wise mean of
+    # their weights as DCP's own converter reads them, without the padding rows.
+    later = tmp_path / "tp2" / "checkpoints" / "step0000008.ckpt"
+    r = run_cli(["mode=average", f"checkpoints=[{step},{later}]", f"export.dir={tmp_path / 'average'}"], tmp_path / "average-cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    mean = checkpoint_weights(tmp_path / "tp2" / "checkpoints" / "average-k2-step0000008.ckpt")
+    first, second = checkpoint_weights(step), checkpoint_weights(later)
+    assert mean["lm_head.weight"].shape[0] == 4097 and first["lm_head.weight"].shape[0] == 4224
+    for k, v in mean.items():
+        rows = v.shape[0]
+        torch.testing.assert_close(v, ((first[k][:rows].double() + second[k][:rows].double()) / 2).float(), rtol=0, atol=0)
+    assert_export_matches(tmp_path / "average", mean, common, 4097)
+
     final = tmp_path / "tp2" / "checkpoints" / "final.ckpt"
     r = run_cli([*common, f"checkpoint.init_from={final}", "trainer.max_steps=2", "trainer.warmup_steps=1"], tmp_path / "tp1")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -52,8 +52,12 @@ def hydra_context() -> tuple[list[str], Path | None]:
 
     if not HydraConfig.initialized():
         return [], None
+    from omegaconf import OmegaConf
+
+    # A config composed by Hydra's compose API (tests, tools) has no run directory: None, not an error.
     hydra_cfg = HydraConfig.get()
-    return list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir)
+    output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False)
+    return list(OmegaConf.select(hydra_cfg, "overrides.task", default=[]) or []), Path(output_dir) if output_dir else None
 
 
 # sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",

@@ -402,7 +402,8 @@ class CheckpointConfig:
     # `checkpoint=<path>` on the command line is short for checkpoint.path=<path>.
     path: Optional[str] = None
     # mode=average: the checkpoints whose mean weights it writes (`checkpoints=[a,b,...]` is short
-    # for checkpoint.average=[...]), or the newest average_last step checkpoints of the run.
+    # for checkpoint.average=[...]), or the newest average_last step checkpoints of the run; a
+    # training run with average_last also writes that average (and its export) when it ends.
     average: list[str] = field(default_factory=list)
     average_last: Optional[int] = None
 

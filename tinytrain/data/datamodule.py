@@ -20,39 +20,29 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, DataLoader
 
 from tinytrain.config.schema import DataFormat
-from tinytrain.data import parts
+from tinytrain.data import parts, sft_cache
 from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
-from tinytrain.data.packing import PackedSamples, PackedWindows
+from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
+from tinytrain.data.sample_index import EpochOrders, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
 from tinytrain.data.sources import Source, records
+from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.errors import ConfigError, Problem
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
 SPLIT_SEED = 0
-
-
-def split_indices(n: int, val_fraction: float, seed: int, what: str, source: str = "the source") -> tuple[np.ndarray, np.ndarray]:
-    """(train, validation) indices, sorted; at least one of each."""
-    if n < 2:
-        raise ConfigError(
-            Problem("data.val_fraction", val_fraction, f"{source} has {n} {what}; splitting off validation needs at least 2", "use more data, data.text_split=blank_lines, or a separate data.val_path")
-        )
-    order = np.random.default_rng(seed).permutation(n)
-    n_val = min(max(1, round(n * val_fraction)), n - 1)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
 @dataclass(frozen=True)
@@ -102,7 +92,10 @@ class DataModule:
             self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
         else:
             grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
-            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None)
+            # Pretraining: each epoch's order of windows written once and mapped by every rank.
+            # (An order depends only on (samples, seed, epoch): one folder serves every store.)
+            orders = EpochOrders(Path(data_cfg.cache_dir) / "index" / "orders", len(self.train), seed) if data_cfg.format == DataFormat.text else None
+            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
             self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 
     # -- pretraining --------------------------------------------------------------------------
@@ -139,27 +132,43 @@ class DataModule:
         store = self._store(validation=False, progress=progress)
         if d.val_path:
             val_store = self._store(validation=True, progress=progress)
-            train_docs, val_docs = np.arange(store.num_documents), np.arange(val_store.num_documents)
+            train, val = PackedWindows(store, None, **windows, mapped=WHOLE), PackedWindows(val_store, None, **windows, mapped=WHOLE)
         else:
-            val_store = store
-            train_docs, val_docs = split_indices(store.num_documents, d.val_fraction, SPLIT_SEED, "documents")
-        train, val = PackedWindows(store, train_docs, **windows), PackedWindows(val_store, val_docs, **windows)
+            train, val = self._split_windows(store)
         self.lines.append(
-            f"pretraining: {len(train_docs):,} train documents -> {len(train):,} windows of {d.seq_len}, {len(val_docs):,} validation documents "
+            f"pretraining: {len(train.doc_starts):,} train documents -> {len(train):,} windows of {d.seq_len}, {len(val.doc_starts):,} validation documents "
             f"-> {len(val):,} windows; documents {'attend to each other' if d.cross_document_attention else 'isolated (position ids restart per document)'}, "
             f"labels {'cross' if d.predict_across_documents else 'never cross'} document boundaries"
         )
         return train, val
 
+    def _split_windows(self, store, source: str = "the source") -> tuple[PackedWindows, PackedWindows]:
+        """Train and validation windows of one store split by data.val_fraction; the index is
+        computed once and mapped (sample_index.py)."""
+        d = self.cfg
+        index = split_windows(store, d.val_fraction, SPLIT_SEED, d.cache_dir, source)
+        files = {k: str(Path(v.filename)) for k, v in index.items()}
+        train = PackedWindows(store, None, **self._windows(), mapped=(files["train_doc_starts"], files["train_stream_starts"]))
+        val = PackedWindows(store, None, **self._windows(), mapped=(files["val_doc_starts"], files["val_stream_starts"]))
+        return train, val
+
     # -- supervised fine-tuning ---------------------------------------------------------------
 
     def _samples(self, validation: bool, src: Source | None = None) -> list[SftSample]:
+        """The source's SFT samples, tokenized once per source, template, tokenizer and policy
+        (sft_cache.py): other ranks and a requeued job read them."""
         src = src or Source.from_config(self.cfg, validation)
-        bad = BadRecords(self.cfg.bad_records, src.key)
-        samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
-        if not samples:
-            raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts, self.cfg)))
-        self.lines.append(f"{src.describe()}: {counts.summary(self.cfg.seq_len)}")
+
+        def build() -> tuple[list[SftSample], str]:
+            bad = BadRecords(self.cfg.bad_records, src.key)
+            samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
+            if not samples:
+                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts, self.cfg)))
+            return samples, counts.summary(self.cfg.seq_len)
+
+        key = sft_cache.cache_key(sources_fingerprint(src), self.tokenizer, self.cfg)
+        samples, summary, built = sft_cache.cached_samples(self.cfg.cache_dir, key, build)
+        self.lines.append(f"{src.describe()}: {summary} ({'tokenized' if built else 'read from the cache'}: {Path(self.cfg.cache_dir) / 'sft' / key})")
         return samples
 
     def _sft(self):
@@ -225,8 +234,7 @@ class DataModule:
         where = f"{m.key} ({m.name})"
         if d.format == DataFormat.text:
             store = self._store(validation=False, progress=progress, src=m.source)
-            train_docs, val_docs = split_indices(store.num_documents, d.val_fraction, SPLIT_SEED, "documents", where)
-            train, val = PackedWindows(store, train_docs, **self._windows()), PackedWindows(store, val_docs, **self._windows())
+            train, val = self._split_windows(store, where)
             return train, val, "windows", len(train) * d.seq_len
         samples = self._samples(validation=False, src=m.source)
         train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples", where)

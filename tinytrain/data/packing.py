@@ -22,7 +22,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from tinytrain.data.sample_index import window_starts
+
 IGNORE = -100
+WHOLE = "whole store"  # PackedWindows over every document of the store, in order
 
 
 class PackedWindows(Dataset):
@@ -32,17 +35,36 @@ class PackedWindows(Dataset):
     so documents longer than a window continue in the next one, and position ids restart at the
     window start too (a window starting mid-document sees that document from position 0)."""
 
-    def __init__(self, store, doc_ids: np.ndarray, seq_len: int, isolate_documents: bool = True, predict_across_documents: bool = False):
+    def __init__(self, store, doc_ids: np.ndarray | None, seq_len: int, isolate_documents: bool = True, predict_across_documents: bool = False, mapped: tuple[str, str] | str | None = None):
+        """`mapped`: where the document starts come from instead of `doc_ids`: WHOLE (every
+        document, the store's own offsets) or the (doc starts, stream starts) .npy files of
+        sample_index.py, mapped read-only here and again in each DataLoader worker (never pickled)."""
         self.store = store
         self.seq_len = seq_len
         self.isolate = isolate_documents
         self.predict_across = predict_across_documents
-        doc_ids = np.asarray(doc_ids, dtype=np.int64)
-        self.doc_starts = store.offsets[doc_ids]  # where each chosen document starts in the token file
-        lengths = store.offsets[doc_ids + 1] - self.doc_starts
-        self.stream_starts = np.concatenate([[0], np.cumsum(lengths)])  # ... and in the packed stream
+        self.mapped = mapped
+        self._starts(None if doc_ids is None else np.asarray(doc_ids, dtype=np.int64))
         self.num_tokens = int(self.stream_starts[-1])
         self.n = max(0, (self.num_tokens - 1) // seq_len)
+
+    def _starts(self, doc_ids: np.ndarray | None) -> None:
+        # doc_starts: where each chosen document starts in the token file; stream_starts: ... and in
+        # the packed stream (one more: its end).
+        if self.mapped == WHOLE:
+            self.doc_starts, self.stream_starts = self.store.offsets[:-1], self.store.offsets
+        elif self.mapped is not None:
+            self.doc_starts, self.stream_starts = (np.load(f, mmap_mode="r") for f in self.mapped)
+        else:
+            self.doc_starts, self.stream_starts = window_starts(doc_ids, self.store.offsets)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "doc_starts": None, "stream_starts": None} if self.mapped is not None else self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.mapped is not None:
+            self._starts(None)
 
     def __len__(self) -> int:
         return self.n

@@ -12,7 +12,7 @@ in global batches, so the same checkpoint resumes on another world size at the s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -23,33 +23,52 @@ MEGABATCH = 64  # length grouping sorts within groups of this many batches, so o
 
 
 class ResumableBatchSampler(Sampler[list[int]]):
-    def __init__(self, num_samples: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, lengths: Sequence[int] | None = None):
+    def __init__(self, num_samples: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, lengths: Sequence[int] | None = None, orders: Callable[[int], np.ndarray] | None = None):
+        """`orders(epoch)`: the epoch's permutation from elsewhere (sample_index.EpochOrders: written
+        once, memory-mapped); it must equal np.random.default_rng([seed, epoch]).permutation(n)."""
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.lengths = None if lengths is None else np.asarray(lengths)
+        self.orders = orders
         self.epoch = 0
         self.consumed = 0  # global batches of this epoch already trained on
         self.rank, self.world = 0, 1
-        self._cache: tuple[int, int, list[list[int]]] | None = None
+        self._grouped: tuple[int, list[list[int]]] | None = None
+        self._order: tuple[int, np.ndarray] | None = None
 
     def set_shard(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
 
+    def num_batches(self) -> int:
+        """Global batches of an epoch, trimmed so each rank gets the same number."""
+        full, rest = divmod(self.num_samples, self.batch_size)
+        n = full + (1 if rest and not self.drop_last else 0)
+        return n - n % self.world
+
+    def batch(self, epoch: int, b: int) -> list[int]:
+        """Global batch b of an epoch: computed from the epoch's order, never a list of all batches
+        (that would be ~50 bytes per sample in every rank)."""
+        if self.lengths is not None and self.shuffle:
+            if self._grouped is None or self._grouped[0] != epoch:
+                self._grouped = (epoch, self._grouped_by_length(epoch))
+            return self._grouped[1][b]
+        lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, self.num_samples)
+        if not self.shuffle:
+            return list(range(lo, hi))
+        return self._epoch_order(epoch)[lo:hi].tolist()
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            order = self.orders(epoch) if self.orders is not None else np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._order = (epoch, order)
+        return self._order[1]
+
     def global_batches(self, epoch: int) -> list[list[int]]:
-        """Every batch of an epoch, in order, trimmed so each rank gets the same number."""
-        if self._cache is None or self._cache[:2] != (epoch, self.world):
-            if not self.shuffle:
-                batches = self._cut(np.arange(self.num_samples))
-            elif self.lengths is None:
-                batches = self._cut(np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
-            else:
-                batches = self._grouped_by_length(epoch)
-            usable = len(batches) - len(batches) % self.world
-            self._cache = (epoch, self.world, batches[:usable])
-        return self._cache[2]
+        """Every batch of an epoch, in order (for tests and small data)."""
+        return [self.batch(epoch, b) for b in range(self.num_batches())]
 
     def _cut(self, order: np.ndarray) -> list[list[int]]:
         batches = [order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
@@ -78,14 +97,16 @@ class ResumableBatchSampler(Sampler[list[int]]):
         # consumed starts the next epoch. (Lightning's epoch number is not used: after resuming
         # from a checkpoint taken at an epoch's end it skips one.) This runs on the first batch
         # requested, not when an iterator is merely created.
-        if self.consumed >= len(self.global_batches(self.epoch)):
+        if self.consumed >= self.num_batches():
             self.epoch, self.consumed = self.epoch + 1, 0
-        mine = self.global_batches(self.epoch)[self.rank :: self.world]
-        yield from mine[self.consumed // self.world :]
+        epoch = self.epoch
+        # This rank's batches are rank, rank + world, ...; resume after those already consumed.
+        for b in range(self.rank + (self.consumed // self.world) * self.world, self.num_batches(), self.world):
+            yield self.batch(epoch, b)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the full epoch: Lightning counts resumed batches itself)."""
-        return len(self.global_batches(self.epoch)) // self.world
+        return self.num_batches() // self.world
 
     def advance(self) -> None:
         """One batch was trained on by every rank."""

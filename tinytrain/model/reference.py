@@ -17,8 +17,11 @@ optimizer, gradient clipping and the export never see it.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -53,13 +56,16 @@ class FrozenReference:
         """fsdp_tp: the same FSDP2 x TP layout as the policy (called from configure_model)."""
         self.model.to(device)
         parallelize(self.model, device_mesh)
+        log.info("reference: a frozen copy sharded like the policy (FSDP2 x TP over %s)", dict(zip(device_mesh.mesh_dim_names, device_mesh.shape)))
 
     def place(self, trainer, deepspeed_config: dict | None) -> None:
         """At fit start, after the strategy has set the policy up."""
         if deepspeed_config is not None:
             self.engine = deepspeed_reference_engine(self.model, deepspeed_config, trainer.strategy.local_rank)
+            log.info("reference: a frozen copy in a DeepSpeed engine of its own, ZeRO stage %d (no optimizer)", self.engine.zero_optimization_stage())
         else:
             self.model.to(trainer.strategy.root_device)
+            log.info("reference: a frozen copy on %s", trainer.strategy.root_device)
 
     def __call__(self, **kwargs):
         return (self.engine or self.model)(**kwargs)

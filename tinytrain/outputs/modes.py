@@ -15,9 +15,9 @@ import logging
 import math
 from pathlib import Path
 
-from tinytrain.outputs import saved_run
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem, raise_if_any
+from tinytrain.outputs import saved_run
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,14 @@ def export(cfg, run_dir: Path) -> dict:
 
 def average(cfg, run_dir: Path) -> dict:
     """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
-    checkpoints) as a checkpoint beside them, exported as mode=export would (outputs/average.py)."""
+    checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
     from tinytrain.checkpoint.export import export_spec, export_state_dict
-    from tinytrain.outputs.average import average_checkpoints, output_name, resolve_paths
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
-    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths))
+    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
     saved = saved_run.load(str(out), run_dir)
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
@@ -86,7 +88,8 @@ def inference_setup(saved):
 
 
 def generate(cfg, run_dir: Path) -> dict:
-    from tinytrain.model.generation import Sampling, generate as generate_texts, read_prompts
+    from tinytrain.model.generation import Sampling, read_prompts
+    from tinytrain.model.generation import generate as generate_texts
 
     g = cfg.generate
     prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read

@@ -76,8 +76,8 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
         raise ConfigError(Problem(KEY, str(path), f"is not inside a run's checkpoints/ folder next to its {RUN_CONFIG}, so its model and tokenizer are unknown", "give a checkpoint where its run saved it (<run>/checkpoints/...)"))
     train_cfg = run_config(source_run / RUN_CONFIG)
     from tinytrain.checkpoint.resume import read_state
-    from tinytrain.plan.start_points import check_shape
     from tinytrain.data.tokenizer import fingerprint, load_from_config
+    from tinytrain.plan.start_points import check_shape
 
     state = read_state(path, KEY)
     meta = state.get("tinytrain")
@@ -128,8 +128,8 @@ def run_config(path: Path):
 
 def model_config(saved: SavedRun):
     """The transformers config the run trained (vocab rows set by the export to len(tokenizer))."""
-    from tinytrain.model.build import hf_config
     from tinytrain.checkpoint.pretrained import pretrained_config
+    from tinytrain.model.build import hf_config
 
     cfg = saved.train_cfg
     true_vocab = len(saved.tokenizer)
@@ -143,7 +143,6 @@ def model_config(saved: SavedRun):
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
     from tinytrain.checkpoint.export import checkpoint_state_dict
-
     from tinytrain.checkpoint.sharded import is_sharded
 
     if not saved.checkpoint.is_dir() or is_sharded(saved.checkpoint):

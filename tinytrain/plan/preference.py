@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective
+from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective, TrainOn
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.memory import GIB
 
@@ -61,6 +61,8 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "ipo has no label smoothing (its squared loss has no flipped-label term)", "set finetune.label_smoothing=0, or finetune.objective=dpo"))
     if f.precompute_reference and f.objective == Objective.simpo:
         found.append(Problem("finetune.precompute_reference", True, "simpo is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if d.train_on == TrainOn.all:
+        found.append(Problem("data.train_on", "all", "a preference pair is scored on its answers only (prompt tokens are the same on both sides)", "remove data.train_on (assistant, the default)"))
     if d.pack:
         found.append(Problem("data.pack", True, "preference pairs are scored row by row (chosen and rejected in one micro batch), not packed", "set data.pack=false"))
     if d.sources:

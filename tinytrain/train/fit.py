@@ -185,6 +185,26 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
     return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size)]
 
 
+def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
+    """checkpoint.average_last=k: the mean of the run's newest k step checkpoints, beside them,
+    exported to hf_export-average-k<k>-<newest> (checkpoint/average.py)."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
+    from tinytrain.checkpoint.export import export_checkpoint, export_spec
+    from tinytrain.model.build import model_config
+
+    paths = newest_step_checkpoints(run_dir, cfg.checkpoint.average_last)
+    if len(paths) < 2:
+        log.warning("checkpoint.average_last=%d: the run saved %d step checkpoint(s), nothing to average", cfg.checkpoint.average_last, len(paths))
+        return
+    out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
+    export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
+    if cfg.trainer.export:
+        export_checkpoint(out, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning))
+    print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
+
+
 def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
     from tinytrain.checkpoint.export import export_checkpoint, export_spec
     from tinytrain.model.build import model_config
@@ -208,6 +228,8 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
         adapters = plan.finetune and plan.finetune.to_dict()
         export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
+    if cfg.checkpoint.average_last:
+        average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:
         print(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""

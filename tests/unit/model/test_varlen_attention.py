@@ -109,3 +109,21 @@ def test_the_signature_read_from_this_torch_and_from_older_ones():
     assert old.available and not old.window and not old.gqa and not old.scale
     assert "no window_size" in old.gap(sliding_window=True, softcap=False) and old.gap(False, False) is None
     assert "needs torch >= 2.10" in read_support(None, "2.9.1").gap(False, False)
+
+
+def test_this_torchs_own_kernel_takes_what_the_forward_asks_of_it():
+    """torch.nn.attention.varlen.varlen_attn itself (no CUDA here: on meta tensors its shape function
+    runs behind the real signature), called by the registered forward for a packed row and for
+    whole rows, with grouped-query heads, a sliding window and a softmax scale."""
+    from torch import nn
+
+    from tinytrain.model.varlen_attention import varlen_forward
+    from tinytrain.plan.torch_varlen import installed_support, varlen_function
+
+    forward = varlen_forward(varlen_function(), installed_support())
+    query = torch.empty(1, 4, 10, 16, device="meta", dtype=torch.bfloat16)
+    key = torch.empty(1, 2, 10, 16, device="meta", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="meta")
+    packed, _ = forward(nn.Module(), query, key, key, None, scaling=0.25, sliding_window=5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6)
+    rows, _ = forward(nn.Module(), query.expand(3, -1, -1, -1), key.expand(3, -1, -1, -1), key.expand(3, -1, -1, -1), None, scaling=0.25)
+    assert packed.shape == (1, 10, 4, 16) and rows.shape == (3, 10, 4, 16)

@@ -36,6 +36,7 @@ def problems_of(overrides) -> str:
         (["finetune.objective=ipo", "finetune.label_smoothing=0.1"], "finetune.label_smoothing=0.1: ipo has no label smoothing"),
         (["finetune.objective=simpo", "finetune.precompute_reference=true"], "finetune.precompute_reference=True: simpo is reference-free"),
         (["data.pack=true"], "data.pack=True: preference pairs are scored row by row"),
+        (["data.train_on=all"], "data.train_on='all': a preference pair is scored on its answers only"),
     ],
 )
 def test_bad_settings_name_key_value_and_fix(pairs, overrides, expected):
