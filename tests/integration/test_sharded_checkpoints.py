@@ -1,11 +1,12 @@
 """fsdp_tp's sharded checkpoints (torch.distributed.checkpoint), through real 2-process gloo runs.
 
-One reference run (FSDP dp 2, tp 1; 12 steps, a checkpoint every 4, the newest 2 kept) saves
+One reference run (tp 2 x dp 1, fsdp_tp's default; 12 steps, a checkpoint every 4, the newest 2 kept) saves
 synchronously; its folders are the material of the fault tests (a missing, truncated or foreign
 shard file, a foreign index), which are in-process and cheap. Two more runs save asynchronously
 (checkpoint.async_save): one is SIGKILLed while its step-8 shards are being written (training went
 on meanwhile), one gets SIGTERM while its step-4 shards are being written. Costs on 2 shared
-cores: ~35 s per 2-process run, 4 runs.
+cores: ~35 s per 2-process run, 4 runs; the resumes under another layout (tp 2 -> 1 with the vocab
+re-padded; a single-process file -> fsdp_tp) ~15-20 s each.
 """
 
 import os
@@ -17,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_checkpoint_size_estimated
+from tests.conftest import REPO, assert_checkpoint_size_estimated, metrics_rows
 from tests.integration.test_resume import MODEL, batches, metrics, wait_for
 from tinytrain.checkpoint.files import is_temp
 from tinytrain.checkpoint.resume import newest_loadable, read_state
@@ -36,7 +37,9 @@ RUN = [
     "trainer.plot=false",
     "parallel=fsdp_tp",
     "cluster.devices=2",
+    'tokenizer.add_special_tokens=["<|x|>"]',  # 4097 tokens: padded to 4224 at tp 2 (parallel.tp's default), 4160 at tp 1
 ]
+TRUE_VOCAB = 4097
 SYNC = [*RUN, "checkpoint.keep_last=3"]  # all three step checkpoints kept, for comparisons
 ASYNC = [*RUN, "checkpoint.keep_last=2", "checkpoint.async_save=true"]
 
@@ -198,3 +201,64 @@ def test_sigterm_during_an_async_write_waits_for_it_then_saves(reference, tmp_pa
     theirs = dict(flat_tensors(full_state(reference / "checkpoints" / "step0000004.ckpt")))
     shared = [k for k in theirs if not k.startswith("tinytrain_save")]
     assert len(shared) > 40 and all(torch.equal(ours[k], theirs[k]) for k in shared)
+
+
+def is_vocab(key: str) -> bool:
+    return "embed_tokens.weight" in key or "lm_head.weight" in key
+
+
+def test_resume_under_another_tp_re_pads_weights_and_moments(reference, tmp_path):
+    """tp 2 x dp 1 (4224 rows) resumed as tp 1 x dp 2 (4160 rows), no step trained: the final checkpoint
+    it writes holds every real row of the weights and Adam moments bit-exact, zeros below."""
+    run_dir = tmp_path / "tp2"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(reference / "checkpoints" / "step0000012.ckpt", run_dir / "checkpoints" / "step0000012.ckpt")
+    proc = start(run_dir, [*RUN, "parallel.tp=1"])
+    out = finish(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resuming from checkpoints/step0000012.ckpt (step 12)" in out and "4097 -> 4160 (multiple 64 x tp 1" in out
+    before = dict(flat_tensors(full_state(reference / "checkpoints" / "step0000012.ckpt")))
+    after = dict(flat_tensors(full_state(run_dir / "checkpoints" / "final.ckpt")))
+    compared = [k for k in before if not k.startswith("tinytrain_save")]
+    vocab = [k for k in compared if is_vocab(k) and before[k].ndim == 2]
+    assert len(vocab) == 6  # embedding and lm_head: weights, exp_avg, exp_avg_sq
+    for key in compared:
+        if key in vocab:
+            assert before[key].shape[0] == 4224 and after[key].shape[0] == 4160, key
+            assert torch.equal(after[key][:TRUE_VOCAB], before[key][:TRUE_VOCAB]) and not after[key][TRUE_VOCAB:].any(), key
+        else:
+            assert torch.equal(after[key], before[key]), key
+
+
+def test_a_single_process_checkpoint_resumes_under_fsdp_tp_on_two_ranks(tmp_path):
+    """The reported crash: a parallel=single checkpoint resumed with parallel=fsdp_tp on 2 ranks
+    died on a rank with "The size of tensor a (32) must match the size of tensor b (16)" (Lightning
+    rekeyed the optimizer state by the module's parameter order, not the optimizer's)."""
+    run_dir = tmp_path / "run"
+    single = [a for a in RUN if a not in ("parallel=fsdp_tp", "cluster.devices=2")]
+    proc = start(run_dir, [*single, "trainer.max_steps=4"])
+    out = finish(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    proc = start(run_dir, [*RUN, "trainer.max_steps=6"])
+    out = finish(proc, run_dir)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resuming from checkpoints/step0000004.ckpt (step 4)" in out and "Traceback" not in out
+    losses = {int(r["step"]): float(r["loss"]) for r, _ in [(r, None) for r in metrics_rows(run_dir)] if r.get("loss")}
+    assert sorted(losses) == [0, 1, 2, 3, 4, 5]  # steps 5 and 6 trained after the resume (rows by 0-based step)
+    assert abs(losses[4] - losses[3]) < 0.2  # the loss goes on from where it was (a lost optimizer state would jump)
+
+
+def test_a_sharded_checkpoint_under_ddp_or_deepspeed_is_refused_in_the_plan(reference, tmp_path):
+    from tests.conftest import compose
+    from tinytrain.cli import run_stages
+    from tinytrain.plan.layout_change import Layout, saved_layout
+
+    folder = reference / "checkpoints" / "step0000012.ckpt"
+    assert saved_layout(folder, read_state(folder)) == Layout("sharded", "fsdp_tp", 2, 1, 2)
+    base = [a for a in RUN if a not in ("parallel=fsdp_tp", "cluster.devices=2")]
+    for run, this in ((["parallel=ddp", "cluster.devices=2"], "this run is ddp full-tensor file"), (["parallel=zero2", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"], "this run is DeepSpeed ZeRO-2 over 2")):
+        with pytest.raises(ConfigError) as e:
+            run_stages(compose(["mode=plan", *base, *run, f"resume={folder}"]), tmp_path / run[0])
+        message = str(e.value)
+        assert "saved as fsdp_tp sharded over 2 rank(s) (tp 2 x dp 1)" in message and this in message
+        assert "resume with parallel=fsdp_tp (any tp and dp)" in message and "checkpoint.init_from=<this checkpoint>" in message

@@ -164,7 +164,7 @@ CASES = {
     "unknown top-level key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
     "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
     "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
-    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: smoke, tinyllama_pretrain"]),
+    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, smoke, tinyllama_pretrain"]),
     "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     # special tokens

@@ -69,8 +69,10 @@ FLASH_UTILS = "transformers.modeling_flash_attention_utils"
 
 # (distribution, the private name, the tinytrain module relying on it, the check)
 PRIVATE_NAMES = [
-    ("lightning", "fabric.strategies.model_parallel._load_raw_module_state", "train/strategy.py (fsdp_tp resume re-pads vocab rows)", module_attr("lightning.fabric.strategies.model_parallel", "_load_raw_module_state")),
-    ("lightning", "fabric.strategies.model_parallel._rekey_optimizer_state_if_needed", "train/strategy.py (fsdp_tp resume)", module_attr("lightning.fabric.strategies.model_parallel", "_rekey_optimizer_state_if_needed")),
+    ("lightning", "fabric.strategies.model_parallel._load_raw_module_state", "train/sharded_checkpoints.py (fsdp_tp resume from a file re-pads vocab rows)", module_attr("lightning.fabric.strategies.model_parallel", "_load_raw_module_state")),
+    ("torch", "distributed.checkpoint._traverse.set_element", "checkpoint/sharded.py (DCP's param groups loaded with weights_only)", module_attr("torch.distributed.checkpoint._traverse", "set_element")),
+    ("torch", "DefaultLoadPlanner.load_bytes", "checkpoint/sharded.py (overridden: weights_only)", class_attr("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner", "load_bytes")),
+    ("torch", "DefaultLoadPlanner.original_state_dict/mappings", "checkpoint/sharded.py", assigned_in_init("torch.distributed.checkpoint.default_planner", "DefaultLoadPlanner", "flatten_state_dict")),
     ("lightning", "DeepSpeedStrategy._init_deepspeed_distributed", "train/strategy.py (DeepSpeed on CPU)", class_attr(LIGHTNING_STRATEGIES, "DeepSpeedStrategy", "_init_deepspeed_distributed")),
     (
         "lightning",
@@ -95,7 +97,7 @@ PRIVATE_NAMES = [
     ("torch", "torch._foreach_norm", "train/callbacks/nonfinite_guard.py", module_attr("torch", "_foreach_norm")),
     ("torch", "torch.distributed.tensor._redistribute (logger name)", "train/trainer.py (quiet_lightning)", lambda: importlib.import_module("torch.distributed.tensor._redistribute")),
     ("hydra-core", "JobReturn._return_value", "cluster/sweep_results.py (a failed job's exception)", dataclass_field("hydra.core.utils", "JobReturn", "_return_value")),
-    ("omegaconf", "DictConfig._get_node", "plan/validate.py (unknown keys at any depth)", class_attr("omegaconf", "DictConfig", "_get_node")),
+    ("omegaconf", "DictConfig._get_node", "config/checks.py (unknown keys at any depth)", class_attr("omegaconf", "DictConfig", "_get_node")),
     ("datasets", "Dataset._fingerprint", "data/sources.py (an hf source's content key)", assigned_in_init("datasets", "Dataset", "_fingerprint")),
     ("transformers", "PretrainedConfig._attn_implementation", "model/packed_attention.py", class_attr("transformers", "PretrainedConfig", "_attn_implementation")),
     *[

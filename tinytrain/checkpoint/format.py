@@ -89,3 +89,42 @@ def saved_shape(state_dict: dict) -> dict[str, int]:
         if tensor is not None and tensor.ndim == 2:
             found[name] = int(tensor.shape[dim])
     return found
+
+
+def repad_rows(tensor, true_vocab: int, padded: int):
+    """A vocab table's rows (weights or Adam moments) for another padding: the real rows kept, the
+    padding rows zero (their logits are never used, so their moments stay zero too)."""
+    rows = tensor[:true_vocab]
+    if padded > true_vocab:
+        rows = torch.cat([rows, torch.zeros(padded - true_vocab, *tensor.shape[1:], dtype=tensor.dtype)])
+    return rows
+
+
+def name_optimizer_state(saved: dict, orders: list[list[str]], shapes: dict[str, tuple], vocab_names: list[str]) -> dict:
+    """torch's optimizer state dict (parameters by index) keyed by parameter name instead. The
+    index follows the optimizer's parameter order when tinytrain's optimizer saved it (its param
+    groups), the module's named_parameters() when Lightning's FSDP path rekeyed it (fsdp_tp files
+    before sharded saves): of `orders`, the first under which every saved moment has its
+    parameter's shape (vocab rows aside) is used."""
+
+    def fits(order: list[str]) -> bool:
+        for i, entry in saved["state"].items():
+            if i >= len(order):
+                return False
+            moment, shape = entry.get("exp_avg"), shapes[order[i]]
+            if moment is not None and (tuple(moment.shape[1:]) != tuple(shape[1:]) or (order[i] not in vocab_names and moment.shape[0] != shape[0])):
+                return False
+        return True
+
+    order = next((o for o in orders if fits(o)), None)
+    if order is None:
+        raise ValueError("the checkpoint's optimizer state matches none of this model's parameter orders")
+    return {"state": {order[i]: dict(s) for i, s in saved["state"].items()}, "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]}
+
+
+def repad_optimizer_state(named: dict, vocab_names: list[str], true_vocab: int, padded: int) -> None:
+    """The Adam moments of the vocab tables (a name-keyed optimizer state) re-padded in place."""
+    for name in vocab_names:
+        for key, value in named["state"].get(name, {}).items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] != padded:
+                named["state"][name][key] = repad_rows(value, true_vocab, padded)

@@ -98,3 +98,10 @@ def pretrained_tables(folder: str) -> dict[str, torch.Tensor]:
             if key in f.keys():
                 tables[table] = f.get_tensor(key)
     return tables
+
+
+def pretrained_path_problems(pretrained: str | None) -> list[Problem]:
+    """model.pretrained: a hub id (checked when its config is read) or a local folder with a config.json."""
+    if pretrained and not is_hub_id(pretrained) and not (Path(pretrained) / "config.json").is_file():
+        return [Problem("model.pretrained", pretrained, "no config.json there", "point model.pretrained at a local Hugging Face model folder (save_pretrained output), or a hub id (org/name)")]
+    return []

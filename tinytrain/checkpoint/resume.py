@@ -15,6 +15,7 @@ from tinytrain.checkpoint.safe_load import (
     load_file,
 )
 from tinytrain.checkpoint.sharded import check_folder, is_sharded, shape_stand_ins
+from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -90,3 +91,21 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
         remove(path)
         removed.append(path)
     return removed
+
+
+def checkpoint_problems(cfg) -> list[Problem]:
+    problems = []
+    path = cfg.checkpoint.init_from
+    if path and not (Path(path).is_file() or is_sharded(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    last = cfg.checkpoint.average_last
+    if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):
+        problems.append(Problem("checkpoint.average_last", last, f"averages the run's newest step checkpoints: at least 2, and at most the checkpoint.keep_last({cfg.checkpoint.keep_last}) the run keeps", f"use 2 to {max(2, cfg.checkpoint.keep_last)} (raise checkpoint.keep_last to average more), or null for no average"))
+    if cfg.checkpoint.keep_last < 1:
+        problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
+    resume = cfg.resume
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        problems.append(
+            Problem("resume", resume, "is neither auto, never, nor an existing checkpoint", "use resume=auto (the newest checkpoint of the run directory), resume=never, or the path of a .ckpt file")
+        )
+    return problems

@@ -7,7 +7,8 @@ rendered by transformers; its assistant spans are found by rendering the convers
 
 from __future__ import annotations
 
-from tinytrain.config.schema import ChatTemplate
+from tinytrain.config.schema import ChatTemplate, DataFormat
+from tinytrain.data.tokenizer import check_tokenizer_path, load_from_config
 from tinytrain.errors import ConfigError, Problem
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
@@ -117,3 +118,15 @@ def _render_with_tokenizer(messages: list[dict], tokenizer) -> tuple[str, list[S
             )
         spans.append((len(before), len(upto)))
     return text, spans
+
+
+def chat_template_problems(cfg) -> list[Problem]:
+    """ChatML needs its markers as special tokens; `tokenizer` needs the tokenizer to have a
+    template. Checked on the loaded tokenizer (some ship the markers already)."""
+    if cfg.data.format == DataFormat.text or check_tokenizer_path(str(cfg.tokenizer.path)) is not None:
+        return []
+    try:
+        tokenizer = load_from_config(cfg.tokenizer)
+    except ConfigError:
+        return []  # the tokenizer's own problem is reported when it loads
+    return template_problems(cfg.data.chat_template, tokenizer)

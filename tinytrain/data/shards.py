@@ -1,7 +1,7 @@
 """Shard files as corpora ship them: which file names are read and how, and how data.path (a file,
 a folder read recursively, or a glob) becomes a sorted list of shards.
 
-The single table of suffixes (FORMATS) is what plan/validate.py, data/sources.py and data/mixture.py
+The single table of suffixes (FORMATS) is what data/sources.py (reading and checking) and data/mixture.py
 read. `.json.gz` is JSON Lines (Dolma ships them so). Compressed shards are decompressed while
 streaming, never whole: memory per reader is a buffer, whatever the shard's size. A truncated or
 corrupt compressed shard raises ShardDamaged, which readers turn into a bad record naming the file

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.shards import ShardDamaged
 from tinytrain.errors import ConfigError, Problem
 
+RECORD_SOURCES = (DataSource.jsonl, DataSource.parquet, DataSource.hf)  # where SFT records come from
 # Also splits "\r\n\r\n" (the stray "\r" is stripped with the block); a leading "\r?" would make
 # the regex engine ~5x slower on large files. On bytes: the separator is ASCII, never inside a
 # UTF-8 sequence.
@@ -302,3 +304,32 @@ def _hf_records(src: Source, columns: list[str] | None) -> Iterator[tuple[dict, 
         for values in zip(*(batch[k] for k in keys)):
             yield dict(zip(keys, values)), f"{src.path} row {row}"
             row += 1
+
+
+def _empty_file_problem(files: list[Path], key: str, path: str, is_file: bool) -> list[Problem]:
+    if all(f.stat().st_size == 0 for f in files):
+        return [Problem(key, path, "is empty" if is_file else "holds only empty files", f"point {key} at data with documents in it")]
+    return []
+
+
+def source_path_problems(source: DataSource, path: str | None, key: str) -> list[Problem]:
+    if source == DataSource.pydoc:
+        if key == "data.val_path":
+            return [Problem(key, path, "data.source=pydoc is one embedded corpus; it is split by data.val_fraction", "remove data.val_path")]
+        return []
+    if not path:
+        return [Problem(key, path, f"data.source={source.value} needs a path", f"set {key} to a file or folder")]
+    p = Path(path)
+    if source == DataSource.hf:
+        looks_local = path.startswith((".", "/", "~")) or p.suffix != ""
+        if looks_local and not p.exists():
+            return [Problem(key, path, "no such folder", "point it at a save_to_disk folder, a folder of data files, or a hub name")]
+        return []
+    try:
+        listed = shards.list_shards(path, key, source)
+    except ConfigError as e:
+        return e.problems
+    unreadable = [f for f in listed if not os.access(f, os.R_OK)]
+    if unreadable:
+        return [Problem(key, path, f"not readable: {unreadable[0]}", f"point {key} at readable shards ({shards.READABLE})")]
+    return _empty_file_problem(listed, key, path, p.is_file())

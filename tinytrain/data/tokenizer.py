@@ -206,3 +206,32 @@ def fingerprint(tok) -> str:
 
 def load_from_config(tok_cfg):
     return load_tokenizer(str(tok_cfg.path), tuple(tok_cfg.add_special_tokens))
+
+
+def tokenizer_problems(cfg) -> list[Problem]:
+    problem = check_tokenizer_path(str(cfg.tokenizer.path))
+    return [problem] if problem else []
+
+
+def special_token_problems(cfg) -> list[Problem]:
+    """Added special tokens must be new, distinct, non-blank strings: turning a word the tokenizer
+    already has into a special token silently changes how every text containing it tokenizes."""
+    tokens = list(cfg.tokenizer.add_special_tokens)
+    key = "tokenizer.add_special_tokens"
+    blank = [t for t in tokens if not str(t).strip()]
+    if blank:
+        return [Problem(key, tokens, f"holds a blank token {blank[0]!r}", "remove it; special tokens are strings like <|im_start|>")]
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        return [Problem(key, tokens, f"lists {', '.join(repeated)} more than once", "list each token once")]
+    if not tokens or check_tokenizer_path(str(cfg.tokenizer.path)) is not None:
+        return []
+    try:
+        base = load_tokenizer(str(cfg.tokenizer.path))
+    except ConfigError:
+        return []  # the tokenizer's own problem is reported when it loads
+    special = set(base.all_special_tokens) | set(base.get_added_vocab())
+    ordinary = [t for t in tokens if t in base.get_vocab() and t not in special]
+    if ordinary:
+        return [Problem(key, tokens, f"{', '.join(map(repr, ordinary))} is already an ordinary token of the tokenizer; as a special token it would no longer be split or merged in text", "add only new marker strings (e.g. <|im_start|>), or leave the word as it is")]
+    return []

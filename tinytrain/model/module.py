@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
-from tinytrain.checkpoint.format import repad_vocab, unpad_vocab, vocab_param_names
+from tinytrain.checkpoint.format import name_optimizer_state, repad_optimizer_state, repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.sharded import holds_shards
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
@@ -15,6 +15,7 @@ from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
+from tinytrain.model.tensor_parallel import parallelize
 from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -79,20 +80,15 @@ class CausalLMModule(pl.LightningModule):
 
     @classmethod
     def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan, reference=None) -> CausalLMModule:
-        from tinytrain.config.schema import Strategy
-
-        strategy, fast = plan.parallel.strategy, plan.fast_paths
-        parallelize = None
-        if strategy == Strategy.fsdp_tp:
-            from tinytrain.model.tensor_parallel import parallelize
+        row, fast = plan.parallel.row, plan.fast_paths
         return cls(
             model,
             trainer_cfg=trainer_cfg,
             true_vocab=plan.vocab.true,
             checkpoint_metadata=plan.checkpoint_metadata(),
-            parallelize=parallelize,
-            clip_in_module=strategy != Strategy.deepspeed,
-            cpu_adam=strategy == Strategy.deepspeed and plan.parallel.offload_optimizer,
+            parallelize=parallelize if row.tensor_parallel else None,
+            clip_in_module=not row.deepspeed,  # DeepSpeed's engine clips
+            cpu_adam=row.deepspeed and plan.parallel.offload_optimizer,
             fused_adamw=fast.fused_adamw,
             loss_chunk_tokens=fast.loss_chunk_tokens,
             liger_loss=fast.liger_loss,
@@ -263,6 +259,27 @@ class CausalLMModule(pl.LightningModule):
         # fsdp_tp loads them in the strategy, which re-pads first (strategy.py) and leaves no state_dict.
         if "state_dict" in checkpoint:
             self.repad_state_dict(checkpoint["state_dict"])
+            for i, saved in enumerate(checkpoint.get("optimizer_states", [])):
+                if isinstance(saved, dict) and saved.get("state") and all(isinstance(k, int) for k in saved["state"]):
+                    checkpoint["optimizer_states"][i] = self.indexed(self.named_optimizer_state(saved))
+
+    def optimizer_param_names(self) -> list[str]:
+        """The optimizer's parameters by name, in its order (configure_optimizers' param groups)."""
+        names = {id(p): n for n, p in self.named_parameters()}
+        return [names[id(p)] for g in param_groups(self.model, self.t.weight_decay, vocab_tables_decay=not self.adapters) for p in g["params"]]
+
+    def named_optimizer_state(self, saved: dict) -> dict:
+        """A saved optimizer state (parameters by index) keyed by name, its vocab tables' moments
+        re-padded for this run (a checkpoint of another tp or vocab_multiple)."""
+        shapes = {n: tuple(p.shape) for n, p in self.named_parameters()}
+        named = name_optimizer_state(saved, [self.optimizer_param_names(), [n for n, p in self.named_parameters() if p.requires_grad]], shapes, self.vocab_names)
+        repad_optimizer_state(named, self.vocab_names, self.true_vocab, self.model.get_input_embeddings().weight.shape[0])
+        return named
+
+    def indexed(self, named: dict) -> dict:
+        """A name-keyed optimizer state back in this run's optimizer order (what torch loads)."""
+        index = {n: i for i, n in enumerate(self.optimizer_param_names())}
+        return {"state": {index[n]: s for n, s in named["state"].items()}, "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]]}
 
     def repad_state_dict(self, state_dict: dict) -> None:
         """Checkpoints hold len(tokenizer) vocab rows; this run's tables have the padded count."""

@@ -1,7 +1,8 @@
 """A run's checkpoints in the plan: their format, and what they cost (disk, host memory, time).
 
-format  `file` (single, ddp: one .ckpt), `deepspeed` (a folder of DeepSpeed's per-rank shards),
-        `sharded` (fsdp_tp: a folder of DCP shards, one file per rank; checkpoint/sharded.py).
+format  the strategy's (plan/parallel.py's CheckpointFormat): `file` (single, ddp: one .ckpt),
+        `deepspeed` (a folder of DeepSpeed's per-rank shards), `sharded` (fsdp_tp: a folder of DCP
+        shards, one file per rank; checkpoint/sharded.py).
 
 Size of one step checkpoint, per parameter P (the padded count the plan prints) and what holds it:
 - single, ddp, fsdp_tp: Lightning keeps fp32 weights under every precision (mixed precision
@@ -32,8 +33,8 @@ from pathlib import Path
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.config.schema import Mode, Strategy
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.parallel import CheckpointFormat, strategy_row
 
-FORMATS = {Strategy.single: "file", Strategy.ddp: "file", Strategy.deepspeed: "deepspeed", Strategy.fsdp_tp: "sharded"}
 GB = 1e9
 # The rest: loops, callbacks, the LR schedule, tinytrain's metadata (rank 0) and each rank's RNG
 # states, gathered into rank 0's part; DCP's index and DeepSpeed's client state per file.
@@ -67,24 +68,26 @@ class CheckpointPlan:
 def step_checkpoint_bytes(strategy: Strategy, zero_stage: int, sixteen_bit: bool, params: int, trainable: int, world: int) -> tuple[int, int, int]:
     """(weights, optimizer state, rest) bytes of one step checkpoint."""
     rest = REST_BYTES + REST_PER_RANK * world
-    if strategy == Strategy.deepspeed:
+    if strategy_row(strategy).deepspeed:
         weights = 0 if zero_stage == 3 else (2 if sixteen_bit else 4) * params
         return weights, 12 * trainable, rest
     return 4 * params, 8 * trainable, rest
 
 
 def largest_rank_bytes(strategy: Strategy, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, dp: int) -> int:
-    if strategy == Strategy.fsdp_tp:
+    row = strategy_row(strategy)
+    if row.checkpoint_format is CheckpointFormat.sharded:
         return (weights + optimizer) // world + rest
-    if strategy == Strategy.deepspeed:
+    if row.deepspeed:
         return (weights if zero_stage < 3 else 0) + optimizer // dp + rest  # rank 0: module states + its partition
     return weights + optimizer + rest
 
 
 def save_host_bytes(strategy: Strategy, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, dp: int) -> int:
-    if strategy == Strategy.fsdp_tp and async_save:
+    row = strategy_row(strategy)
+    if row.checkpoint_format is CheckpointFormat.sharded and async_save:
         return rank_bytes  # the staging copy of the whole shard
-    if strategy == Strategy.deepspeed:
+    if row.deepspeed:
         return max(largest_tensor, 4 * trainable // dp)
     return largest_tensor
 
@@ -144,10 +147,10 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
         warnings.append(
             f"a save takes ~{save_seconds:.0f} s at checkpoint.write_gbps={c.write_gbps:g}, {100 * save_seconds / between:.0f}% of the ~{between:.0f} s between saves "
             f"(more than checkpoint.max_save_share={c.max_save_share:g}): save less often (trainer.checkpoint_every_n_steps)"
-            + (", or checkpoint.async_save=true" if strategy == Strategy.fsdp_tp else "")
+            + (", or checkpoint.async_save=true" if strategy_row(strategy).checkpoint_format is CheckpointFormat.sharded else "")
         )
     return CheckpointPlan(
-        FORMATS[strategy],
+        strategy_row(strategy).checkpoint_format.value,
         bool(c.async_save),
         c.keep_last,
         step,

@@ -16,6 +16,61 @@ from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.precision import Dtype, PrecisionDecision
 
 OVERRIDES_KEY = "parallel.deepspeed_overrides"
+ZERO_OPTIONS = "parallel=zero1|zero2|zero3|zero2_offload|zero3_offload"
+
+
+def override_problems(par, runs_deepspeed: bool) -> list[Problem]:
+    """`parallel.deepspeed_overrides` may tune DeepSpeed, not contradict `parallel=`: the stage and
+    the offloads decide the optimizer (DeepSpeedCPUAdam) and the memory plan too."""
+    overrides = par.deepspeed_overrides
+    if not overrides:
+        return []
+    if not runs_deepspeed:
+        return [Problem(OVERRIDES_KEY, dict(overrides), f"parallel={par.name} does not run DeepSpeed, so these would be ignored", f"remove them, or pick {ZERO_OPTIONS}")]
+    zero = overrides.get("zero_optimization") or {}
+    problems = []
+    if "stage" in zero and zero["stage"] != par.zero_stage:
+        problems.append(Problem(f"{OVERRIDES_KEY}.zero_optimization.stage", zero["stage"], f"contradicts parallel={par.name} (ZeRO stage {par.zero_stage})", f"pick the stage with parallel=zero{zero['stage']} and remove the override"))
+    for key, flag, option in (("offload_optimizer", "offload_optimizer", "zero2_offload or zero3_offload"), ("offload_param", "offload_params", "zero3_offload")):
+        if key in zero and getattr(par, flag) != _offloads(zero[key]):
+            problems.append(Problem(f"{OVERRIDES_KEY}.zero_optimization.{key}", zero[key], f"contradicts parallel={par.name} (parallel.{flag}={getattr(par, flag)})", f"pick the offload with parallel={option} (or without), and remove the override"))
+    return problems
+
+
+def _offloads(block) -> bool:
+    return hasattr(block, "get") and block.get("device", "none") not in ("none", None)
+
+
+def stage_problems(par, trains_here: bool) -> list[Problem]:
+    """The ZeRO stage and offloads, and (`trains_here`: mode=train) a CUDA GPU to run on."""
+    problems = []
+    if par.zero_stage not in (1, 2, 3):
+        problems.append(Problem("parallel.zero_stage", par.zero_stage, "must be 1, 2 or 3", f"pick {ZERO_OPTIONS}"))
+    if par.offload_params and par.zero_stage != 3:
+        problems.append(Problem("parallel.offload_params", True, f"parameter offload needs ZeRO stage 3 (got {par.zero_stage})", "use parallel=zero3_offload"))
+    if trains_here and not par.deepspeed_on_cpu and _no_cuda():
+        problems.append(
+            Problem(
+                "parallel",
+                par.name,
+                "Lightning's DeepSpeedStrategy runs only on CUDA GPUs and this machine has none (parallel.deepspeed_on_cpu=true runs it on CPU for tests only: slow, and proves nothing about NCCL or GPU memory)",
+                "plan it here with mode=plan hardware.gpu=A800 (or V100), train it on a GPU node, or use parallel=ddp on CPU",
+            )
+        )
+    return problems
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def finetune_problems(par, finetune_cfg) -> list[Problem]:
+    if par.zero_stage == 1 and finetune_cfg.method.value == "lora":
+        # DeepSpeed saves frozen weights for its consolidation (zero_to_fp32) only from stage 2 on.
+        return [Problem("parallel", par.name, "finetune=lora under ZeRO-1: DeepSpeed's ZeRO-1 checkpoints leave the frozen base out of what its consolidation reads, so nothing could be exported", "use parallel=zero2 (for a LoRA run it needs the same memory: the optimizer state is the adapters') or parallel=ddp")]
+    return []
 
 
 def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinytrain.config.schema import Arch
+from tinytrain.config.schema import Arch, ModelConfig
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.preflight import rope
 
 
 @dataclass(frozen=True)
@@ -81,3 +82,54 @@ def tp_problems(base_model_tp_plan: dict | None, family_name: str) -> list[Probl
         listing = ", ".join(f"{p}: {s}" for p, s in other.items())
         return [Problem("parallel", "fsdp_tp", f"cannot shard the {family_name} family: transformers splits {listing}, not plainly column- or row-wise (fused projections)", fix)]
     return []
+
+
+DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
+# Model sizes that must be positive; checked first, since the divisibility checks divide by them.
+POSITIVE_MODEL_SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
+
+
+def model_problems(cfg) -> list[Problem]:
+    m = cfg.model
+    problems = [
+        Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)} (model=tiny's), or pick a model= option")
+        for key in POSITIVE_MODEL_SIZES
+        if getattr(m, key) < 1
+    ]
+    for key in ("rope_theta", "rms_norm_eps", "initializer_range"):
+        if not getattr(m, key) > 0:
+            problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
+    if problems:
+        return problems
+    if m.head_dim is None and m.hidden_size % m.num_heads:
+        problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size, or set model.head_dim"))
+    problems += family_problems(m)
+    if m.num_heads % m.num_kv_heads:
+        problems.append(Problem("model.num_kv_heads", m.num_kv_heads, f"must divide num_heads({m.num_heads}) for grouped-query attention", "pick a KV head count that divides the head count"))
+    if m.vocab_multiple < 1:
+        problems.append(Problem("model.vocab_multiple", m.vocab_multiple, "must be >= 1", "use 64 (the default) or 128"))
+    return problems
+
+
+def family_problems(m) -> list[Problem]:
+    """Keys that only some families' transformers classes take, and model.rope_scaling."""
+    fam = family(m.arch)
+    problems = []
+    for key in ("head_dim", "sliding_window"):
+        if getattr(m, key) is not None and getattr(m, key) < 1:
+            problems.append(Problem(f"model.{key}", getattr(m, key), "must be a positive integer", f"use null for the default (model.{key}=null)"))
+    if m.sliding_window is not None and not fam.sliding_window:
+        problems.append(Problem("model.sliding_window", m.sliding_window, f"model.arch={m.arch.value} has no sliding-window attention", "use model.sliding_window=null, or a family that has it (mistral, gemma2, phi3, gemma3_text)"))
+    if m.head_dim is not None and not fam.head_dim and m.head_dim * m.num_heads != m.hidden_size:
+        problems.append(Problem("model.head_dim", m.head_dim, f"model.arch={m.arch.value} derives it as hidden_size / num_heads ({m.hidden_size} / {m.num_heads})", "use model.head_dim=null"))
+    for key, what in (("sliding_window_pattern", "must be a positive integer (every Nth layer attends globally)"), ("rope_local_theta", "must be positive (the sliding-window layers' RoPE base)")):
+        value = getattr(m, key)
+        if value is None:
+            continue
+        if m.arch != Arch.gemma3_text:
+            problems.append(Problem(f"model.{key}", value, f"only model.arch=gemma3_text has it (this is {m.arch.value})", f"use model.{key}=null"))
+        elif not value > 0:
+            problems.append(Problem(f"model.{key}", value, what, f"use null for the family's (model.{key}=null), e.g. Gemma-3's {6 if key == 'sliding_window_pattern' else 10000.0}"))
+    if m.attention_bias and fam.qkv_bias == "never":
+        problems.append(Problem("model.attention_bias", True, f"model.arch={m.arch.value} has no q/k/v biases", "use model.attention_bias=false"))
+    return problems + rope.scaling_problems(m.rope_scaling)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Strategy
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.parallel import strategy_row
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
 # computed from hidden states in chunks of tokens instead.
@@ -35,29 +36,30 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_voca
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels."""
     reasons = {}
-    fused = on_gpu and strategy != Strategy.fsdp_tp and strategy != Strategy.deepspeed
+    row = strategy_row(strategy)
+    fused = on_gpu and row.fused_adamw
     reasons["fused_adamw"] = (
         "CUDA tensors" if fused else "DeepSpeed/DTensor parameters or CPU: foreach AdamW" if on_gpu else "CPU: foreach AdamW"
     )
-    liger, liger_loss = select_liger(trainer_cfg.liger, strategy, on_gpu, liger_available, zero_stage, reasons, logits_only)
+    liger, liger_loss = select_liger(trainer_cfg.liger, row.liger_off, on_gpu=on_gpu, available=liger_available, zero_stage=zero_stage, reasons=reasons, logits_only=logits_only)
     chunk = trainer_cfg.loss_chunk_tokens
     if liger_loss:
         chunk = 0
         reasons["loss_chunk_tokens"] = "off: liger's fused linear cross-entropy never builds the logits"
     elif chunk is None:
-        auto = padded_vocab >= CHUNKED_LOSS_MIN_VOCAB and strategy != Strategy.fsdp_tp
+        auto = padded_vocab >= CHUNKED_LOSS_MIN_VOCAB and not row.chunked_loss_off
         chunk = 1024 if auto else 0
         if auto:
             reasons["loss_chunk_tokens"] = f"vocab {padded_vocab} >= {CHUNKED_LOSS_MIN_VOCAB}: logits computed 1024 tokens at a time"
-        elif strategy == Strategy.fsdp_tp and padded_vocab >= CHUNKED_LOSS_MIN_VOCAB:
-            reasons["loss_chunk_tokens"] = "off: the lm_head is vocab-sharded under fsdp_tp"
+        elif row.chunked_loss_off and padded_vocab >= CHUNKED_LOSS_MIN_VOCAB:
+            reasons["loss_chunk_tokens"] = f"off: {row.chunked_loss_off}"
         else:
             reasons["loss_chunk_tokens"] = f"off: vocab {padded_vocab} < {CHUNKED_LOSS_MIN_VOCAB}"
     else:
         reasons["loss_chunk_tokens"] = "as configured"
-    if chunk and strategy == Strategy.fsdp_tp:
+    if chunk and row.chunked_loss_off:
         chunk = 0
-        reasons["loss_chunk_tokens"] = "off: the lm_head is vocab-sharded under fsdp_tp"
+        reasons["loss_chunk_tokens"] = f"off: {row.chunked_loss_off}"
     if chunk and logits_only:
         if trainer_cfg.loss_chunk_tokens:
             raise ConfigError(Problem("trainer.loss_chunk_tokens", chunk, f"the chunked loss computes logits from hidden states, but {logits_only}", "set trainer.loss_chunk_tokens=0 (or null)"))
@@ -69,12 +71,13 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_voca
     return FastPaths(fused, bool(trainer_cfg.compile), int(chunk), bool(ac), reasons, liger, liger_loss)
 
 
-def select_liger(requested: bool | None, strategy: Strategy, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
+def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
     """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.
-    Triton kernels need CUDA; under fsdp_tp the norms and the lm_head are DTensors, which they are
-    not checked on; under ZeRO-3 the lm_head weight is partitioned outside the model's forward, so the
+    Triton kernels need CUDA; `strategy_blocker`: why the strategy rules them out (the strategy
+    table's liger_off: under fsdp_tp the norms and the lm_head are DTensors, which they are not
+    checked on); under ZeRO-3 the lm_head weight is partitioned outside the model's forward, so the
     fused loss (which reads it directly) stays off there."""
-    blocker = "CPU: Triton kernels need a CUDA GPU" if not on_gpu else "fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights" if strategy == Strategy.fsdp_tp else logits_only
+    blocker = "CPU: Triton kernels need a CUDA GPU" if not on_gpu else strategy_blocker or logits_only
     if requested is False:
         reasons["liger"] = "off (trainer.liger=false)"
         return False, False

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinytrain.config.schema import FinetuneMethod, Mode, Strategy, TrainableTokens
+from tinytrain.config.schema import FinetuneMethod, Mode, TrainableTokens
 from tinytrain.errors import Problem
-from tinytrain.plan.memory import ModelStateMemory
+from tinytrain.plan import parallel
+from tinytrain.plan.memory import AdapterStates, ModelStateMemory, StateLayout
 from tinytrain.plan.model_shape import ModelShape
 
 # A Llama-family block's linear layers (Llama, Mistral, Qwen2, Yi, TinyLlama name them alike).
@@ -91,17 +92,11 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.target_modules", list(f.target_modules), f"{'unknown projection(s) ' + ', '.join(unknown) if unknown else 'is empty'}: adapters go on a Llama-family block's linear layers", f"pick from {', '.join(LLAMA_PROJECTIONS)} (the default is all of them)"))
     if not cfg.model.pretrained and not cfg.checkpoint.init_from:
         found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
-    strategy = cfg.parallel.strategy
-    if strategy == Strategy.fsdp_tp:
-        found.append(Problem("parallel", cfg.parallel.name, f"{key}: peft's LoRA layers wrap the projections that tensor parallelism shards column- and row-wise, and peft does not shard them", "use parallel=ddp, zero2 or zero3 (ZeRO-3 partitions a base too large for one GPU)"))
-    if strategy == Strategy.deepspeed and cfg.parallel.zero_stage == 1 and f.method == FinetuneMethod.lora:
-        # DeepSpeed saves frozen weights for its consolidation (zero_to_fp32) only from stage 2 on.
-        found.append(Problem("parallel", cfg.parallel.name, "finetune=lora under ZeRO-1: DeepSpeed's ZeRO-1 checkpoints leave the frozen base out of what its consolidation reads, so nothing could be exported", "use parallel=zero2 (for a LoRA run it needs the same memory: the optimizer state is the adapters') or parallel=ddp"))
+    found += parallel.lora_problems(cfg, key)
     if f.method == FinetuneMethod.qlora:
         if cfg.checkpoint.init_from and not cfg.model.pretrained:
             found.append(Problem("checkpoint.init_from", cfg.checkpoint.init_from, "finetune=qlora quantizes its base while loading a Hugging Face folder", "export the checkpoint (mode=export) and set model.pretrained=<that hf_export folder>"))
-        if strategy not in (Strategy.single, Strategy.ddp):
-            found.append(Problem("parallel", cfg.parallel.name, "finetune=qlora runs on single or ddp: DeepSpeed would re-partition and re-cast bitsandbytes' packed 4-bit weights", "use parallel=single or parallel=ddp (a 4-bit 7B base fits one GPU)"))
+        found += parallel.qlora_problems(cfg)
         if cfg.mode == Mode.train:
             found += qlora_runtime_problems()
     return found
@@ -155,24 +150,15 @@ def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precisi
     )
 
 
-def adapter_state_memory(plan: FinetunePlan, shape: ModelShape, params: int, strategy: str, world: int, zero_stage: int, offload_optimizer: bool, offload_params: bool) -> ModelStateMemory:
-    """Bytes per GPU with a frozen base: the base in its dtype, fp32 trainable weights with their
-    gradients and Adam moments (16 B each). Under DeepSpeed every weight is 16-bit (partitioned
-    at stage 3) and only trainable ones have gradients and (partitioned) optimizer state."""
+def adapter_state_memory(plan: FinetunePlan, shape: ModelShape, params: int, *, strategy, layout: StateLayout) -> ModelStateMemory:
+    """Bytes per GPU with a frozen base: the strategy's formula (plan/parallel.py) over the
+    trainable weights, the frozen ones and the frozen base's bytes in its dtype."""
     t = float(plan.trainable_params)
     frozen = float(params - (vocab_table_params(shape) if plan.trainable_token_ids else 0))
-    if strategy == "deepspeed":
-        n = world
-        opt = 0.0 if offload_optimizer else 12 * t / n
-        if zero_stage == 3:
-            weights = 4.0 * shape.largest_layer_params + (0.0 if offload_params else 2 * (frozen + t) / n)
-            return ModelStateMemory(weights, 0.0 if offload_optimizer else 4 * t / n, opt)
-        grads = 2 * t + 4 * t / n if zero_stage == 1 else 6 * t / n
-        return ModelStateMemory(2 * (frozen + t), 0.0 if offload_optimizer else grads, opt)
     if plan.method == "qlora":
         # NF4 holds the block projections; embeddings, lm_head and norms stay in the compute dtype.
         linear = shape.layers * sum(i * o for i, o in projection_dims(shape).values())
         base = linear * FROZEN_BYTES["nf4"] + (frozen - linear) * 2.0
     else:
         base = frozen * FROZEN_BYTES[plan.frozen_dtype]
-    return ModelStateMemory(base + 4 * t, 4 * t, 8 * t)
+    return parallel.adapter_state_memory(strategy, AdapterStates(trainable=t, frozen=frozen, frozen_bytes=base), layout)

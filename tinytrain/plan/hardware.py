@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tinytrain.errors import Problem
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -123,3 +125,10 @@ def describe(hw: Hardware) -> str:
         return "cpu"
     major, minor = hw.compute_capability
     return f"{hw.name} (compute capability {major}.{minor})"
+
+
+def hardware_problems(cfg) -> list[Problem]:
+    name = cfg.hardware.gpu
+    if name and lookup_gpu(name) is None:
+        return [Problem("hardware.gpu", name, "unknown GPU", f"use one of {', '.join(known_gpu_names())}")]
+    return []

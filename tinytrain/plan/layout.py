@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tinytrain.config.schema import PLANNING_MODES
+from tinytrain.cluster.sbatch import sbatch_problems
+from tinytrain.cluster.slurm import allocation_problems, current_task
+from tinytrain.config.schema import PLANNING_MODES, Mode
 from tinytrain.errors import Problem
 
 
@@ -75,3 +77,24 @@ def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
         )
         return None, problems
     return BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len), problems
+
+
+def cluster_problems(cfg) -> list[Problem]:
+    c = cfg.cluster
+    problems = []
+    if c.nodes < 1:
+        problems.append(Problem("cluster.nodes", c.nodes, "must be >= 1", "use cluster.nodes=1 for one machine"))
+    if c.devices is not None and c.devices < 1:
+        problems.append(Problem("cluster.devices", c.devices, "must be >= 1 (processes per node)", "use the GPUs per node, 1 on a CPU, or null for every visible GPU"))
+    return problems
+
+
+def slurm_problems(cfg) -> list[Problem]:
+    """mode=sbatch needs the Slurm settings; inside a Slurm job, training needs the config's
+    nodes x devices to be the job's tasks."""
+    if cfg.mode == Mode.sbatch:
+        return sbatch_problems(cfg)
+    task = current_task()
+    if cfg.mode != Mode.train or task is None:
+        return []
+    return allocation_problems(cfg.cluster.nodes, devices_per_node(cfg), cfg.cluster.name, task)

@@ -28,23 +28,89 @@ class ModelStateMemory:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_memory(strategy: str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:
-    """Bytes per GPU for parameters, gradients and optimizer state."""
+@dataclass(frozen=True)
+class StateLayout:
+    """What the model-state formulas divide by: the world, tp, the ZeRO stage and offloads."""
+
+    world: int
+    tp: int
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    largest_layer_params: int = 0  # ZeRO-3 gathers one layer's full weights during its forward
+
+
+@dataclass(frozen=True)
+class AdapterStates:
+    """A LoRA run's weights: trainable (adapters and trained vocab rows) and frozen (the base),
+    with the frozen base's bytes in its own dtype (NF4 under QLoRA)."""
+
+    trainable: float
+    frozen: float
+    frozen_bytes: float
+
+
+# The formulas below are the strategy table's memory hooks (plan/parallel.py).
+
+
+def replicated_states(params: int, layout: StateLayout) -> ModelStateMemory:
+    """AMP keeps fp32 params, fp32 grads and the moments: 16 B per parameter on every rank."""
     p = float(params)
-    if strategy == "deepspeed":
-        n = world
-        opt = 0.0 if offload_optimizer else (4 + 8) * p / n  # fp32 master + moments, partitioned
-        if zero_stage == 1:
-            return ModelStateMemory(2 * p, 2 * p + (0.0 if offload_optimizer else 4 * p / n), opt)
-        if zero_stage == 2:
-            return ModelStateMemory(2 * p, 0.0 if offload_optimizer else (2 + 4) * p / n, opt)
-        gathered = 4.0 * largest_layer_params  # one layer's full weights live during its forward
-        params_mem = gathered + (0.0 if offload_params else 2 * p / n)
-        # Stage 3 keeps no separate full fp32 gradient: 16-bit grads + the fp32 partition (4 B),
-        # as DeepSpeed's estimator counts it (18 B/param over N with the 16-bit params).
-        return ModelStateMemory(params_mem, 0.0 if offload_optimizer else 4 * p / n, opt)
-    shards = tp * (world // tp if strategy == "fsdp_tp" else 1)
+    return ModelStateMemory(4 * p, 4 * p, 8 * p)
+
+
+def sharded_states(params: int, layout: StateLayout) -> ModelStateMemory:
+    """The same 16 B per parameter, divided by tp x dp (FSDP2 x TP)."""
+    p, shards = float(params), layout.tp * (layout.world // layout.tp)
     return ModelStateMemory(4 * p / shards, 4 * p / shards, 8 * p / shards)
+
+
+def deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
+    p, n = float(params), layout.world
+    opt = 0.0 if layout.offload_optimizer else (4 + 8) * p / n  # fp32 master + moments, partitioned
+    if layout.zero_stage == 1:
+        return ModelStateMemory(2 * p, 2 * p + (0.0 if layout.offload_optimizer else 4 * p / n), opt)
+    if layout.zero_stage == 2:
+        return ModelStateMemory(2 * p, 0.0 if layout.offload_optimizer else (2 + 4) * p / n, opt)
+    gathered = 4.0 * layout.largest_layer_params  # one layer's full weights live during its forward
+    params_mem = gathered + (0.0 if layout.offload_params else 2 * p / n)
+    # Stage 3 keeps no separate full fp32 gradient: 16-bit grads + the fp32 partition (4 B),
+    # as DeepSpeed's estimator counts it (18 B/param over N with the 16-bit params).
+    return ModelStateMemory(params_mem, 0.0 if layout.offload_optimizer else 4 * p / n, opt)
+
+
+def replicated_frozen_copy(params: int, layout: StateLayout) -> float:
+    """A frozen copy of the model held like the policy (a preference reference): its fp32 weights only."""
+    return 4.0 * params
+
+
+def sharded_frozen_copy(params: int, layout: StateLayout) -> float:
+    return 4.0 * params / (layout.tp * (layout.world // layout.tp))
+
+
+def deepspeed_frozen_copy(params: int, layout: StateLayout) -> float:
+    """16-bit under DeepSpeed, partitioned at ZeRO-3 (or offloaded with the parameters)."""
+    if layout.zero_stage == 3:
+        return 0.0 if layout.offload_params else 2.0 * params / layout.world
+    return 2.0 * params
+
+
+def local_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStateMemory:
+    """The frozen base in its dtype, fp32 trainable weights with their gradients and Adam moments."""
+    t = a.trainable
+    return ModelStateMemory(a.frozen_bytes + 4 * t, 4 * t, 8 * t)
+
+
+def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStateMemory:
+    """Every weight 16-bit (partitioned at stage 3); only trainable ones have gradients and
+    (partitioned) optimizer state."""
+    t, frozen, n = a.trainable, a.frozen, layout.world
+    opt = 0.0 if layout.offload_optimizer else 12 * t / n
+    if layout.zero_stage == 3:
+        weights = 4.0 * layout.largest_layer_params + (0.0 if layout.offload_params else 2 * (frozen + t) / n)
+        return ModelStateMemory(weights, 0.0 if layout.offload_optimizer else 4 * t / n, opt)
+    grads = 2 * t + 4 * t / n if layout.zero_stage == 1 else 6 * t / n
+    return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
 def activation_memory(layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool) -> float:

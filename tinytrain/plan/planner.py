@@ -11,19 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES, Strategy
+from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.plan import finetune, resolve
+from tinytrain.plan import deepspeed_config, finetune, resolve
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
-from tinytrain.plan.memory import activation_memory, model_state_memory, plan_memory
+from tinytrain.plan.layout_change import run_layout
+from tinytrain.plan.memory import activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
+from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
@@ -60,21 +62,22 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), installed_support(), hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     deepspeed = None
-    if par.strategy == Strategy.deepspeed:
-        from tinytrain.plan import deepspeed_config
-
+    row = strategy_row(par.strategy)
+    if row.deepspeed:
         deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
-    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape)
+    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
     preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
     adapters = finetune.make(cfg, shape, tokenizer, base_rows, preflight.rows_to_fix, precision.lightning, params)
+    states_layout = state_layout(par, world, shape.largest_layer_params)
     if adapters:
-        states = finetune.adapter_state_memory(adapters, shape, params, par.strategy.value, world, par.zero_stage, par.offload_optimizer, par.offload_params)
+        states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=states_layout)
     else:
-        states = model_state_memory(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_optimizer, par.offload_params, shape.largest_layer_params)
+        states = row.model_states(params, states_layout)
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)

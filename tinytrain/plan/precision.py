@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass
 
+from tinytrain.config.schema import LossScaleConfig
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.hardware import Hardware, describe
 
@@ -111,3 +112,25 @@ def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> Pr
         note = " through an explicit CPU GradScaler plugin" if hw.is_cpu else ""
         return PrecisionDecision(Dtype.fp16, f"fp16 as requested on {where}{note}, dynamic loss scaling", policy)
     return PrecisionDecision(Dtype.fp32, f"fp32 as requested on {where}", None)
+
+
+# Each overflowing step halves the scale once and is skipped: a start above 2^32 skips dozens of
+# steps on the way down (DeepSpeed's default start is 2^16).
+MAX_SCALE_POWER = 32
+
+
+def precision_problems(cfg) -> list[Problem]:
+    ls = cfg.precision.loss_scale
+    problems = []
+    if not 0 <= ls.initial_scale_power <= MAX_SCALE_POWER:
+        problems.append(Problem("precision.loss_scale.initial_scale_power", ls.initial_scale_power, f"must be between 0 and {MAX_SCALE_POWER} (the scale starts at 2^power)", "use 16 (the default), or 12 for fragile models"))
+    for key in ("window", "hysteresis"):
+        if getattr(ls, key) < 1:
+            problems.append(Problem(f"precision.loss_scale.{key}", getattr(ls, key), "must be >= 1", f"use e.g. precision.loss_scale.{key}={getattr(LossScaleConfig(), key)}"))
+    if not ls.min_scale > 0:
+        problems.append(Problem("precision.loss_scale.min_scale", ls.min_scale, "must be positive", "use e.g. precision.loss_scale.min_scale=1"))
+    elif 0 <= ls.initial_scale_power <= MAX_SCALE_POWER and ls.min_scale > 2.0**ls.initial_scale_power:
+        problems.append(
+            Problem("precision.loss_scale.min_scale", ls.min_scale, f"above the initial scale 2^{ls.initial_scale_power} = {2.0**ls.initial_scale_power:g}", "lower min_scale, or raise precision.loss_scale.initial_scale_power")
+        )
+    return problems

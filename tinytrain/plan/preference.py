@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, replace
 
 from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective, TrainOn
 from tinytrain.errors import ConfigError, Problem
-from tinytrain.plan.memory import GIB
+from tinytrain.plan.memory import GIB, StateLayout
+from tinytrain.plan.parallel import strategy_row
 
 ADAPTERS_OFF = "the base with the adapters disabled (no copy held)"
 FROZEN_COPY = "a frozen copy of the initial weights, held like the policy"
@@ -70,15 +71,11 @@ def problems(cfg) -> list[Problem]:
     return found
 
 
-def reference_bytes(strategy: str, params: int, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
-    """A frozen copy held like the policy: its weights only (no gradients, no optimizer state)."""
-    p = float(params)
-    if strategy == "deepspeed":
-        if zero_stage == 3:
-            return 0.0 if offload_params else 2 * p / world
-        return 2 * p
-    shards = tp * (world // tp if strategy == "fsdp_tp" else 1)
-    return 4 * p / shards
+def reference_bytes(strategy, params: int, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
+    """A frozen copy held like the policy: its weights only (no gradients, no optimizer state), by
+    the strategy table's formula (plan/parallel.py)."""
+    layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_params=offload_params)
+    return strategy_row(strategy).frozen_copy_bytes(params, layout)
 
 
 def make(cfg, params: int, world: int) -> PreferencePlan | None:
@@ -94,7 +91,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
         reference = ADAPTERS_OFF
     else:
         reference = FROZEN_COPY
-        held = reference_bytes(par.strategy.value, params, world, par.tp, par.zero_stage, par.offload_params)
+        held = reference_bytes(par.strategy, params, world, par.tp, par.zero_stage, par.offload_params)
     return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held)
 
 

@@ -21,10 +21,12 @@ from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.layout import BatchPlan
+from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.parallel import StrategyRow, strategy_row
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
@@ -51,6 +53,11 @@ class ParallelLayout:
     zero_stage: int
     offload_optimizer: bool
     deepspeed_on_cpu: bool  # DeepSpeed on its CPU accelerator (tests only)
+
+    @property
+    def row(self) -> StrategyRow:
+        """What the strategy allows and how it behaves (plan/parallel.py's table)."""
+        return strategy_row(self.strategy)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,9 @@ class RunPlan:
     def checkpoint_metadata(self) -> dict:
         """What every checkpoint of the run carries, so a resume or init_from can be checked."""
         meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name, self.stage)
+        p = self.parallel
+        # The layout it was saved under: a resume under another one is decided from it (plan/layout_change.py).
+        meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage).to_dict()
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta

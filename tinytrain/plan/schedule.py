@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from tinytrain.config.schema import DecayShape, LrSchedule
+from tinytrain.errors import Problem
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -102,3 +103,26 @@ def picture(schedule: dict, total: int, width: int = 60, height: int = 6, marks:
     lines.append(f"  0.0 +{''.join(axis)}")
     lines.append(f"       step 0{' ' * max(1, width - len(str(total)) - 6)}{total}")
     return lines
+
+
+def schedule_problems(t) -> list[Problem]:
+    """A WSD decay must fit in the run after the warm-up (tinytrain/plan/schedule.py)."""
+    if t.lr_schedule != LrSchedule.wsd:
+        if t.decay_steps is not None:
+            return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({t.lr_schedule.name} decays over the whole run after the warm-up)", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
+        return []
+    if t.decay_steps is None and not 0.0 < t.decay_fraction <= 1.0:
+        return [Problem("trainer.decay_fraction", t.decay_fraction, "must be in (0, 1]: the share of trainer.max_steps the decay takes", "use e.g. trainer.decay_fraction=0.2 (the last 20% of the run)")]
+    key, value = ("trainer.decay_steps", t.decay_steps) if t.decay_steps is not None else ("trainer.decay_fraction", t.decay_fraction)
+    steps = decay_steps(t)
+    room = t.max_steps - max(0, t.warmup_steps)
+    if steps < 1 or steps > room:
+        return [
+            Problem(
+                key,
+                value,
+                f"a decay of {steps} steps does not fit in the run: trainer.max_steps({t.max_steps}) - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
+                f"use a decay of 1 to {room} steps (trainer.decay_steps=<n> or a smaller trainer.decay_fraction), or raise trainer.max_steps to continue the run into a longer decay",
+            )
+        ]
+    return []

@@ -26,6 +26,7 @@ from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.format import read, saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.layout_change import Layout, check_layout, repads
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.vocab import VocabPlan
 
@@ -79,8 +80,9 @@ def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_token
     return InitPoint(path, check_compatible(read(path, weights=False), path, vocab, fingerprint, allow_tokenizer_change, shape))
 
 
-def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> ResumePoint | None:
-    """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming `resume`."""
+def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None) -> ResumePoint | None:
+    """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming
+    `resume`. `layout`: the run's; a checkpoint of another layout resumes or is refused (layout_change.py)."""
     existing = step_checkpoints(checkpoint_dir)
     if value == NEVER:
         if existing:
@@ -102,7 +104,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape)
+    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape, layout)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
@@ -154,9 +156,10 @@ def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, 
     return meta
 
 
-def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None) -> dict:
+def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None) -> dict:
     """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
-    tokenizer, model and padded vocab (the optimizer's moments have the padded rows)."""
+    tokenizer and model, a layout it can load under (layout_change.py), and the same padded vocab
+    unless that change re-pads the vocab rows of the weights and moments."""
     meta = tinytrain_metadata(ckpt, path, "resume")
     fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
     if meta["tokenizer_fingerprint"] != fingerprint:
@@ -164,7 +167,8 @@ def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, m
     if meta["model"] != model_name:
         raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
     check_shape(ckpt, path, "resume", shape)
-    if meta["padded_vocab"] != vocab.padded:
+    saved = check_layout(Path(path), ckpt, layout) if layout is not None else None
+    if meta["padded_vocab"] != vocab.padded and not (saved is not None and repads(saved, layout)):
         raise ConfigError(
             Problem(
                 "resume",

@@ -77,9 +77,7 @@ def frozen_dtype(plan: RunPlan):
     """The dtype a LoRA run's frozen base is held in: the compute dtype under Lightning's mixed
     precision (autocast computes in it anyway); None (as loaded) for QLoRA's 4-bit base and under
     DeepSpeed, which casts the whole model itself."""
-    from tinytrain.config.schema import Strategy
-
-    if plan.parallel.strategy == Strategy.deepspeed or plan.finetune.method == "qlora":
+    if plan.parallel.row.deepspeed or plan.finetune.method == "qlora":
         return None
     return compute_dtype(plan)
 
@@ -109,7 +107,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     module = build_module(cfg, plan, tokenizer)
     from tinytrain.train.callbacks.samples import sample_callback
 
-    samples = sample_callback(cfg, run_dir, tokenizer, plan.vocab.true) + precompute
+    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
@@ -166,10 +164,10 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         plan.attention.implementation,
         plan.preflight.rows_to_fix,
     )
-    if cache.load_into(data.train, data.val):
+    loaded = cache.load_into(data.train, data.val)
+    if loaded:
         log.info("reference log-probs reused from %s (no reference forward)", cache.path)
-        return []
-    if plan.resume is not None:
+    elif plan.resume is not None:
         from tinytrain.errors import ConfigError, Problem
 
         raise ConfigError(
@@ -182,7 +180,7 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         )
     from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 
-    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size)]
+    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size, loaded)]
 
 
 def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:

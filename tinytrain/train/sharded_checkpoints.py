@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_path
-from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key
+from tinytrain.checkpoint.format import repad_rows
+from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key, tensor_shapes
 from tinytrain.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
     """The strategy class for parallel=fsdp_tp (built lazily: Lightning and torch.distributed imports)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from lightning.fabric.strategies.model_parallel import _load_raw_module_state, _rekey_optimizer_state_if_needed
+    from lightning.fabric.strategies.model_parallel import _load_raw_module_state
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -96,6 +97,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
         set_model_state_dict,
         set_optimizer_state_dict,
     )
+    from torch.distributed.tensor import distribute_tensor
 
     class ShardedModelParallelStrategy(ModelParallelStrategy):
         def __init__(self, **kwargs):
@@ -171,7 +173,26 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             state = {"state_dict": get_model_state_dict(self.model)}
             optimizers = {f"optimizer_{i}": opt for i, opt in enumerate(self.optimizers)}
             state.update({key: get_optimizer_state_dict(self.model, opt) for key, opt in optimizers.items()})
+            # Vocab tables saved under another padding (another tp or vocab_multiple): not resharded
+            # by DCP (their global shapes differ) but read whole, one at a time, re-padded and cut.
+            shapes = tensor_shapes(path, "resume", "")
+            repadded = []
+            for name in self.lightning_module.vocab_names:
+                holders = [(state["state_dict"], name, f"state_dict.{name}")]
+                for key in optimizers:
+                    moments = state[key]["state"].get(name, {})
+                    holders += [(moments, m, f"{key}.state.{name}.{m}") for m, v in moments.items() if v.ndim >= 1]
+                for holder, k, flat in holders:
+                    if flat in shapes and tuple(shapes[flat]) != tuple(holder[k].shape):
+                        repadded.append((holder, k, flat, holder.pop(k)))
             dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner())
+            true_vocab = meta["tinytrain"]["true_vocab"]
+            for holder, k, flat, target in repadded:
+                saved = torch.empty(shapes[flat], dtype=target.dtype)
+                dcp.load({flat: saved}, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner())
+                full = repad_rows(saved, true_vocab, target.shape[0])
+                target.to_local().copy_(distribute_tensor(full, target.device_mesh, target.placements).to_local())
+                holder[k] = target
             set_model_state_dict(self.model, state["state_dict"], options=StateDictOptions(strict=self.lightning_module.strict_loading))
             for key, opt in optimizers.items():
                 set_optimizer_state_dict(self.model, opt, optim_state_dict=state[key])
@@ -179,9 +200,9 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             return meta
 
         def load_full_file(self, path: Path, weights_only) -> dict:
-            """A full checkpoint file (single, ddp): the same steps as Lightning's loader for one,
-            with the vocab re-padded for this run's tp in between (module.on_load_checkpoint runs
-            too late here). The optimizer state was saved from padded parameters and loads as it is."""
+            """A full checkpoint file (single, ddp; fsdp_tp before it saved sharded): the same steps
+            as Lightning's loader for one, with the vocab rows of the weights and the Adam moments
+            re-padded for this run's tp in between (module.on_load_checkpoint runs too late here)."""
             module = self.lightning_module
             checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
             state = checkpoint.pop("state_dict")
@@ -189,7 +210,11 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             _load_raw_module_state(state, self.model, strict=module.strict_loading)
             options = StateDictOptions(broadcast_from_rank0=True, full_state_dict=True, strict=module.strict_loading)
             for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
-                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=_rekey_optimizer_state_if_needed(saved, self.model), options=options)
+                # By name, in the optimizer's own order (Lightning's rekeying assumes the module's
+                # parameter order: a single/ddp file's state then lands on the wrong parameters), the
+                # vocab moments re-padded for this run's tp.
+                named = module.named_optimizer_state(saved) if isinstance(next(iter(saved["state"]), ""), int) else saved
+                set_optimizer_state_dict(self.model, optimizer, optim_state_dict=named, options=options)
             return checkpoint
 
     return ShardedModelParallelStrategy

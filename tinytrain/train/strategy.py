@@ -25,12 +25,12 @@ class TrainerHardware:
     precision_plugin: MixedPrecision | None  # replaces `precision` where set (fp16 outside DeepSpeed)
 
 
-def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: Strategy) -> MixedPrecision | None:
+def precision_plugin(decision: PrecisionDecision, accelerator: str, loss_scale_in_engine: bool) -> MixedPrecision | None:
     """fp16 outside DeepSpeed: an explicit MixedPrecision plugin carries the loss-scale policy
     into GradScaler (and on CPU stops Lightning silently swapping in bf16). Elsewhere None:
     Lightning's own name does, and under DeepSpeed the policy travels in the generated config's
     fp16 block."""
-    if not decision.is_fp16 or strategy == Strategy.deepspeed:
+    if not decision.is_fp16 or loss_scale_in_engine:
         return None
     import torch
     from lightning.pytorch.plugins.precision import MixedPrecision
@@ -40,28 +40,45 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, strategy: St
     return MixedPrecision("16-mixed", device, scaler=scaler)
 
 
-def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None, async_save: bool = False):
-    backend = "nccl" if on_gpu else "gloo"
-    kind = parallel.strategy
-    if kind == Strategy.ddp:
-        from lightning.pytorch.strategies import DDPStrategy
+def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+    from lightning.pytorch.strategies import DDPStrategy
 
-        return DDPStrategy(process_group_backend=backend)
-    if kind == Strategy.deepspeed:
-        from tinytrain.plan.deepspeed_config import for_lightning
+    return DDPStrategy(process_group_backend=backend)
 
-        cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
-        return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
-    if kind == Strategy.fsdp_tp:
-        # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
-        from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
 
-        return sharded_model_parallel_strategy(async_save)(
-            data_parallel_size=parallel.dp,
-            tensor_parallel_size=parallel.tp,
-            process_group_backend=backend,
-        )
+def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+    from tinytrain.plan.deepspeed_config import for_lightning
+
+    cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
+    return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
+
+
+def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+    # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
+    from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
+
+    return sharded_model_parallel_strategy(async_save)(
+        data_parallel_size=parallel.dp,
+        tensor_parallel_size=parallel.tp,
+        process_group_backend=backend,
+    )
+
+
+def one_process(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
     return "auto"
+
+
+# Each strategy's Lightning strategy (the rest of what a strategy is: plan/parallel.py's table).
+BUILDERS = {
+    Strategy.single: one_process,
+    Strategy.ddp: ddp_strategy,
+    Strategy.deepspeed: deepspeed_strategy,
+    Strategy.fsdp_tp: model_parallel_strategy,
+}
+
+
+def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None, async_save: bool = False):
+    return BUILDERS[parallel.strategy](parallel, backend="nccl" if on_gpu else "gloo", deepspeed_config=deepspeed_config, async_save=async_save)
 
 
 def atomic_deepspeed_strategy(on_cpu: bool = False):
@@ -146,5 +163,5 @@ def build_trainer_hardware(plan: RunPlan) -> TrainerHardware:
         plan.cluster.nodes,
         build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed, plan.checkpoint.async_save),
         plan.precision.lightning,
-        precision_plugin(plan.precision, accelerator, plan.parallel.strategy),
+        precision_plugin(plan.precision, accelerator, loss_scale_in_engine=plan.parallel.row.deepspeed),
     )

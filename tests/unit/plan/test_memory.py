@@ -6,7 +6,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from tests.conftest import compose
 from tinytrain.cli import run_stages
-from tinytrain.plan.memory import model_state_memory
+from tinytrain.plan.parallel import model_state_memory
 
 PARAMS, LARGEST = 6_738_415_616, 131_072_000  # Llama-2-7B and its embedding table
 

@@ -5,7 +5,9 @@ and rank 0 writes the cache (tinytrain/data/reference_cache.py).
 
 Every rank scores every pair, in the same order: the forwards are collectives under ZeRO-3 and
 FSDP2 x TP (every rank must run each one, tensor-parallel ranks on the same input), and no rank
-needs another's results afterwards. It is one forward pass over the data per rank.
+needs another's results afterwards. It is one forward pass over the data per rank. Whether to
+score is decided by all ranks together: one that found no cache (another node's data.cache_dir)
+makes every rank score, so none waits in a collective the others never enter.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ log = logging.getLogger(__name__)
 
 
 class PrecomputeReference(pl.Callback):
-    def __init__(self, cache, train, val, collate, micro_batch_size: int):
+    def __init__(self, cache, train, val, collate, micro_batch_size: int, loaded: bool):
         self.cache, self.train, self.val = cache, train, val
         self.collate = collate
         self.micro_batch_size = micro_batch_size
+        self.loaded = loaded  # this rank found the cache
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.strategy.reduce_boolean_decision(self.loaded, all=True):
+            return
         start = time.perf_counter()
         was_training = pl_module.model.training
         pl_module.model.eval()

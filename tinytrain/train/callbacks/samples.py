@@ -54,10 +54,10 @@ class SampleGenerations(pl.Callback):
                 logger.log_table(key="samples", columns=["step", "prompt", "completion"], data=self.rows, step=step)
 
 
-def sample_callback(cfg, run_dir: Path, tokenizer, true_vocab: int) -> list:
+def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
     """The callback for this run ([] when generate.sample_prompts is empty)."""
     from tinytrain.checkpoint.export import export_spec, served_tokenizer
-    from tinytrain.config.schema import DataFormat, Strategy
+    from tinytrain.config.schema import DataFormat
 
     g = cfg.generate
     if not g.sample_prompts:
@@ -66,5 +66,5 @@ def sample_callback(cfg, run_dir: Path, tokenizer, true_vocab: int) -> list:
     served = served_tokenizer(tokenizer, spec)
     chat = DataFormat(cfg.data.format) != DataFormat.text if g.chat is None else bool(g.chat)
     stops = [served.convert_tokens_to_ids(t) for t in spec.turn_end]
-    sharded = cfg.parallel.strategy in (Strategy.deepspeed, Strategy.fsdp_tp)
-    return [SampleGenerations(run_dir / "samples.jsonl", list(g.sample_prompts), g.sample_max_new_tokens, served, chat, stops, true_vocab, sharded)]
+    sharded = not plan.parallel.row.rank0_holds_model
+    return [SampleGenerations(run_dir / "samples.jsonl", list(g.sample_prompts), g.sample_max_new_tokens, served, chat, stops, plan.vocab.true, sharded)]

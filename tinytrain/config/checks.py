@@ -1,0 +1,98 @@
+"""Checks of config keys that need no other stage to see (plan/validate.py gathers them with the
+rest): keys no schema declares, a missing experiment option, the run name, the trainer's and the
+guard's numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from tinytrain.config import CONF_DIR
+from tinytrain.config.resolvers import run_name_problem
+from tinytrain.config.schema import Config
+from tinytrain.errors import Problem
+
+
+def unknown_key_problems(cfg) -> list[Problem]:
+    """Keys added with `+key=value` that no schema declares (Hydra lets `+` add anything), at any depth."""
+    return _unknown_keys(cfg, Config, "")
+
+
+def _unknown_keys(node, schema, prefix: str) -> list[Problem]:
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    problems = []
+    for key in node:
+        full = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            fix = f"did you mean {prefix}{close[0]}? Otherwise remove it" if close else "remove it"
+            problems.append(Problem(full, node[key], "is not a tinytrain config key", f"{fix}; the keys there are {', '.join(sorted(fields))}"))
+            continue
+        sub = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        # _get_node: the child without resolving interpolations (model.vocab_size loads the tokenizer).
+        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(node._get_node(key), DictConfig):
+            problems += _unknown_keys(node._get_node(key), sub, f"{full}.")
+    return problems
+
+
+def experiment_problems() -> list[Problem]:
+    """`experiment` is an optional group, and Hydra skips a missing optional option silently."""
+    if not HydraConfig.initialized():
+        return []
+    choice = HydraConfig.get().runtime.choices.get("experiment")
+    folder = CONF_DIR / "experiment"
+    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    if choice not in (None, "null") and choice not in options:
+        return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add experiment/<name>.yaml to tinytrain/conf/ or to your own --config-dir")]
+    return []
+
+
+def run_name_problems(cfg) -> list[Problem]:
+    problem = run_name_problem(str(cfg.run.name))
+    return [problem] if problem else []
+
+
+def trainer_problems(cfg) -> list[Problem]:
+    t = cfg.trainer
+    problems = []
+    for key in ("max_steps", "micro_batch_size", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+        if getattr(t, key) < 1:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", "use a positive integer"))
+    if t.warmup_steps < 0 or t.warmup_steps >= t.max_steps:
+        problems.append(Problem("trainer.warmup_steps", t.warmup_steps, f"must be >= 0 and below trainer.max_steps({t.max_steps})", "shorten the warm-up"))
+    if t.lr <= 0:
+        problems.append(Problem("trainer.lr", t.lr, "must be positive", "use e.g. trainer.lr=3e-4"))
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
+    if len(t.betas) != 2:
+        problems.append(Problem("trainer.betas", list(t.betas), "needs two values", "use e.g. trainer.betas=[0.9,0.95]"))
+    elif not all(0.0 <= b < 1.0 for b in t.betas):
+        problems.append(Problem("trainer.betas", list(t.betas), "each must be in [0, 1) (AdamW's moment decay rates)", "use e.g. trainer.betas=[0.9,0.95]"))
+    if not t.eps > 0:
+        problems.append(Problem("trainer.eps", t.eps, "must be positive (AdamW divides by sqrt(v) + eps)", "use e.g. trainer.eps=1e-8"))
+    for key, fix in (("weight_decay", "use 0 for none, e.g. 0.1"), ("grad_clip", "use 0 for no clipping, e.g. 1.0"), ("val_batches", "use 0 for no validation, e.g. 8")):
+        if getattr(t, key) < 0:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 0", fix))
+    for key in ("global_batch_size", "accumulate_grad_batches"):
+        if getattr(t, key) is not None and getattr(t, key) < 1:
+            problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", f"use a positive integer, or null to derive it (trainer.{key}=null)"))
+    if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
+        problems.append(Problem("trainer.loss_chunk_tokens", t.loss_chunk_tokens, "must be >= 0", "use 0 for plain cross-entropy, null to decide by vocab size, or e.g. 1024"))
+    return problems
+
+
+def guard_problems(cfg) -> list[Problem]:
+    g = cfg.guard
+    problems = []
+    if g.max_consecutive_skips < 0:
+        problems.append(Problem("guard.max_consecutive_skips", g.max_consecutive_skips, "must be >= 0", "use 0 to stop at the first non-finite step, e.g. 3"))
+    if g.loss_scale_halvings < 1:
+        problems.append(Problem("guard.loss_scale_halvings", g.loss_scale_halvings, "must be >= 1", "use e.g. 8"))
+    if not g.grad_spike_factor > 1:
+        problems.append(Problem("guard.grad_spike_factor", g.grad_spike_factor, "must be above 1 (a spike is a norm this many times the running average)", "use e.g. 5"))
+    if g.grad_spike_warmup < 0:
+        problems.append(Problem("guard.grad_spike_warmup", g.grad_spike_warmup, "must be >= 0", "use e.g. 20"))
+    return problems

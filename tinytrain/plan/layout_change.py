@@ -1,0 +1,110 @@
+"""Resuming under another layout: the checkpoint's layout (strategy, data-parallel size, tp, ZeRO
+stage, on-disk format) against the run's, decided while planning, before anything is built.
+
+A checkpoint records its layout in its tinytrain metadata (`layout`); one saved before it did is
+read from the disk (a file, DeepSpeed's folder and its optimizer partitions, a sharded folder and
+its ranks). What resumes:
+
+- a file (single, ddp; fsdp_tp before it saved sharded) under single, ddp or fsdp_tp, any world
+  size and tp: the full tensors are re-padded for the run (weights and Adam moments);
+- a sharded fsdp_tp folder under fsdp_tp, any dp and tp (DCP reshards; the vocab rows of weights
+  and moments are re-padded when the padding changed);
+- a DeepSpeed folder under DeepSpeed with the same ZeRO stage and data-parallel size.
+
+Everything else is refused, naming both layouts and the fix: a DeepSpeed data-parallel size
+change (DeepSpeed's universal checkpoint conversion is not wired in yet), DeepSpeed <-> the
+others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
+`checkpoint.init_from=` starts a new run from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.parallel import strategy_row
+
+
+@dataclass(frozen=True)
+class Layout:
+    format: str  # file | deepspeed | sharded
+    strategy: str  # single | ddp | deepspeed | fsdp_tp | unknown (a file saved before layouts were recorded)
+    world: int
+    dp: int
+    tp: int
+    zero_stage: int = 0
+
+    def describe(self) -> str:
+        if self.format == "deepspeed":
+            return f"DeepSpeed ZeRO-{self.zero_stage} over {self.dp} data-parallel rank(s)"
+        if self.format == "sharded":
+            return f"fsdp_tp sharded over {self.world} rank(s) (tp {self.tp} x dp {self.dp})"
+        who = "single/ddp" if self.strategy == "unknown" else self.strategy
+        return f"{who} full-tensor file (tp {self.tp})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_layout(strategy: str, world: int, dp: int, tp: int, zero_stage: int) -> Layout:
+    row = strategy_row(strategy)
+    return Layout(row.checkpoint_format.value, row.strategy.value, world, dp, tp, zero_stage if row.deepspeed else 0)
+
+
+def saved_layout(path: Path, state: dict) -> Layout:
+    """The layout a checkpoint was saved under: its metadata's, else read from the disk."""
+    meta = state.get("tinytrain") or {}
+    if "layout" in meta:
+        return Layout(**meta["layout"])
+    tp = int(meta.get("tp", 1))
+    from tinytrain.checkpoint.sharded import SAVE_ID_KEY, is_sharded
+
+    if is_sharded(path):
+        world = int(state.get(SAVE_ID_KEY, {}).get("ranks", tp))
+        return Layout("sharded", "fsdp_tp", world, world // tp, tp)
+    if path.is_dir():
+        partitions = len(list(path.glob("checkpoint/*optim_states.pt")))
+        stage = 3 if list(path.glob("checkpoint/zero_pp_rank_*_model_states.pt")) else 2  # 1 and 2 save alike
+        return Layout("deepspeed", "deepspeed", partitions, partitions, 1, stage)
+    return Layout("file", "unknown", 1, 1, tp)
+
+
+def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
+    """(why, fix) when a run of layout `run` cannot resume a checkpoint of layout `saved`; None when it can."""
+    weights = "or start a new run from its weights only: run.name=<new> checkpoint.init_from=<this checkpoint>"
+    if saved.format == "file":
+        if run.format == "deepspeed":
+            return ("DeepSpeed cannot load the optimizer state of a full-tensor file", f"resume with parallel=single, ddp or fsdp_tp, {weights}")
+        return None
+    if saved.format == "sharded":
+        if run.format == "sharded":
+            return None
+        return (f"a sharded fsdp_tp checkpoint does not load under parallel={run.strategy}", f"resume with parallel=fsdp_tp (any tp and dp), {weights}")
+    # DeepSpeed
+    if run.format != "deepspeed":
+        return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage} on {saved.dp} data-parallel rank(s), {weights}")
+    if run.zero_stage != saved.zero_stage and 3 in (run.zero_stage, saved.zero_stage):
+        return (f"ZeRO-{saved.zero_stage} partitions do not load under ZeRO-{run.zero_stage}", f"resume with parallel=zero{saved.zero_stage}, {weights}")
+    if run.dp != saved.dp:
+        return (
+            f"DeepSpeed's optimizer partitions are cut for {saved.dp} data-parallel rank(s), this run has {run.dp} (tinytrain does not convert them to DeepSpeed's universal checkpoint yet)",
+            f"resume on {saved.dp} rank(s) (cluster.nodes x cluster.devices = {saved.dp}), {weights}",
+        )
+    return None
+
+
+def check_layout(path: Path, state: dict, run: Layout) -> Layout:
+    """The checkpoint's layout; raises ConfigError (`resume`) naming both layouts and the fix."""
+    saved = saved_layout(path, state)
+    refused = refusal(saved, run)
+    if refused:
+        why, fix = refused
+        raise ConfigError(Problem("resume", str(path), f"saved as {saved.describe()}; this run is {run.describe()}: {why}", fix))
+    return saved
+
+
+def repads(saved: Layout, run: Layout) -> bool:
+    """Whether this change can re-pad the vocab rows of weights and optimizer state (a padding
+    change is refused where it cannot)."""
+    return saved.format in ("file", "sharded") and run.format in ("file", "sharded")

@@ -1,0 +1,257 @@
+"""What tinytrain knows about each parallel strategy (`parallel.strategy`), as plan/families.py is
+for model families: one row per strategy holds its validation, its memory formula, its checkpoint
+format and what it resumes from, the fast paths and fine-tuning it allows, and the traits the
+other stages branch on. Other files ask `strategy_row(...)` (or `plan.parallel.row`) instead of
+comparing strategy names.
+
+A new strategy is a `Strategy` member (config/schema.py) with its conf/parallel/<name>.yaml, a row
+here, and its Lightning strategy in train/strategy.py's BUILDERS; tests/unit/plan/test_parallel.py
+fails while one of them is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable
+
+from tinytrain.config.schema import Mode, Strategy
+from tinytrain.errors import Problem
+from tinytrain.plan import deepspeed_config
+from tinytrain.plan.families import tp_problems
+from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
+from tinytrain.plan.memory import (
+    AdapterStates,
+    ModelStateMemory,
+    StateLayout,
+    deepspeed_adapter_states,
+    deepspeed_frozen_copy,
+    deepspeed_states,
+    local_adapter_states,
+    replicated_frozen_copy,
+    replicated_states,
+    sharded_frozen_copy,
+    sharded_states,
+)
+
+
+class CheckpointFormat(Enum):
+    """What a strategy's checkpoint is on disk (checkpoint/resume.py reads both)."""
+
+    file = "file"  # one full .ckpt file, vocab rows unpadded (fsdp_tp's before sharded checkpoints)
+    sharded = "sharded"  # a torch.distributed.checkpoint folder, every rank its own shards (checkpoint/sharded.py); async saves possible
+    deepspeed = "deepspeed"  # DeepSpeed's folder of ZeRO partitions, published atomically
+
+
+def no_problems(cfg, world: int) -> list[Problem]:
+    return []
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    strategy: Strategy
+    # -- validation: the layouts it runs (parallel_problems asks these, then `problems`)
+    one_process: bool  # the cluster must run one process
+    tensor_parallel: bool  # parallel.tp > 1 shards the projections (the module parallelizes in configure_model)
+    problems: Callable  # (cfg, world) -> [Problem]: the strategy's own settings
+    # -- memory: per-GPU model states, full training and with a frozen LoRA base (plan/memory.py)
+    model_states: Callable  # (params, StateLayout) -> ModelStateMemory
+    adapter_states: Callable  # (AdapterStates, StateLayout) -> ModelStateMemory
+    frozen_copy_bytes: Callable  # (params, StateLayout) -> bytes of a frozen copy held like the policy (a preference reference)
+    # -- checkpoints: what it writes, and the formats a run under it can resume from
+    checkpoint_format: CheckpointFormat
+    resumable_from: frozenset
+    # -- the engine: DeepSpeed's drives the step (the generated config; it clips gradients, holds
+    # the fp16 loss scale, casts the model, offloads through DeepSpeedCPUAdam; the deepspeed extra)
+    deepspeed: bool
+    rank0_holds_model: bool  # rank 0's module holds every weight (sample generations need it)
+    # -- fast paths: why each is off under it (None: allowed)
+    fused_adamw: bool  # torch's fused AdamW on CUDA (plain tensors: not DeepSpeed's, not DTensors)
+    chunked_loss_off: str | None  # the loss from hidden states in chunks
+    liger_off: str | None  # liger-kernel's Triton kernels
+    # -- fine-tuning
+    lora_off: str | None  # why peft's LoRA layers cannot wrap its projections
+    qlora: bool  # bitsandbytes' packed 4-bit base survives it
+    finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
+
+
+def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
+    par = cfg.parallel
+    problems = []
+    if par.dp is not None and par.dp * par.tp != world:
+        problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
+    if cfg.model.tie_word_embeddings:
+        problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
+    if not cfg.model.pretrained:  # a pretrained model's family is checked on the built model
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        arch = cfg.model.arch.value
+        problems += tp_problems(CONFIG_MAPPING[arch].base_model_tp_plan, arch)
+    return problems
+
+
+def deepspeed_problems(cfg, world: int) -> list[Problem]:
+    return deepspeed_config.stage_problems(cfg.parallel, cfg.mode == Mode.train)
+
+
+def deepspeed_finetune_problems(cfg) -> list[Problem]:
+    return deepspeed_config.finetune_problems(cfg.parallel, cfg.finetune)
+
+
+FILE_FORMATS = frozenset({CheckpointFormat.file})
+LORA_TP = "peft's LoRA layers wrap the projections that tensor parallelism shards column- and row-wise, and peft does not shard them"
+# Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
+STRATEGIES = {
+    Strategy.single: StrategyRow(
+        Strategy.single,
+        one_process=True,
+        tensor_parallel=False,
+        problems=no_problems,
+        model_states=replicated_states,
+        frozen_copy_bytes=replicated_frozen_copy,
+        adapter_states=local_adapter_states,
+        checkpoint_format=CheckpointFormat.file,
+        resumable_from=FILE_FORMATS,
+        deepspeed=False,
+        rank0_holds_model=True,
+        fused_adamw=True,
+        chunked_loss_off=None,
+        liger_off=None,
+        lora_off=None,
+        qlora=True,
+    ),
+    Strategy.ddp: StrategyRow(
+        Strategy.ddp,
+        one_process=False,
+        tensor_parallel=False,
+        problems=no_problems,
+        model_states=replicated_states,
+        frozen_copy_bytes=replicated_frozen_copy,
+        adapter_states=local_adapter_states,
+        checkpoint_format=CheckpointFormat.file,
+        resumable_from=FILE_FORMATS,
+        deepspeed=False,
+        rank0_holds_model=True,
+        fused_adamw=True,
+        chunked_loss_off=None,
+        liger_off=None,
+        lora_off=None,
+        qlora=True,
+    ),
+    Strategy.deepspeed: StrategyRow(
+        Strategy.deepspeed,
+        one_process=False,
+        tensor_parallel=False,
+        problems=deepspeed_problems,
+        model_states=deepspeed_states,
+        frozen_copy_bytes=deepspeed_frozen_copy,
+        adapter_states=deepspeed_adapter_states,
+        checkpoint_format=CheckpointFormat.deepspeed,
+        resumable_from=frozenset({CheckpointFormat.deepspeed}),
+        deepspeed=True,
+        rank0_holds_model=False,
+        fused_adamw=False,
+        chunked_loss_off=None,
+        liger_off=None,
+        lora_off=None,
+        qlora=False,
+        finetune_problems=deepspeed_finetune_problems,
+    ),
+    Strategy.fsdp_tp: StrategyRow(
+        Strategy.fsdp_tp,
+        one_process=False,
+        tensor_parallel=True,
+        problems=fsdp_tp_problems,
+        model_states=sharded_states,
+        frozen_copy_bytes=sharded_frozen_copy,
+        adapter_states=local_adapter_states,  # unused: LoRA is refused under it
+        checkpoint_format=CheckpointFormat.sharded,
+        resumable_from=frozenset({CheckpointFormat.sharded, CheckpointFormat.file}),  # earlier runs' gathered files too
+        deepspeed=False,
+        rank0_holds_model=False,
+        fused_adamw=False,
+        chunked_loss_off="the lm_head is vocab-sharded under fsdp_tp",
+        liger_off="fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights",
+        lora_off=LORA_TP,
+        qlora=False,
+    ),
+}
+
+
+def strategy_row(strategy: Strategy | str) -> StrategyRow:
+    return STRATEGIES[Strategy(strategy)]
+
+
+def state_layout(par, world: int, largest_layer_params: int = 0) -> StateLayout:
+    """`par`: cfg.parallel (or anything with tp, zero_stage and the offload flags)."""
+    return StateLayout(world=world, tp=par.tp, zero_stage=par.zero_stage, offload_optimizer=par.offload_optimizer, offload_params=par.offload_params, largest_layer_params=largest_layer_params)
+
+
+def model_state_memory(strategy: Strategy | str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:
+    """Bytes per GPU for parameters, gradients and optimizer state under `strategy`."""
+    layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_optimizer=offload_optimizer, offload_params=offload_params, largest_layer_params=largest_layer_params)
+    return strategy_row(strategy).model_states(params, layout)
+
+
+def adapter_state_memory(strategy: Strategy | str, states: AdapterStates, layout: StateLayout) -> ModelStateMemory:
+    return strategy_row(strategy).adapter_states(states, layout)
+
+
+def parallel_problems(cfg) -> list[Problem]:
+    """The strategy's layout, its own settings and the batch arithmetic over the world size."""
+    par = cfg.parallel
+    row = strategy_row(par.strategy)
+    problems = deepspeed_config.override_problems(par, row.deepspeed)
+    if problems:
+        return problems
+    if par.tp > 1 and not row.tensor_parallel:
+        # Batch arithmetic depends on tp, so it is checked once tp is possible at all.
+        fix = "use parallel.tp=1, or parallel=fsdp_tp for tensor parallelism"
+        return [Problem("parallel.tp", par.tp, f"parallel={par.name} has no tensor parallelism", fix)]
+    world = world_size(cfg)
+    problems += row.problems(cfg, world)
+    if row.one_process and world > 1:
+        problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
+    _, batch = batch_layout(cfg, world)
+    return problems + batch
+
+
+def checkpoint_problems(cfg) -> list[Problem]:
+    """checkpoint.async_save writes a sharded checkpoint in the background: only a strategy whose
+    checkpoints are sharded has one to write."""
+    par = cfg.parallel
+    if not cfg.checkpoint.async_save or strategy_row(par.strategy).checkpoint_format is CheckpointFormat.sharded:
+        return []
+    sharded = " or ".join(f"parallel={s.value}" for s, r in STRATEGIES.items() if r.checkpoint_format is CheckpointFormat.sharded)
+    return [Problem("checkpoint.async_save", True, f"writes sharded checkpoints in the background, which only {sharded} saves (this run: parallel={par.name})", f"drop checkpoint.async_save, or train with {sharded}")]
+
+
+def tp_model_problems(cfg) -> list[Problem]:
+    """parallel.tp against the model's heads (each rank takes whole heads)."""
+    m, tp = cfg.model, cfg.parallel.tp
+    if m.num_heads < 1 or m.num_kv_heads < 1:
+        return []  # plan/families.py's model_problems names them
+    if tp < 1:
+        return [Problem("parallel.tp", tp, "must be >= 1", "use parallel.tp=1 for no tensor parallelism")]
+    problems = []
+    if m.num_heads % tp:
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_heads({m.num_heads}) of model={m.name}", f"use a tp that divides {m.num_heads}"))
+    if m.num_kv_heads % tp:
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of model={m.name}", f"use a tp that divides {m.num_kv_heads}"))
+    return problems
+
+
+def lora_problems(cfg, key: str) -> list[Problem]:
+    """What the strategy allows of finetune=lora|qlora (`key`: "finetune=<method>")."""
+    row = strategy_row(cfg.parallel.strategy)
+    found = []
+    if row.lora_off:
+        found.append(Problem("parallel", cfg.parallel.name, f"{key}: {row.lora_off}", "use parallel=ddp, zero2 or zero3 (ZeRO-3 partitions a base too large for one GPU)"))
+    return found + row.finetune_problems(cfg)
+
+
+def qlora_problems(cfg) -> list[Problem]:
+    if strategy_row(cfg.parallel.strategy).qlora:
+        return []
+    runs = " or ".join(s.value for s, r in STRATEGIES.items() if r.qlora)
+    return [Problem("parallel", cfg.parallel.name, f"finetune=qlora runs on {runs}: DeepSpeed would re-partition and re-cast bitsandbytes' packed 4-bit weights", "use parallel=single or parallel=ddp (a 4-bit 7B base fits one GPU)")]
