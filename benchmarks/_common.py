@@ -35,7 +35,7 @@ def setup(overrides: list[str]):
     tokenizer = load_from_config(cfg.tokenizer)
     with tempfile.TemporaryDirectory() as run_dir:
         plan = make_plan(cfg, tokenizer, Path(run_dir))
-    return cfg, tokenizer, plan, model_config(cfg.model, plan, tokenizer)
+    return cfg, tokenizer, plan, model_config(cfg.model, plan.vocab.padded, tokenizer)
 
 
 def median(xs: list[float]) -> float:

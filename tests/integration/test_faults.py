@@ -137,3 +137,18 @@ def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
         f.write(bytes(shutil.disk_usage(disk).free - 3 * 2**20))
     stdout, stderr = proc.communicate(timeout=240)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.timeout(300)
+def test_disk_full_during_a_sharded_save_keeps_the_previous_checkpoint(small_disk):
+    """The same under fsdp_tp (2 ranks, each writing its shard): every rank stops with the message,
+    the temp folder is removed, the previous folder is intact."""
+    from tinytrain.checkpoint.resume import read_state
+
+    run_dir = small_disk / "run"
+    r = run_filling_the_disk([*RUN, "parallel=fsdp_tp", "cluster.devices=2"], run_dir, small_disk)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "CheckpointException" not in r.stderr, r.stderr[-3000:]
+    assert f"disk full while saving {run_dir / 'checkpoints' / 'step0000008.ckpt'}; the previous checkpoint step0000004.ckpt is intact" in r.stderr, r.stderr[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step0000004.ckpt"]
+    assert read_state(run_dir / "checkpoints" / "step0000004.ckpt")["global_step"] == 4

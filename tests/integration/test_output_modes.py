@@ -170,3 +170,21 @@ def test_average_last_at_the_end_and_a_refusal_of_checkpoints_of_another_shape(c
     assert r.returncode == 2, r.stderr[-3000:]
     assert f"checkpoint.average='{theirs}': holds another model shape: " in r.stderr and "Fix: average checkpoints of one run" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_export_of_a_run_that_scaled_rope_equals_its_end_of_run_export(tmp_path, bundled_tokenizer):
+    """mode=export of a fine-tune with model.rope_scaling builds the run's model config (it took
+    the pretrained folder's unscaled RoPE before, and rewrote hf_export with it)."""
+    from tests.conftest import save_fresh_model
+
+    shape = [*MODEL, "model.max_position_embeddings=256"]
+    base = save_fresh_model(tmp_path / "base", shape, bundled_tokenizer)
+    run_dir = tmp_path / "run"
+    scaling = "model.rope_scaling={rope_type:linear,factor:2.0,original_max_position_embeddings:256}"
+    r = run_cli(["experiment=smoke", *shape, f"model.pretrained={base}", scaling, "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trained = json.loads((run_dir / "hf_export" / "config.json").read_text())
+    assert trained["rope_parameters"]["rope_type"] == "linear"
+    r = run_cli(["mode=export", f"checkpoint={run_dir / 'checkpoints' / 'final.ckpt'}", f"export.dir={tmp_path / 'again'}"], tmp_path / "cli")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == trained

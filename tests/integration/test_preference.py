@@ -6,7 +6,8 @@ answer is learnable (chosen answers use one set of words, rejected ones another)
   uninterrupted one did and ends with its weights, and the export serves like any fine-tune;
 - precompute_reference: the cached reference log-probs equal the online ones within 1e-5 (relative), and a
   second run with another beta reuses them (no reference forward);
-- LoRA (the reference is the base with the adapters off) and SimPO, single;
+- LoRA under ZeRO-2 (the reference is the base with the adapters off; adapters only, so one
+  optimizer group) and SimPO, single;
 - ddp, ZeRO-2 and ZeRO-3 (DeepSpeed's CPU accelerator) and fsdp_tp (tp 2) over gloo, full
   fine-tuning with the reference held like the policy: step 0 exact, the loss falls.
 """
@@ -172,7 +173,7 @@ def test_precomputed_reference_equals_online_and_is_reused(assets, single_run, t
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("extra, start_loss", [(["finetune=lora", "finetune.rank=8"], math.log(2)), (["finetune.objective=simpo"], None)])
+@pytest.mark.parametrize("extra, start_loss", [(["finetune=lora", "finetune.rank=8", *STRATEGIES["zero2"]], math.log(2)), (["finetune.objective=simpo"], None)])
 def test_lora_and_simpo(assets, tmp_path, extra, start_loss):
     r = train(assets, tmp_path / "run", "trainer.max_steps=4", *extra)
     rows = steps(tmp_path / "run")

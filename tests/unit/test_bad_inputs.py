@@ -350,7 +350,7 @@ def small_model_checkpoint(path) -> None:
     cfg = compose(SMALL_MODEL)
     tokenizer = load_from_config(cfg.tokenizer)
     plan = make_plan(cfg, tokenizer, Path(path).parent / "small_run")
-    model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+    model = build_model(cfg.model, model_config(cfg.model, plan.vocab.padded, tokenizer), plan.attention)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "tinytrain": plan.checkpoint_metadata(), "global_step": 4}, path)
 

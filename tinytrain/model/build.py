@@ -78,16 +78,18 @@ def family_options(m) -> dict:
     return options
 
 
-def model_config(model_cfg, plan, tokenizer):
-    """The transformers config the run trains: model.pretrained's own, or one from the model
-    group; either way with the plan's padded vocab and without the KV cache."""
+def model_config(model_cfg, vocab_rows: int, tokenizer):
+    """The one transformers config of a run, for training (`vocab_rows`: the plan's padded vocab),
+    the end-of-run export and the output modes (the export sets len(tokenizer) rows): model.pretrained's
+    own, or one from the model group; either way with model.rope_scaling applied and without the
+    KV cache."""
     if model_cfg.pretrained:
-        config = pretrained_config(model_cfg.pretrained, model_cfg.trust_remote_code)
-        config.vocab_size = plan.vocab.padded
+        config = pretrained_config(model_cfg.pretrained, bool(model_cfg.trust_remote_code))
+        config.vocab_size = vocab_rows
         if model_cfg.rope_scaling:  # extending a pretrained model's context (preflight checked it)
             config.rope_parameters = rope_parameters(config.rope_parameters["rope_theta"], model_cfg.rope_scaling)
     else:
-        config = hf_config(model_cfg, plan.vocab.padded, tokenizer)
+        config = hf_config(model_cfg, vocab_rows, tokenizer)
     config.use_cache = False
     return config
 
@@ -107,7 +109,11 @@ def build_model(model_cfg, config, attention: AttentionChoice):
 
     register(attention)
     if model_cfg.pretrained:
-        model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation, trust_remote_code=model_cfg.trust_remote_code)
+        # The run's RoPE (model.rope_scaling extends the context) is built in: the weights load into
+        # a model of `config`'s rope_parameters, the vocab rows resized below.
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters, trust_remote_code=model_cfg.trust_remote_code
+        )
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:
             # New rows get the mean of the old ones (transformers' mean_resizing).
             model.resize_token_embeddings(config.vocab_size, mean_resizing=True)

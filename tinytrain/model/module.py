@@ -40,7 +40,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # An empty group is left out: DeepSpeed drops it from the optimizer, and the schedule built on
+    # both groups would then step one group too many (LoRA without trainable token rows has only
+    # decayed adapter matrices).
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 class CausalLMModule(pl.LightningModule):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.model import build
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +128,9 @@ def run_config(path: Path):
 
 
 def model_config(saved: SavedRun):
-    """The transformers config the run trained (vocab rows set by the export to len(tokenizer))."""
-    from tinytrain.checkpoint.pretrained import pretrained_config
-    from tinytrain.model.build import hf_config
-
-    cfg = saved.train_cfg
-    true_vocab = len(saved.tokenizer)
-    if cfg.model.pretrained:
-        config = pretrained_config(cfg.model.pretrained, bool(cfg.model.trust_remote_code))
-        config.vocab_size = true_vocab
-        return config
-    return hf_config(cfg.model, true_vocab, saved.tokenizer)
+    """The transformers config the run trained (model/build.py's, the one training and the
+    end-of-run export use; vocab rows set by the export to len(tokenizer))."""
+    return build.model_config(saved.train_cfg.model, len(saved.tokenizer), saved.tokenizer)
 
 
 def state_dict(saved: SavedRun) -> dict:

@@ -29,7 +29,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
 
         model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute_dtype(plan))
     else:
-        model = build_model(cfg.model, model_config(cfg.model, plan, tokenizer), plan.attention)
+        model = build_model(cfg.model, model_config(cfg.model, plan.vocab.padded, tokenizer), plan.attention)
     # Under LoRA the base is rebuilt as it was even for a resume: ZeRO-3 restores only trainable
     # weights from its shards, and a frozen base must be the one the adapters were trained on.
     frozen_copy = plan.preference is not None and plan.preference.frozen_copy
@@ -199,7 +199,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
-        export_checkpoint(out, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning))
+        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning))
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
@@ -225,7 +225,7 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             final_checkpoint = consolidated
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
         adapters = plan.finetune and plan.finetune.to_dict()
-        export_checkpoint(final_checkpoint, model_config(cfg.model, plan, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
+        export_checkpoint(final_checkpoint, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

@@ -16,6 +16,7 @@ and broadcast from rank 0.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import threading
@@ -62,7 +63,7 @@ class PendingSave:
             for action in actions:
                 action()
         except BaseException as e:  # told by wait(), on the training thread
-            self.error = e
+            self.error = save_failed(e, self.final)  # measured before the partial shards go
             if self.publisher:
                 shutil.rmtree(self.tmp, ignore_errors=True)
         finally:
@@ -72,16 +73,31 @@ class PendingSave:
     def wait(self) -> None:
         self.settled.wait()
         if self.error is not None:
-            raise save_failed(self.error, self.final) from self.error
+            raise self.error
 
 
 def save_failed(error: BaseException, final: Path) -> BaseException:
     """A full disk is told as such (the previous checkpoint is intact); other errors pass through."""
     from tinytrain.train.atomic_io import disk_full, disk_full_message
 
-    if final.parent.exists() and disk_full(error, final.parent):
+    if out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent)):
         return TrainingStopped(disk_full_message(final))
     return error
+
+
+def out_of_space(error: BaseException) -> bool:
+    """DCP raises one CheckpointException on every rank, holding each failed rank's error (torch's
+    zip writer reports a full disk as "unexpected pos", its OSError in the chain)."""
+    seen, todo = set(), [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values())]
+    return False
 
 
 def sharded_model_parallel_strategy(async_save: bool = False):
@@ -90,6 +106,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
     import torch.distributed.checkpoint as dcp
     from lightning.fabric.strategies.model_parallel import _load_raw_module_state
     from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -128,10 +145,11 @@ def sharded_model_parallel_strategy(async_save: bool = False):
                     self.pending = PendingSave(future, tmp, final, publisher=self.global_rank == 0)
                     return
                 dcp.save(state, storage_writer=writer)
-            except Exception as e:
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+                stopped = save_failed(e, final)  # the free space measured before the partial shards go
                 if self.global_rank == 0:
                     shutil.rmtree(tmp, ignore_errors=True)
-                raise save_failed(e, final) from e
+                raise stopped from e
             # DCP's finish step gathered every rank's write results before rank 0 wrote the index.
             if self.global_rank == 0:
                 publish_directory(tmp, final)

@@ -60,7 +60,7 @@ def test_hub_id_in_the_cache_plans_and_builds(hub_cache, saved_model, tmp_path, 
     local = run_stages(compose(["mode=plan", *TINY, f"model.pretrained={saved_model}"]), tmp_path / "local")
     assert plan.params == local.params and plan.shape == local.shape
     download_weights("acme/tiny-llama")  # what a training run does first: offline, the cached snapshot serves
-    model = build_model(cfg.model, model_config(cfg.model, plan, bundled_tokenizer), plan.attention)
+    model = build_model(cfg.model, model_config(cfg.model, plan.vocab.padded, bundled_tokenizer), plan.attention)
     weights = load_file(saved_model / "model.safetensors")
     torch.testing.assert_close(model.model.layers[1].mlp.down_proj.weight, weights["model.layers.1.mlp.down_proj.weight"])
 

@@ -101,3 +101,11 @@ def test_merged_weights_and_peft_adapter_folder_compute_what_was_trained(tmp_pat
     loaded = PeftModel.from_pretrained(tiny_llama(), tmp_path / "adapter").eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, trained, rtol=1e-5, atol=1e-5)
+
+
+def test_adapters_only_leave_no_empty_optimizer_group():
+    """LoRA without trainable token rows has only decayed adapter matrices: one group, not an empty
+    second one, which DeepSpeed drops from its optimizer (the schedule then stepped one group too many)."""
+    model = apply_adapters(tiny_llama(), plan(rows=()))
+    groups = param_groups(model, 0.1, vocab_tables_decay=False)
+    assert [g["weight_decay"] for g in groups] == [0.1] and all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)

@@ -2,6 +2,7 @@
 healthy setups pass; from scratch (Llama-3.1's preset) and on a pretrained folder."""
 
 import pytest
+import torch
 
 from tests.conftest import compose, save_fresh_model
 from tinytrain.cli import run_stages
@@ -77,5 +78,21 @@ def test_scaling_a_pretrained_model_must_start_from_its_context(pretrained_256, 
     cfg = compose(["mode=plan", *TINY, f"model.pretrained={pretrained_256}", linear % 256, "data.seq_len=1024"])
     p = run_stages(cfg, tmp_path / "ok")
     assert p.preflight.findings == []
-    config = model_config(cfg.model, make_plan(cfg, bundled_tokenizer, tmp_path / "ok"), bundled_tokenizer)  # what training builds
+    config = model_config(cfg.model, make_plan(cfg, bundled_tokenizer, tmp_path / "ok").vocab.padded, bundled_tokenizer)  # what training builds
     assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["factor"] == 4.0 and config.rope_parameters["rope_theta"] == 10000.0
+
+
+def test_a_pretrained_model_trains_with_the_scaled_rope(pretrained_256, bundled_tokenizer):
+    """model.rope_scaling on model.pretrained: the model training builds has the scaled RoPE (it
+    kept the pretrained config's before), as the end-of-run export and the output modes say."""
+    from tinytrain.model.build import build_model, model_config
+    from tinytrain.plan.attention import AttentionChoice
+
+    linear = "model.rope_scaling={rope_type:linear,factor:4.0,original_max_position_embeddings:256}"
+    cfg = compose([*TINY, f"model.pretrained={pretrained_256}", linear])
+    config = model_config(cfg.model, len(bundled_tokenizer), bundled_tokenizer)
+    model = build_model(cfg.model, config, AttentionChoice("sdpa", "test"))
+    unscaled = compose([*TINY, f"model.pretrained={pretrained_256}"]).model
+    plain = build_model(unscaled, model_config(unscaled, len(bundled_tokenizer), bundled_tokenizer), AttentionChoice("sdpa", "test"))
+    assert model.config.rope_parameters == config.rope_parameters and model.config.rope_parameters["rope_type"] == "linear"
+    assert torch.allclose(model.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq / 4.0)  # linear x4: positions / 4
