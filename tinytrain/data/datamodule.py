@@ -146,10 +146,9 @@ class DataModule:
         """Train and validation windows of one store split by data.val_fraction; the index is
         computed once and mapped (sample_index.py)."""
         d = self.cfg
-        index = split_windows(store, d.val_fraction, SPLIT_SEED, d.cache_dir, source)
+        index = split_windows(store, d.val_fraction, SPLIT_SEED, d.cache_dir, d.seq_len, source)
         files = {k: str(Path(v.filename)) for k, v in index.items()}
-        train = PackedWindows(store, None, **self._windows(), mapped=(files["train_doc_starts"], files["train_stream_starts"]))
-        val = PackedWindows(store, None, **self._windows(), mapped=(files["val_doc_starts"], files["val_stream_starts"]))
+        train, val = (PackedWindows(store, None, **self._windows(), mapped=tuple(files[f"{p}_{k}"] for k in ("doc_starts", "stream_starts", "window_docs"))) for p in ("train", "val"))
         return train, val
 
     # -- supervised fine-tuning ---------------------------------------------------------------

@@ -41,6 +41,7 @@ TOKENS, OFFSETS, META = "tokens.bin", "doc_offsets.npy", "meta.json"
 CHUNK_CHARS = 1 << 20  # text per worker task: large enough to amortise the hand-off, small enough to stream
 CHUNK_DOCS = 8192
 PROGRESS_LOG_SECONDS = 10.0
+RANDOM_ACCESS_TOKENS = 1 << 26  # stores above this are mapped for random access (small ones: readahead is free)
 
 
 def token_dtype(true_vocab: int) -> np.dtype:
@@ -93,6 +94,10 @@ class TokenStore:
     def tokens(self) -> np.memmap:
         if self._tokens is None:
             self._tokens = np.memmap(self.path / TOKENS, dtype=np.dtype(self.meta["dtype"]), mode="r", shape=(self.meta["num_tokens"],))
+            if self.meta["num_tokens"] > RANDOM_ACCESS_TOKENS:  # windows read at random places: no readahead
+                from tinytrain.data.sample_index import random_access
+
+                random_access(self._tokens)
         return self._tokens
 
     @property
