@@ -54,6 +54,13 @@ def test_summary_prints_first_and_last_loss(smoke_run):
     assert "tokens/s per device after the first step; MFU omitted: no tensor-core peak for a CPU" in smoke_run[1].stdout
     assert "first optimizer step done" in smoke_run[1].stdout + smoke_run[1].stderr
     assert "vocab      4098 -> 4160" in smoke_run[1].stdout
+    # 8 steps: the means of the first and last 2, beside the single batches.
+    assert "loss mean of the first 2 step(s) " in smoke_run[1].stdout and "(one batch's loss is noisy: compare these)" in smoke_run[1].stdout
+
+
+def test_lightning_is_told_each_batch_size(smoke_run):
+    """self.log gets the batch's rows: Lightning no longer guesses them from the batch dict."""
+    assert "Trying to infer the `batch_size`" not in smoke_run[1].stdout + smoke_run[1].stderr
 
 
 def test_fp16_on_cpu_runs_real_loss_scaling(tmp_path):
@@ -101,3 +108,11 @@ def test_lean_paths_train_the_same(smoke_run, tmp_path):
     ours, base = logged(run_dir, "loss"), logged(smoke_run[0], "loss")
     assert len(ours) == len(base) > 0
     assert ours == pytest.approx(base, rel=1e-4)
+
+
+def test_a_run_shorter_than_the_log_interval_writes_metrics_and_the_curve(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["experiment=smoke", "trainer.max_steps=3", "trainer.warmup_steps=1", "trainer.log_every_n_steps=50", "trainer.progress_bar=false", "generate.sample_prompts=[]"], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(logged(run_dir, "loss")) == 1 and (run_dir / "loss_curve.png").is_file()
+

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tinytrain.data.sample_index import window_starts
+from tinytrain.data.sample_index import random_access, window_starts
 
 IGNORE = -100
 WHOLE = "whole store"  # PackedWindows over every document of the store, in order
@@ -51,15 +51,16 @@ class PackedWindows(Dataset):
     def _starts(self, doc_ids: np.ndarray | None) -> None:
         # doc_starts: where each chosen document starts in the token file; stream_starts: ... and in
         # the packed stream (one more: its end).
+        self.window_docs = None  # the document each window starts in (mapped index), else searched
         if self.mapped == WHOLE:
             self.doc_starts, self.stream_starts = self.store.offsets[:-1], self.store.offsets
         elif self.mapped is not None:
-            self.doc_starts, self.stream_starts = (np.load(f, mmap_mode="r") for f in self.mapped)
+            self.doc_starts, self.stream_starts, self.window_docs = (random_access(np.load(f, mmap_mode="r")) for f in self.mapped)
         else:
             self.doc_starts, self.stream_starts = window_starts(doc_ids, self.store.offsets)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "doc_starts": None, "stream_starts": None} if self.mapped is not None else self.__dict__
+        return {**self.__dict__, "doc_starts": None, "stream_starts": None, "window_docs": None} if self.mapped is not None else self.__dict__
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -74,7 +75,16 @@ class PackedWindows(Dataset):
             raise IndexError(i)
         start = i * self.seq_len
         pos = np.arange(start, start + self.seq_len + 1)
-        doc = np.searchsorted(self.stream_starts, pos, side="right") - 1
+        # The window's documents from the one it starts in onward: a few neighbouring index entries
+        # (a page or two of a mapped index), not a binary search per token over the whole index.
+        first = int(self.window_docs[i]) if self.window_docs is not None else int(np.searchsorted(self.stream_starts, start, side="right")) - 1
+        span = 64
+        while True:
+            local = np.asarray(self.stream_starts[first : first + span])
+            if local[-1] > pos[-1] or first + span >= len(self.stream_starts):
+                break
+            span *= 4
+        doc = first + np.searchsorted(local, pos, side="right") - 1
         tokens = self.store.tokens[self.doc_starts[doc] + (pos - self.stream_starts[doc])].astype(np.int64)
         labels = tokens[1:].copy()
         if not self.predict_across:

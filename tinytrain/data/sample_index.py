@@ -55,7 +55,18 @@ def _save(folder: Path, name: str, array: np.ndarray) -> None:
 
 
 def _map(folder: Path, name: str) -> np.ndarray:
-    return np.load(folder / name, mmap_mode="r")
+    return random_access(np.load(folder / name, mmap_mode="r"))
+
+
+def random_access(array: np.ndarray) -> np.ndarray:
+    """Tells the kernel a mapped array is read at random places (MADV_RANDOM): no readahead and
+    no fault-around, so a window's read maps the few pages it touches, not 64 KiB around each."""
+    import mmap
+
+    handle = getattr(array, "_mmap", None)
+    if handle is not None and hasattr(mmap, "MADV_RANDOM"):
+        handle.madvise(mmap.MADV_RANDOM)
+    return array
 
 
 def window_starts(doc_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,10 +78,17 @@ def window_starts(doc_ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray,
     return np.asarray(doc_starts, dtype=np.int64), stream
 
 
-def split_windows(store, val_fraction: float, seed: int, cache_dir: str, source: str = "the source") -> dict[str, np.ndarray]:
-    """train/val document starts and stream starts of a store split by val_fraction, mapped."""
-    folder = index_dir(cache_dir, store, "split", val_fraction, seed)
-    names = ("train_doc_starts.npy", "train_stream_starts.npy", "val_doc_starts.npy", "val_stream_starts.npy")
+def window_docs(stream: np.ndarray, seq_len: int) -> np.ndarray:
+    """The document (index into the chosen documents) each window of seq_len starts in."""
+    n = max(0, (int(stream[-1]) - 1) // seq_len)
+    return np.searchsorted(stream, np.arange(n, dtype=np.int64) * seq_len, side="right") - 1
+
+
+def split_windows(store, val_fraction: float, seed: int, cache_dir: str, seq_len: int, source: str = "the source") -> dict[str, np.ndarray]:
+    """train/val document starts, stream starts and window-start documents of a store split by
+    val_fraction, mapped."""
+    folder = index_dir(cache_dir, store, "split", val_fraction, seed, seq_len)
+    names = tuple(f"{p}_{k}.npy" for p in ("train", "val") for k in ("doc_starts", "stream_starts", "window_docs"))
     if not (folder / DONE).exists():
         folder.mkdir(parents=True, exist_ok=True)
         with BuildLock(folder.with_name(f"{folder.name}.lock"), f"sample index {folder.name}"):
@@ -80,6 +98,7 @@ def split_windows(store, val_fraction: float, seed: int, cache_dir: str, source:
                     doc_starts, stream = window_starts(ids, store.offsets)
                     _save(folder, f"{prefix}_doc_starts.npy", doc_starts)
                     _save(folder, f"{prefix}_stream_starts.npy", stream)
+                    _save(folder, f"{prefix}_window_docs.npy", window_docs(stream, seq_len))
                     del doc_starts, stream
                 (folder / DONE).write_text(json.dumps({"documents": store.num_documents, "train": len(train), "val": len(val)}))
     return {name.removesuffix(".npy"): _map(folder, name) for name in names}

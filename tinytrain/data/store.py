@@ -41,6 +41,7 @@ TOKENS, OFFSETS, META = "tokens.bin", "doc_offsets.npy", "meta.json"
 CHUNK_CHARS = 1 << 20  # text per worker task: large enough to amortise the hand-off, small enough to stream
 CHUNK_DOCS = 8192
 PROGRESS_LOG_SECONDS = 10.0
+RANDOM_ACCESS_TOKENS = 1 << 26  # stores above this are mapped for random access (small ones: readahead is free)
 
 
 def token_dtype(true_vocab: int) -> np.dtype:
@@ -93,6 +94,10 @@ class TokenStore:
     def tokens(self) -> np.memmap:
         if self._tokens is None:
             self._tokens = np.memmap(self.path / TOKENS, dtype=np.dtype(self.meta["dtype"]), mode="r", shape=(self.meta["num_tokens"],))
+            if self.meta["num_tokens"] > RANDOM_ACCESS_TOKENS:  # windows read at random places: no readahead
+                from tinytrain.data.sample_index import random_access
+
+                random_access(self._tokens)
         return self._tokens
 
     @property
@@ -206,7 +211,7 @@ def encoded_chunks(docs: Iterable[str], tokenizer, dtype: np.dtype, eos: int | N
 
     # spawn, not fork: the parent may already run torch / tokenizer threads, which fork would copy mid-flight.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=tokenize_worker.init, initargs=init_args) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=tokenize_worker.init, initargs=(*init_args, True, os.getpid())) as pool:
         pending: deque = deque()
         for chunk in _chunks(docs):
             pending.append(pool.submit(tokenize_worker.encode, chunk))
@@ -268,8 +273,10 @@ def build(final: Path, docs: Iterable[str], tokenizer, meta: dict, workers: int,
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)  # the store appears complete, or not at all
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(tmp)  # a write that fails (a full disk) names no file: the store being built
         raise
     finally:
         bar.close()

@@ -47,6 +47,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
     return [g for g in groups if g["params"]]
 
 
+def rows(batch: dict) -> int:
+    """The sequences in a batch (what `self.log` weighs a mean by)."""
+    return int(batch["input_ids"].shape[0])
+
+
 class CausalLMModule(pl.LightningModule):
     """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
     code, tinytrain/model/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
@@ -179,9 +184,9 @@ class CausalLMModule(pl.LightningModule):
         else:
             loss, metrics = self.preference_step(batch)
             # Averaged over the data-parallel ranks, as TRL gathers them.
-            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True)
-        self.log("loss", loss, prog_bar=True)
-        self.log("lr", self.lr_schedulers().get_last_lr()[0])
+            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
+        self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
 
     def optimizer_step(self, *args, **kwargs):
@@ -209,8 +214,9 @@ class CausalLMModule(pl.LightningModule):
             loss = self.batch_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
-            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True)
-        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
+        # The batch's rows weigh its loss in the epoch mean (Lightning would guess them from the dict).
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         # One pass both clips and measures: the logged grad_norm is the pre-clip total norm
@@ -265,7 +271,10 @@ class CausalLMModule(pl.LightningModule):
             self.repad_state_dict(checkpoint["state_dict"])
             for i, saved in enumerate(checkpoint.get("optimizer_states", [])):
                 if isinstance(saved, dict) and saved.get("state") and all(isinstance(k, int) for k in saved["state"]):
-                    checkpoint["optimizer_states"][i] = self.indexed(self.named_optimizer_state(saved))
+                    try:
+                        checkpoint["optimizer_states"][i] = self.indexed(self.named_optimizer_state(saved))
+                    except ValueError:  # no parameter order fits: torch's own load names the mismatch
+                        pass
 
     def optimizer_param_names(self) -> list[str]:
         """The optimizer's parameters by name, in its order (configure_optimizers' param groups)."""

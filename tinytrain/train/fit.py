@@ -139,6 +139,8 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
         "data_ran_out": next((c.message for c in trainer.callbacks if isinstance(c, MixtureExhaustion) and c.message), None),
         "first_loss": summary.first,
         "last_loss": summary.last,
+        "loss_means": summary.means(),  # (first, last) `loss_window` steps
+        "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
         **throughput.summary(),
     }
@@ -236,6 +238,9 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
         print(f"no step left to train ({why}){val}")
     else:
         print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
+        first, last = result["loss_means"]
+        k = result["loss_window"]
+        print(f"loss mean of the first {k} step(s) {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
