@@ -207,6 +207,9 @@ class ModelConfig:
     # A Hugging Face model to fine-tune: a local folder, or a hub id (loaded through the hub cache,
     # downloaded there when the hub is reachable); null trains from scratch.
     pretrained: Optional[str] = None
+    # Let transformers import a model folder's own .py files (auto_map in its config.json): passed to
+    # every transformers load. false: such a folder is refused in the plan, and nothing ever prompts.
+    trust_remote_code: bool = False
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
     untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto
 

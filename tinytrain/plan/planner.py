@@ -51,7 +51,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
 
         if cfg.mode not in PLANNING_MODES:
             download_weights(cfg.model.pretrained)  # a hub id's, into the hub cache, before preflight reads them
-        pretrained = pretrained_config(cfg.model.pretrained)
+        pretrained = pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
         shape = shape_from_hf(pretrained, vocab.padded)
         fam = family_of_model_type(pretrained.model_type, "model.pretrained", cfg.model.pretrained)
     else:
