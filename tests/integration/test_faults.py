@@ -1,11 +1,14 @@
-"""Faults that must not lose data: a disk that fills up during a checkpoint save.
+"""Faults that must not lose data or leave processes behind: a disk that fills up during a
+checkpoint save, a store build killed with its tokenizer workers running.
 
 (Signals and SIGKILL during a save are in test_resume.py; two runs in one directory in
 tests/unit/test_run_directory.py.)
 """
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +53,78 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(small
     assert sorted(p.name for p in tmp_path.iterdir()) == outside_before
 
 
+# A token-store build whose documents stop coming once workers are busy: the parent sits mid-build.
+MID_BUILD = """
+import sys, time
+from tests.conftest import compose
+from tinytrain.data import sources, store
+from tinytrain.data.sources import Source
+from tinytrain.data.tokenizer import load_from_config
+
+text, cache, ready = sys.argv[1:4]
+cfg = compose(["data=text", f"data.path={text}", f"data.cache_dir={cache}", "data.tokenize_workers=2"])
+
+def documents(src, bad, field=None):
+    for i in range(5 * store.CHUNK_DOCS):  # 4 chunks in flight and the first one's result read: the workers run
+        yield f"document number {i}"
+    open(ready, "w").write("mid-build")
+    time.sleep(600)
+
+sources.documents = documents
+store.ensure_store(Source.from_config(cfg.data), cfg.data, load_from_config(cfg.tokenizer), progress=False)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_store_build_workers_end_with_their_parent(sig, tmp_path):
+    """No orphans: the tokenizer workers of a store build end when the build's process dies by any
+    signal (they used to wait for ever on their task pipe), and the next run builds the store."""
+    import psutil
+
+    from tests.conftest import REPO, compose
+    from tinytrain.data.sources import Source
+    from tinytrain.data.store import ensure_store
+    from tinytrain.data.tokenizer import load_from_config
+
+    text, cache, ready = tmp_path / "docs.txt", tmp_path / "cache", tmp_path / "ready"
+    text.write_text("\n\n".join(f"Document {i} of the corpus." for i in range(50)))
+    proc = subprocess.Popen([sys.executable, "-c", MID_BUILD, str(text), str(cache), str(ready)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    children = []
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the build never got going"
+            time.sleep(0.1)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len([c for c in children if "resource_tracker" not in " ".join(c.cmdline())]) == 2, [c.cmdline() for c in children]
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"{len(alive)} worker(s) outlived their parent: {[p.pid for p in alive]}"
+    finally:
+        proc.kill()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    # The killed build left only its temp folder; the next run removes it and builds the store.
+    cfg = compose(["data=text", f"data.path={text}", f"data.cache_dir={cache}", "data.tokenize_workers=0"])
+    built, fresh = ensure_store(Source.from_config(cfg.data), cfg.data, load_from_config(cfg.tokenizer), progress=False)
+    assert fresh and built.num_documents == 50
+    assert [p.name for p in (cache / "stores").iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_worker_whose_parent_is_gone_exits_at_once():
+    """The race the prctl cannot cover: the parent died before the worker's initializer ran."""
+    import multiprocessing
+
+    from tinytrain.data.orphan_guard import die_with_parent
+
+    child = multiprocessing.get_context("fork").Process(target=die_with_parent, args=(1,))  # pid 1 is never its parent
+    child.start()
+    child.join(timeout=10)
+    assert child.exitcode == 1
 def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
     """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}

@@ -108,3 +108,11 @@ def test_lean_paths_train_the_same(smoke_run, tmp_path):
     ours, base = logged(run_dir, "loss"), logged(smoke_run[0], "loss")
     assert len(ours) == len(base) > 0
     assert ours == pytest.approx(base, rel=1e-4)
+
+
+def test_a_run_shorter_than_the_log_interval_writes_metrics_and_the_curve(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["experiment=smoke", "trainer.max_steps=3", "trainer.warmup_steps=1", "trainer.log_every_n_steps=50", "trainer.progress_bar=false", "generate.sample_prompts=[]"], run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(logged(run_dir, "loss")) == 1 and (run_dir / "loss_curve.png").is_file()
+

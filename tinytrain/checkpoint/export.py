@@ -5,16 +5,21 @@ that stops at the turn end, the KV cache on, weights in the training precision, 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
+from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.format import MODULE_PREFIX, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
 from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
+from tinytrain.errors import raise_if_any
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +65,52 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
     `adapters` (a LoRA run's finetune plan): the folder holds the merged model, and `adapter/` peft's
     adapter for the base (lora_weights.py)."""
     spec = spec or ExportSpec()
-    if adapters:
-        from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, with_base, write_adapter_folder
+    with export_folder(out_dir) as tmp:
+        if adapters:
+            from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, with_base, write_adapter_folder
 
-        state_dict = with_base(state_dict, adapters)
-        base = model_from_state_dict(base_weights(state_dict), model_config, true_vocab)
-        write_adapter_folder(state_dict, adapters, base, out_dir / "adapter")
-        state_dict = merge_adapters(state_dict, adapters)
-    model = model_from_state_dict(state_dict, model_config, true_vocab)
-    model.to(DTYPES[spec.dtype])
-    # Training runs without the KV cache (packed documents); served generation needs it.
-    model.config.use_cache = True
-    tokenizer = served_tokenizer(tokenizer, spec)
-    ends = [tokenizer.convert_tokens_to_ids(t) for t in spec.turn_end] or [tokenizer.eos_token_id]
-    generation = model.generation_config
-    generation.eos_token_id = ends  # list form: stop at any turn end
-    generation.bos_token_id = tokenizer.bos_token_id
-    generation.pad_token_id = tokenizer.pad_token_id
-    generation.use_cache = True
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    readable(out_dir)
+            state_dict = with_base(state_dict, adapters)
+            base = model_from_state_dict(base_weights(state_dict), model_config, true_vocab)
+            write_adapter_folder(state_dict, adapters, base, tmp / "adapter")
+            state_dict = merge_adapters(state_dict, adapters)
+        model = model_from_state_dict(state_dict, model_config, true_vocab)
+        model.to(DTYPES[spec.dtype])
+        # Training runs without the KV cache (packed documents); served generation needs it.
+        model.config.use_cache = True
+        tokenizer = served_tokenizer(tokenizer, spec)
+        ends = [tokenizer.convert_tokens_to_ids(t) for t in spec.turn_end] or [tokenizer.eos_token_id]
+        generation = model.generation_config
+        generation.eos_token_id = ends  # list form: stop at any turn end
+        generation.bos_token_id = tokenizer.bos_token_id
+        generation.pad_token_id = tokenizer.pad_token_id
+        generation.use_cache = True
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        readable(tmp)
     log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s)", out_dir, true_vocab, spec.dtype, ", ".join(spec.turn_end or [tokenizer.eos_token]))
     return out_dir
+
+
+@contextlib.contextmanager
+def export_folder(out_dir: Path):
+    """Where an export is written: a temp sibling (`<dir>.tmp-<pid>`, as checkpoints), published
+    onto `out_dir` only when every file is written, so a kill or a full disk leaves the previous
+    export (or none) and never a config.json without weights. Temp folders of killed exports go first."""
+    out_dir = Path(out_dir)
+    # Checked in the plan too; here for every caller, since publishing replaces the whole folder.
+    raise_if_any(export_dir_problems("export.dir", out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in interrupted_exports(out_dir):
+        log.warning("removed %s: an export that was interrupted", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = temp_path(out_dir)
+    tmp.mkdir()
+    try:
+        yield tmp
+        publish_directory(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def model_from_state_dict(state_dict: dict, model_config, true_vocab: int):

@@ -32,7 +32,7 @@ def with_base(state_dict: dict, finetune: dict) -> dict:
         return state_dict
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(finetune["base"], dtype=torch.float32).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(finetune["base"], dtype=torch.float32, trust_remote_code=False).state_dict()
     adapted = {k.removesuffix(LORA_A) for k in state_dict if k.endswith(LORA_A)}
     full = {}
     for key, value in base.items():

@@ -37,11 +37,11 @@ def hub_problem(path: str, error: Exception) -> Problem:
     )
 
 
-def pretrained_config(path: str):
+def pretrained_config(path: str, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:  # broken JSON, no model_type, an unknown architecture; a hub id not cached offline
         if is_hub_id(path):
             raise ConfigError(hub_problem(path, e)) from e

@@ -19,7 +19,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from tinytrain.cluster.sbatch import SCRIPT_NAME, training_overrides
+from tinytrain.cluster.sbatch import SCRIPT_NAME, check_script_values, training_overrides
+from tinytrain.cluster.slurm_values import comment_safe
 
 PREPARE_NAME = "prepare.sbatch"
 SUBMIT_NAME = "submit.sh"
@@ -56,7 +57,7 @@ def render_prepare(cfg, overrides: list[str], run_dir: Path, workdir: Path, pyth
     return "\n".join(
         [
             "#!/bin/bash",
-            f"# Written by tinytrain: the token store of run {shlex.quote(cfg.run.name)} in {n} parts, one per array task.",
+            f"# Written by tinytrain: the token store of run {comment_safe(shlex.quote(cfg.run.name))} in {n} parts, one per array task.",
             f"# Submitted with its training job by {run_dir / SUBMIT_NAME}.",
             *(f"#SBATCH {d}" for d in directives),
             "",
@@ -90,6 +91,7 @@ def render_submit(run_dir: Path, parts: int) -> str:
 
 def write(cfg, overrides: list[str], run_dir: Path) -> Path:
     """prepare.sbatch and submit.sh beside job.sbatch; returns submit.sh."""
+    check_script_values(cfg, overrides, run_dir)
     (run_dir / PREPARE_DIR).mkdir(parents=True, exist_ok=True)  # Slurm does not create log folders
     prepare = run_dir / PREPARE_NAME
     prepare.write_text(render_prepare(cfg, overrides, run_dir, Path.cwd()))

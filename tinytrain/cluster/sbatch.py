@@ -12,14 +12,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from tinytrain.errors import Problem
+from tinytrain.cluster import slurm_values
+from tinytrain.errors import ConfigError, Problem
 
 SCRIPT_NAME = "job.sbatch"
 # Overrides the rendered command sets itself.
 OWN_KEYS = ("mode", "hydra.run.dir")
 
 
-def sbatch_problems(cfg) -> list[Problem]:
+def sbatch_problems(cfg, overrides: list[str] | None = None, run_dir: Path | None = None) -> list[Problem]:
+    """`overrides` and `run_dir`: the command line's and Hydra's (read from Hydra when not given)."""
     c = cfg.cluster
     if c.name != "slurm":
         return [Problem("cluster", c.name, "mode=sbatch writes a Slurm job, and this cluster option has no Slurm settings", "add cluster=slurm (and cluster.nodes, cluster.devices, cluster.partition as needed)")]
@@ -30,12 +32,32 @@ def sbatch_problems(cfg) -> list[Problem]:
         problems.append(Problem("cluster.cpus_per_task", c.cpus_per_task, "must be >= 1", "use the node's cores / GPUs, or null to leave it to Slurm"))
     if c.signal_delay_s < 0:
         problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "use e.g. 300 (seconds before the time limit)"))
+    if overrides is None:
+        overrides, run_dir = hydra_context()
+    values = slurm_values.script_value_problems(cfg, training_overrides(overrides), str(run_dir.resolve()) if run_dir else "", str(Path.cwd()))
+    problems += values
+    if any(p.key == "cluster.time" for p in values):
+        return problems
     limit = slurm_time_seconds(str(c.time))
     if limit is None:
         problems.append(Problem("cluster.time", c.time, "is not a Slurm time limit", "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. cluster.time=24:00:00 or 2-00:00:00"))
     elif c.signal_delay_s >= limit > 0:
         problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"not shorter than cluster.time={c.time} ({limit} s): the warning would come before the job starts", "lower cluster.signal_delay_s or raise cluster.time"))
     return problems
+
+
+def hydra_context() -> tuple[list[str], Path | None]:
+    """The command line's overrides and the run directory, when Hydra composed this config."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return [], None
+    from omegaconf import OmegaConf
+
+    # A config composed by Hydra's compose API (tests, tools) has no run directory: None, not an error.
+    hydra_cfg = HydraConfig.get()
+    output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False)
+    return list(OmegaConf.select(hydra_cfg, "overrides.task", default=[]) or []), Path(output_dir) if output_dir else None
 
 
 # sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
@@ -45,9 +67,9 @@ SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds
 
 def slurm_time_seconds(text: str) -> int | None:
     """A Slurm time limit in seconds (0: unlimited), or None when Slurm could not parse it."""
-    if text.strip().lower() in ("unlimited", "infinite"):
+    if text.lower() in ("unlimited", "infinite"):
         return 0
-    m = SLURM_TIME.match(text.strip())
+    m = SLURM_TIME.fullmatch(text)
     if m is None:
         return None
     if m["days"] is not None:
@@ -89,7 +111,8 @@ def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str 
     lines = [
         "#!/bin/bash",
         "# Written by tinytrain from:",
-        f"#   python -m tinytrain {' '.join(shlex.quote(o) for o in overrides)}",
+        # Each override quoted, and any control character escaped: no value can leave the comment.
+        f"#   python -m tinytrain {slurm_values.comment_safe(' '.join(shlex.quote(o) for o in overrides))}",
         f"# Its plan: {run_dir / 'plan.json'}. Submit with: sbatch {run_dir / SCRIPT_NAME} [more overrides]",
         *(f"#SBATCH {d}" for d in directives),
         "",
@@ -110,7 +133,15 @@ def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str 
     return "\n".join(lines)
 
 
+def check_script_values(cfg, overrides: list[str], run_dir: Path) -> None:
+    """validate() checked these through Hydra; checked again by every writer, for any other caller."""
+    problems = slurm_values.script_value_problems(cfg, training_overrides(overrides), str(run_dir.resolve()), str(Path.cwd()))
+    if problems:
+        raise ConfigError(problems)
+
+
 def write(cfg, overrides: list[str], run_dir: Path) -> Path:
+    check_script_values(cfg, overrides, run_dir)
     path = run_dir / SCRIPT_NAME
     path.write_text(render(cfg, overrides, run_dir, Path.cwd()))
     path.chmod(0o755)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
+import os
 import re
+from pathlib import Path
 
 from tinytrain.errors import ConfigError
 
@@ -66,6 +69,46 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0]
 
 
+# errno -> the fix, {path} being the file or folder that failed.
+OS_ERROR_FIXES = {
+    errno.ENOSPC: "free space on the disk holding {path} (df -h {parent}), or point that output at another disk",
+    errno.EDQUOT: "free space in your quota on the disk holding {path}, or point that output at another disk",
+    errno.EACCES: "make {path} accessible to this user (ls -ld {parent}), or choose a path you can write to",
+    errno.EPERM: "make {path} accessible to this user (ls -ld {parent}), or choose a path you can write to",
+    errno.EROFS: "{path} is on a read-only filesystem: choose a path on a writable disk",
+    errno.ENOENT: "check that {path} exists (a file or folder it names may have been moved or deleted)",
+    errno.ENOTDIR: "a file is in the way of a folder on the path {path}: move it away, or choose another path",
+    errno.EISDIR: "{path} is a folder where a file is expected: give the file's path",
+    errno.EEXIST: "{path} already exists as something else: move it away, or choose another path",
+}
+
+
+def os_error_message(e: OSError, argv: list[str]) -> str:
+    """An OSError raised by a stage: the file, the operation, and a fix for that errno, with the
+    override that named the path when one did."""
+    path = e.filename or "a file"
+    operation = _operation(e)
+    key = next((a for a in argv if "=" in a and e.filename and a.split("=", 1)[1] and str(e.filename).startswith(a.split("=", 1)[1].strip("'\""))), None)
+    fix = OS_ERROR_FIXES.get(e.errno, "check the path and the disk, then run again").format(path=path, parent=Path(str(path)).parent)
+    named = f" (from {key})" if key else ""
+    return f"tinytrain: {operation} failed on {path}{named}: {e.strerror or e}. Fix: {fix}. {HINT}"
+
+
+def _operation(e: BaseException) -> str:
+    """`mkdir in export_folder (tinytrain/checkpoint/export.py)`: the innermost call (the
+    operation) and the innermost tinytrain function that made it."""
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    ours = [c for c in frames if f"{os.sep}tinytrain{os.sep}" in c.co_filename]
+    if not ours:
+        return "a file operation"
+    where = f"{ours[-1].co_name} (tinytrain/{ours[-1].co_filename.rsplit(os.sep + 'tinytrain' + os.sep, 1)[1]})"
+    return where if frames[-1] is ours[-1] else f"{frames[-1].co_name} in {where}"
+
+
 def friendly_message(e: BaseException, argv: list[str]) -> str | None:
     from hydra.errors import (
         ConfigCompositionException,
@@ -79,9 +122,9 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         if isinstance(err, ConfigError):
             return f"{err.render()}\n{HINT}"
     head = chain[0]
-    if isinstance(head, OSError) and _raised_in(head, "run_job"):
-        # Hydra creates the run directory before tinytrain runs: a regular file in the way, a
-        # read-only or full disk, no permission.
+    if isinstance(head, OSError) and _raised_in(head, "run_job") and not _raised_in(head, "hydra_main"):
+        # Hydra creates the run directory before tinytrain runs (before hydra_main): a regular
+        # file in the way, a read-only or full disk, no permission.
         where = head.filename or "the run directory"
         return (
             f"tinytrain: configuration error: hydra.run.dir: cannot create the run directory {where}: {head.strerror or head}. "
@@ -114,4 +157,6 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
             if isinstance(err, ValidationError):
                 return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
         return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"
+    if isinstance(head, OSError):  # after Hydra's own errors (MissingConfigException is an IOError)
+        return os_error_message(head, argv)
     return None

@@ -207,6 +207,9 @@ class ModelConfig:
     # A Hugging Face model to fine-tune: a local folder, or a hub id (loaded through the hub cache,
     # downloaded there when the hub is reachable); null trains from scratch.
     pretrained: Optional[str] = None
+    # Let transformers import a model folder's own .py files (auto_map in its config.json): passed to
+    # every transformers load. false: such a folder is refused in the plan, and nothing ever prompts.
+    trust_remote_code: bool = False
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
     untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto
 
@@ -335,8 +338,9 @@ class FinetuneConfig:
     rank: int = 16
     alpha: float = 32.0  # the adapter's update is scaled by alpha / rank
     dropout: float = 0.05
-    # Linear layers (by module name) that get adapters: every attention and MLP projection of a Llama-family block.
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # Linear layers (by module name) that get adapters; null: every attention and MLP projection of
+    # the model family's block (Phi-3's fused qkv_proj and gate_up_proj; plan/families.py).
+    target_modules: Optional[list[str]] = None
     trainable_tokens: TrainableTokens = TrainableTokens.auto
     # What the run optimizes. dpo|ipo|simpo train on preference pairs (data.format=preference); dpo and
     # ipo compare the policy with a reference: the base with adapters disabled under lora/qlora, a

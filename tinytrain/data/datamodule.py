@@ -15,6 +15,8 @@ MixtureBatchSampler); the training one is what callbacks/data_position.py checkp
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.sample_index import EpochOrders, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
-from tinytrain.data.sft import SftDataset, SftSample, build_samples
+from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
 from tinytrain.data.sources import Source, records
 from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
@@ -160,7 +162,7 @@ class DataModule:
             bad = BadRecords(self.cfg.bad_records, src.key)
             samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
             if not samples:
-                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts, self.cfg)))
             return samples, counts.summary(self.cfg.seq_len)
 
         key = sft_cache.cache_key(sources_fingerprint(src), self.tokenizer, self.cfg)
@@ -285,10 +287,18 @@ class DataModule:
     # validation) draws its workers' seed from the global torch RNG, and a resumed run, which
     # creates its iterators at other moments, would see different random draws afterwards.
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
+        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
+        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
+
+    def _worker_init(self):
+        """DataLoader workers end with this process, whatever signal ends it (orphan_guard.py)."""
+        if not self.cfg.num_workers:
+            return None
+        from tinytrain.data.orphan_guard import dataloader_worker_init
+
+        return functools.partial(dataloader_worker_init, os.getpid())
 
     def _generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.train_sampler.seed)

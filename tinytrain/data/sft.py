@@ -41,6 +41,7 @@ class SftCounts:
     samples: int = 0
     truncated: int = 0
     too_long_skipped: int = 0
+    shortest_skipped: int | None = None  # tokens of the shortest sample data.too_long=skip dropped
     nothing_to_learn: int = 0  # no trained-on token left (e.g. truncated before the response)
     empty_responses: int = 0  # conversations whose assistant turns are all blank
     bad: BadRecords | None = field(default=None, repr=False)
@@ -51,6 +52,18 @@ class SftCounts:
             f"{self.records} records -> {self.samples} samples ({self.truncated} truncated to {seq_len} tokens, "
             f"{self.too_long_skipped} skipped as longer than {seq_len}, {self.nothing_to_learn} skipped with no trained tokens{bad})"
         )
+
+
+def no_samples_fix(counts: SftCounts, data_cfg) -> str:
+    """The fix for a source that gave no sample, by what removed them."""
+    if counts.too_long_skipped and counts.too_long_skipped >= counts.nothing_to_learn:
+        return (
+            f"raise data.seq_len (the shortest sample skipped has {counts.shortest_skipped} tokens: data.seq_len={counts.shortest_skipped} keeps it), "
+            "or set data.too_long=truncate to keep the start of each sample"
+        )
+    if counts.nothing_to_learn:
+        return "raise data.seq_len so responses fit after their prompts, or use data.train_on=all"
+    return "check data.format and the records"
 
 
 def conversations(record: dict, where: str, fmt: DataFormat, bad: BadRecords) -> list[list[dict]]:
@@ -197,6 +210,7 @@ def _tokenize(pending: list, data_cfg, tokenizer, counts: SftCounts) -> list[Sft
                 )
             if data_cfg.too_long == TooLongPolicy.skip:
                 counts.too_long_skipped += 1
+                counts.shortest_skipped = min(len(ids), counts.shortest_skipped or len(ids))
                 continue
             ids, trained = ids[:seq_len], trained[:seq_len]
             counts.truncated += 1

@@ -211,7 +211,7 @@ def encoded_chunks(docs: Iterable[str], tokenizer, dtype: np.dtype, eos: int | N
 
     # spawn, not fork: the parent may already run torch / tokenizer threads, which fork would copy mid-flight.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=tokenize_worker.init, initargs=init_args) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=tokenize_worker.init, initargs=(*init_args, True, os.getpid())) as pool:
         pending: deque = deque()
         for chunk in _chunks(docs):
             pending.append(pool.submit(tokenize_worker.encode, chunk))
@@ -273,8 +273,10 @@ def build(final: Path, docs: Iterable[str], tokenizer, meta: dict, workers: int,
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)  # the store appears complete, or not at all
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(tmp)  # a write that fails (a full disk) names no file: the store being built
         raise
     finally:
         bar.close()

@@ -15,7 +15,11 @@ import numpy as np
 _worker: dict = {}
 
 
-def init(tokenizer_json: str, eos_id: int | None, bos_id: int | None, dtype: str, single_thread: bool = True) -> None:
+def init(tokenizer_json: str, eos_id: int | None, bos_id: int | None, dtype: str, single_thread: bool = True, parent_pid: int | None = None) -> None:
+    if parent_pid is not None:  # a worker process: it must not outlive the build that started it
+        from tinytrain.data.orphan_guard import die_with_parent
+
+        die_with_parent(parent_pid)
     if single_thread:
         # One worker is one core: the Rust tokenizer's own thread pool would oversubscribe.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -116,7 +116,8 @@ def _load_hf(path: str, kind: str):
             return PreTrainedTokenizerFast.from_pretrained(path)
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(path)
+        # Never a tokenizer folder's own code (nor transformers' prompt asking whether to run it).
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception on a corrupt tokenizer.json
         where = "hub id (is the hub reachable? on an offline machine use a local folder)" if kind == "hub" else "file" if Path(path).is_file() else "folder"
         raise ConfigError(Problem("tokenizer.path", path, f"could not load tokenizer {where}: {e}", "point tokenizer.path at a local tokenizer folder")) from e

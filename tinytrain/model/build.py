@@ -84,7 +84,7 @@ def model_config(model_cfg, vocab_rows: int, tokenizer):
     own, or one from the model group; either way with model.rope_scaling applied and without the
     KV cache."""
     if model_cfg.pretrained:
-        config = pretrained_config(model_cfg.pretrained)
+        config = pretrained_config(model_cfg.pretrained, bool(model_cfg.trust_remote_code))
         config.vocab_size = vocab_rows
         if model_cfg.rope_scaling:  # extending a pretrained model's context (preflight checked it)
             config.rope_parameters = rope_parameters(config.rope_parameters["rope_theta"], model_cfg.rope_scaling)
@@ -111,7 +111,9 @@ def build_model(model_cfg, config, attention: AttentionChoice):
     if model_cfg.pretrained:
         # The run's RoPE (model.rope_scaling extends the context) is built in: the weights load into
         # a model of `config`'s rope_parameters, the vocab rows resized below.
-        model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters, trust_remote_code=model_cfg.trust_remote_code
+        )
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:
             # New rows get the mean of the old ones (transformers' mean_resizing).
             model.resize_token_embeddings(config.vocab_size, mean_resizing=True)

@@ -32,7 +32,7 @@ def read_prompts(prompts, prompts_file: str | None) -> list[str]:
         path = Path(prompts_file)
         if not path.is_file():
             raise ConfigError(Problem("generate.prompts_file", prompts_file, "no such file", "give a text file with one prompt per line, or JSON Lines with a \"prompt\" field"))
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(prompt_file_text(path, prompts_file).splitlines(), 1):
             if not line.strip():
                 continue
             if path.suffix == ".jsonl":
@@ -45,6 +45,23 @@ def read_prompts(prompts, prompts_file: str | None) -> list[str]:
     if not found:
         raise ConfigError(Problem("generate.prompts", [], "no prompts to generate from", "add 'generate.prompts=[\"Once upon a time\"]' or generate.prompts_file=<file>"))
     return found
+
+
+def prompt_file_text(path: Path, value: str) -> str:
+    """The prompts file as text; a binary or non-UTF-8 file named with the line that is not text."""
+    key = "generate.prompts_file"
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(Problem(key, value, f"cannot be read ({e.strerror or e})", "give a readable text file with one prompt per line")) from e
+    if b"\0" in data:
+        line = data[: data.index(b"\0")].count(b"\n") + 1
+        raise ConfigError(Problem(key, value, f"is binary (a NUL byte on line {line}), not text", "give a UTF-8 text file with one prompt per line, or JSON Lines with a \"prompt\" field"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(Problem(key, value, f"line {line} is not UTF-8 ({e.reason} at byte {e.start})", "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")) from e
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:

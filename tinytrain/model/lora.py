@@ -78,7 +78,7 @@ def load_quantized_base(model_cfg, padded_vocab: int, attention, compute_dtype: 
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
     device = int(os.environ.get("LOCAL_RANK", 0))  # bitsandbytes quantizes as it loads onto the GPU
-    model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, quantization_config=quant, dtype=compute_dtype, attn_implementation=attention.implementation, device_map={"": device})
+    model = AutoModelForCausalLM.from_pretrained(model_cfg.pretrained, quantization_config=quant, dtype=compute_dtype, attn_implementation=attention.implementation, device_map={"": device}, trust_remote_code=model_cfg.trust_remote_code)
     if model.get_input_embeddings().weight.shape[0] != padded_vocab:
         model.resize_token_embeddings(padded_vocab, mean_resizing=True)
     model.config.use_cache = False

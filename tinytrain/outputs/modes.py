@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 from tinytrain.config.schema import Mode
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.outputs import saved_run
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,9 @@ OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval, Mode.average)
 
 
 def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
+    from tinytrain.outputs.validate_modes import problems
+
+    raise_if_any(problems(cfg, run_dir, data_overridden))  # before any checkpoint or model is read
     if cfg.mode == Mode.export:
         return export(cfg, run_dir)
     if cfg.mode == Mode.generate:
@@ -95,7 +98,7 @@ def generate(cfg, run_dir: Path) -> dict:
     chat = chat_default if g.chat is None else g.chat
     if chat and not getattr(tok, "chat_template", None):
         raise ConfigError(Problem("generate.chat", True, f"{saved.checkpoint} has no chat template (its run pretrained)", "leave generate.chat unset (null) or false"))
-    model = saved_run.hf_model(saved)
+    model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     results = generate_texts(model, tok, prompts, chat, Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stops, seed=cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / "generations.jsonl").open("w", encoding="utf-8") as f:
@@ -125,7 +128,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     else:
         data_cfg.prepend_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
     data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
-    model = saved_run.hf_model(saved)
+    model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
     true_vocab = len(saved.tokenizer)
     total, tokens, batches = 0.0, 0, 0

@@ -78,10 +78,15 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     train_cfg = run_config(source_run / RUN_CONFIG)
     from tinytrain.checkpoint.resume import read_state
     from tinytrain.data.tokenizer import fingerprint, load_from_config
+    from tinytrain.plan.start_points import check_shape
 
-    meta = read_state(path, KEY).get("tinytrain")
+    state = read_state(path, KEY)
+    meta = state.get("tinytrain")
     if meta is None:
         raise ConfigError(Problem(KEY, str(path), "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain"))
+    # A checkpoint of another model than its run's config describes (copied between runs): the
+    # same size check resume makes, before any weights are loaded.
+    check_shape(state, str(path), KEY, run_model_shape(train_cfg, int(meta["true_vocab"])))
     tokenizer = load_from_config(train_cfg.tokenizer)
     if fingerprint(tokenizer) != meta["tokenizer_fingerprint"] or len(tokenizer) != meta["true_vocab"]:
         raise ConfigError(
@@ -95,11 +100,22 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     return SavedRun(path, source_run, train_cfg, tokenizer, is_hf_folder=False, finetune=meta.get("finetune"))
 
 
+def run_model_shape(train_cfg, vocab: int):
+    """The model size a run's config describes (a pretrained base's from its config.json)."""
+    from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
+
+    if train_cfg.model.pretrained:
+        from tinytrain.checkpoint.pretrained import pretrained_config
+
+        return shape_from_hf(pretrained_config(train_cfg.model.pretrained, bool(train_cfg.model.trust_remote_code)), vocab)
+    return shape_from_config(train_cfg.model, vocab)
+
+
 def _hf_folder(path: Path) -> SavedRun:
     from transformers import AutoTokenizer
 
     train_cfg = run_config(path.parent / RUN_CONFIG) if (path.parent / RUN_CONFIG).is_file() else None
-    return SavedRun(path, path.parent if train_cfg is not None else None, train_cfg, AutoTokenizer.from_pretrained(str(path)), is_hf_folder=True)
+    return SavedRun(path, path.parent if train_cfg is not None else None, train_cfg, AutoTokenizer.from_pretrained(str(path), trust_remote_code=False), is_hf_folder=True)
 
 
 def run_config(path: Path):
@@ -134,12 +150,12 @@ def state_dict(saved: SavedRun) -> dict:
         return {k: v.clone() for k, v in state.items()}  # off the memory-mapped temp file
 
 
-def hf_model(saved: SavedRun):
+def hf_model(saved: SavedRun, trust_remote_code: bool = False):
     """The model, ready for inference (eval mode, KV cache on), from either kind of source."""
     from transformers import AutoModelForCausalLM
 
     if saved.is_hf_folder:
-        model = AutoModelForCausalLM.from_pretrained(str(saved.checkpoint))
+        model = AutoModelForCausalLM.from_pretrained(str(saved.checkpoint), trust_remote_code=trust_remote_code)
     else:
         from tinytrain.checkpoint.export import model_from_state_dict
 

@@ -13,6 +13,10 @@ from tinytrain.config.schema import Arch, ModelConfig
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.preflight import rope
 
+# A Llama-family block's linear layers (Llama, Mistral, Qwen2, Gemma, Yi, TinyLlama name them alike).
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PHI3_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
 
 @dataclass(frozen=True)
 class Family:
@@ -23,6 +27,7 @@ class Family:
     head_dim: bool  # model.head_dim is (others derive hidden_size / num_heads)
     sdpa: bool = True  # transformers runs it on PyTorch SDPA
     logits_only: str | None = None  # why the loss must come from the model's own logits (no chunked / liger loss)
+    projections: tuple[str, ...] = LLAMA_PROJECTIONS  # a block's linear layers (LoRA's default targets)
     qk_norm: bool = False  # an RMSNorm over each query and key head (head_dim weights each): Qwen3, Gemma-3
 
 
@@ -36,7 +41,7 @@ FAMILIES = {
     # no SDPA path in transformers (eager, or flash-attn 2 on a GPU).
     Arch.gemma2: Family(Arch.gemma2, norms_per_layer=4, qkv_bias="option", sliding_window=True, head_dim=True, sdpa=False, logits_only=GEMMA2_SOFTCAP),
     # Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj: the same parameters as Llama's.
-    Arch.phi3: Family(Arch.phi3, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=False),
+    Arch.phi3: Family(Arch.phi3, norms_per_layer=2, qkv_bias="never", sliding_window=True, head_dim=False, projections=PHI3_PROJECTIONS),
     # Qwen3: Qwen2 without the q/k/v biases and with RMSNorms on each query and key head, head_dim
     # its own (128 on a hidden size of 1024 for 0.6B); published with full attention.
     Arch.qwen3: Family(Arch.qwen3, norms_per_layer=2, qkv_bias="option", sliding_window=False, head_dim=True, qk_norm=True),

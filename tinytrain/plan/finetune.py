@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from tinytrain.config.schema import FinetuneMethod, Mode, TrainableTokens
 from tinytrain.errors import Problem
 from tinytrain.plan import parallel
+from tinytrain.plan.families import LLAMA_PROJECTIONS, Family, family
 from tinytrain.plan.memory import AdapterStates, ModelStateMemory, StateLayout
 from tinytrain.plan.model_shape import ModelShape
 
-# A Llama-family block's linear layers (Llama, Mistral, Qwen2, Yi, TinyLlama name them alike).
-LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Bytes per frozen base weight: the compute dtype's, or NF4's half byte plus its double-quantized
 # constants (one fp8 absmax per 64 weights, one fp32 per 256 blocks: ~0.127 bits per weight).
 FROZEN_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "nf4": 0.5 + 0.127 / 8}
@@ -59,10 +58,15 @@ class FinetunePlan:
 
 
 def projection_dims(shape: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each projection of a block."""
+    """(in, out) features of each projection of a block, Phi-3's fused ones (qkv_proj, gate_up_proj) too."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     h, i = shape.hidden, shape.intermediate
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h), "qkv_proj": (h, q + 2 * kv), "gate_up_proj": (h, 2 * i)}
+
+
+def targets(finetune_cfg, fam: Family) -> tuple[str, ...]:
+    """finetune.target_modules, or (null) every projection of the family's block."""
+    return tuple(finetune_cfg.target_modules) if finetune_cfg.target_modules is not None else fam.projections
 
 
 def adapter_parameter_count(shape: ModelShape, rank: int, targets) -> int:
@@ -87,9 +91,11 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.alpha", f.alpha, "must be positive (adapter updates are scaled by alpha / rank)", "use e.g. finetune.alpha=32 (twice the rank)"))
     if not 0 <= f.dropout < 1:
         found.append(Problem("finetune.dropout", f.dropout, "must be in [0, 1)", "use e.g. finetune.dropout=0.05"))
-    unknown = [t for t in f.target_modules if t not in LLAMA_PROJECTIONS]
-    if unknown or not f.target_modules:
-        found.append(Problem("finetune.target_modules", list(f.target_modules), f"{'unknown projection(s) ' + ', '.join(unknown) if unknown else 'is empty'}: adapters go on a Llama-family block's linear layers", f"pick from {', '.join(LLAMA_PROJECTIONS)} (the default is all of them)"))
+    fam = family(cfg.model.arch)
+    chosen = targets(f, fam)
+    unknown = [t for t in chosen if t not in fam.projections]
+    if unknown or not chosen:
+        found.append(Problem("finetune.target_modules", list(chosen), f"{'unknown projection(s) ' + ', '.join(unknown) if unknown else 'is empty'}: adapters go on a model.arch={fam.arch.value} block's linear layers", f"pick from {', '.join(fam.projections)} (null, the default, is all of them)"))
     if not cfg.model.pretrained and not cfg.checkpoint.init_from:
         found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
     found += parallel.lora_problems(cfg, key)
@@ -128,11 +134,13 @@ def trainable_tokens(f, tokenizer, base_rows: int, rows_to_fix) -> tuple[tuple[i
     return ids, " and ".join(parts) + ": their embedding and lm_head rows train with the adapters (the other rows stay frozen)"
 
 
-def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precision_lightning: str, params: int) -> FinetunePlan | None:
+def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precision_lightning: str, params: int, fam: Family) -> FinetunePlan | None:
+    """`fam`: the built model's family (a pretrained model's own), whose projections are the default targets."""
     f = cfg.finetune
     if f.method == FinetuneMethod.full:
         return None
-    adapters = adapter_parameter_count(shape, f.rank, f.target_modules)
+    chosen = targets(f, fam)
+    adapters = adapter_parameter_count(shape, f.rank, chosen)
     ids, reason = trainable_tokens(f, tokenizer, base_rows, rows_to_fix)
     compute = PRECISION_DTYPE.get(precision_lightning, "fp32")
     return FinetunePlan(
@@ -140,7 +148,7 @@ def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precisi
         rank=f.rank,
         alpha=float(f.alpha),
         dropout=float(f.dropout),
-        target_modules=tuple(f.target_modules),
+        target_modules=chosen,
         adapter_params=adapters,
         trainable_token_ids=ids,
         trainable_tokens_reason=reason,
@@ -157,7 +165,7 @@ def adapter_state_memory(plan: FinetunePlan, shape: ModelShape, params: int, *, 
     frozen = float(params - (vocab_table_params(shape) if plan.trainable_token_ids else 0))
     if plan.method == "qlora":
         # NF4 holds the block projections; embeddings, lm_head and norms stay in the compute dtype.
-        linear = shape.layers * sum(i * o for i, o in projection_dims(shape).values())
+        linear = shape.layers * sum(i * o for name, (i, o) in projection_dims(shape).items() if name in LLAMA_PROJECTIONS)
         base = linear * FROZEN_BYTES["nf4"] + (frozen - linear) * 2.0
     else:
         base = frozen * FROZEN_BYTES[plan.frozen_dtype]

@@ -51,7 +51,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
 
         if cfg.mode not in PLANNING_MODES:
             download_weights(cfg.model.pretrained)  # a hub id's, into the hub cache, before preflight reads them
-        pretrained = pretrained_config(cfg.model.pretrained)
+        pretrained = pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
         shape = shape_from_hf(pretrained, vocab.padded)
         fam = family_of_model_type(pretrained.model_type, "model.pretrained", cfg.model.pretrained)
     else:
@@ -72,7 +72,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
-    adapters = finetune.make(cfg, shape, tokenizer, base_rows, preflight.rows_to_fix, precision.lightning, params)
+    adapters = finetune.make(cfg, shape, tokenizer, base_rows, preflight.rows_to_fix, precision.lightning, params, fam)
     states_layout = state_layout(par, world, shape.largest_layer_params)
     if adapters:
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=states_layout)

@@ -9,7 +9,8 @@ every rotary frequency the weights learned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 
 from tinytrain.errors import Problem
 
@@ -42,11 +43,32 @@ def scaling_problems(scaling) -> list[Problem]:
     if "rope_theta" in value:
         problems.append(Problem(key, value, "rope_theta is model.rope_theta", "remove it from model.rope_scaling and set model.rope_theta"))
     factor = value.get("factor")
-    if factor is not None and not (isinstance(factor, (int, float)) and factor >= 1):
-        problems.append(Problem(f"{key}.factor", factor, "must be a number >= 1 (the context grows by it)", "e.g. 8.0 (Llama-3.1's)"))
+    if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1):
+        problems.append(Problem(f"{key}.factor", factor, "must be a finite number >= 1 (the context grows by it)", "e.g. 8.0 (Llama-3.1's)"))
+    # inf / nan anywhere else (low_freq_factor, attention_factor, a longrope factor) makes every
+    # rotary frequency inf or nan: the loss is nan from the first step.
+    for name, item in value.items():
+        numbers = list(item) if isinstance(item, Sequence) and not isinstance(item, str) else [item]
+        if name != "factor" and any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            problems.append(Problem(f"{key}.{name}", item, "holds a value that is not finite (inf or nan)", f"use the finite values the model was published with (Llama-3.1's: {EXAMPLE})"))
     original = value.get("original_max_position_embeddings")
     if original is not None and not (isinstance(original, int) and original > 0):
         problems.append(Problem(f"{key}.original_max_position_embeddings", original, "must be a positive integer: the context the model was pretrained at", "e.g. 8192 (Llama-3.1's)"))
+    return problems
+
+
+def longrope_problems(scaling, head_dim: int) -> list[Problem]:
+    """longrope scales each of the head's head_dim / 2 rotary frequencies by its own factor: a list
+    of another length is a model of another head size (transformers only logs it)."""
+    if not isinstance(scaling, Mapping) or scaling.get("rope_type") != "longrope":
+        return []
+    problems = []
+    for name in ("short_factor", "long_factor"):
+        factors = scaling.get(name)
+        if factors is not None and len(list(factors)) != head_dim // 2:
+            problems.append(
+                Problem(f"model.rope_scaling.{name}", list(factors), f"has {len(list(factors))} factors; longrope needs one per rotary frequency, head_dim / 2 = {head_dim // 2} here", f"give {head_dim // 2} factors (the model's own config.json lists them), or check model.hidden_size / num_heads / head_dim")
+            )
     return problems
 
 

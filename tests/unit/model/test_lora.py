@@ -109,3 +109,31 @@ def test_adapters_only_leave_no_empty_optimizer_group():
     model = apply_adapters(tiny_llama(), plan(rows=()))
     groups = param_groups(model, 0.1, vocab_tables_decay=False)
     assert [g["weight_decay"] for g in groups] == [0.1] and all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_default_targets_follow_the_family_phi3_fused_and_gemma2():
+    """finetune.target_modules=null: every projection of the family's block gets an adapter (Phi-3's
+    fused qkv_proj / gate_up_proj, which Llama's names would miss), and the planned adapter count is
+    what peft injects."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import compose
+    from tinytrain.model.build import hf_config
+    from tinytrain.plan.families import family
+    from tinytrain.plan.finetune import targets
+    from tinytrain.plan.model_shape import parameter_count, shape_from_config
+
+    tiny = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "finetune=lora"]
+    for preset, expected in (("phi3_mini", ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")), ("gemma2_2b", ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))):
+        cfg = compose([f"model={preset}", *tiny, "model.head_dim=16" if preset == "gemma2_2b" else "model.head_dim=null"])
+        chosen = targets(cfg.finetune, family(cfg.model.arch))
+        assert chosen == expected
+        tok = type("Tok", (), {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})()
+        model = AutoModelForCausalLM.from_config(hf_config(cfg.model, 128, tok))
+        shape = shape_from_config(cfg.model, 128)
+        assert parameter_count(shape) == sum(p.numel() for p in model.parameters())  # the shape is this model's
+        lora = FinetunePlan("lora", 4, 8.0, 0.0, chosen, adapter_parameter_count(shape, 4, chosen), (), "test", 0, "fp32", "base")
+        apply_adapters(model, lora)
+        adapted = {name.split(".")[-1] for name, m in model.named_modules() if hasattr(m, "lora_A")}
+        assert adapted == set(expected)
+        assert sum(p.numel() for p in model.parameters() if p.requires_grad) == lora.adapter_params

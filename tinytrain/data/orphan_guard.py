@@ -1,0 +1,45 @@
+"""Worker processes end when their parent dies, by any signal.
+
+A spawned tokenizer worker blocks on its task pipe, which its siblings keep open: when the parent
+is killed (SIGKILL, or SIGTERM, which Python does not turn into an exception) nothing would ever
+close it, and the workers would wait for ever. On Linux the kernel sends the worker SIGKILL when
+its parent exits (prctl PR_SET_PDEATHSIG); everywhere, a watchdog thread also checks the parent
+pid each second. Standard library only: tokenize_worker.py imports it in fresh processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+POLL_SECONDS = 1.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Call first thing in a worker; `parent_pid`: the pid of the process that started it."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog alone
+    # The parent may have died before prctl took effect: then no signal will come.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=_watch, args=(parent_pid,), name="tinytrain-orphan-guard", daemon=True).start()
+
+
+def _watch(parent_pid: int) -> None:
+    while True:
+        time.sleep(POLL_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def dataloader_worker_init(parent_pid: int, worker_id: int) -> None:
+    """DataLoader's worker_init_fn (bound to the parent's pid with functools.partial)."""
+    die_with_parent(parent_pid)
