@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
-from tinytrain.plan.parallel import strategy_row
+from tinytrain.plan.parallel import STRATEGIES, CheckpointFormat, strategy_row
 
 
 @dataclass(frozen=True)
@@ -71,19 +71,19 @@ def saved_layout(path: Path, state: dict) -> Layout:
 
 
 def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
-    """(why, fix) when a run of layout `run` cannot resume a checkpoint of layout `saved`; None when it can."""
+    """(why, fix) when a run of layout `run` cannot resume a checkpoint of layout `saved`; None
+    when it can. Which formats a strategy loads is its row's `resumable_from` (plan/parallel.py);
+    within DeepSpeed's format, the ZeRO stage and data-parallel size must match too."""
     weights = "or start a new run from its weights only: run.name=<new> checkpoint.init_from=<this checkpoint>"
-    if saved.format == "file":
-        if run.format == "deepspeed":
-            return ("DeepSpeed cannot load the optimizer state of a full-tensor file", f"resume with parallel=single, ddp or fsdp_tp, {weights}")
+    fmt = CheckpointFormat(saved.format)
+    if fmt not in strategy_row(run.strategy).resumable_from:
+        readers = [s.value for s, row in STRATEGIES.items() if fmt in row.resumable_from]
+        if fmt is CheckpointFormat.deepspeed:
+            return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage} on {saved.dp} data-parallel rank(s), {weights}")
+        what = "a sharded fsdp_tp checkpoint" if fmt is CheckpointFormat.sharded else "the optimizer state of a full-tensor file"
+        return (f"parallel={run.strategy} cannot load {what}", f"resume with parallel={' or '.join(readers)} (any world size and tp), {weights}")
+    if fmt is not CheckpointFormat.deepspeed:
         return None
-    if saved.format == "sharded":
-        if run.format == "sharded":
-            return None
-        return (f"a sharded fsdp_tp checkpoint does not load under parallel={run.strategy}", f"resume with parallel=fsdp_tp (any tp and dp), {weights}")
-    # DeepSpeed
-    if run.format != "deepspeed":
-        return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage} on {saved.dp} data-parallel rank(s), {weights}")
     if run.zero_stage != saved.zero_stage and 3 in (run.zero_stage, saved.zero_stage):
         return (f"ZeRO-{saved.zero_stage} partitions do not load under ZeRO-{run.zero_stage}", f"resume with parallel=zero{saved.zero_stage}, {weights}")
     if run.dp != saved.dp:
