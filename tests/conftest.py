@@ -48,6 +48,14 @@ def compose(overrides: list[str] | tuple[str, ...] = ()):
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def plan(overrides: list[str] | tuple[str, ...], run_dir: Path) -> dict:
+    """plan.json's content for `python -m tinytrain mode=plan <overrides>`, planned in-process into
+    run_dir (the cli's stages; plan.json and config_resolved.yaml are written there too)."""
+    from tinytrain.cli import run_stages
+
+    return run_stages(compose(["mode=plan", *overrides]), run_dir).to_dict()
+
+
 def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
     """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
     with test instruments, tests.integration.instrumented_cli)."""

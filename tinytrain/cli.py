@@ -37,14 +37,12 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     (export, generate, eval)."""
     from tinytrain.data.bos_policy import apply_bos_policy
     from tinytrain.data.tokenizer import load_from_config
-    from tinytrain.outputs.modes import OUTPUT_MODES
+    from tinytrain.outputs import modes
     from tinytrain.plan.planner import make_plan
     from tinytrain.plan.validate import validate
 
-    if cfg.mode in OUTPUT_MODES:
+    if cfg.mode in modes.MODES:
         # The model, tokenizer and template are the checkpoint's run's, not this command line's.
-        from tinytrain.outputs import modes
-
         return modes.run(cfg, run_dir, data_overridden())
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem, raise_if_any
@@ -21,23 +24,15 @@ from tinytrain.outputs import saved_run
 
 log = logging.getLogger(__name__)
 
-OUTPUT_MODES = (Mode.export, Mode.generate, Mode.eval, Mode.average)
-
 
 def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
     from tinytrain.outputs.validate_modes import problems
 
     raise_if_any(problems(cfg, run_dir, data_overridden))  # before any checkpoint or model is read
-    if cfg.mode == Mode.export:
-        return export(cfg, run_dir)
-    if cfg.mode == Mode.generate:
-        return generate(cfg, run_dir)
-    if cfg.mode == Mode.average:
-        return average(cfg, run_dir)
-    return evaluate(cfg, run_dir, data_overridden)
+    return MODES[cfg.mode](cfg, run_dir, data_overridden)
 
 
-def export(cfg, run_dir: Path) -> dict:
+def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     from tinytrain.checkpoint.export import export_spec, export_state_dict
 
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
@@ -50,7 +45,7 @@ def export(cfg, run_dir: Path) -> dict:
     return {"export_dir": str(out)}
 
 
-def average(cfg, run_dir: Path) -> dict:
+def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
@@ -87,7 +82,7 @@ def inference_setup(saved):
     return tok, [tok.convert_tokens_to_ids(t) for t in spec.turn_end], saved.is_sft
 
 
-def generate(cfg, run_dir: Path) -> dict:
+def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     from tinytrain.model.generation import Sampling, read_prompts
     from tinytrain.model.generation import generate as generate_texts
 
@@ -181,3 +176,13 @@ def lm_eval(cfg, saved, run_dir: Path) -> dict:
     tasks = TaskManager(include_path=cfg.eval.lm_eval_include) if cfg.eval.lm_eval_include else TaskManager()
     out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(cfg.eval.lm_eval_tasks), task_manager=tasks, limit=cfg.eval.lm_eval_limit, device="cpu")
     return out["results"]
+
+
+# The output modes, one function each: (cfg, run_dir, whether the command line names data; only
+# eval reads it). A new output mode is a Mode member and a row here (the cli dispatches through it).
+MODES: dict[Mode, Callable[[DictConfig, Path, bool], dict]] = {
+    Mode.export: export,
+    Mode.generate: generate,
+    Mode.eval: evaluate,
+    Mode.average: average,
+}

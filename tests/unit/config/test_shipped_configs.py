@@ -1,20 +1,13 @@
 """Every shipped config composes, validates and plans (in-process, meta-device parameter counts)."""
 
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF_DIR, LLAMA2_TOKENIZER, compose
-from tinytrain.cli import run_stages
+from tests.conftest import CONF_DIR, LLAMA2_TOKENIZER, plan
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-def plan(overrides, tmp_path: Path) -> dict:
-    cfg = compose(["mode=plan", *overrides])
-    return run_stages(cfg, tmp_path).to_dict()
 
 
 # Analytic counts: embeddings + lm_head (unless tied) + per layer (attention + MLP + norms) + final norm.

@@ -4,15 +4,10 @@ import json
 
 import pytest
 
-from tests.conftest import compose
-from tinytrain.cli import run_stages
+from tests.conftest import compose, plan
 from tinytrain.errors import ConfigError
 
 CLUSTER = ["parallel=zero2", "cluster.nodes=2", "cluster.devices=8", "trainer.micro_batch_size=4", "trainer.global_batch_size=256"]
-
-
-def plan(overrides, tmp_path):
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
 
 
 def test_v100_fp16_block_is_the_loss_scale_policy(tmp_path):

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose
-from tinytrain.cli import run_stages
+from tests.conftest import plan
 from tinytrain.plan.memory import GIB
 
 # Llama-2-7B's shape; r=16 on all seven projections is peft's well-known 39,976,960 trainable parameters.
@@ -21,8 +20,7 @@ def base_7b(tmp_path_factory):
 
 
 def plan_for(base, tmp_path, *extra) -> dict:
-    run_stages(compose(["mode=plan", f"model.pretrained={base}", "hardware.gpu=A100", "precision=bf16", *extra]), tmp_path)
-    return json.loads((tmp_path / "plan.json").read_text())
+    return plan([f"model.pretrained={base}", "hardware.gpu=A100", "precision=bf16", *extra], tmp_path)
 
 
 def test_lora_plan_counts_adapters_and_a_frozen_bf16_base(base_7b, tmp_path):

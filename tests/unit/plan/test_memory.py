@@ -4,8 +4,7 @@ import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from tests.conftest import compose
-from tinytrain.cli import run_stages
+from tests.conftest import plan
 from tinytrain.plan.parallel import model_state_memory
 
 PARAMS, LARGEST = 6_738_415_616, 131_072_000  # Llama-2-7B and its embedding table
@@ -36,7 +35,7 @@ def test_tp_divides_model_states():
 
 
 def test_plan_warns_when_it_does_not_fit(tmp_path):
-    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=V100"]), tmp_path).to_dict()
+    p = plan(["model=llama2_7b", "hardware.gpu=V100"], tmp_path)
     assert p["memory_per_gpu"]["fits"] is False and "does NOT fit" in p["memory_per_gpu"]["note"]
-    p = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"]), tmp_path).to_dict()
+    p = plan(["model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"], tmp_path)
     assert p["memory_per_gpu"]["fits"] is True

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose, needs_llama2
+from tests.conftest import compose, needs_llama2, plan
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
 
@@ -21,7 +21,7 @@ def get(d, dotted):
 
 
 def test_plan_json_holds_documented_fields(tmp_path):
-    run_stages(compose(["mode=plan"]), tmp_path)
+    plan([], tmp_path)
     written = json.loads((tmp_path / "plan.json").read_text())
     for field in DOCUMENTED:
         get(written, field)  # KeyError names the missing field
@@ -29,47 +29,45 @@ def test_plan_json_holds_documented_fields(tmp_path):
 
 
 def test_v100_plan_is_fp16_with_policy(tmp_path):
-    p = run_stages(compose(["mode=plan", "hardware.gpu=V100", "precision.loss_scale.window=500"]), tmp_path).to_dict()
+    p = plan(["hardware.gpu=V100", "precision.loss_scale.window=500"], tmp_path)
     assert p["precision"]["value"] == "16-mixed"
     assert p["precision"]["loss_scale"]["window"] == 500
     assert p["hardware"]["gpu"] == "V100"
 
 
 def test_batch_arithmetic_from_global_batch(tmp_path):
-    p = run_stages(compose(["mode=plan", "parallel=ddp", "cluster.devices=4", "trainer.micro_batch_size=2", "trainer.global_batch_size=32", "data.seq_len=128"]), tmp_path).to_dict()
+    p = plan(["parallel=ddp", "cluster.devices=4", "trainer.micro_batch_size=2", "trainer.global_batch_size=32", "data.seq_len=128"], tmp_path)
     assert p["world_size"] == 4
     assert p["batch"]["accumulate_grad_batches"] == 4  # 32 / (2 x 4)
     assert p["tokens_per_step"] == 32 * 128
 
 
 def test_cluster_world_size(tmp_path):
-    p = run_stages(compose(["mode=plan", "parallel=ddp", "cluster.nodes=4", "cluster.devices=8", "hardware.gpu=A800", "model=tinyllama_1b"]), tmp_path).to_dict()
+    p = plan(["parallel=ddp", "cluster.nodes=4", "cluster.devices=8", "hardware.gpu=A800", "model=tinyllama_1b"], tmp_path)
     assert p["world_size"] == 32 and p["parallel"]["dp"] == 32
 
 
 def test_resolved_config_shows_derived_values(tmp_path):
-    run_stages(compose(["mode=plan", "hardware.gpu=V100"]), tmp_path)
+    plan(["hardware.gpu=V100"], tmp_path)
     text = (tmp_path / "config_resolved.yaml").read_text()
     assert "vocab_size: 4096" in text and "value: 16-mixed" in text
 
 
 @needs_llama2
 def test_llama2_with_chat_tokens_plans_padded_vocab(tmp_path):
-    cfg = compose(["mode=plan", "tokenizer=llama2", '+tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'])
-    p = run_stages(cfg, tmp_path).to_dict()
+    p = plan(["tokenizer=llama2", '+tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'], tmp_path)
     assert (p["vocab"]["true"], p["vocab"]["padded"]) == (32002, 32064)
-    cfg = compose(["mode=plan", "tokenizer=llama2", "model.vocab_multiple=128", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'])
-    assert run_stages(cfg, tmp_path).to_dict()["vocab"]["padded"] == 32128
+    assert plan(["tokenizer=llama2", "model.vocab_multiple=128", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'], tmp_path)["vocab"]["padded"] == 32128
 
 
 def test_explicit_vocab_below_tokenizer_names_both_numbers(tmp_path):
     with pytest.raises(ConfigError) as e:
-        run_stages(compose(["mode=plan", "model.vocab_size=4000"]), tmp_path)
+        plan(["model.vocab_size=4000"], tmp_path)
     assert "4000" in str(e.value) and "4096" in str(e.value)
 
 
 def test_explicit_larger_vocab_is_kept(tmp_path):
-    p = run_stages(compose(["mode=plan", "model.vocab_size=4160"]), tmp_path).to_dict()
+    p = plan(["model.vocab_size=4160"], tmp_path)
     assert (p["vocab"]["true"], p["vocab"]["padded"]) == (4096, 4160)
 
 

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose
-from tinytrain.cli import run_stages
+from tests.conftest import compose, plan
 from tinytrain.errors import ConfigError
 from tinytrain.plan import preference
 from tinytrain.plan.validate import validate
@@ -69,20 +68,16 @@ def test_the_frozen_copy_is_held_like_the_policy(strategy, world, tp, stage, exp
     assert preference.reference_bytes(strategy, 1000, world, tp, stage, offload_params=False) == expected
 
 
-def plan_of(overrides, tmp_path) -> dict:
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
-
-
 def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_fit(pairs, tmp_path, capsys):
     """A 1B model fully fine-tuned on a 24 GB A10: it fits without the frozen copy, not with it."""
     run = ["model=tinyllama_1b", "data=jsonl", "data.format=preference", f"data.path={pairs}", "data.chat_template=alpaca", "finetune.objective=dpo", "hardware.gpu=A10", "trainer.micro_batch_size=24"]
     with pytest.raises(ConfigError) as e:
-        plan_of(run, tmp_path / "online")
+        plan(run, tmp_path / "online")
     message = str(e.value)
     assert "finetune.precompute_reference=False: dpo on full fine-tuning holds a frozen reference copy" in message and "Fix: set finetune.precompute_reference=true" in message
-    precomputed = plan_of([*run, "finetune.precompute_reference=true"], tmp_path / "precomputed")
+    precomputed = plan([*run, "finetune.precompute_reference=true"], tmp_path / "precomputed")
     assert precomputed["memory_per_gpu"]["fits"] and precomputed["memory_per_gpu"]["reference_gib"] == 0
-    small = plan_of([*run, "trainer.micro_batch_size=1"], tmp_path / "small")
+    small = plan([*run, "trainer.micro_batch_size=1"], tmp_path / "small")
     m = small["memory_per_gpu"]
     assert m["reference_gib"] == pytest.approx(m["params_gib"]) and m["fits"]  # fp32, like AMP's weights
     assert m["total_gib"] == pytest.approx(m["params_gib"] + m["grads_gib"] + m["optimizer_gib"] + m["reference_gib"] + m["activations_gib"], abs=0.01)

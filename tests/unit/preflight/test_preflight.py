@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import compose, write_untrained_chat_rows_model
-from tinytrain.cli import run_stages
+from tests.conftest import compose, plan, write_untrained_chat_rows_model
 from tinytrain.errors import ConfigError
 from tinytrain.preflight.checks import special_token_findings
 
@@ -19,10 +18,6 @@ TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "mode
 def yi_like(tmp_path_factory):
     """A tiny 'pretrained' Llama whose <|im_start|>/<|im_end|> rows were never trained (~0)."""
     return write_untrained_chat_rows_model(tmp_path_factory.mktemp("yi_like"), TINY)
-
-
-def plan(overrides, tmp_path):
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
 
 
 def test_healthy_setup_passes(tmp_path):

@@ -4,17 +4,13 @@ healthy setups pass; from scratch (Llama-3.1's preset) and on a pretrained folde
 import pytest
 import torch
 
-from tests.conftest import compose, save_fresh_model
+from tests.conftest import compose, plan, save_fresh_model
 from tinytrain.cli import run_stages
 from tinytrain.errors import ConfigError
 from tinytrain.preflight.rope import position_problems, reach
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.max_position_embeddings=256"]
-
-
-def plan(overrides, tmp_path):
-    return run_stages(compose(["mode=plan", *overrides]), tmp_path).to_dict()
 
 
 def test_reach_of_published_scalings():
