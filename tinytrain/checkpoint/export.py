@@ -19,35 +19,32 @@ from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.format import MODULE_PREFIX, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
 from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
+from tinytrain.config.dtype import Dtype
 from tinytrain.errors import raise_if_any
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# Lightning precision -> the dtype its weights are meant to run in.
-PRECISION_DTYPES = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16", "32-true": "fp32", "32": "fp32"}
 
 
 @dataclass(frozen=True)
 class ExportSpec:
     """What makes the folder serve as the trained model (export_spec() derives it from a run's config)."""
 
-    dtype: str = "fp32"  # bf16 | fp16 | fp32
+    dtype: Dtype = Dtype.fp32
     chat_template: str | None = None  # Jinja
     turn_end: list[str] = field(default_factory=list)  # tokens generation stops at (EOS first)
     add_bos: bool = False
 
 
-def export_dtype(requested: str, precision_value: str) -> str:
-    """export.dtype: auto follows the training precision (32-true -> fp32)."""
-    if requested != "auto":
-        return requested
-    return PRECISION_DTYPES.get(str(precision_value), "fp32")
+def export_dtype(requested: str, precision: Dtype) -> Dtype:
+    """export.dtype: auto follows the training precision."""
+    return precision if requested == "auto" else Dtype(requested)
 
 
-def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision_value: str | None = None) -> ExportSpec:
+def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: Dtype | None = None) -> ExportSpec:
     """From the training run's config: its chat template when it fine-tuned, its precision (a
-    saved run's config_resolved.yaml holds it; a run in progress passes its plan's), its BOS policy."""
+    saved run's config_resolved.yaml holds Lightning's name for it; a run in progress passes its
+    plan's), its BOS policy."""
     from tinytrain.config.schema import ChatTemplate, DataFormat
     from tinytrain.data.chat_jinja import jinja_template, turn_end_tokens
 
@@ -57,7 +54,8 @@ def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision_v
         chat = ChatTemplate(train_cfg.data.chat_template)
         template = jinja_template(chat, getattr(tokenizer, "chat_template", None), add_bos)
         ends = turn_end_tokens(chat, tokenizer)
-    return ExportSpec(export_dtype(requested_dtype, precision_value or train_cfg.precision.value), template, ends, add_bos)
+    precision = precision or Dtype.from_lightning(train_cfg.precision.value)
+    return ExportSpec(export_dtype(requested_dtype, precision), template, ends, add_bos)
 
 
 def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
@@ -74,7 +72,7 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
             write_adapter_folder(state_dict, adapters, base, tmp / "adapter")
             state_dict = merge_adapters(state_dict, adapters)
         model = model_from_state_dict(state_dict, model_config, true_vocab)
-        model.to(DTYPES[spec.dtype])
+        model.to(spec.dtype.torch)
         # Training runs without the KV cache (packed documents); served generation needs it.
         model.config.use_cache = True
         tokenizer = served_tokenizer(tokenizer, spec)
@@ -87,7 +85,7 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         readable(tmp)
-    log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s)", out_dir, true_vocab, spec.dtype, ", ".join(spec.turn_end or [tokenizer.eos_token]))
+    log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s)", out_dir, true_vocab, spec.dtype.value, ", ".join(spec.turn_end or [tokenizer.eos_token]))
     return out_dir
 
 

@@ -41,7 +41,7 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
     export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
-    print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
+    print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tinytrain.config.dtype import Dtype
 from tinytrain.config.schema import FinetuneMethod, Mode, TrainableTokens
 from tinytrain.errors import Problem
 from tinytrain.plan import parallel
@@ -20,7 +21,6 @@ from tinytrain.plan.model_shape import ModelShape
 # Bytes per frozen base weight: the compute dtype's, or NF4's half byte plus its double-quantized
 # constants (one fp8 absmax per 64 weights, one fp32 per 256 blocks: ~0.127 bits per weight).
 FROZEN_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "nf4": 0.5 + 0.127 / 8}
-PRECISION_DTYPE = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def trainable_tokens(f, tokenizer, base_rows: int, rows_to_fix) -> tuple[tuple[i
     return ids, " and ".join(parts) + ": their embedding and lm_head rows train with the adapters (the other rows stay frozen)"
 
 
-def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precision_lightning: str, params: int, fam: Family) -> FinetunePlan | None:
+def make(cfg, shape: ModelShape, tokenizer, *, base_rows: int, rows_to_fix, compute: Dtype, params: int, fam: Family) -> FinetunePlan | None:
     """`fam`: the built model's family (a pretrained model's own), whose projections are the default targets."""
     f = cfg.finetune
     if f.method == FinetuneMethod.full:
@@ -142,7 +142,6 @@ def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precisi
     chosen = targets(f, fam)
     adapters = adapter_parameter_count(shape, f.rank, chosen)
     ids, reason = trainable_tokens(f, tokenizer, base_rows, rows_to_fix)
-    compute = PRECISION_DTYPE.get(precision_lightning, "fp32")
     return FinetunePlan(
         method=f.method.value,
         rank=f.rank,
@@ -153,7 +152,7 @@ def make(cfg, shape: ModelShape, tokenizer, base_rows: int, rows_to_fix, precisi
         trainable_token_ids=ids,
         trainable_tokens_reason=reason,
         trainable_params=adapters + (vocab_table_params(shape) if ids else 0),
-        frozen_dtype="nf4" if f.method == FinetuneMethod.qlora else compute,
+        frozen_dtype="nf4" if f.method == FinetuneMethod.qlora else compute.value,
         base=str(cfg.model.pretrained or cfg.checkpoint.init_from),
     )
 

@@ -1,26 +1,20 @@
 """Precision policy: hardware + request -> compute dtype, loss-scale policy, reason.
 
-Pure. The decision is a `Dtype`; Lightning's precision string is derived from it in one place
-(`PrecisionDecision.lightning`). The loss-scale policy is one object mapped into both
+Pure. The decision is a `Dtype` (config/dtype.py: its torch dtype and Lightning's precision name
+come with it, so finetune, export and fit take it instead of strings). The loss-scale policy is one object mapped into both
 DeepSpeed's fp16 block and torch's GradScaler, so the two can never disagree.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass
 
+from tinytrain.config.dtype import Dtype  # the decision's type; other stages import it from here or config/
 from tinytrain.config.schema import LossScaleConfig
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.hardware import Hardware, describe
 
 REQUESTS = ("auto", "bf16", "fp16", "fp32")
-
-
-class Dtype(str, enum.Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,7 @@ class PrecisionDecision:
     @property
     def lightning(self) -> str:
         """Lightning's name for it: the Trainer's `precision`, plan.json's `precision.value`."""
-        return {Dtype.bf16: "bf16-mixed", Dtype.fp16: "16-mixed", Dtype.fp32: "32-true"}[self.dtype]
+        return self.dtype.lightning
 
     @property
     def is_fp16(self) -> bool:

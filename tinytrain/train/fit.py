@@ -68,9 +68,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
 
 
 def compute_dtype(plan: RunPlan):
-    from tinytrain.checkpoint.export import DTYPES
-
-    return DTYPES[plan.precision.dtype.value]
+    return plan.precision.dtype.torch
 
 
 def frozen_dtype(plan: RunPlan):
@@ -201,7 +199,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
-        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning))
+        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype))
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
@@ -225,7 +223,7 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
             consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
             convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
             final_checkpoint = consolidated
-        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.lightning)
+        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype)
         adapters = plan.finetune and plan.finetune.to_dict()
         export_checkpoint(final_checkpoint, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
     if cfg.checkpoint.average_last:

@@ -56,3 +56,14 @@ def test_policy_maps_to_deepspeed_and_grad_scaler():
     assert ds == {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 200, "hysteresis": 3, "min_loss_scale": 0.5}
     gs = POLICY.to_grad_scaler_kwargs()
     assert gs["init_scale"] == 2.0**12 and gs["growth_interval"] == 200 and gs["backoff_factor"] == 0.5
+
+
+def test_one_dtype_carries_its_torch_dtype_and_lightning_name():
+    import torch
+
+    from tinytrain.config.dtype import Dtype as ConfigDtype
+
+    assert Dtype is ConfigDtype  # one type: the plan's decision is what finetune, export and fit take
+    assert [(d.torch, d.lightning) for d in Dtype] == [(torch.bfloat16, "bf16-mixed"), (torch.float16, "16-mixed"), (torch.float32, "32-true")]
+    assert all(Dtype.from_lightning(d.lightning) is d for d in Dtype)
+    assert (Dtype.from_lightning("bf16-true"), Dtype.from_lightning("16-true"), Dtype.from_lightning("32")) == (Dtype.bf16, Dtype.fp16, Dtype.fp32)
