@@ -102,6 +102,13 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
     return ds
 
 
+def load_universal(ds: dict) -> dict:
+    """`ds` loading a universal checkpoint (a resume on another data-parallel size, converted
+    by checkpoint/universal.py): DeepSpeed reads `latest_universal` and the per-parameter fp32
+    master weights and moments, and re-partitions them over this run's ranks."""
+    return {**ds, "checkpoint": {**ds.get("checkpoint", {}), "load_universal": True}}
+
+
 def for_lightning(ds: dict) -> dict:
     """The config handed to Lightning's DeepSpeedStrategy: Lightning sets
     gradient_accumulation_steps itself (from Trainer.accumulate_grad_batches) and refuses a

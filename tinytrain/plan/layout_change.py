@@ -9,11 +9,12 @@ its ranks). What resumes:
   size and tp: the full tensors are re-padded for the run (weights and Adam moments);
 - a sharded fsdp_tp folder under fsdp_tp, any dp and tp (DCP reshards; the vocab rows of weights
   and moments are re-padded when the padding changed);
-- a DeepSpeed folder under DeepSpeed with the same ZeRO stage and data-parallel size.
+- a DeepSpeed folder under DeepSpeed with the same ZeRO family (1 <-> 2, or 3); a ZeRO-1/2 one on
+  another data-parallel size is first converted to DeepSpeed's universal checkpoint (`converts`,
+  checkpoint/universal.py) and loaded with `load_universal`.
 
-Everything else is refused, naming both layouts and the fix: a DeepSpeed data-parallel size
-change (DeepSpeed's universal checkpoint conversion is not wired in yet), DeepSpeed <-> the
-others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
+Everything else is refused, naming both layouts and the fix: a ZeRO-3 data-parallel size change
+(DeepSpeed's ZeRO-3 universal path is not verified here), DeepSpeed <-> the others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
 `checkpoint.init_from=` starts a new run from them.
 """
 
@@ -73,22 +74,22 @@ def saved_layout(path: Path, state: dict) -> Layout:
 def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
     """(why, fix) when a run of layout `run` cannot resume a checkpoint of layout `saved`; None
     when it can. Which formats a strategy loads is its row's `resumable_from` (plan/parallel.py);
-    within DeepSpeed's format, the ZeRO stage and data-parallel size must match too."""
+    within DeepSpeed's format, the ZeRO family must match too (another dp size `converts`)."""
     weights = "or start a new run from its weights only: run.name=<new> checkpoint.init_from=<this checkpoint>"
     fmt = CheckpointFormat(saved.format)
     if fmt not in strategy_row(run.strategy).resumable_from:
         readers = [s.value for s, row in STRATEGIES.items() if fmt in row.resumable_from]
         if fmt is CheckpointFormat.deepspeed:
-            return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage} on {saved.dp} data-parallel rank(s), {weights}")
+            return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage}, {weights}")
         what = "a sharded fsdp_tp checkpoint" if fmt is CheckpointFormat.sharded else "the optimizer state of a full-tensor file"
         return (f"parallel={run.strategy} cannot load {what}", f"resume with parallel={' or '.join(readers)} (any world size and tp), {weights}")
     if fmt is not CheckpointFormat.deepspeed:
         return None
     if run.zero_stage != saved.zero_stage and 3 in (run.zero_stage, saved.zero_stage):
         return (f"ZeRO-{saved.zero_stage} partitions do not load under ZeRO-{run.zero_stage}", f"resume with parallel=zero{saved.zero_stage}, {weights}")
-    if run.dp != saved.dp:
+    if run.dp != saved.dp and saved.zero_stage == 3:
         return (
-            f"DeepSpeed's optimizer partitions are cut for {saved.dp} data-parallel rank(s), this run has {run.dp} (tinytrain does not convert them to DeepSpeed's universal checkpoint yet)",
+            f"ZeRO-3 partitions are cut for {saved.dp} data-parallel rank(s), this run has {run.dp} (tinytrain converts ZeRO-1/2 checkpoints to DeepSpeed's universal checkpoint; its ZeRO-3 path is not verified here)",
             f"resume on {saved.dp} rank(s) (cluster.nodes x cluster.devices = {saved.dp}), {weights}",
         )
     return None
@@ -102,6 +103,12 @@ def check_layout(path: Path, state: dict, run: Layout) -> Layout:
         why, fix = refused
         raise ConfigError(Problem("resume", str(path), f"saved as {saved.describe()}; this run is {run.describe()}: {why}", fix))
     return saved
+
+
+def converts(saved: Layout, run: Layout) -> bool:
+    """Whether resuming goes through DeepSpeed's universal checkpoint: a DeepSpeed folder whose
+    optimizer partitions are cut for another number of data-parallel ranks."""
+    return saved.format == "deepspeed" and run.format == "deepspeed" and saved.dp != run.dp
 
 
 def repads(saved: Layout, run: Layout) -> bool:

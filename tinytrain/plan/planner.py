@@ -69,6 +69,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
     layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
+    if resume is not None and resume.universal:
+        deepspeed = deepspeed_config.load_universal(deepspeed)
     preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true

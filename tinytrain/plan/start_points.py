@@ -26,7 +26,7 @@ from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.format import read, saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
-from tinytrain.plan.layout_change import Layout, check_layout, repads
+from tinytrain.plan.layout_change import Layout, check_layout, converts, repads, saved_layout
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.vocab import VocabPlan
 
@@ -40,13 +40,14 @@ class ResumePoint:
     how: str  # "resume=auto" or "resume=<path>"
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints that did not load, and why
     stage: str = "main"  # the trainer.stage that saved it (checkpoints from before stages: main)
+    universal: str | None = None  # DeepSpeed on another dp size: the universal copy it resumes through (checkpoint/universal.py)
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped]}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal}
 
 
 def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str, stage: str = "main") -> dict:
@@ -117,7 +118,12 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
                 "move those checkpoints away (or delete them), or continue in a new directory: run.name=<new>",
             )
         )
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"))
+    universal = None
+    if layout is not None and converts(saved_layout(path, ckpt), layout):
+        from tinytrain.checkpoint.universal import universal_path
+
+        universal = str(universal_path(path))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal)
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

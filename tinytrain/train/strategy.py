@@ -102,6 +102,18 @@ def atomic_deepspeed_strategy(on_cpu: bool = False):
                 publish_directory(tmp, final)
             self.barrier("tinytrain.atomic_deepspeed_published")
 
+        def load_checkpoint(self, checkpoint_path, weights_only=None):
+            # The plan saw another data-parallel size and set DeepSpeed's load_universal
+            # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
+            if self.config.get("checkpoint", {}).get("load_universal"):
+                from tinytrain.checkpoint.universal import convert, universal_path
+
+                if self.is_global_zero:
+                    convert(Path(checkpoint_path))
+                self.barrier("tinytrain.universal_converted")
+                checkpoint_path = universal_path(Path(checkpoint_path))
+            return super().load_checkpoint(checkpoint_path, weights_only)
+
     if not on_cpu:
         return AtomicDeepSpeedStrategy
     return cpu_deepspeed_strategy(AtomicDeepSpeedStrategy)
