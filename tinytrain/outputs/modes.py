@@ -21,7 +21,6 @@ from omegaconf import DictConfig
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.outputs import saved_run
-from tinytrain.train.consolidate import consolidate_deepspeed
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,7 @@ def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
     from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
     from tinytrain.checkpoint.export import export_spec, export_state_dict
+    from tinytrain.train.consolidate import consolidate_deepspeed  # Lightning: on use (mode=plan imports this table)
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
     out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), consolidate_deepspeed)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
-from tinytrain.train.consolidate import model_weights
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -132,6 +131,8 @@ def model_config(saved: SavedRun):
 
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
+    from tinytrain.train.consolidate import model_weights  # Lightning: on use (mode=plan imports the cli's output-mode table)
+
     return model_weights(saved.checkpoint)
 
 
