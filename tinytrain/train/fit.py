@@ -9,8 +9,30 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
+from tinytrain.checkpoint.export import export_checkpoint, export_spec, export_state_dict
+from tinytrain.checkpoint.format import vocab_param_names
+from tinytrain.config.schema import Arch
+from tinytrain.data.datamodule import DataModule
+from tinytrain.data.reference_cache import ReferenceCache, model_source
+from tinytrain.errors import ConfigError, Problem, TrainingStopped
+from tinytrain.model.build import build_model, model_config
+from tinytrain.model.init_weights import weights_for_run
+from tinytrain.model.liger import apply_kernels
+from tinytrain.model.lora import apply_adapters, load_quantized_base
+from tinytrain.model.module import CausalLMModule
+from tinytrain.model.reference import FrozenReference
 from tinytrain.plan.run_plan import RunPlan
+from tinytrain.preflight.checks import data_findings, report
+from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
+from tinytrain.train.callbacks.dead_rank import DeadRank
+from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
+from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.reference_logps import PrecomputeReference
+from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.consolidate import consolidate_deepspeed, model_weights
+from tinytrain.train.plot import plot_loss
+from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
 
 log = logging.getLogger(__name__)
 
@@ -20,14 +42,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     untrained-row fix (Lightning loads the resume checkpoint over them), except under LoRA, whose
     frozen base is rebuilt as it was, and for a DPO/IPO reference copy (the initial weights, taken
     before Lightning loads the resumed policy); finetune=lora|qlora then adds the adapters."""
-    from tinytrain.checkpoint.format import vocab_param_names
-    from tinytrain.model.build import build_model, model_config
-    from tinytrain.model.init_weights import weights_for_run
-    from tinytrain.model.module import CausalLMModule
-
     if plan.finetune and plan.finetune.method == "qlora":
-        from tinytrain.model.lora import load_quantized_base
-
         model = load_quantized_base(cfg.model, plan.vocab.padded, plan.attention, compute_dtype(plan))
     else:
         model = build_model(cfg.model, model_config(cfg.model, plan.vocab.padded, tokenizer), plan.attention)
@@ -41,25 +56,16 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         model.load_state_dict(state, strict=True)
     if plan.preflight.rows_to_fix and fresh:
         # The rows preflight found, rewritten on the weights this run trains (after any resize).
-        from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
-
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
     reference = None
     if frozen_copy:
         import copy
 
-        from tinytrain.model.reference import FrozenReference
-
         reference = FrozenReference(copy.deepcopy(model))
     if plan.finetune:
-        from tinytrain.model.lora import apply_adapters
-
         model = apply_adapters(model, plan.finetune, frozen_dtype(plan))
     fast = plan.fast_paths
     if fast.liger:
-        from tinytrain.config.schema import Arch
-        from tinytrain.model.liger import apply_kernels
-
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
     if fast.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -87,10 +93,6 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     plan with a resume point continues from it."""
     import lightning.pytorch as pl
 
-    from tinytrain.data.datamodule import DataModule
-    from tinytrain.train.callbacks.preemption import Preemption
-    from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
-
     preemption = Preemption(run_dir)
     preemption.install_early()  # a SIGUSR1 while the data is built is honoured at the first step
     quiet_lightning()
@@ -99,13 +101,9 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     if data is None:
         data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel, samples_per_step=plan.batch.global_batch_size)
     log.info("%s", data.describe())
-    from tinytrain.preflight.checks import data_findings, report
-
     report(data_findings(cfg, data.stores, plan.vocab.true))
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    from tinytrain.train.callbacks.samples import sample_callback
-
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
@@ -122,9 +120,6 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
             wait_for_checkpoint()
         failed = False
     except Exception as e:
-        from tinytrain.errors import TrainingStopped
-        from tinytrain.train.callbacks.dead_rank import DeadRank
-
         dead = next((c.message for c in trainer.callbacks if isinstance(c, DeadRank) and c.message), None)
         if dead is None:
             raise
@@ -132,8 +127,6 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
     finally:
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
-    from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
-
     result = {
         "data_ran_out": next((c.message for c in trainer.callbacks if isinstance(c, MixtureExhaustion) and c.message), None),
         "first_loss": summary.first,
@@ -153,8 +146,6 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
     that computes them at fit start (a fresh run: its initial weights are the reference)."""
     if plan.preference is None or not plan.preference.precomputed:
         return []
-    from tinytrain.data.reference_cache import ReferenceCache, model_source
-
     cache = ReferenceCache.for_run(
         cfg.data.cache_dir,
         data.train,
@@ -169,8 +160,6 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
     if loaded:
         log.info("reference log-probs reused from %s (no reference forward)", cache.path)
     elif plan.resume is not None:
-        from tinytrain.errors import ConfigError, Problem
-
         raise ConfigError(
             Problem(
                 "finetune.precompute_reference",
@@ -179,18 +168,12 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
                 "restore that file (or data.cache_dir), or start the run afresh in a new run directory",
             )
         )
-    from tinytrain.train.callbacks.reference_logps import PrecomputeReference
-
     return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size, loaded)]
 
 
 def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     """checkpoint.average_last=k: the mean of the run's newest k step checkpoints, beside them,
     exported to hf_export-average-k<k>-<newest> (checkpoint/average.py)."""
-    from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
-    from tinytrain.checkpoint.export import export_checkpoint, export_spec
-    from tinytrain.model.build import model_config
-
     paths = newest_step_checkpoints(run_dir, cfg.checkpoint.average_last)
     if len(paths) < 2:
         log.warning("checkpoint.average_last=%d: the run saved %d step checkpoint(s), nothing to average", cfg.checkpoint.average_last, len(paths))
@@ -203,10 +186,6 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
 
 
 def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
-    from tinytrain.checkpoint.export import export_spec, export_state_dict
-    from tinytrain.model.build import model_config
-    from tinytrain.train.plot import plot_loss
-
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:

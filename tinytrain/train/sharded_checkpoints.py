@@ -29,6 +29,7 @@ from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_
 from tinytrain.checkpoint.format import repad_rows
 from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key, tensor_shapes
 from tinytrain.errors import TrainingStopped
+from tinytrain.train.atomic_io import disk_full, disk_full_message
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ class PendingSave:
 
 def save_failed(error: BaseException, final: Path) -> BaseException:
     """A full disk is told as such (the previous checkpoint is intact); other errors pass through."""
-    from tinytrain.train.atomic_io import disk_full, disk_full_message
-
     if out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent)):
         return TrainingStopped(disk_full_message(final))
     return error

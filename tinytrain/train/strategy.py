@@ -6,9 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinytrain.checkpoint.files import publish_directory, temp_path
+from tinytrain.checkpoint.universal import convert, universal_path
 from tinytrain.config.schema import Strategy
+from tinytrain.plan.deepspeed_config import for_lightning
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.run_plan import ParallelLayout, RunPlan
+from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
 
 if TYPE_CHECKING:
     from lightning.pytorch.plugins.precision import MixedPrecision
@@ -47,16 +51,12 @@ def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: di
 
 
 def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
-    from tinytrain.plan.deepspeed_config import for_lightning
-
     cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
     return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
 
 
 def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
     # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
-    from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
-
     return sharded_model_parallel_strategy(async_save)(
         data_parallel_size=parallel.dp,
         tensor_parallel_size=parallel.tp,
@@ -90,8 +90,6 @@ def atomic_deepspeed_strategy(on_cpu: bool = False):
     over gloo. Not for real training: it is slow, and says nothing about NCCL or GPU memory."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from tinytrain.checkpoint.files import publish_directory, temp_path
-
     class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
         def save_checkpoint(self, checkpoint, filepath, storage_options=None):
             final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank
@@ -106,8 +104,6 @@ def atomic_deepspeed_strategy(on_cpu: bool = False):
             # The plan saw another data-parallel size and set DeepSpeed's load_universal
             # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
             if self.config.get("checkpoint", {}).get("load_universal"):
-                from tinytrain.checkpoint.universal import convert, universal_path
-
                 if self.is_global_zero:
                     convert(Path(checkpoint_path))
                 self.barrier("tinytrain.universal_converted")

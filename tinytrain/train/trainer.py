@@ -10,6 +10,21 @@ from pathlib import Path
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import Exhaustion
 from tinytrain.plan.run_plan import RunPlan
+from tinytrain.train.atomic_io import AtomicCheckpointIO
+from tinytrain.train.callbacks.data_position import DataPosition
+from tinytrain.train.callbacks.dead_rank import DeadRank
+from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
+from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
+from tinytrain.train.callbacks.loss_summary import LossSummary
+from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
+from tinytrain.train.callbacks.nonfinite_guard import NonFiniteGuard
+from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
+from tinytrain.train.callbacks.rng_state import RNGState
+from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
+from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
+from tinytrain.train.metrics_csv import ResumableCSVLogger
+from tinytrain.train.strategy import build_trainer_hardware
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +68,6 @@ def quiet_lightning() -> None:
 def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
     """The loss-scale guard (and the loss_scale metric) exist only where fp16 loss scaling does;
     it names the untrained rows preflight was told to leave alone."""
-    from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
-    from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
-    from tinytrain.train.callbacks.nonfinite_guard import NonFiniteGuard
-
     g = cfg.guard
     policy = plan.precision.loss_scale
     nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints")
@@ -126,8 +137,6 @@ def mixture_callbacks(cfg, plan: RunPlan, train_sampler) -> list:
     """data.exhaustion=stop over a mixture: the callback that ends the run before a source repeats."""
     if not (cfg.data.sources and cfg.data.exhaustion == Exhaustion.stop and train_sampler is not None):
         return []
-    from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
-
     keys = [f"data.sources[{i}].path" for i in range(len(cfg.data.sources))]
     return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
 
@@ -136,18 +145,6 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
     A resumed run's metrics.csv keeps the rows before the step it resumes from."""
     import lightning.pytorch as pl
-
-    from tinytrain.train.atomic_io import AtomicCheckpointIO
-    from tinytrain.train.callbacks.data_position import DataPosition
-    from tinytrain.train.callbacks.dead_rank import DeadRank
-    from tinytrain.train.callbacks.loss_summary import LossSummary
-    from tinytrain.train.callbacks.preemption import Preemption
-    from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
-    from tinytrain.train.callbacks.rng_state import RNGState
-    from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
-    from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
-    from tinytrain.train.metrics_csv import ResumableCSVLogger
-    from tinytrain.train.strategy import build_trainer_hardware
 
     t = cfg.trainer
     b = plan.batch

@@ -19,6 +19,8 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from tinytrain.model.reference import adapters_disabled
+
 log = logging.getLogger(__name__)
 
 
@@ -49,8 +51,6 @@ class PrecomputeReference(pl.Callback):
     @torch.no_grad()
     def score(self, trainer, pl_module, ds) -> np.ndarray:
         import contextlib
-
-        from tinytrain.model.reference import adapters_disabled
 
         out = np.zeros((len(ds), 2), dtype=np.float64)
         reference = adapters_disabled(pl_module.model) if pl_module.adapters else contextlib.nullcontext()

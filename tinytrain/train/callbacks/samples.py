@@ -15,6 +15,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from tinytrain.checkpoint.export import export_spec, served_tokenizer
+from tinytrain.config.schema import DataFormat
 from tinytrain.model.generation import Sampling, generate
 
 log = logging.getLogger(__name__)
@@ -56,9 +58,6 @@ class SampleGenerations(pl.Callback):
 
 def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
     """The callback for this run ([] when generate.sample_prompts is empty)."""
-    from tinytrain.checkpoint.export import export_spec, served_tokenizer
-    from tinytrain.config.schema import DataFormat
-
     g = cfg.generate
     if not g.sample_prompts:
         return []
