@@ -63,7 +63,11 @@ def convert(checkpoint: Path) -> Path:
         strict=True,
         inject_missing_state=True,  # Lightning's saves carry no universal_checkpoint_info; DeepSpeed's default is complete for ZeRO without tp/pp
     )
-    ds_to_universal.main(args)
-    shutil.copy2(checkpoint / "latest", tmp / "latest")  # what Lightning checks a DeepSpeed folder by
+    try:
+        ds_to_universal.main(args)
+        shutil.copy2(checkpoint / "latest", tmp / "latest")  # what Lightning checks a DeepSpeed folder by
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: the next conversion removes it)
+        raise
     publish_directory(tmp, final)
     return final

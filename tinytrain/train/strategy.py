@@ -107,10 +107,20 @@ def atomic_deepspeed_strategy(on_cpu: bool = False):
             # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
             if self.config.get("checkpoint", {}).get("load_universal"):
                 from tinytrain.checkpoint.universal import convert, universal_path
+                from tinytrain.errors import TrainingStopped
 
+                failed = None
                 if self.is_global_zero:
-                    convert(Path(checkpoint_path))
-                self.barrier("tinytrain.universal_converted")
+                    try:
+                        convert(Path(checkpoint_path))
+                    except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+                        failed = f"{type(e).__name__}: {e}"
+                failed = self.broadcast(failed)  # also the barrier: the others wait for rank 0
+                if failed:
+                    raise TrainingStopped(
+                        f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another data-parallel size) failed: {failed}. "
+                        f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
+                    )
                 checkpoint_path = universal_path(Path(checkpoint_path))
             return super().load_checkpoint(checkpoint_path, weights_only)
 
