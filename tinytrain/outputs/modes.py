@@ -48,13 +48,12 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
 def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
     from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
     from tinytrain.checkpoint.export import export_spec, export_state_dict
+    from tinytrain.train.consolidate import consolidate_deepspeed  # Lightning: on use (mode=plan imports this table)
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
-    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
+    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), consolidate_deepspeed)
     saved = saved_run.load(str(out), run_dir)
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()

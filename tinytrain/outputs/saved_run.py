@@ -11,15 +11,11 @@ DeepSpeed folder is consolidated into one state dict first (its files are checke
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
-
-log = logging.getLogger(__name__)
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -135,19 +131,9 @@ def model_config(saved: SavedRun):
 
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
-    from tinytrain.checkpoint.export import checkpoint_state_dict
-    from tinytrain.checkpoint.sharded import is_sharded
+    from tinytrain.train.consolidate import model_weights  # Lightning: on use (mode=plan imports the cli's output-mode table)
 
-    if not saved.checkpoint.is_dir() or is_sharded(saved.checkpoint):
-        return checkpoint_state_dict(saved.checkpoint)
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-    with tempfile.TemporaryDirectory(prefix="tinytrain-consolidate-") as tmp:
-        consolidated = Path(tmp) / "consolidated.ckpt"
-        log.info("consolidating the DeepSpeed checkpoint %s", saved.checkpoint)
-        convert_zero_checkpoint_to_fp32_state_dict(str(saved.checkpoint), str(consolidated))
-        state = checkpoint_state_dict(consolidated)
-        return {k: v.clone() for k, v in state.items()}  # off the memory-mapped temp file
+    return model_weights(saved.checkpoint)
 
 
 def hf_model(saved: SavedRun, trust_remote_code: bool = False):

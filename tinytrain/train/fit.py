@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from tinytrain.plan.run_plan import RunPlan
+from tinytrain.train.consolidate import consolidate_deepspeed, model_weights
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +187,6 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
 def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     """checkpoint.average_last=k: the mean of the run's newest k step checkpoints, beside them,
     exported to hf_export-average-k<k>-<newest> (checkpoint/average.py)."""
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
     from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
     from tinytrain.checkpoint.export import export_checkpoint, export_spec
     from tinytrain.model.build import model_config
@@ -196,7 +195,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     if len(paths) < 2:
         log.warning("checkpoint.average_last=%d: the run saved %d step checkpoint(s), nothing to average", cfg.checkpoint.average_last, len(paths))
         return
-    out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), convert_zero_checkpoint_to_fp32_state_dict)
+    out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), consolidate_deepspeed)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
         export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype))
@@ -204,28 +203,18 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
 
 
 def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
-    from tinytrain.checkpoint.export import export_checkpoint, export_spec
+    from tinytrain.checkpoint.export import export_spec, export_state_dict
     from tinytrain.model.build import model_config
     from tinytrain.train.plot import plot_loss
 
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        from tinytrain.checkpoint.sharded import is_sharded
-
-        if final_checkpoint.is_dir() and not is_sharded(final_checkpoint):
-            # DeepSpeed writes a folder of partitions: consolidate to one fp32 state dict first.
-            # (A sharded fsdp_tp folder is read one tensor at a time by the export itself.)
-            from lightning.pytorch.utilities.deepspeed import (
-                convert_zero_checkpoint_to_fp32_state_dict,
-            )
-
-            consolidated = final_checkpoint.with_suffix(".consolidated.ckpt")
-            convert_zero_checkpoint_to_fp32_state_dict(str(final_checkpoint), str(consolidated))
-            final_checkpoint = consolidated
+        # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
+        weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype)
         adapters = plan.finetune and plan.finetune.to_dict()
-        export_checkpoint(final_checkpoint, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
+        export_state_dict(weights, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

@@ -1,0 +1,39 @@
+"""One way from any checkpoint to the HF model's weights, for the end of a run (fit) and the output
+modes (export, generate, eval, average): a file as it is, a sharded (fsdp_tp) folder read one
+tensor at a time by the export, a DeepSpeed folder of partitions consolidated to one fp32 state dict
+first (Lightning's converter, which maps its keys back to the module's)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+from tinytrain.checkpoint.export import checkpoint_state_dict
+from tinytrain.checkpoint.sharded import is_sharded
+
+log = logging.getLogger(__name__)
+
+
+def consolidate_deepspeed(folder: str | Path, out: str | Path) -> None:
+    """A DeepSpeed checkpoint folder -> one fp32 state-dict file at `out` (checkpoint/average.py's
+    `consolidate`)."""
+    log.info("consolidating the DeepSpeed checkpoint %s", folder)
+    convert_zero_checkpoint_to_fp32_state_dict(str(folder), str(out))
+
+
+def model_weights(checkpoint: Path, *, keep_at: Path | None = None) -> dict:
+    """The HF model's weights of `checkpoint`. A DeepSpeed folder's consolidated file is kept at
+    `keep_at` when given (the end of a run keeps final.consolidated.ckpt), else in a temp folder."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir() or is_sharded(checkpoint):
+        return checkpoint_state_dict(checkpoint)
+    if keep_at is not None:
+        consolidate_deepspeed(checkpoint, keep_at)
+        return checkpoint_state_dict(keep_at)
+    with tempfile.TemporaryDirectory(prefix="tinytrain-consolidate-") as tmp:
+        consolidated = Path(tmp) / "consolidated.ckpt"
+        consolidate_deepspeed(checkpoint, consolidated)
+        return {k: v.clone() for k, v in checkpoint_state_dict(consolidated).items()}  # off the memory-mapped temp file
