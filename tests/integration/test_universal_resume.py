@@ -1,8 +1,9 @@
-"""A DeepSpeed ZeRO-2 step checkpoint saved on 2 ranks resumes on 1: the plan sees the other
-data-parallel size, rank 0 converts it to DeepSpeed's universal checkpoint (a sibling folder,
-published atomically), and the run loads it with `load_universal`. A half-converted temp folder
-left by a kill is removed, never loaded. (~30 s: one 2-rank run, one 1-rank resume.)"""
+"""A DeepSpeed ZeRO-2 or ZeRO-3 step checkpoint saved on 2 ranks resumes on 1: the plan sees the
+other data-parallel size, rank 0 converts it to DeepSpeed's universal checkpoint (a sibling
+folder, published atomically), and the run loads it with `load_universal`. A half-converted temp
+folder left by a kill is removed, never loaded. (~30 s per stage: one 2-rank run, one 1-rank resume.)"""
 
+import math
 import shutil
 
 import pytest
@@ -24,23 +25,59 @@ RUN = [
     "trainer.lr=1e-2",
     "trainer.progress_bar=false",
     "trainer.plot=false",
-    "parallel=zero2",
     "parallel.deepspeed_on_cpu=true",
 ]
+KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("zero2") / "run"
-    r = run_cli([*RUN, *DEEPSPEED_ON_CPU], run_dir)
+def saved_states(folder, stage: int) -> dict[str, dict[str, torch.Tensor]]:
+    """{fp32 | exp_avg | exp_avg_sq: {parameter: its values}} read from a 2-rank folder's
+    optimizer partitions, the way DeepSpeed cuts them: ZeRO-1/2 one flat group in equal slices,
+    ZeRO-3 each parameter in equal slices (padded to a multiple of the ranks)."""
+    ranks = [torch.load(folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)["optimizer_state_dict"] for r in (0, 1)]
+    model_file = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    groups = torch.load(folder / model_file, weights_only=False)["param_shapes"]
+    if stage == 3:
+        fp32 = [[r["fp32_flat_groups"][g] for r in ranks] for g in range(len(groups))]
+        moments = [r["optimizer_state_dict"]["state"] for r in ranks]
+    else:
+        fp32 = [[r["single_partition_of_fp32_groups"][g] for r in ranks] for g in range(len(groups))]
+        moments = [r["base_optimizer_state"]["state"] for r in ranks]
+    flats = {"fp32": fp32, **{k: [[m[g][k] for m in moments] for g in range(len(groups))] for k in KEYS[1:]}}
+    out: dict = {k: {} for k in KEYS}
+    for key, per_group in flats.items():
+        for shapes, parts in zip(groups, per_group):
+            flat, offset = torch.cat(parts), 0
+            for name, shape in shapes.items():
+                numel = math.prod(shape)
+                if stage == 3:
+                    part = math.ceil(numel / len(parts))
+                    out[key][name] = torch.cat([p[offset : offset + part] for p in parts])[:numel]
+                    offset += part
+                else:
+                    out[key][name] = flat[offset : offset + numel]
+                    offset += numel
+    return out
+
+
+def universal_state(folder, key: str, name: str) -> torch.Tensor:
+    value = torch.load(folder / "checkpoint" / "zero" / name / f"{key}.pt", weights_only=False)
+    return (value["param"] if isinstance(value, dict) else value).flatten()  # ZeRO-1/2 wrap it, ZeRO-3 does not
+
+
+@pytest.fixture(scope="module", params=["zero2", "zero3"])
+def two_ranks(request, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp(request.param) / "run"
+    r = run_cli([*RUN, f"parallel={request.param}", *DEEPSPEED_ON_CPU], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return run_dir
+    return request.param, run_dir
 
 
 @pytest.mark.timeout(600)
-def test_zero2_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoint(two_ranks, tmp_path):
+def test_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoint(two_ranks, tmp_path):
+    option, saved_run = two_ranks
     run_dir = tmp_path / "run"
-    shutil.copytree(two_ranks, run_dir)
+    shutil.copytree(saved_run, run_dir)
     ckpts = run_dir / "checkpoints"
     for later in ("step0000008.ckpt", "final.ckpt", "final.consolidated.ckpt"):
         path = ckpts / later
@@ -50,7 +87,7 @@ def test_zero2_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoin
     (half / "checkpoint" / "zero").mkdir(parents=True)
     (half / "latest_universal").write_text("checkpoint")
 
-    r = run_cli([*RUN, "cluster.devices=1", "resume=auto"], run_dir)
+    r = run_cli([*RUN, f"parallel={option}", "cluster.devices=1", "resume=auto"], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "rank 0 converts it to DeepSpeed's universal checkpoint" in out and "step0000004.universal" in out
@@ -58,26 +95,17 @@ def test_zero2_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoin
     universal = ckpts / "step0000004.universal"
     assert (universal / "latest_universal").read_text() == "checkpoint"
 
-    # Weights and data position exact: step 5 trains batch 8 with the restored weights, and rank 0
-    # of the 2-rank run trained the same batch at step 5 (its logged loss is rank 0's).
-    before, after = logged(two_ranks, "loss"), logged(run_dir, "loss")
+    # Weights and data position exact: step 5 trains batch 8 (the sampler counts batches over all
+    # ranks) with the restored weights, as rank 0 of the 2-rank run did (its logged loss is rank 0's).
+    before, after = logged(saved_run, "loss"), logged(run_dir, "loss")
     assert len(after) == 8 and after[:4] == before[:4]
     assert after[4] == before[4]
     assert after[-1] < after[0] - 0.5
 
-    # Optimizer state: the universal per-parameter fp32 weights and Adam moments are the 2 ranks'
-    # partitions, concatenated in DeepSpeed's parameter order per group, bit for bit.
-    folder = two_ranks / "checkpoints" / "step0000004.ckpt" / "checkpoint"
-    ranks = [torch.load(folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)["optimizer_state_dict"] for r in (0, 1)]
-    groups = torch.load(folder / "mp_rank_00_model_states.pt", weights_only=False)["param_shapes"]
-    assert len(groups) == 2  # weight decay and none
-    for g, shapes in enumerate(groups):
-        saved = {
-            "fp32": torch.cat([s["single_partition_of_fp32_groups"][g] for s in ranks]),
-            "exp_avg": torch.cat([s["base_optimizer_state"]["state"][g]["exp_avg"] for s in ranks]),
-            "exp_avg_sq": torch.cat([s["base_optimizer_state"]["state"][g]["exp_avg_sq"] for s in ranks]),
-        }
-        for key, original in saved.items():
-            converted = torch.cat([torch.load(universal / "checkpoint" / "zero" / n / f"{key}.pt", weights_only=False)["param"].flatten() for n in shapes])
-            assert torch.equal(converted, original[: converted.numel()]), (g, key)
-            assert not original[converted.numel() :].any()  # only alignment padding left over
+    # Optimizer state: the universal per-parameter fp32 master weights and Adam moments equal the
+    # 2 ranks' partitions, bit for bit.
+    saved = saved_states(saved_run / "checkpoints" / "step0000004.ckpt" / "checkpoint", int(option[-1]))
+    assert len(saved["fp32"]) == 21
+    for key in KEYS:
+        for name, values in saved[key].items():
+            assert torch.equal(universal_state(universal, key, name), values), (key, name)

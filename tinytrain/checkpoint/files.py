@@ -18,6 +18,11 @@ from pathlib import Path
 
 TEMP_MARK = ".tmp-"
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
+UNIVERSAL_SUFFIX = ".universal"  # DeepSpeed's universal copy of a step folder (checkpoint/universal.py)
+
+
+def universal_path(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name.removesuffix(".ckpt") + UNIVERSAL_SUFFIX)
 
 
 def temp_path(final: Path, pid: int | None = None) -> Path:
@@ -70,8 +75,10 @@ def remove(path: Path) -> None:
 
 
 def prune(directory: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` step checkpoints; returns what was deleted."""
+    """Delete all but the newest `keep_last` step checkpoints (and a universal copy made of one to
+    resume from); returns what was deleted."""
     removed = [path for _, path in step_checkpoints(directory)[keep_last:]]
     for path in removed:
         remove(path)
+        remove(universal_path(path))
     return removed

@@ -5,7 +5,8 @@ The plan decides the conversion (plan/layout_change.py `converts`); the strategy
 while the other ranks wait (train/strategy.py), then loads with DeepSpeed's `load_universal`.
 The converted copy is a sibling folder, `step<N>.universal` beside `step<N>.ckpt`, written under a
 temp name and renamed when complete: a conversion cut short leaves only a temp folder, which is
-removed (and named in the log) before the next conversion, never loaded.
+removed (and named in the log) before the next conversion, never loaded. `keep_last` pruning
+removes the copy with its step folder (checkpoint/files.py).
 
 No Lightning here; DeepSpeed is imported only when converting.
 """
@@ -17,16 +18,11 @@ import logging
 import shutil
 from pathlib import Path
 
-from tinytrain.checkpoint.files import TEMP_MARK, publish_directory, temp_path
+from tinytrain.checkpoint.files import TEMP_MARK, publish_directory, temp_path, universal_path
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".universal"
 LATEST = "latest_universal"  # DeepSpeed's tag file in a universal folder (engine.load_checkpoint reads it)
-
-
-def universal_path(checkpoint: Path) -> Path:
-    return checkpoint.with_name(checkpoint.name.removesuffix(".ckpt") + SUFFIX)
 
 
 def is_complete(folder: Path) -> bool:
@@ -63,7 +59,11 @@ def convert(checkpoint: Path) -> Path:
         strict=True,
         inject_missing_state=True,  # Lightning's saves carry no universal_checkpoint_info; DeepSpeed's default is complete for ZeRO without tp/pp
     )
-    ds_to_universal.main(args)
-    shutil.copy2(checkpoint / "latest", tmp / "latest")  # what Lightning checks a DeepSpeed folder by
+    try:
+        ds_to_universal.main(args)
+        shutil.copy2(checkpoint / "latest", tmp / "latest")  # what Lightning checks a DeepSpeed folder by
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # (a kill leaves it: the next conversion removes it)
+        raise
     publish_directory(tmp, final)
     return final

@@ -9,12 +9,11 @@ its ranks). What resumes:
   size and tp: the full tensors are re-padded for the run (weights and Adam moments);
 - a sharded fsdp_tp folder under fsdp_tp, any dp and tp (DCP reshards; the vocab rows of weights
   and moments are re-padded when the padding changed);
-- a DeepSpeed folder under DeepSpeed with the same ZeRO family (1 <-> 2, or 3); a ZeRO-1/2 one on
-  another data-parallel size is first converted to DeepSpeed's universal checkpoint (`converts`,
+- a DeepSpeed folder under DeepSpeed with the same ZeRO family (1 <-> 2, or 3); on another
+  data-parallel size it is first converted to DeepSpeed's universal checkpoint (`converts`,
   checkpoint/universal.py) and loaded with `load_universal`.
 
-Everything else is refused, naming both layouts and the fix: a ZeRO-3 data-parallel size change
-(DeepSpeed's ZeRO-3 universal path is not verified here), DeepSpeed <-> the others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
+Everything else is refused, naming both layouts and the fix: DeepSpeed <-> the others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
 `checkpoint.init_from=` starts a new run from them.
 """
 
@@ -87,11 +86,6 @@ def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
         return None
     if run.zero_stage != saved.zero_stage and 3 in (run.zero_stage, saved.zero_stage):
         return (f"ZeRO-{saved.zero_stage} partitions do not load under ZeRO-{run.zero_stage}", f"resume with parallel=zero{saved.zero_stage}, {weights}")
-    if run.dp != saved.dp and saved.zero_stage == 3:
-        return (
-            f"ZeRO-3 partitions are cut for {saved.dp} data-parallel rank(s), this run has {run.dp} (tinytrain converts ZeRO-1/2 checkpoints to DeepSpeed's universal checkpoint; its ZeRO-3 path is not verified here)",
-            f"resume on {saved.dp} rank(s) (cluster.nodes x cluster.devices = {saved.dp}), {weights}",
-        )
     return None
 
 

@@ -120,7 +120,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         )
     universal = None
     if layout is not None and converts(saved_layout(path, ckpt), layout):
-        from tinytrain.checkpoint.universal import universal_path
+        from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
     return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal)

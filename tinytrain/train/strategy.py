@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.universal import convert, universal_path
 from tinytrain.config.schema import Strategy
+from tinytrain.errors import TrainingStopped
 from tinytrain.plan.deepspeed_config import for_lightning
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.run_plan import ParallelLayout, RunPlan
@@ -104,9 +105,18 @@ def atomic_deepspeed_strategy(on_cpu: bool = False):
             # The plan saw another data-parallel size and set DeepSpeed's load_universal
             # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
             if self.config.get("checkpoint", {}).get("load_universal"):
+                failed = None
                 if self.is_global_zero:
-                    convert(Path(checkpoint_path))
-                self.barrier("tinytrain.universal_converted")
+                    try:
+                        convert(Path(checkpoint_path))
+                    except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+                        failed = f"{type(e).__name__}: {e}"
+                failed = self.broadcast(failed)  # also the barrier: the others wait for rank 0
+                if failed:
+                    raise TrainingStopped(
+                        f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another data-parallel size) failed: {failed}. "
+                        f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
+                    )
                 checkpoint_path = universal_path(Path(checkpoint_path))
             return super().load_checkpoint(checkpoint_path, weights_only)
 

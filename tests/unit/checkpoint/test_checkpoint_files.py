@@ -41,6 +41,14 @@ def test_prune_keeps_the_newest_k_files_and_folders(tmp_path):
     assert [p.name for _, p in step_checkpoints(tmp_path)] == ["step0000012.ckpt"]
 
 
+def test_prune_removes_a_universal_copy_with_its_step_folder(tmp_path):
+    for name in ("step0000004.ckpt", "step0000004.universal", "step0000008.ckpt"):
+        (tmp_path / name).mkdir()
+        touch(tmp_path / name, "shard")
+    assert [p.name for p in prune(tmp_path, keep_last=1)] == ["step0000004.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step0000008.ckpt"]
+
+
 def test_atomic_save_replaces_the_file_only_when_complete(tmp_path):
     io = AtomicCheckpointIO()
     path = tmp_path / "checkpoints" / "step0000004.ckpt"
