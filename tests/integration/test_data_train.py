@@ -21,9 +21,11 @@ def test_prepare_then_train_on_the_packed_store(tmp_path):
     store = re.search(r"token store (\S+) \(built in [\d.]+ s with 2 workers\)", prepared.stdout)
     assert store, prepared.stdout[-2000:]
     run_dir = tmp_path / "run"
-    r = run_cli([*SMOKE, f"data.store={store.group(1)}", "data.cache_dir=/nonexistent/never/used"], run_dir)
+    unused = tmp_path / "never" / "used"
+    r = run_cli([*SMOKE, f"data.store={store.group(1)}", f"data.cache_dir={unused}"], run_dir)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
+    assert not unused.exists()  # a named store carries its own sample index
     assert "(data.store)" in out and "documents isolated" in out
     assert len(logged(run_dir, "loss")) > 0
     ckpt = torch.load(run_dir / "checkpoints" / "step0000008.ckpt", map_location="cpu", weights_only=False)

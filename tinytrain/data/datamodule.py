@@ -32,7 +32,7 @@ from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
-from tinytrain.data.sample_index import EpochOrders, split_indices, split_windows
+from tinytrain.data.sample_index import EpochOrders, index_root, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
 from tinytrain.data.sources import Source, records
@@ -93,8 +93,8 @@ class DataModule:
         else:
             grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
             # Pretraining: each epoch's order of windows written once and mapped by every rank.
-            # (An order depends only on (samples, seed, epoch): one folder serves every store.)
-            orders = EpochOrders(Path(data_cfg.cache_dir) / "index" / "orders", len(self.train), seed) if data_cfg.format == DataFormat.text else None
+            # (An order depends only on (samples, seed, epoch); kept beside the store's index.)
+            orders = EpochOrders(index_root(data_cfg.cache_dir, self.train.store) / "orders", len(self.train), seed) if data_cfg.format == DataFormat.text else None
             self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
             self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 

@@ -4,7 +4,8 @@ What the windows over a token store need grows with the corpus: each chosen docu
 token file and in the packed stream (8 bytes each per document), and each epoch's order of windows
 (8 bytes per window). Computed in every rank's RAM that is ~1.2 GiB per rank at 20B tokens. Here
 the first process to need them (rank 0, or mode=prepare) computes them under the build lock and
-writes them as .npy files under <data.cache_dir>/index/<key>/; every process, rank and DataLoader
+writes them as .npy files beside the store (<store>/index/<key>/, or <data.cache_dir>/index/<key>/ where
+the store's folder is read-only); every process, rank and DataLoader
 worker maps them read-only, so the page cache holds one copy per machine and a rank touches only
 the pages of the windows it reads. The arrays are exactly what the in-memory computation gave
 (the same split, the same permutation), so batch order and resume are unchanged.
@@ -38,11 +39,18 @@ def split_indices(n: int, val_fraction: float, seed: int, what: str, source: str
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
+def index_root(cache_dir: str, store) -> Path:
+    """Beside the store, so its index travels with it and a store named by data.store needs no
+    cache folder; under data.cache_dir only where the store's folder cannot be written."""
+    folder = Path(store.path)
+    return folder / "index" if os.access(folder, os.W_OK) else Path(cache_dir) / "index"
+
+
 def index_dir(cache_dir: str, store, *what) -> Path:
     """Keyed by the store (its key or folder, its size) and what the index depends on."""
     m = store.meta
     payload = [INDEX_FORMAT, m.get("store_key") or str(Path(store.path).resolve()), m["num_documents"], m["num_tokens"], *what]
-    return Path(cache_dir) / "index" / hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
+    return index_root(cache_dir, store) / hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
 
 def _save(folder: Path, name: str, array: np.ndarray) -> None:
