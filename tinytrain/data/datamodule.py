@@ -170,14 +170,18 @@ class DataModule:
         self.lines.append(f"{src.describe()}: {summary} ({'tokenized' if built else 'read from the cache'}: {Path(self.cfg.cache_dir) / 'sft' / key})")
         return samples
 
+    def _train_and_validation(self, build, what: str) -> tuple[list, list]:
+        """SFT samples or preference pairs: validation from data.val_path, else split off by
+        data.val_fraction."""
+        items = build(validation=False)
+        if self.cfg.val_path:
+            return items, build(validation=True)
+        train_ids, val_ids = split_indices(len(items), self.cfg.val_fraction, SPLIT_SEED, what)
+        return [items[i] for i in train_ids], [items[i] for i in val_ids]
+
     def _sft(self):
         d = self.cfg
-        samples = self._samples(validation=False)
-        if d.val_path:
-            train_samples, val_samples = samples, self._samples(validation=True)
-        else:
-            train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples")
-            train_samples, val_samples = [samples[i] for i in train_ids], [samples[i] for i in val_ids]
+        train_samples, val_samples = self._train_and_validation(self._samples, "samples")
         train, val, shape = self._sft_datasets(train_samples, val_samples)
         trained = sum(int((s.labels != -100).sum()) for s in train_samples)
         total = sum(len(s.input_ids) for s in train_samples)
@@ -211,12 +215,7 @@ class DataModule:
 
     def _preference(self):
         d = self.cfg
-        pairs = self._pairs(validation=False)
-        if d.val_path:
-            train_pairs, val_pairs = pairs, self._pairs(validation=True)
-        else:
-            train_ids, val_ids = split_indices(len(pairs), d.val_fraction, SPLIT_SEED, "pairs")
-            train_pairs, val_pairs = [pairs[i] for i in train_ids], [pairs[i] for i in val_ids]
+        train_pairs, val_pairs = self._train_and_validation(self._pairs, "pairs")
         trained = sum(int((p.chosen_labels != -100).sum() + (p.rejected_labels != -100).sum()) for p in train_pairs)
         self.lines.append(
             f"preference (template {d.chat_template.value}): {len(train_pairs):,} train / {len(val_pairs):,} validation pairs, {trained:,} answer tokens scored; "

@@ -27,10 +27,10 @@ from torch.utils.data import Dataset
 
 from tinytrain.config.schema import TooLongPolicy
 from tinytrain.data.bad_records import BadRecords
-from tinytrain.data.chat_templates import ROLES, render, template_problems
+from tinytrain.data.chat_templates import ROLES, render
 from tinytrain.data.collate import PaddedCollator
-from tinytrain.data.sft import IGNORE, shifted_labels, trained_mask
-from tinytrain.errors import ConfigError, Problem, raise_if_any
+from tinytrain.data.sft import IGNORE, check_masking_tokenizer, shifted_labels, trained_mask
+from tinytrain.errors import ConfigError, Problem
 
 TOKENIZE_BATCH = 512
 NO_ROOM_FIX = "raise data.seq_len or shorten the prompt (data.too_long=skip drops such pairs as too long)"
@@ -131,9 +131,7 @@ def _rendered(prompt_msgs: list[dict], answer: list[dict], template, tokenizer) 
 
 def build_pairs(records, data_cfg, tokenizer, bad: BadRecords) -> tuple[list[PreferencePair], PreferenceCounts]:
     """`records` yields (record, location) pairs (sources.records)."""
-    raise_if_any(template_problems(data_cfg.chat_template, tokenizer))
-    if not getattr(tokenizer, "is_fast", False):
-        raise ConfigError(Problem("tokenizer.path", str(tokenizer.name_or_path), "preference masking needs a fast tokenizer (character offsets)", "use a tokenizer with a tokenizer.json"))
+    check_masking_tokenizer(data_cfg, tokenizer, "preference")
     counts = PreferenceCounts(bad=bad)
     pairs: list[PreferencePair] = []
     pending: list[tuple] = []  # (chosen text, spans, rejected text, spans, location)

@@ -151,11 +151,17 @@ def shifted_labels(ids: np.ndarray, trained: np.ndarray) -> np.ndarray:
     return labels
 
 
-def build_samples(records, data_cfg, tokenizer, bad: BadRecords) -> tuple[list[SftSample], SftCounts]:
-    """`records` yields (record, location) pairs (sources.records)."""
+def check_masking_tokenizer(data_cfg, tokenizer, what: str) -> None:
+    """The chat template renders with this tokenizer, and the tokenizer is fast: answers are masked
+    by character offsets (SFT samples and preference pairs alike)."""
     raise_if_any(template_problems(data_cfg.chat_template, tokenizer))
     if not getattr(tokenizer, "is_fast", False):
-        raise ConfigError(Problem("tokenizer.path", str(tokenizer.name_or_path), "SFT masking needs a fast tokenizer (character offsets)", "use a tokenizer with a tokenizer.json"))
+        raise ConfigError(Problem("tokenizer.path", str(tokenizer.name_or_path), f"{what} masking needs a fast tokenizer (character offsets)", "use a tokenizer with a tokenizer.json"))
+
+
+def build_samples(records, data_cfg, tokenizer, bad: BadRecords) -> tuple[list[SftSample], SftCounts]:
+    """`records` yields (record, location) pairs (sources.records)."""
+    check_masking_tokenizer(data_cfg, tokenizer, "SFT")
     counts = SftCounts(bad=bad)
     samples: list[SftSample] = []
     pending: list[tuple[str, list, str]] = []  # (text, spans, location)
