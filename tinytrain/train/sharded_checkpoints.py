@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import threading
 import uuid
@@ -36,11 +37,13 @@ log = logging.getLogger(__name__)
 
 class PendingSave:
     """An async save in flight. Rank 0 publishes the folder as soon as the write is done (from
-    the writer's thread), so a complete checkpoint never waits for the next save to appear."""
+    the writer's thread), so a complete checkpoint never waits for the next save to appear. A failed
+    write is left in place for the strategy to settle on the training thread, with every rank."""
 
     def __init__(self, future, tmp: Path, final: Path, publisher: bool):
         self.tmp, self.final, self.publisher = tmp, final, publisher
         self.error: BaseException | None = None
+        self.disk_full = False  # measured as soon as the write failed, before any shard is removed
         self.settled = threading.Event()
         self.lock = threading.Lock()
         self.then: list = []  # run once published (pruning: older checkpoints go after the new one is in place)
@@ -63,25 +66,17 @@ class PendingSave:
                 actions, self.then = self.then, []
             for action in actions:
                 action()
-        except BaseException as e:  # told by wait(), on the training thread
-            self.error = save_failed(e, self.final)  # measured before the partial shards go
-            if self.publisher:
-                shutil.rmtree(self.tmp, ignore_errors=True)
+        except BaseException as e:  # told by the strategy's wait_for_checkpoint, on the training thread
+            self.error, self.disk_full = e, is_disk_full(e, self.final)
         finally:
             with self.lock:
                 self.settled.set()
 
-    def wait(self) -> None:
-        self.settled.wait()
-        if self.error is not None:
-            raise self.error
 
-
-def save_failed(error: BaseException, final: Path) -> BaseException:
-    """A full disk is told as such (the previous checkpoint is intact); other errors pass through."""
-    if out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent)):
-        return TrainingStopped(disk_full_message(final))
-    return error
+def is_disk_full(error: BaseException, final: Path) -> bool:
+    """Whether `error` is a full disk: in its chain, or told by the free space left (torch's zip
+    writer may report it only as "unexpected pos"). Measure before any partial shard is removed."""
+    return out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent))
 
 
 def out_of_space(error: BaseException) -> bool:
@@ -134,10 +129,16 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             state[rank_id_key(self.global_rank)] = id_tensor(save_id)
             checkpoint[SAVE_ID_KEY] = {"id": save_id, "ranks": self.world_size}
             try:
+                folder_error = None
                 if self.global_rank == 0:
-                    tmp.mkdir(parents=True, exist_ok=True)
-                    write_meta(checkpoint, tmp / META_FILE)
-                self.barrier("tinytrain.sharded_save_folder")
+                    try:
+                        tmp.mkdir(parents=True, exist_ok=True)
+                        write_meta(checkpoint, tmp / META_FILE)
+                    except OSError as e:
+                        folder_error = e
+                # Collective: no rank enters DCP's collectives alone when rank 0 could not start the folder.
+                if self.reduce_boolean_decision(folder_error is not None, all=False):
+                    raise folder_error or OSError(f"rank 0 could not write {tmp / META_FILE}")
                 writer = dcp.FileSystemWriter(str(tmp))
                 if self.async_save:
                     future = dcp.async_save(state, storage_writer=writer, process_group=self.background_group())
@@ -145,14 +146,22 @@ def sharded_model_parallel_strategy(async_save: bool = False):
                     return
                 dcp.save(state, storage_writer=writer)
             except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-                stopped = save_failed(e, final)  # the free space measured before the partial shards go
-                if self.global_rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise stopped from e
+                # Every rank is here (DCP raises on all of them, rank 0's folder error was shared above).
+                self.settle_failed_save(e, is_disk_full(e, final), tmp, final)
             # DCP's finish step gathered every rank's write results before rank 0 wrote the index.
             if self.global_rank == 0:
                 publish_directory(tmp, final)
             self.barrier("tinytrain.sharded_save_published")
+
+        def settle_failed_save(self, error: BaseException, disk_full_here: bool, tmp: Path, final: Path):
+            """Every rank agrees on what stopped the save before rank 0 removes the partial shards
+            (a rank measuring the free space after that removal would see room and tell another story)."""
+            full = self.reduce_boolean_decision(disk_full_here, all=False)
+            if self.global_rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise TrainingStopped(disk_full_message(final)) from error
+            raise error
 
         def background_group(self):
             if self.checkpoint_group is None:
@@ -169,8 +178,11 @@ def sharded_model_parallel_strategy(async_save: bool = False):
         def wait_for_checkpoint(self) -> None:
             """Block until the async save in flight (if any) is written and published."""
             pending, self.pending = self.pending, None
-            if pending is not None:
-                pending.wait()
+            if pending is None:
+                return
+            pending.settled.wait()
+            if pending.error is not None:  # on every rank: DCP's async write raises on all of them
+                self.settle_failed_save(pending.error, pending.disk_full, pending.tmp, pending.final)
 
         def teardown(self):
             # The end of training, an exception, or a signal's stop: the save in flight finishes first.
@@ -241,7 +253,5 @@ def write_meta(checkpoint: dict, path: Path) -> None:
     with open(path, "wb") as f:
         torch.save(checkpoint, f)
         f.flush()
-        import os
-
         os.fsync(f.fileno())
     fsync_directory(path.parent)
