@@ -193,17 +193,21 @@ def main() -> None:
     root = Path(a.dir)
     root.mkdir(parents=True, exist_ok=True)
     all_layouts = layouts([int(w) for w in a.worlds.split(",")], a.offload, set(a.only.split(",")) - {""} or None)
+    # Cells already decided by an earlier run into the same --dir are kept (FAILED ones run again).
+    done_file = root / "resume_matrix.json"
+    done = {k: v for k, v in json.loads(done_file.read_text()).items() if not v.startswith("FAILED")} if done_file.exists() else {}
     cells: dict = {}
     started = time.time()
     for saved in all_layouts:
         trimmed, failed = save(saved, root)
         for run in all_layouts:
             t = time.time()
-            cell = failed or resume(saved, run, trimmed, root, a.tol, a.cli_refusals)
-            cells[(saved.label, run.label)] = cell
+            key = f"{saved.label} -> {run.label}"
+            cell = done.get(key) or failed or resume(saved, run, trimmed, root, a.tol, a.cli_refusals)
+            cells[(saved.label, run.label)] = done[key] = cell
             print(f"{saved.label:>16} -> {run.label:<16} {cell}  ({time.time() - t:.0f} s)", flush=True)
             (root / "resume_matrix.md").write_text(table(all_layouts, all_layouts, cells) + "\n")
-    (root / "resume_matrix.json").write_text(json.dumps({f"{s} -> {r}": c for (s, r), c in cells.items()}, indent=1))
+            done_file.write_text(json.dumps(done, indent=1))
     counts = {k: sum(c.split()[0] == k for c in cells.values()) for k in ("exact", "close", "refused", "FAILED")}
     print(table(all_layouts, all_layouts, cells))
     print(f"{len(cells)} pairs: {counts} in {time.time() - started:.0f} s")
