@@ -2,8 +2,8 @@
 before compute is spent, and never from inside a DataLoader worker).
 
 format=text              source -> token store (cached, or data.store) -> document split -> PackedWindows
-format=instruction|chat  source records -> SFT samples -> sample split -> SftDataset or PackedSamples
-format=preference        source records -> chosen/rejected pairs -> pair split -> PreferenceDataset
+format=instruction|chat  source records -> SFT samples (cached) -> sample split -> SftDataset or PackedSamples
+format=preference        source records -> chosen/rejected pairs (cached) -> pair split -> PreferenceDataset
                          (a micro batch of B pairs is 2B rows; the samplers count pairs)
 data.sources             each source as above (its own token store or samples), concatenated;
                          samples drawn by weight (mixture_sampler.py), for validation too
@@ -31,7 +31,7 @@ from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
-from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
+from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, PreferencePair, build_pairs
 from tinytrain.data.sample_index import EpochOrders, index_root, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
@@ -153,9 +153,15 @@ class DataModule:
 
     # -- supervised fine-tuning ---------------------------------------------------------------
 
+    def _cached(self, src: Source, kind: str, item_type, build) -> list:
+        """A source's SFT samples or preference pairs, tokenized once per source, template,
+        tokenizer and policy (sft_cache.py): other ranks and a requeued job read them."""
+        folder = sft_cache.cache_folder(self.cfg.cache_dir, kind, sft_cache.cache_key(sources_fingerprint(src), self.tokenizer, self.cfg))
+        items, summary, built = sft_cache.cached_items(folder, item_type, build, "SFT samples" if kind == "sft" else "preference pairs")
+        self.lines.append(f"{src.describe()}: {summary} ({'tokenized' if built else 'read from the cache'}: {folder})")
+        return items
+
     def _samples(self, validation: bool, src: Source | None = None) -> list[SftSample]:
-        """The source's SFT samples, tokenized once per source, template, tokenizer and policy
-        (sft_cache.py): other ranks and a requeued job read them."""
         src = src or Source.from_config(self.cfg, validation)
 
         def build() -> tuple[list[SftSample], str]:
@@ -165,10 +171,7 @@ class DataModule:
                 raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts, self.cfg)))
             return samples, counts.summary(self.cfg.seq_len)
 
-        key = sft_cache.cache_key(sources_fingerprint(src), self.tokenizer, self.cfg)
-        samples, summary, built = sft_cache.cached_samples(self.cfg.cache_dir, key, build)
-        self.lines.append(f"{src.describe()}: {summary} ({'tokenized' if built else 'read from the cache'}: {Path(self.cfg.cache_dir) / 'sft' / key})")
-        return samples
+        return self._cached(src, "sft", SftSample, build)
 
     def _train_and_validation(self, build, what: str) -> tuple[list, list]:
         """SFT samples or preference pairs: validation from data.val_path, else split off by
@@ -204,14 +207,17 @@ class DataModule:
 
     # -- preference pairs ----------------------------------------------------------------------
 
-    def _pairs(self, validation: bool) -> list:
+    def _pairs(self, validation: bool) -> list[PreferencePair]:
         src = Source.from_config(self.cfg, validation)
-        bad = BadRecords(self.cfg.bad_records, src.key)
-        pairs, counts = build_pairs(records(src, bad), self.cfg, self.tokenizer, bad)
-        if not pairs:
-            raise ConfigError(Problem(src.key, src.path, f"no usable preference pairs ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
-        self.lines.append(f"{src.describe()}: {counts.summary(self.cfg.seq_len)}")
-        return pairs
+
+        def build() -> tuple[list[PreferencePair], str]:
+            bad = BadRecords(self.cfg.bad_records, src.key)
+            pairs, counts = build_pairs(records(src, bad), self.cfg, self.tokenizer, bad)
+            if not pairs:
+                raise ConfigError(Problem(src.key, src.path, f"no usable preference pairs ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+            return pairs, counts.summary(self.cfg.seq_len)
+
+        return self._cached(src, "preference", PreferencePair, build)
 
     def _preference(self):
         d = self.cfg

@@ -145,11 +145,15 @@ def test_preference_records_under_format_chat_are_refused(tmp_path, chatml_token
         build_samples(records(Source.from_config(cfg), bad), cfg, chatml_tokenizer, bad)
 
 
-def test_the_pair_stream_resumes_exactly(tmp_path):
-    """Batches after a saved sampler position equal the uninterrupted run's, pairs intact."""
+def test_the_pair_stream_resumes_exactly(tmp_path, monkeypatch):
+    """Batches after a saved sampler position equal the uninterrupted run's, pairs intact; the pairs
+    are tokenized by the first start only: the others (other ranks, a requeued job) read the cache."""
     tok = load_tokenizer(str(compose([]).tokenizer.path))
     rows = [{"prompt": f"Question {i}?", "chosen": "answer " * (1 + i % 5), "rejected": f"no {i}"} for i in range(40)]
-    cfg = pref_cfg(write(tmp_path, rows), "data.chat_template=alpaca", "data.val_fraction=0.1")
+    cfg = pref_cfg(write(tmp_path, rows), "data.chat_template=alpaca", "data.val_fraction=0.1", f"data.cache_dir={tmp_path / 'cache'}")
+    calls = []
+    real_call = type(tok).__call__
+    monkeypatch.setattr(type(tok), "__call__", lambda self, *a, **k: calls.append(1) or real_call(self, *a, **k))
 
     def loader_batches(data, n):
         it = iter(data.train_dataloader())
@@ -160,11 +164,17 @@ def test_the_pair_stream_resumes_exactly(tmp_path):
         return out
 
     straight = DataModule(cfg, tok, micro_batch_size=4, seed=7, progress=False)
+    assert calls and "tokenized" in straight.lines[0]
+    calls.clear()
     uninterrupted = loader_batches(straight, 6)
     first = DataModule(cfg, tok, micro_batch_size=4, seed=7, progress=False)
+    assert not calls and "read from the cache" in first.lines[0]
     loader_batches(first, 4)
     resumed = DataModule(cfg, tok, micro_batch_size=4, seed=7, progress=False)
     resumed.train_sampler.load_state_dict(first.train_sampler.state_dict())
     later = loader_batches(resumed, 2)
+    assert not calls  # cached pairs, the same batches as the tokenized ones
     assert all(torch.equal(a, b) for a, b in zip(later, uninterrupted[4:]))
+    DataModule(pref_cfg(cfg.path, "data.chat_template=alpaca", "data.too_long=skip", f"data.cache_dir={tmp_path / 'cache'}"), tok, micro_batch_size=4, seed=7, progress=False)
+    assert calls  # another data.too_long: its own pairs
     assert all(b.shape[0] == 8 for b in uninterrupted)  # 4 pairs = 8 rows
