@@ -33,14 +33,18 @@ def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
 
 
 def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
-    from tinytrain.checkpoint.export import export_spec, export_state_dict
+    from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict
+    from tinytrain.checkpoint.sharded import is_sharded
 
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
+    if is_sharded(saved.checkpoint) and not saved.finetune:  # fsdp_tp: streamed from the shards, one tensor at a time
+        export_sharded(saved.checkpoint, saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec)
+    else:
+        export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
 from tinytrain.checkpoint.export import export_checkpoint, export_spec, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
@@ -186,11 +187,15 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
-        weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
         spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype, add_bos=plan.bos.add)
         adapters = plan.finetune and plan.finetune.to_dict()
-        export_state_dict(weights, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, Path(cfg.export.dir or run_dir / "hf_export"), spec, adapters)
+        config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
+        if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
+            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
+        else:
+            # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
+            weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
+            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:
