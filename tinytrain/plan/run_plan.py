@@ -154,6 +154,7 @@ class RunPlan:
         resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         resolved["model"]["vocab_size"] = self.vocab.padded
         resolved["precision"]["value"] = self.precision.lightning
+        resolved["tokenizer"]["add_bos"] = resolved["data"]["prepend_bos"] = self.bos.add  # what the data and the export follow
         return resolved
 
     def render(self) -> str:

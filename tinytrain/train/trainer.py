@@ -154,7 +154,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     bar = bar_on_terminal(t.progress_bar)
     callbacks = [
         throughput,
-        *([ProgressLines(t.log_every_n_steps, t.max_steps)] if t.progress_bar and not bar else []),
+        *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),

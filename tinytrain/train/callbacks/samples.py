@@ -61,7 +61,7 @@ def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
     g = cfg.generate
     if not g.sample_prompts:
         return []
-    spec = export_spec(cfg, tokenizer)
+    spec = export_spec(cfg, tokenizer, precision=plan.precision.dtype, add_bos=plan.bos.add)
     served = served_tokenizer(tokenizer, spec)
     chat = DataFormat(cfg.data.format) != DataFormat.text if g.chat is None else bool(g.chat)
     stops = [served.convert_tokens_to_ids(t) for t in spec.turn_end]
