@@ -41,14 +41,13 @@ def export_dtype(requested: str, precision: Dtype) -> Dtype:
     return precision if requested == "auto" else Dtype(requested)
 
 
-def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: Dtype | None = None) -> ExportSpec:
-    """From the training run's config: its chat template when it fine-tuned, its precision (a
-    saved run's config_resolved.yaml holds Lightning's name for it; a run in progress passes its
-    plan's), its BOS policy."""
+def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: Dtype | None = None, *, add_bos: bool | None = None) -> ExportSpec:
+    """From the training run's config: its chat template when it fine-tuned, its precision and its
+    BOS decision (a saved run's config_resolved.yaml holds them; a run in progress passes its plan's)."""
     from tinytrain.config.schema import ChatTemplate, DataFormat
     from tinytrain.data.chat_jinja import jinja_template, turn_end_tokens
 
-    add_bos = bool(train_cfg.data.prepend_bos)
+    add_bos = bool(train_cfg.data.prepend_bos) if add_bos is None else add_bos
     template, ends = None, [tokenizer.eos_token]
     if DataFormat(train_cfg.data.format) != DataFormat.text:
         chat = ChatTemplate(train_cfg.data.chat_template)
@@ -72,21 +71,69 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
             write_adapter_folder(state_dict, adapters, base, tmp / "adapter")
             state_dict = merge_adapters(state_dict, adapters)
         model = model_from_state_dict(state_dict, model_config, true_vocab)
-        model.to(spec.dtype.torch)
-        # Training runs without the KV cache (packed documents); served generation needs it.
-        model.config.use_cache = True
-        tokenizer = served_tokenizer(tokenizer, spec)
-        ends = [tokenizer.convert_tokens_to_ids(t) for t in spec.turn_end] or [tokenizer.eos_token_id]
-        generation = model.generation_config
-        generation.eos_token_id = ends  # list form: stop at any turn end
-        generation.bos_token_id = tokenizer.bos_token_id
-        generation.pad_token_id = tokenizer.pad_token_id
-        generation.use_cache = True
+        tokenizer = prepare_served(model, tokenizer, spec)
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         readable(tmp)
     log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s)", out_dir, true_vocab, spec.dtype.value, ", ".join(spec.turn_end or [tokenizer.eos_token]))
     return out_dir
+
+
+def export_sharded(folder: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
+    """export_state_dict's folder for a sharded (fsdp_tp) checkpoint, its weights streamed from the
+    shards one tensor at a time (stream_export.py): never the whole model in memory."""
+    from tinytrain.checkpoint.stream_export import write_weights
+
+    spec = spec or ExportSpec()
+    with export_folder(out_dir) as tmp:
+        model = meta_model(model_config, true_vocab)
+        tokenizer = prepare_served(model, tokenizer, spec)
+        save_config(model, tmp)
+        write_weights(Path(folder), model, true_vocab, tmp)
+        tokenizer.save_pretrained(str(tmp))
+        readable(tmp)
+    log.info("exported Hugging Face model to %s (%d vocab rows, %s, stops at %s; streamed from the shards)", out_dir, true_vocab, spec.dtype.value, ", ".join(spec.turn_end or [tokenizer.eos_token]))
+    return out_dir
+
+
+def prepare_served(model, tokenizer, spec: ExportSpec):
+    """The model in the export dtype, its config and generation settings for serving; returns the
+    tokenizer to save beside it."""
+    model.to(spec.dtype.torch)
+    # Training runs without the KV cache (packed documents); served generation needs it.
+    model.config.use_cache = True
+    tokenizer = served_tokenizer(tokenizer, spec)
+    ends = [tokenizer.convert_tokens_to_ids(t) for t in spec.turn_end] or [tokenizer.eos_token_id]
+    generation = model.generation_config
+    generation.eos_token_id = ends  # list form: stop at any turn end
+    generation.bos_token_id = tokenizer.bos_token_id
+    generation.pad_token_id = tokenizer.pad_token_id
+    generation.use_cache = True
+    return tokenizer
+
+
+def save_config(model, out_dir: Path) -> None:
+    """What save_pretrained writes besides the weights (config.json with the dtype and architecture,
+    generation_config.json, a custom model's code), for a model whose weights are written apart."""
+    model.config.dtype = str(model.dtype).split(".")[1]
+    model.config.architectures = [type(model).__name__]
+    if getattr(model, "_auto_class", None) is not None:
+        from transformers.dynamic_module_utils import custom_object_save
+
+        custom_object_save(model, str(out_dir), config=model.config)
+    model.config.save_pretrained(str(out_dir))
+    if model.can_generate():
+        model.generation_config.save_pretrained(str(out_dir))
+
+
+def meta_model(model_config, true_vocab: int):
+    """The HF model with `true_vocab` rows on the meta device (shapes and names, no weights)."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model_config)
+    config.vocab_size = true_vocab
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 @contextlib.contextmanager
@@ -113,12 +160,7 @@ def export_folder(out_dir: Path):
 
 def model_from_state_dict(state_dict: dict, model_config, true_vocab: int):
     """The HF model with `true_vocab` rows holding `state_dict`'s weights (no copy of the tensors)."""
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(model_config)
-    config.vocab_size = true_vocab
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_model(model_config, true_vocab)
     names = vocab_param_names(model)
     unpad_vocab(state_dict, names, true_vocab)
     model.load_state_dict(state_dict, strict=True, assign=True)
@@ -167,4 +209,8 @@ def checkpoint_state_dict(ckpt_path: Path) -> dict:
 
 
 def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
+    """A sharded folder streams (export_sharded) unless LoRA adapters are to be merged (each merged
+    weight needs its base and adapter tensors together: the whole-weights path)."""
+    if is_sharded(Path(ckpt_path)) and not adapters:
+        return export_sharded(Path(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec)
     return export_state_dict(checkpoint_state_dict(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec, adapters)

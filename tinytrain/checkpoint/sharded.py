@@ -149,20 +149,25 @@ def shape_stand_ins(folder: Path, key: str) -> dict:
     return {k: torch.empty(size, device="meta") for k, size in shapes.items()}
 
 
+def read_weight(folder: Path, name: str, key: str, index=None) -> torch.Tensor:
+    """One tensor of the folder, whole (from every rank's chunks), by its flat name."""
+    index = index or read_index(folder, key)
+    md = index.state_dict_metadata.get(name)
+    if md is None:
+        raise ConfigError(Problem(key, str(folder), f"holds no tensor {name}", "use a checkpoint of this run's model"))
+    return read_tensors(folder, {name: torch.empty(md.size, dtype=md.properties.dtype)}, key, index)[name]
+
+
 def consolidated_weights(folder: Path, key: str) -> dict[str, torch.Tensor]:
-    """The HF model's full weights (`model.` prefix removed, vocab rows padded as trained: the
-    export and init_from unpad them), read one tensor at a time: never the optimizer state."""
+    """The HF model's full weights (`model.` prefix removed, vocab rows padded as trained: init_from
+    and generate unpad them), read one tensor at a time: never the optimizer state. All of them at
+    once: the export streams instead (stream_export.py)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     index = read_index(folder, key)
     prefix = MODEL_KEY + "." + MODULE_PREFIX
-    weights = {}
-    for name, md in index.state_dict_metadata.items():
-        if not (name.startswith(prefix) and isinstance(md, TensorStorageMetadata)):
-            continue
-        tensor = read_tensors(folder, {name: torch.empty(md.size, dtype=md.properties.dtype)}, key, index)[name]
-        weights[name.removeprefix(prefix)] = tensor
-    return weights
+    names = [n for n, md in index.state_dict_metadata.items() if n.startswith(prefix) and isinstance(md, TensorStorageMetadata)]
+    return {name.removeprefix(prefix): read_weight(folder, name, key, index) for name in names}
 
 
 def SafeLoadPlanner():  # noqa: N802 (a class, built when first needed: DCP is imported lazily)

@@ -33,14 +33,18 @@ def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
 
 
 def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
-    from tinytrain.checkpoint.export import export_spec, export_state_dict
+    from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict
+    from tinytrain.checkpoint.sharded import is_sharded
 
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
+    if is_sharded(saved.checkpoint) and not saved.finetune:  # fsdp_tp: streamed from the shards, one tensor at a time
+        export_sharded(saved.checkpoint, saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec)
+    else:
+        export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 
@@ -109,7 +113,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     data config given on the command line) -> eval.json."""
     import torch
 
-    from tinytrain.data.bos_policy import resolve_add_bos
+    from tinytrain.data.bos_policy import resolve_add_bos, with_bos
     from tinytrain.data.datamodule import DataModule
     from tinytrain.model.module import causal_lm_loss
 
@@ -118,9 +122,10 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (its held-out split is evaluated)"))
     data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data
     if saved.train_cfg is not None:
-        data_cfg.prepend_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS policy
+        add_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS decision
     else:
-        data_cfg.prepend_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
+        add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
+    data_cfg = with_bos(data_cfg, add_bos)
     data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
