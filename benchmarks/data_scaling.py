@@ -1,7 +1,7 @@
 """How the data path grows with the corpus: build throughput in parts, peak memory of a build and of
 a rank's data path, the sample index at 2B vs 20B tokens, time to first batch, SFT start warm vs cold.
 
-    python benchmarks/data_scaling.py [--small-mb 20] [--large-mb 200] [--workers 2] [--only corpus|index|sft]
+    python benchmarks/data_scaling.py [--small-mb 20] [--large-mb 200] [--workers 2] [--only corpus|index|mixture|sft]
 
 Every measurement runs in a fresh child process (peak RSS is the child's own ru_maxrss; "added"
 is peak RSS minus the RSS after imports, before the data is touched). Corpus: synthetic JSON Lines
@@ -16,6 +16,11 @@ documents (~1,200 characters each), in 8 shards per size, tokenized with the bun
   index 2B vs 20B      synthetic stores (document offsets of ~1,000-token documents, a sparse token
                        file): the first rank computing the index, and another rank mapping it and
                        drawing 1,000 windows of 2048: added memory, time to first batch
+  mixture 2B vs 20B    a two-source mixture (data.sources, weights 0.7 / 0.3) over synthetic stores
+                       of 1B + 1B vs 10B + 10B tokens: the first rank computes the index and the pass
+                       orders, another rank (1 of 8) maps them and draws 1,000 windows of 2048:
+                       private memory; side by side, the same rank with the pass orders computed in
+                       memory and the epoch's stream at once (how the sampler worked before)
   SFT warm vs cold     a DataModule over 4,000 Alpaca-style records, first start (tokenizes) vs the
                        next (reads the cache)
 """
@@ -118,6 +123,41 @@ def child_windows(args) -> dict:
     }
 
 
+def child_mixture(args) -> dict:
+    """A rank's data path over a two-source mixture whose stores (synthetic) are in the cache."""
+    from tinytrain.data import mixture_sampler
+    from tinytrain.data.datamodule import DataModule
+    from tinytrain.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(TOKENIZER))
+    cfg = data_cfg(mixture_overrides(Path(args.path), Path(args.cache)))
+    base = reset_peak()
+    anon = _status("RssAnon:")
+    start = time.perf_counter()
+    dm = DataModule(cfg, tok, micro_batch_size=8, seed=0, progress=False, data_parallel=args.world)
+    sampler = dm.train_sampler
+    if args.orders == "memory":  # as before: pass orders in memory, the epoch's stream at once
+        mixture_sampler.CHUNK = 1 << 62
+        sampler = mixture_sampler.MixtureBatchSampler(sampler.names, sampler.sizes, sampler.weights, sampler.batch_size, sampler.seed)
+    sampler.set_shard(args.rank, args.world)
+    seen, first = 0, None
+    for batch in sampler:
+        for i in batch:
+            dm.train[i]
+        if first is None:
+            first = time.perf_counter() - start
+        sampler.advance()
+        seen += len(batch)
+        if seen >= WINDOWS:
+            break
+    return {"first_batch_s": first, "seconds": time.perf_counter() - start, "added_mb": peak_mb() - base, "anon_mb": _status("RssAnon:") - anon, "windows": len(dm.train)}
+
+
+def mixture_overrides(folder: Path, cache: Path) -> list[str]:
+    entries = ", ".join(f"{{path: {folder / name}.txt, weight: {w}}}" for name, w in (("web", 0.7), ("code", 0.3)))
+    return ["data=mixture", f"data.sources=[{entries}]", f"data.cache_dir={cache}", "data.seq_len=2048", "data.val_fraction=0.001"]
+
+
 def child_sft(args) -> dict:
     from tinytrain.data.datamodule import DataModule
     from tinytrain.data.tokenizer import load_tokenizer
@@ -205,15 +245,15 @@ def main() -> None:
     p.add_argument("--small-mb", type=float, default=20.0)
     p.add_argument("--large-mb", type=float, default=200.0)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--only", choices=["corpus", "index", "sft"], help="one section of the report")
+    p.add_argument("--only", choices=["corpus", "index", "mixture", "sft"], help="one section of the report")
     p.add_argument("--child")
-    for name in ("path", "cache", "store"):
+    for name in ("path", "cache", "store", "orders"):
         p.add_argument(f"--{name}", default="")
     for name, default in (("parts", 1), ("seq-len", 2048), ("rank", 0), ("world", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args()
     if args.child:
-        print(json.dumps({"build": child_build, "windows": child_windows, "sft": child_sft}[args.child](args)))
+        print(json.dumps({"build": child_build, "windows": child_windows, "mixture": child_mixture, "sft": child_sft}[args.child](args)))
         return
 
     root = Path(tempfile.mkdtemp(prefix="tinytrain-data-scaling-"))
@@ -229,6 +269,8 @@ def report(args, root: Path) -> None:
         corpus_section(args, root)
     if args.only in (None, "index"):
         index_section(root)
+    if args.only in (None, "mixture"):
+        mixture_section(root)
     if args.only in (None, "sft"):
         sft_section(root)
 
@@ -283,6 +325,48 @@ def index_section(root: Path) -> None:
     print(
         f"  index 20B / 2B, another rank: private memory {b['anon_mb'] / max(a['anon_mb'], 0.1):.2f}x ({b['anon_mb']:.1f} MB at 20B; target <= 1.2x, <= 64 MiB), "
         f"all added RSS {b['added_mb'] / a['added_mb']:.2f}x, first batch {b['first_batch_s'] / a['first_batch_s']:.2f}x"
+    )
+
+
+def mixture_stores(folder: Path, cache: Path, tokens: float) -> None:
+    """Two small text files as the mixture's sources, and a synthetic store of tokens / 2 in the
+    cache under each one's store key (what a build of them would have written)."""
+    from tinytrain.data.mixture import members
+    from tinytrain.data.sources import fingerprint as source_fingerprint
+    from tinytrain.data.store import store_key
+    from tinytrain.data.tokenizer import fingerprint, load_tokenizer
+
+    folder.mkdir(parents=True)
+    for name in ("web", "code"):
+        (folder / f"{name}.txt").write_text(f"{name} placeholder\n")
+    cfg = data_cfg(mixture_overrides(folder, cache))
+    tok_fp = fingerprint(load_tokenizer(str(TOKENIZER)))
+    for m in members(cfg):
+        key = store_key(source_fingerprint(m.source), tok_fp, cfg.append_eos, cfg.prepend_bos)
+        store = synthetic_store(cache / "stores" / key, tokens / 2)
+        meta = json.loads((store / "meta.json").read_text())
+        (store / "meta.json").write_text(json.dumps({**meta, "store_key": key}))
+
+
+def mixture_section(root: Path) -> None:
+    result = {}
+    for label, tokens in (("2B", 2e9), ("20B", 2e10)):
+        folder, cache = root / f"mix{label}", root / f"mix_cache{label}"
+        mixture_stores(folder, cache, tokens)
+        first = run_child("mixture", path=folder, cache=cache)
+        other = run_child("mixture", path=folder, cache=cache, rank=1, world=8)
+        before = run_child("mixture", path=folder, cache=cache, rank=1, world=8, orders="memory")
+        result[label] = (other, before)
+        print(
+            f"  mixture {label} tokens (2 sources, {first['windows']:,} windows of 2048): first rank computes the index and pass orders: added {first['added_mb']:.0f} MB, {first['seconds']:.1f} s; "
+            f"another rank: private {other['anon_mb']:.1f} MB (peak RSS +{other['added_mb']:.1f} MB), first batch {other['first_batch_s']:.2f} s; "
+            f"the same with the orders in memory (before): private {before['anon_mb']:.1f} MB (peak RSS +{before['added_mb']:.1f} MB), first batch {before['first_batch_s']:.2f} s"
+        )
+        shutil.rmtree(cache, ignore_errors=True)
+    (a, a_before), (b, b_before) = result["2B"], result["20B"]
+    print(
+        f"  mixture 20B / 2B, another rank's private memory: {b['anon_mb'] / max(a['anon_mb'], 0.1):.2f}x ({b['anon_mb']:.1f} MB at 20B; target <= 1.2x, <= 64 MiB); "
+        f"orders in memory (before): {b_before['anon_mb'] / max(a_before['anon_mb'], 0.1):.2f}x ({b_before['anon_mb']:.1f} MB at 20B)"
     )
 
 

@@ -35,7 +35,8 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     """The stages in order; each call is one stage. Returns what the mode produced: the data
     (prepare), the RunPlan (plan, sbatch), the training result (train) or an output mode's
     (export, generate, eval)."""
-    from tinytrain.data.bos_policy import apply_bos_policy
+    from tinytrain.data.bos_policy import decide_bos
+    from tinytrain.data.run_data import RunData
     from tinytrain.data.tokenizer import load_from_config
     from tinytrain.outputs import modes
     from tinytrain.plan.planner import make_plan
@@ -48,14 +49,14 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)
     tokenizer = load_from_config(cfg.tokenizer)
-    # One BOS policy for the token store, SFT samples and the export (config_resolved.yaml records it).
-    bos = apply_bos_policy(cfg, tokenizer)
+    # One BOS decision for the token store, SFT samples and the export (the plan carries it).
+    bos = decide_bos(cfg, tokenizer)
+    data = RunData(cfg.data, tokenizer, bos, cfg.seed, progress=is_rank_zero())
     if cfg.mode == Mode.prepare:
-        return prepare_data(cfg, tokenizer)
-    # A mixture's plan table is read from its data as training builds it: built once, here, for
-    # the plan and for training (each SFT source tokenized once).
-    data = build_data(cfg, tokenizer) if cfg.data.sources else None
+        return prepare_data(cfg, data)
     plan = make_plan(cfg, tokenizer, run_dir, bos, data=data)
+    # After planning the plan is the source: a stage writing into the config fails here, loudly.
+    OmegaConf.set_readonly(cfg, True)
     if is_rank_zero():
         write_plan_files(cfg, plan, run_dir)
         print(plan.render(), flush=True)
@@ -68,7 +69,8 @@ def run_stages(cfg: DictConfig, run_dir: Path):
 
     from tinytrain.train.fit import fit
 
-    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=data)
+    # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
+    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=data.build(plan.batch))
 
 
 def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
@@ -128,29 +130,23 @@ def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> No
             log.info("checkpoint.init_from=%s not applied: the run continues from its own checkpoint", cfg.checkpoint.init_from)
 
 
-def build_data(cfg: DictConfig, tokenizer):
-    """What training reads (token stores built or reused; SFT samples tokenized and counted)."""
-    from tinytrain.data.datamodule import DataModule
-    from tinytrain.plan.layout import batch_layout, world_size
-
-    batch, _ = batch_layout(cfg, world_size(cfg))
-    return DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, progress=is_rank_zero(), data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
-
-
-def prepare_data(cfg: DictConfig, tokenizer):
+def prepare_data(cfg: DictConfig, data):
     """mode=prepare: build the data, say what was built, and stop. With data.prepare_part: that part
     of the token store only (a Slurm array task), and the store's manifest if it was the last."""
     if cfg.data.prepare_part is not None:
         from tinytrain.data import parts
         from tinytrain.data.sources import Source
 
-        lines = parts.prepare_one(Source.from_config(cfg.data), cfg.data, tokenizer)
+        lines = parts.prepare_one(Source.from_config(data.settings), data.settings, data.tokenizer)
         print("\n".join(f"data       {line}" for line in lines), flush=True)
         return lines
-    data = build_data(cfg, tokenizer)
+    from tinytrain.plan.layout import batch_layout, world_size
+
+    batch, _ = batch_layout(cfg, world_size(cfg))  # what training will draw (no plan is made)
+    built = data.build(batch)
     if is_rank_zero():
-        print(data.describe(), flush=True)
-    return data
+        print(built.describe(), flush=True)
+    return built
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -146,15 +146,14 @@ def test_precomputed_reference_equals_online_and_is_reused(assets, single_run, t
     (cache,) = (assets / "cache" / "reference_logps").glob("*.npz")
     # Online: the frozen reference copy a run without precompute builds scores the same pairs.
     from tinytrain.cli import run_stages
-    from tinytrain.data.bos_policy import apply_bos_policy
+    from tinytrain.data.bos_policy import with_bos
     from tinytrain.train.fit import build_module
 
     cfg = compose(args(assets))
     plan = run_stages(compose(["mode=plan", *args(assets)]), tmp_path / "plan")
     tok = load_from_config(cfg.tokenizer)
-    apply_bos_policy(cfg, tok)
     module = build_module(cfg, plan, tok)
-    data = DataModule(cfg.data, tok, micro_batch_size=4, seed=cfg.seed, progress=False)
+    data = DataModule(with_bos(cfg.data, plan.bos.add), tok, micro_batch_size=4, seed=cfg.seed, progress=False)
     with np.load(cache) as f:
         cached = f["train"]
     for start in range(0, 12, 4):

@@ -41,14 +41,13 @@ def export_dtype(requested: str, precision: Dtype) -> Dtype:
     return precision if requested == "auto" else Dtype(requested)
 
 
-def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: Dtype | None = None) -> ExportSpec:
-    """From the training run's config: its chat template when it fine-tuned, its precision (a
-    saved run's config_resolved.yaml holds Lightning's name for it; a run in progress passes its
-    plan's), its BOS policy."""
+def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: Dtype | None = None, *, add_bos: bool | None = None) -> ExportSpec:
+    """From the training run's config: its chat template when it fine-tuned, its precision and its
+    BOS decision (a saved run's config_resolved.yaml holds them; a run in progress passes its plan's)."""
     from tinytrain.config.schema import ChatTemplate, DataFormat
     from tinytrain.data.chat_jinja import jinja_template, turn_end_tokens
 
-    add_bos = bool(train_cfg.data.prepend_bos)
+    add_bos = bool(train_cfg.data.prepend_bos) if add_bos is None else add_bos
     template, ends = None, [tokenizer.eos_token]
     if DataFormat(train_cfg.data.format) != DataFormat.text:
         chat = ChatTemplate(train_cfg.data.chat_template)

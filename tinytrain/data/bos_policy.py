@@ -10,7 +10,10 @@ SFT samples and the export (its tokenizer adds BOS, its chat template starts wit
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+
+from omegaconf import OmegaConf, read_write
 
 from tinytrain.data.tokenizer import tokenizer_kind
 from tinytrain.errors import ConfigError, Problem
@@ -41,9 +44,17 @@ class BosDecision:
     reason: str
 
 
-def apply_bos_policy(cfg, tokenizer) -> BosDecision:
-    """Decide BOS once and write it where the data stage reads it (tokenizer.add_bos,
-    data.prepend_bos); the plan shows the decision and its reason."""
-    add, why = resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer)
-    cfg.tokenizer.add_bos = cfg.data.prepend_bos = add
-    return BosDecision(add, why)
+def decide_bos(cfg, tokenizer) -> BosDecision:
+    """The run's BOS decision, once, for the token store, SFT samples and the export; the plan
+    carries it (plan.bos) and the config stays as composed."""
+    return BosDecision(*resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer))
+
+
+def with_bos(data_cfg, add: bool):
+    """`data_cfg` as the data stage reads it: a read-only copy whose data.prepend_bos is the run's
+    decision (the token store's key, SFT samples and preference pairs follow it)."""
+    settings = copy.deepcopy(data_cfg)
+    with read_write(settings):
+        settings.prepend_bos = add
+    OmegaConf.set_readonly(settings, True)
+    return settings

@@ -55,6 +55,7 @@ class MixturePart:
     items: int  # windows, samples or packed rows per pass
     item_kind: str
     tokens: int  # training tokens per pass
+    orders: Path | None = None  # where its pass orders are written and mapped (beside its store); None: in memory
 
 
 class DataModule:
@@ -67,7 +68,7 @@ class DataModule:
         self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         self.parts: list[MixturePart] = []  # a mixture's sources (empty for one source)
-        self.val_mixture: tuple[list, list, list] = ([], [], [])  # names, sizes, weights of the sources validated on
+        self.val_mixture: tuple[list, list, list, list] = ([], [], [], [])  # names, sizes, weights, order folders of the sources validated on
         if data_cfg.sources:
             self.train, self.val = self._mixture(progress)
         elif data_cfg.format == DataFormat.text:
@@ -87,9 +88,10 @@ class DataModule:
         if self.parts:
             # Validation draws from the mixture too, the same batches every time and for every seed.
             self.train_sampler = MixtureBatchSampler(
-                [p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed, stage_weights(data_cfg), samples_per_step
+                [p.name for p in self.parts], [p.items for p in self.parts], [p.weight for p in self.parts], micro_batch_size, seed, stage_weights(data_cfg), samples_per_step, [p.orders for p in self.parts]
             )
-            self.val_sampler = MixtureBatchSampler(*self.val_mixture, micro_batch_size, SPLIT_SEED)
+            names, sizes, weights, orders = self.val_mixture
+            self.val_sampler = MixtureBatchSampler(names, sizes, weights, micro_batch_size, SPLIT_SEED, order_folders=orders)
         else:
             grouped = data_cfg.format != DataFormat.text and data_cfg.group_by_length
             # Pretraining: each epoch's order of windows written once and mapped by every rank.
@@ -233,39 +235,41 @@ class DataModule:
     # -- a weighted mixture ---------------------------------------------------------------------
 
     def _mixture_member(self, m: Member, progress: bool):
-        """(train, validation, items' name, training tokens per pass) of one mixture source."""
+        """(train, validation, items' name, training tokens per pass, where its pass orders are
+        mapped from) of one mixture source."""
         d = self.cfg
         where = f"{m.key} ({m.name})"
         if d.format == DataFormat.text:
             store = self._store(validation=False, progress=progress, src=m.source)
             train, val = self._split_windows(store, where)
-            return train, val, "windows", len(train) * d.seq_len
+            return train, val, "windows", len(train) * d.seq_len, index_root(d.cache_dir, store) / "orders"
         samples = self._samples(validation=False, src=m.source)
         train_ids, val_ids = split_indices(len(samples), d.val_fraction, SPLIT_SEED, "samples", where)
         train_samples = [samples[i] for i in train_ids]
         train, val, _ = self._sft_datasets(train_samples, [samples[i] for i in val_ids])
-        return train, val, "rows" if d.pack else "samples", sum(len(s.input_ids) for s in train_samples)
+        return train, val, "rows" if d.pack else "samples", sum(len(s.input_ids) for s in train_samples), None  # samples are in memory anyway
 
     def _mixture(self, progress: bool):
         d = self.cfg
-        trains, vals, val_names, val_sizes, val_weights = [], [], [], [], []
+        trains, vals, val_names, val_sizes, val_weights, val_orders = [], [], [], [], [], []
         for m in members(d):
-            train, val, kind, tokens = self._mixture_member(m, progress)
+            train, val, kind, tokens, orders = self._mixture_member(m, progress)
             if len(train) == 0:
                 raise ConfigError(Problem(m.source.key, m.source.path, f"mixture source {m.name!r} yields no training {kind} of data.seq_len={d.seq_len} tokens", "use a shorter data.seq_len, more data, or remove the source"))
-            self.parts.append(MixturePart(m.name, m.source.describe(), m.weight, len(train), kind, tokens))
+            self.parts.append(MixturePart(m.name, m.source.describe(), m.weight, len(train), kind, tokens, orders))
             trains.append(train)
             if len(val):  # a source too small to validate on is left out of validation (named below)
                 vals.append(val)
                 val_names.append(m.name)
                 val_sizes.append(len(val))
                 val_weights.append(m.weight)
+                val_orders.append(orders)
             self.lines.append(f"mixture source {m.name!r} (weight {m.weight:g}): {len(train):,} train {kind} ({tokens:,} tokens), {len(val):,} validation {kind}")
         if not vals:
             raise ConfigError(Problem("data.val_fraction", d.val_fraction, "no mixture source has a validation sequence", "raise data.val_fraction or use a shorter data.seq_len"))
         left_out = [p.name for p in self.parts if p.name not in val_names]
         self.lines.append(f"mixture: {len(self.parts)} sources drawn by weight (data.exhaustion={d.exhaustion.value}); validation from {', '.join(val_names)}" + (f" ({', '.join(left_out)}: too small)" if left_out else ""))
-        self.val_mixture = (val_names, val_sizes, val_weights)
+        self.val_mixture = (val_names, val_sizes, val_weights, val_orders)
         return ConcatDataset(trains), ConcatDataset(vals)
 
     # -- loaders --------------------------------------------------------------------------------

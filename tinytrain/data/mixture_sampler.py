@@ -17,7 +17,12 @@ stages, and one stage draws exactly what the weights alone did before stages exi
 so a source is read in a shuffled order, one whole pass before the next (data.exhaustion decides
 whether a second pass is allowed; callbacks/mixture_exhaustion.py stops the run otherwise). Every
 rank computes the same stream and trains the global batches j = rank (mod world), as
-ResumableBatchSampler does. The position saved in checkpoints is (g, n_k for every source, by name);
+ResumableBatchSampler does.
+
+Memory does not grow with the corpus: a source's shuffle for a pass is written once and mapped
+(sample_index.EpochOrders under the folder the data module names, beside the source's store), and
+the stream is computed a chunk of CHUNK samples at a time as batches are drawn, each source's
+position carried from the chunk before. The position saved in checkpoints is (g, n_k for every source, by name);
 a resumed run continues each source from its saved position, so nothing is repeated or skipped per
 source, and with the same weights and seed the stream is exactly the uninterrupted one. With other
 weights it continues each source where it was and draws by the new weights from there.
@@ -28,13 +33,17 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from tinytrain.data.sample_index import EpochOrders
+
 log = logging.getLogger(__name__)
 
 BLOCK = 1 << 16  # source draws are generated in blocks of this many samples, each from its own seed
+CHUNK = BLOCK  # samples whose items are computed at once when iterating
 
 
 def cumulative(p: np.ndarray) -> np.ndarray:
@@ -47,9 +56,21 @@ class MixtureBatchSampler(Sampler[list[int]]):
     """Batches of indices into the concatenation of the sources' datasets (source k's items start
     at offsets[k])."""
 
-    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[float], batch_size: int, seed: int, stages: Sequence[tuple[int | None, Sequence[float]]] = (), samples_per_step: int = 0):
+    def __init__(
+        self,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        weights: Sequence[float],
+        batch_size: int,
+        seed: int,
+        stages: Sequence[tuple[int | None, Sequence[float]]] = (),
+        samples_per_step: int = 0,
+        order_folders: Sequence[Path | None] = (),
+    ):
         """`stages`: (until_step, weights per source) in order (data.stages), the steps after the last
-        one drawn by `weights`; `samples_per_step`: the global batch in sequences (steps -> samples)."""
+        one drawn by `weights`; `samples_per_step`: the global batch in sequences (steps -> samples);
+        `order_folders`: where each source's pass orders are written and mapped (None, or none
+        given: computed in memory)."""
         if any(n < 1 for n in sizes):
             raise ValueError(f"every mixture source needs at least one item: {dict(zip(names, sizes))}")
         self.names = list(names)
@@ -71,10 +92,13 @@ class MixtureBatchSampler(Sampler[list[int]]):
         self.rank, self.world = 0, 1
         # Where the stream is known from: sample number and each source's position there (a fresh
         # start, or the checkpoint a resumed run continues). Counts further on are derived from it.
+        # Two cursors move on from there: the training step's (exhaustion checks, checkpoints) and
+        # the iterator's, which runs ahead of it by the batches being prefetched.
         self._origin = (0, np.zeros(len(self.names), dtype=np.int64))
-        self._known = self._origin
-        self._cache: tuple[int, int, int, np.ndarray] | None = None
-        self._last_block: tuple[int, np.ndarray] | None = None
+        self._known = {"step": self._origin, "iter": self._origin}
+        self._blocks: dict[int, np.ndarray] = {}
+        folders = list(order_folders) or [None] * len(self.names)
+        self._orders = [EpochOrders(folder, int(size), seed, (zlib.crc32(name.encode()),)) for folder, size, name in zip(folders, self.sizes, self.names)]
 
     def set_shard(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
@@ -99,8 +123,9 @@ class MixtureBatchSampler(Sampler[list[int]]):
         return np.concatenate(parts)
 
     def _block(self, block: int) -> np.ndarray:
-        # The last block is kept: each step's exhaustion check and checkpoint read the same one.
-        if self._last_block is None or self._last_block[0] != block:
+        # The last two blocks are kept: each step's exhaustion check and checkpoint read the same one,
+        # and the iterator, a little ahead, reads the same or the next.
+        if block not in self._blocks:
             uniform = np.random.default_rng([self.seed, block]).random(BLOCK)
             sample = block * BLOCK + np.arange(BLOCK)
             drawn = np.empty(BLOCK, dtype=np.int64)
@@ -109,52 +134,56 @@ class MixtureBatchSampler(Sampler[list[int]]):
                 at = (sample >= start) & (sample < end) if end is not None else sample >= start
                 drawn[at] = cdf.searchsorted(uniform[at], side="right")
                 start = end if end is not None else start
-            self._last_block = (block, drawn)
-        return self._last_block[1]
+            self._blocks = {**dict(list(self._blocks.items())[-1:]), block: drawn}  # the one before, and this
+        return self._blocks[block]
 
-    def positions_at(self, sample: int) -> np.ndarray:
+    def positions_at(self, sample: int, cursor: str = "step") -> np.ndarray:
         """Each source's position (samples drawn from it so far) before global sample `sample`."""
-        start, counts = self._known if sample >= self._known[0] else self._origin
+        start, counts = max((k for k in (self._origin, *self._known.values()) if k[0] <= sample), key=lambda k: k[0], default=self._origin)
         if sample < start:
             raise ValueError(f"sample {sample} is before this run's start of the stream ({start})")
-        counts = counts + np.bincount(self.draws(start, sample), minlength=len(self.names))
-        self._known = (sample, counts)
+        counts = counts.copy()
+        for lo in range(start, sample, BLOCK):  # a block at a time: no array as long as the stream
+            counts += np.bincount(self.draws(lo, min(sample, lo + BLOCK)), minlength=len(self.names))
+        self._known[cursor] = (sample, counts)
         return counts
 
     def items(self, start: int, stop: int) -> np.ndarray:
         """Dataset indices of global samples start .. stop - 1."""
         source = self.draws(start, stop)
-        positions = self.positions_at(start)
+        positions = self.positions_at(start, "iter")
         out = np.empty(stop - start, dtype=np.int64)
         for k, name in enumerate(self.names):
             mine = np.flatnonzero(source == k)
             ordinal = positions[k] + np.arange(len(mine))
             passes, within = np.divmod(ordinal, self.sizes[k])
             for p in np.unique(passes):
-                order = np.random.default_rng([self.seed, zlib.crc32(name.encode()), int(p)]).permutation(int(self.sizes[k]))
+                order = self._orders[k](int(p))  # np.random.default_rng([seed, crc32(name), pass]).permutation(N_k)
                 at = passes == p
                 out[mine[at]] = self.offsets[k] + order[within[at]]
         return out
 
     # -- the Sampler protocol (as ResumableBatchSampler) ----------------------------------------
 
-    def _epoch_items(self, first: int, last: int) -> np.ndarray:
-        b = self.batch_size
-        if self._cache is None or self._cache[:3] != (first, last, b):
-            self._cache = (first, last, b, self.items(first * b, last * b))
-        return self._cache[3]
-
     def __iter__(self) -> Iterator[list[int]]:
         # A pass that starts after the last one was fully consumed starts the next epoch (see
         # ResumableBatchSampler: this runs on the first batch requested).
-        if self.consumed >= self.epoch_batches:
+        # A position saved on another world size need not be a multiple of this one: the pass ends
+        # where every rank still gets a batch.
+        if self.consumed + self.world > self.epoch_batches:
             self.epoch, self.consumed = self.epoch + 1, 0
         first = self.epoch * self.epoch_batches + self.consumed
-        last = (self.epoch + 1) * self.epoch_batches
-        indices = self._epoch_items(first, last)
+        last = first + (self.epoch_batches - self.consumed) // self.world * self.world
         b = self.batch_size
+        per_chunk = max(1, CHUNK // b)  # global batches computed at once
+        chunk = (0, 0, np.zeros(0, dtype=np.int64))
         for j in range(first + self.rank, last, self.world):
-            yield indices[(j - first) * b : (j - first + 1) * b].tolist()
+            lo, hi, indices = chunk
+            if j >= hi:
+                lo, hi = j, min(last, j + per_chunk)
+                chunk = (lo, hi, self.items(lo * b, hi * b))
+                indices = chunk[2]
+            yield indices[(j - lo) * b : (j - lo + 1) * b].tolist()
 
     def __len__(self) -> int:
         return self.epoch_batches // self.world
@@ -221,5 +250,5 @@ class MixtureBatchSampler(Sampler[list[int]]):
             log.warning("data stages changed since the checkpoint (step %s): %s -> %s; the steps from here on are drawn by the new stages", step, state.get("stages", []), stages)
         batches = state["samples"] // self.batch_size
         self.epoch, self.consumed = divmod(batches, self.epoch_batches)
-        self._origin = self._known = (batches * self.batch_size, positions)
-        self._cache = None
+        self._origin = (batches * self.batch_size, positions)
+        self._known = {"step": self._origin, "iter": self._origin}

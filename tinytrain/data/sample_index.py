@@ -118,24 +118,33 @@ def whole_store(store) -> tuple[np.ndarray, np.ndarray]:
 
 
 class EpochOrders:
-    """The permutation of an epoch's samples, np.random.default_rng([seed, epoch]).permutation(n),
-    written once and mapped: callable as orders(epoch)."""
+    """The permutation of an epoch's samples, np.random.default_rng([seed, *salt, epoch]).permutation(n),
+    written once and mapped (or, with no folder, computed in memory, for data too small to need
+    it): callable as orders(epoch). `salt` tells apart orders of one size and seed (a mixture's
+    sources: their names' checksums)."""
 
-    def __init__(self, folder: Path, num_samples: int, seed: int):
-        self.folder, self.num_samples, self.seed = folder, num_samples, seed
+    def __init__(self, folder: Path | None, num_samples: int, seed: int, salt: tuple[int, ...] = ()):
+        self.folder, self.num_samples, self.seed, self.salt = folder, num_samples, seed, tuple(salt)
         self._mapped: tuple[int, np.ndarray] | None = None
 
     def __call__(self, epoch: int) -> np.ndarray:
         if self._mapped is not None and self._mapped[0] == epoch:
             return self._mapped[1]
-        name = f"order-n{self.num_samples}-seed{self.seed}-epoch{epoch}.npy"
+        if self.folder is None:
+            self._mapped = (epoch, self._permutation(epoch))
+            return self._mapped[1]
+        salt = "".join(f"-{s}" for s in self.salt)
+        name = f"order-n{self.num_samples}-seed{self.seed}{salt}-epoch{epoch}.npy"
         if not (self.folder / name).exists():
             self.folder.mkdir(parents=True, exist_ok=True)
             with BuildLock(self.folder / f"{name}.lock", f"epoch {epoch} order"):
                 if not (self.folder / name).exists():
-                    _save(self.folder, name, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
+                    _save(self.folder, name, self._permutation(epoch))
         self._mapped = (epoch, _map(self.folder, name))
         return self._mapped[1]
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, *self.salt, epoch]).permutation(self.num_samples)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_mapped": None}

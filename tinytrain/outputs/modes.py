@@ -113,7 +113,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     data config given on the command line) -> eval.json."""
     import torch
 
-    from tinytrain.data.bos_policy import resolve_add_bos
+    from tinytrain.data.bos_policy import resolve_add_bos, with_bos
     from tinytrain.data.datamodule import DataModule
     from tinytrain.model.module import causal_lm_loss
 
@@ -122,9 +122,10 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (its held-out split is evaluated)"))
     data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data
     if saved.train_cfg is not None:
-        data_cfg.prepend_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS policy
+        add_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS decision
     else:
-        data_cfg.prepend_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
+        add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
+    data_cfg = with_bos(data_cfg, add_bos)
     data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache

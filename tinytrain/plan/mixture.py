@@ -52,15 +52,12 @@ class MixturePlan:
         return {"exhaustion": self.exhaustion, "stop_step": self.stop_step, "sources": [asdict(s) for s in self.sources], "stages": [asdict(s) for s in self.stages]}
 
 
-def mixture_plan(cfg, tokenizer, batch, data=None) -> MixturePlan | None:
-    """The mixture table for a config with data.sources (None without), read from `data`, the
-    run's DataModule (built here as training builds it when not given)."""
+def mixture_plan(cfg, batch, run_data) -> MixturePlan | None:
+    """The mixture table for a config with data.sources (None without), read from the run's data
+    (a RunData: built here for `batch`, as training reads it)."""
     if not cfg.data.sources:
         return None
-    if data is None:
-        from tinytrain.data.datamodule import DataModule
-
-        data = DataModule(cfg.data, tokenizer, batch.micro_batch_size, cfg.seed, data_parallel=batch.data_parallel, samples_per_step=batch.global_batch_size)
+    data = run_data.build(batch)
     if cfg.data.exhaustion == Exhaustion.stop:
         first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
     from tinytrain.data.mixture import stage_weights

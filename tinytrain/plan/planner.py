@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import PLANNING_MODES
-from tinytrain.data.bos_policy import BosDecision, resolve_add_bos
+from tinytrain.data.bos_policy import BosDecision, decide_bos
+from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import deepspeed_config, finetune, resolve
 from tinytrain.plan import preference as preference_plan
@@ -33,12 +35,12 @@ from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.preflight.checks import run as run_preflight
 
 
-def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, data=None) -> RunPlan:
+def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, data: RunData | None = None) -> RunPlan:
     """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from;
-    `bos`: the BOS policy the data stage applied (decided here when none was); `data`: the run's
-    DataModule where the caller built it already (a mixture's table is read from it)."""
-    if bos is None:
-        bos = BosDecision(*resolve_add_bos(cfg.tokenizer, cfg.data, tokenizer))
+    `bos`: the run's BOS decision (decided here when not given); `data`: the run's data, which
+    training reads too (built here only for a mixture, whose table is read from it)."""
+    bos = bos or decide_bos(cfg, tokenizer)
+    data = data or RunData(cfg.data, tokenizer, bos, cfg.seed, progress=False)
     hardware = resolve.effective_hardware(cfg)
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
@@ -124,9 +126,10 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         preflight=preflight,
         init_from=init_from,
         resume=resume,
-        mixture=mixture_plan(cfg, tokenizer, batch, data),
+        mixture=mixture_plan(cfg, batch, data),
         finetune=adapters,
         preference=preference,
+        export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
         checkpoint=checkpoint_plan(
             cfg,
             params=params,

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
-from tinytrain.checkpoint.export import export_checkpoint, export_spec, export_state_dict
+from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch
@@ -88,19 +88,16 @@ def frozen_dtype(plan: RunPlan):
     return compute_dtype(plan)
 
 
-def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data=None) -> dict:
-    """Build the data (unless `data`, the DataModule a mixture's plan was read from, is given), the
-    module and the trainer for the plan, train, save the final checkpoint and (rank 0) export. A
-    plan with a resume point continues from it."""
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> dict:
+    """Build the module and the trainer for the plan, train on `data` (the run's DataModule, built
+    for the plan's batch), save the final checkpoint and (rank 0) export. A plan with a resume
+    point continues from it."""
     import lightning.pytorch as pl
 
     preemption = Preemption(run_dir)
     preemption.install_early()  # a SIGUSR1 while the data is built is honoured at the first step
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
-    # Data first: bad data is reported before weights are allocated.
-    if data is None:
-        data = DataModule(cfg.data, tokenizer, plan.batch.micro_batch_size, cfg.seed, data_parallel=plan.batch.data_parallel, samples_per_step=plan.batch.global_batch_size)
     log.info("%s", data.describe())
     report(data_findings(cfg, data.stores, plan.vocab.true))
     precompute = reference_cache_callbacks(cfg, plan, data)
@@ -182,7 +179,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), consolidate_deepspeed)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
-        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype))
+        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, plan.export)
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
@@ -190,22 +187,21 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype)
         adapters = plan.finetune and plan.finetune.to_dict()
         config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
         if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
-            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
+            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
         else:
             # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
             weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
-            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
+            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:
         print(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps, or where the data ran out
-        why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={cfg.trainer.max_steps}"
+        why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={plan.max_steps}"
         print(f"no step left to train ({why}){val}")
     else:
         print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")

@@ -3,6 +3,7 @@ source the sampler drew, validation drawn by weight too."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,6 +45,8 @@ def test_every_row_comes_from_the_source_drawn_and_the_shares_follow_the_weights
     n, bananas = len(rows), rows.count("bananas")
     assert abs(bananas - 0.75 * n) <= 5 * math.sqrt(n * 0.75 * 0.25)  # binomial bound, as in test_mixture_sampler.py
     assert {source(ids) for batch in data.val_dataloader() for ids in batch["input_ids"]} == {"apples", "bananas"}
+    for store, part in zip(data.stores, data.parts):  # each source's pass orders are mapped from beside its store
+        assert part.orders == Path(store.path) / "index" / "orders" and len(list(part.orders.glob("order-*-epoch0.npy"))) == 2  # train and validation
 
 
 def test_sft_sources_mix_instruction_records(tmp_path, bundled_tokenizer):

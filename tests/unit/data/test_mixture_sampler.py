@@ -2,10 +2,12 @@
 resume per source, the same stream on any number of data-parallel ranks, and the exhaustion check."""
 
 import math
+import zlib
 
 import numpy as np
 import pytest
 
+from tinytrain.data import mixture_sampler
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 
 NAMES = ["big", "small", "medium"]
@@ -70,6 +72,31 @@ def test_each_source_is_read_in_whole_shuffled_passes():
         for one_pass in passes:  # every item once per pass, nothing repeated before all are seen
             assert sorted(one_pass) == list(range(offset, offset + size))
         assert passes[0] != passes[1]  # each pass is shuffled anew
+
+
+def test_mapped_pass_orders_and_a_stream_computed_in_chunks_give_the_same_batches(tmp_path, monkeypatch):
+    """Memory that does not grow with the data: each source's pass orders written once and mapped,
+    the stream computed a few batches at a time (the training step's checks in between), on two
+    ranks: the same batches as the whole epoch's stream computed at once in memory."""
+    reference = train(sampler(), 200)  # 92 batches per epoch: crosses one
+    monkeypatch.setattr(mixture_sampler, "CHUNK", 3 * BATCH)
+    ranks = [MixtureBatchSampler(NAMES, SIZES, WEIGHTS, BATCH, 1234, order_folders=[tmp_path / name for name in NAMES]) for _ in range(2)]
+    for r, s in enumerate(ranks):
+        s.set_shard(r, 2)
+    out, iters = [], [iter(s) for s in ranks]
+    while len(out) < 200:
+        for k, it in enumerate(iters):
+            batch = next(it, None)
+            if batch is None:  # the epoch's end: the training loop starts the next
+                iters[k] = it = iter(ranks[k])
+                batch = next(it)
+            out.append(batch)
+        for s in ranks:
+            s.advance()
+            s.first_exhausted(2), s.state_dict()  # the step's cursor, behind the iterator's
+    assert out == reference
+    small = ranks[0]._orders[1]
+    assert isinstance(small(0), np.memmap) and sorted(p.name for p in (tmp_path / "small").glob("*.npy"))[:2] == [f"order-n40-seed1234-{zlib.crc32(b'small')}-epoch{p}.npy" for p in (0, 1)]
 
 
 def test_a_resumed_sampler_continues_every_source_exactly():
