@@ -115,13 +115,24 @@ def test_bos_policy_per_family(llama2, bundled_tokenizer):
     assert not forced and why == "tokenizer.add_bos=false"
 
 
-def test_bos_in_the_plan(tmp_path):
-    from tests.conftest import run_cli
+def test_bos_in_the_plan(tmp_path, capsys):
+    """The decision travels in the plan and config_resolved.yaml; the config itself is not written
+    to, and is read-only once planned (a stage writing into it fails loudly)."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ReadonlyConfigError
 
-    result = run_cli(["mode=plan", "tokenizer=llama2"], tmp_path / "run")
-    assert result.returncode == 0, result.stderr
+    from tinytrain.cli import run_stages
+
+    cfg = compose(["mode=plan", "tokenizer=llama2"])
+    run_stages(cfg, tmp_path / "run")
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
-    assert plan["tokenizer"]["add_bos"] is True and "bos        on: SentencePiece" in result.stdout
+    assert plan["tokenizer"]["add_bos"] is True and "bos        on: SentencePiece" in capsys.readouterr().out
+    resolved = yaml.safe_load((tmp_path / "run" / "config_resolved.yaml").read_text())
+    assert resolved["tokenizer"]["add_bos"] is True and resolved["data"]["prepend_bos"] is True
+    assert cfg.tokenizer.add_bos is None and cfg.data.prepend_bos is False and OmegaConf.is_readonly(cfg)
+    with pytest.raises(ReadonlyConfigError):
+        cfg.trainer.max_steps = 1
 
 
 def test_llama2_yaml_comment_override_parses():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.data.bos_policy import BosDecision, decide_bos
@@ -128,6 +129,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         mixture=mixture_plan(cfg, batch, data),
         finetune=adapters,
         preference=preference,
+        export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
         checkpoint=checkpoint_plan(
             cfg,
             params=params,

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from tinytrain.checkpoint.export import ExportSpec
 from tinytrain.config.schema import Strategy
 from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
@@ -90,6 +91,7 @@ class RunPlan:
     finetune: FinetunePlan | None = None  # finetune=lora|qlora: adapters, trainable rows, frozen base dtype
     preference: PreferencePlan | None = None  # finetune.objective=dpo|ipo|simpo: settings and the reference
     checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
+    export: ExportSpec = ExportSpec()  # what the end-of-run export and training's samples serve: template, stops, BOS, dtype
 
     @property
     def on_gpu(self) -> bool:

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
-from tinytrain.checkpoint.export import export_checkpoint, export_spec, export_state_dict
+from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch
@@ -179,7 +179,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), consolidate_deepspeed)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
-        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype, add_bos=plan.bos.add))
+        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, plan.export)
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
@@ -187,15 +187,14 @@ def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer,
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
-        spec = export_spec(cfg, tokenizer, cfg.export.dtype.value, plan.precision.dtype, add_bos=plan.bos.add)
         adapters = plan.finetune and plan.finetune.to_dict()
         config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
         if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
-            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
+            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
         else:
             # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
             weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
-            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, spec, adapters)
+            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

@@ -133,11 +133,12 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
 
 
-def mixture_callbacks(cfg, plan: RunPlan, train_sampler) -> list:
+def mixture_callbacks(plan: RunPlan, train_sampler) -> list:
     """data.exhaustion=stop over a mixture: the callback that ends the run before a source repeats."""
-    if not (cfg.data.sources and cfg.data.exhaustion == Exhaustion.stop and train_sampler is not None):
+    mixture = plan.mixture
+    if not (mixture and mixture.exhaustion == Exhaustion.stop.value and train_sampler is not None):
         return []
-    keys = [f"data.sources[{i}].path" for i in range(len(cfg.data.sources))]
+    keys = [f"data.sources[{i}].path" for i in range(len(mixture.sources))]
     return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
 
 
@@ -159,8 +160,8 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
-        *mixture_callbacks(cfg, plan, train_sampler),
-        RNGState(),
+        *mixture_callbacks(plan, train_sampler),
+        RNGState(cfg.seed),
         DeadRank(run_dir),
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from tinytrain.checkpoint.export import export_spec, served_tokenizer
+from tinytrain.checkpoint.export import served_tokenizer
 from tinytrain.config.schema import DataFormat
 from tinytrain.model.generation import Sampling, generate
 
@@ -61,7 +61,7 @@ def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
     g = cfg.generate
     if not g.sample_prompts:
         return []
-    spec = export_spec(cfg, tokenizer, precision=plan.precision.dtype, add_bos=plan.bos.add)
+    spec = plan.export  # the served model's template, stops and BOS
     served = served_tokenizer(tokenizer, spec)
     chat = DataFormat(cfg.data.format) != DataFormat.text if g.chat is None else bool(g.chat)
     stops = [served.convert_tokens_to_ids(t) for t in spec.turn_end]
