@@ -70,6 +70,16 @@ class PackedWindows(Dataset):
     def __len__(self) -> int:
         return self.n
 
+    def _read(self, start: int, stop: int, first_doc: int, last_doc: int) -> np.ndarray:
+        """Stream tokens start .. stop - 1 (in documents first_doc .. last_doc): one contiguous read
+        of the token file per document (TokenStore.read)."""
+        pieces = []
+        for d in range(first_doc, last_doc + 1):
+            lo, hi = max(start, int(self.stream_starts[d])), min(stop, int(self.stream_starts[d + 1]))
+            at = int(self.doc_starts[d]) + lo - int(self.stream_starts[d])
+            pieces.append(self.store.read(at, at + hi - lo))
+        return (pieces[0] if len(pieces) == 1 else np.concatenate(pieces)).astype(np.int64)
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < self.n:
             raise IndexError(i)
@@ -85,7 +95,7 @@ class PackedWindows(Dataset):
                 break
             span *= 4
         doc = first + np.searchsorted(local, pos, side="right") - 1
-        tokens = self.store.tokens[self.doc_starts[doc] + (pos - self.stream_starts[doc])].astype(np.int64)
+        tokens = self._read(start, start + self.seq_len + 1, int(doc[0]), int(doc[-1]))
         labels = tokens[1:].copy()
         if not self.predict_across:
             labels[doc[1:] != doc[:-1]] = IGNORE  # e.g. EOS -> the next document's first token
