@@ -304,7 +304,8 @@ def corpus_section(args, root: Path) -> None:
     s, l_ = path_rss["small"], path_rss["large"]
     print(
         f"  data path, a second rank: open + first {WINDOWS} windows of 256: added {s['added_mb']:.1f} MB at {args.small_mb:g} MB ({s['anon_mb']:.1f} private), "
-        f"{l_['added_mb']:.1f} MB at {args.large_mb:g} MB ({l_['anon_mb']:.1f} private); ratio {l_['added_mb'] / s['added_mb']:.2f}x; first batch {s['first_batch_s']:.2f} s vs {l_['first_batch_s']:.2f} s"
+        f"{l_['added_mb']:.1f} MB at {args.large_mb:g} MB ({l_['anon_mb']:.1f} private); private {l_['anon_mb'] / max(s['anon_mb'], 0.1):.2f}x, "
+        f"mapped page cache {l_['file_mb']:.1f} / {s['file_mb']:.1f} MB, all added RSS {l_['added_mb'] / s['added_mb']:.2f}x (target <= 1.2x for {args.large_mb / args.small_mb:g}x data); first batch {s['first_batch_s']:.2f} s vs {l_['first_batch_s']:.2f} s"
     )
     shutil.rmtree(root / "large", ignore_errors=True)
 

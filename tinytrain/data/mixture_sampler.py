@@ -168,10 +168,12 @@ class MixtureBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         # A pass that starts after the last one was fully consumed starts the next epoch (see
         # ResumableBatchSampler: this runs on the first batch requested).
-        if self.consumed >= self.epoch_batches:
+        # A position saved on another world size need not be a multiple of this one: the pass ends
+        # where every rank still gets a batch.
+        if self.consumed + self.world > self.epoch_batches:
             self.epoch, self.consumed = self.epoch + 1, 0
         first = self.epoch * self.epoch_batches + self.consumed
-        last = (self.epoch + 1) * self.epoch_batches
+        last = first + (self.epoch_batches - self.consumed) // self.world * self.world
         b = self.batch_size
         per_chunk = max(1, CHUNK // b)  # global batches computed at once
         chunk = (0, 0, np.zeros(0, dtype=np.int64))

@@ -42,10 +42,14 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def set_shard(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
 
+    def all_batches(self) -> int:
+        """Global batches of an epoch, untrimmed."""
+        full, rest = divmod(self.num_samples, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
     def num_batches(self) -> int:
         """Global batches of an epoch, trimmed so each rank gets the same number."""
-        full, rest = divmod(self.num_samples, self.batch_size)
-        n = full + (1 if rest and not self.drop_last else 0)
+        n = self.all_batches()
         return n - n % self.world
 
     def batch(self, epoch: int, b: int) -> list[int]:
@@ -97,11 +101,14 @@ class ResumableBatchSampler(Sampler[list[int]]):
         # consumed starts the next epoch. (Lightning's epoch number is not used: after resuming
         # from a checkpoint taken at an epoch's end it skips one.) This runs on the first batch
         # requested, not when an iterator is merely created.
-        if self.consumed >= self.num_batches():
+        # The position need not be a multiple of this run's world size (saved on another one): the
+        # pass starts at the first batch not trained on, and ends where every rank still gets one.
+        if self.consumed + self.world > self.all_batches():
             self.epoch, self.consumed = self.epoch + 1, 0
-        epoch = self.epoch
-        # This rank's batches are rank, rank + world, ...; resume after those already consumed.
-        for b in range(self.rank + (self.consumed // self.world) * self.world, self.num_batches(), self.world):
+        epoch, first = self.epoch, self.consumed
+        end = first + (self.all_batches() - first) // self.world * self.world
+        # This rank's batches are first + rank, first + rank + world, ...
+        for b in range(first + self.rank, end, self.world):
             yield self.batch(epoch, b)
 
     def __len__(self) -> int:

@@ -19,7 +19,8 @@ tests/integration check the estimate against the checkpoints real runs write (wi
 
 Host memory one rank needs at most while saving (on GPUs: what is copied to host memory at once):
 a file save streams tensor by tensor (the largest tensor); a sharded save the same, unless async,
-which stages the rank's whole shard in host memory first; DeepSpeed the rank's largest flat
+which stages the rank's whole shard in host memory (held from the first async save to the end of the
+run: each later save copies into the same buffers); DeepSpeed the rank's largest flat
 partition (4 B/P over the dp ranks). Gathering on rank 0 (fsdp_tp before sharded saves) would need
 the whole checkpoint there; the plan prints that figure beside it.
 """

@@ -161,7 +161,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *([DataPosition(train_sampler)] if train_sampler is not None else []),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *mixture_callbacks(plan, train_sampler),
-        RNGState(),
+        RNGState(cfg.seed),
         DeadRank(run_dir),
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),

@@ -71,6 +71,36 @@ def test_ranks_get_disjoint_equal_shards_and_resume_on_another_world_size():
     assert list(one)[0] == full[4]
 
 
+def test_a_position_that_is_not_a_multiple_of_the_new_world_size_neither_repeats_nor_skips():
+    """2 batches trained on 1 rank, resumed on 4 (and 3 on 3 ranks, resumed on 2): each rank starts
+    at the first batch not trained on (4 ranks started at batch 0: a repeat), and every rank gets
+    as many batches. 50 samples in 12 batches of 4."""
+
+    def resumed(consumed, world):
+        state = {"epoch": 0, "consumed_batches": consumed, "num_samples": 50, "batch_size": 4, "seed": 3}
+        ranks = [ResumableBatchSampler(50, 4, seed=3) for _ in range(world)]
+        for rank, s in enumerate(ranks):
+            s.set_shard(rank, world)
+            s.load_state_dict(state)
+        return ranks
+
+    full = ResumableBatchSampler(50, 4, seed=3).global_batches(0)
+    for consumed, world in ((2, 4), (3, 2)):
+        ranks = resumed(consumed, world)
+        passes = [list(s) for s in ranks]
+        dealt = (12 - consumed) // world
+        assert [len(p) for p in passes] == [dealt] * world
+        assert [p[0] for p in passes] == full[consumed : consumed + world]
+        assert sorted(flat(flat(passes))) == sorted(flat(full[consumed : consumed + dealt * world]))
+        for s in ranks:  # the epoch's rest trained on: the next pass is the next epoch's
+            for _ in range(dealt):
+                s.advance()
+            assert list(s)[0] == s.global_batches(1)[s.rank] and s.epoch == 1
+    # 11 of 12 trained: the last batch cannot go to both ranks, so (as in an aligned epoch's
+    # trimmed rest) the next epoch starts.
+    assert [list(s)[0] for s in resumed(11, 2)] == ResumableBatchSampler(50, 4, seed=3).global_batches(1)[:2]
+
+
 def test_length_grouping_cuts_padding_and_puts_the_longest_first():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 500, size=1000).tolist()

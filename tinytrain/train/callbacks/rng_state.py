@@ -6,6 +6,13 @@ builds the checkpoint; rank 0 writes it) and each rank takes its own back. They 
 training starts, after model building and checkpoint loading, which draw from the same
 generators. The data order does not depend on them (data/sampler.py has its own seeded order,
 and the DataLoaders their own generator).
+
+Resumed on another number of ranks (a data-parallel or tp change), the original run's draws
+cannot all come back: its ranks drew for batches that are now split differently. Each rank that
+existed takes its own states back (rank 0 continues exactly as it would have); a rank the
+checkpoint did not have is seeded from (`seed`, the resumed step, its rank), so resuming the same
+checkpoint on the same layout twice draws the same, and no two new ranks draw alike. The states
+of ranks that no longer exist are dropped. The log says which ranks did what.
 """
 
 from __future__ import annotations
@@ -45,9 +52,18 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
+def seed_new_rank(seed: int, step: int, rank: int) -> None:
+    """A rank the checkpoint had no states for: every generator seeded from (seed, step, rank)."""
+    derived = int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+    torch.manual_seed(derived)  # also every CUDA device's
+    np.random.seed(derived)
+    random.seed(derived)
+
+
 class RNGState(pl.Callback):
-    def __init__(self):
-        self.pending: dict | None = None
+    def __init__(self, seed: int):
+        self.seed = seed  # run.seed: where a rank the checkpoint did not have starts its draws
+        self.saved: list | None = None  # every saved rank's states, applied when training starts
 
     def state_dict(self) -> dict:
         rank, world = _world()
@@ -59,14 +75,22 @@ class RNGState(pl.Callback):
         return {"ranks": gathered}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        rank, world = _world()
-        saved = state_dict["ranks"]
-        if len(saved) != world:
-            log.warning("the checkpoint has RNG states of %d ranks, this run has %d: random draws after the resume will differ from the original run's", len(saved), world)
-            return
-        self.pending = saved[rank]
+        self.saved = state_dict["ranks"]
 
     def on_train_start(self, trainer, pl_module):
-        if self.pending is not None:
-            set_rng_states(self.pending)
-            self.pending = None
+        if self.saved is None:
+            return
+        rank, world = _world()
+        saved, self.saved = self.saved, None
+        if rank < len(saved):
+            set_rng_states(saved[rank])
+        else:
+            seed_new_rank(self.seed, trainer.global_step, rank)
+        if len(saved) != world and rank == 0:
+            kept = f"restored for {ranks(0, min(len(saved), world))}"
+            new = f", new {ranks(len(saved), world)} seeded from (seed {self.seed}, step {trainer.global_step}, rank)" if world > len(saved) else ""
+            log.info("RNG        the checkpoint has the RNG states of %d ranks, this run has %d: %s%s", len(saved), world, kept, new)
+
+
+def ranks(first: int, end: int) -> str:
+    return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"
