@@ -45,7 +45,7 @@ class SampleGenerations(pl.Callback):
         import torch
 
         with torch.inference_mode(False), torch.no_grad():
-            results = generate(pl_module.model, self.tokenizer, self.prompts, self.chat, self.sampling, self.stop_ids, self.true_vocab)
+            results = generate(pl_module.model, self.tokenizer, self.prompts, chat=self.chat, sampling=self.sampling, stop_ids=self.stop_ids, true_vocab=self.true_vocab)
         step = trainer.global_step
         with self.path.open("a", encoding="utf-8") as f:
             for r in results:
