@@ -71,13 +71,15 @@ class PackedWindows(Dataset):
         return self.n
 
     def _read(self, start: int, stop: int, first_doc: int, last_doc: int) -> np.ndarray:
-        """Stream tokens start .. stop - 1 (in documents first_doc .. last_doc): one contiguous read
-        of the token file per document (TokenStore.read)."""
-        pieces = []
-        for d in range(first_doc, last_doc + 1):
-            lo, hi = max(start, int(self.stream_starts[d])), min(stop, int(self.stream_starts[d + 1]))
-            at = int(self.doc_starts[d]) + lo - int(self.stream_starts[d])
-            pieces.append(self.store.read(at, at + hi - lo))
+        """Stream tokens start .. stop - 1 (in documents first_doc .. last_doc): one pread of the
+        token file (TokenStore.read) per run of documents that lie next to each other in it (all of
+        them unless the validation split took one in between)."""
+        stream = np.asarray(self.stream_starts[first_doc : last_doc + 2])
+        lo, hi = np.maximum(start, stream[:-1]), np.minimum(stop, stream[1:])
+        at = np.asarray(self.doc_starts[first_doc : last_doc + 1]) + lo - stream[:-1]
+        end = at + hi - lo
+        cuts = [0, *(np.flatnonzero(at[1:] != end[:-1]) + 1).tolist(), len(at)]
+        pieces = [self.store.read(int(at[a]), int(end[b - 1])) for a, b in zip(cuts[:-1], cuts[1:])]
         return (pieces[0] if len(pieces) == 1 else np.concatenate(pieces)).astype(np.int64)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
