@@ -78,9 +78,9 @@ def export(size: str, folder: Path, out: Path, mode: str) -> dict:
     tokenizer, cfg, rows = load_tokenizer(str(TOKENIZER)), config(size), SIZES[size][3]
     before = reset_peak()
     if mode == "whole":
-        export_state_dict(consolidated_weights(folder, "export"), cfg, tokenizer, rows, out)
+        export_state_dict(consolidated_weights(folder, "export"), model_config=cfg, tokenizer=tokenizer, true_vocab=rows, out_dir=out)
     else:
-        export_sharded(folder, cfg, tokenizer, rows, out)
+        export_sharded(folder, model_config=cfg, tokenizer=tokenizer, true_vocab=rows, out_dir=out)
     peak = status_bytes("VmHWM")
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     return {"extra": peak - before, "sha": digest}

@@ -134,7 +134,6 @@ def tail(r: subprocess.CompletedProcess) -> str:
 def plan_refusal(saved: Layout, run: Layout, run_dir: Path) -> str | None:
     """The plan's refusal of resuming run_dir's checkpoint under `run`, planned in-process as the
     CLI does; None when it resumes."""
-    from tinytrain.data.bos_policy import apply_bos_policy
     from tinytrain.data.tokenizer import load_from_config
     from tinytrain.errors import ConfigError
     from tinytrain.plan.planner import make_plan
@@ -144,7 +143,7 @@ def plan_refusal(saved: Layout, run: Layout, run_dir: Path) -> str | None:
     try:
         validate(cfg)
         tokenizer = load_from_config(cfg.tokenizer)
-        make_plan(cfg, tokenizer, run_dir, apply_bos_policy(cfg, tokenizer))
+        make_plan(cfg, tokenizer, run_dir)  # the BOS decision is made there
     except ConfigError as e:
         return str(e)
     return None

@@ -51,10 +51,10 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     tokenizer = load_from_config(cfg.tokenizer)
     # One BOS decision for the token store, SFT samples and the export (the plan carries it).
     bos = decide_bos(cfg, tokenizer)
-    data = RunData(cfg.data, tokenizer, bos, cfg.seed, progress=is_rank_zero())
+    data = RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=is_rank_zero())
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, data)
-    plan = make_plan(cfg, tokenizer, run_dir, bos, data=data)
+    plan = make_plan(cfg, tokenizer, run_dir, bos=bos, data=data)
     # After planning the plan is the source: a stage writing into the config fails here, loudly.
     OmegaConf.set_readonly(cfg, True)
     if is_rank_zero():

@@ -9,6 +9,8 @@ Environment:
   TT_TEST_SLOW_SHARDED_SAVE=<n>:<s>  the n-th sharded (fsdp_tp) save of this process writes its
                             shard files and then waits <s> seconds before DCP's finish step (the
                             index, the rename): a slow disk, in the writer's thread under async_save
+  TT_TEST_SLOW_STAGING=<s>   every async save's copy into host memory (DCP's stager, on its own
+                            thread) starts <s> seconds late: the next optimizer step must wait for it
   TT_TEST_NO_LOSS_SCALE_GUARD=1  the loss-scale guard watches but never stops the run (what
                             happens without it)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
@@ -105,6 +107,18 @@ def slow_sharded_save(n: int, seconds: float) -> None:
     FileSystemWriter.write_data = write_then_wait
 
 
+def slow_staging(seconds: float) -> None:
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    stage = DefaultStager._stage
+
+    def wait_then_stage(self, state_dict, **kwargs):
+        time.sleep(seconds)
+        return stage(self, state_dict, **kwargs)
+
+    DefaultStager._stage = wait_then_stage
+
+
 def disarm_loss_scale_guard() -> None:
     from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
@@ -122,6 +136,8 @@ if __name__ == "__main__":
     if os.environ.get("TT_TEST_SLOW_SHARDED_SAVE"):
         n, seconds = os.environ["TT_TEST_SLOW_SHARDED_SAVE"].split(":")
         slow_sharded_save(int(n), float(seconds))
+    if os.environ.get("TT_TEST_SLOW_STAGING"):
+        slow_staging(float(os.environ["TT_TEST_SLOW_STAGING"]))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
         disarm_loss_scale_guard()
     from tinytrain.cli import main

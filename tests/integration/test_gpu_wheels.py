@@ -100,8 +100,13 @@ def test_the_wheel_folder_completes_a_bare_image(wheels, tmp_path):
     env = {**env, "PYTHON": str(python), "GPU_CHECK_SITE": str(site_dir), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--part", "a", "--out", str(out), "--dry-run", "--wheels", str(wheels)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = {r["check"]: r["status"] for r in json.loads((out / "gpu_check.json").read_text())["rows"]}
-    assert rows == {"packed isolation varlen": "ok", "packed isolation sdpa": "ok", "train single_fp32": "ok"}, rows
+    results = json.loads((out / "gpu_check.json").read_text())
+    assert list(results["parts"]) == ["a"] and results["parts"]["a"]["device"] == "CPU (dry run)"
+    rows = {r["check"]: r for r in results["rows"]}
+    assert {check: r["status"] for check, r in rows.items()} == {"packed isolation varlen": "ok", "packed isolation sdpa": "ok", "train single_fp32": "ok"}, rows
+    assert "torch_varlen_reference (cpu reference)" in rows["packed isolation varlen"]["note"] and "mistral micro4" in rows["packed isolation varlen"]["note"]
+    assert "export reloads" in rows["train single_fp32"]["note"] and rows["train single_fp32"]["plan GiB"]
+    assert (out / "gpu_check.md").read_text().count("\n| a | ") == 3
 
     imports = "; ".join(f"import {m}" for m in GPU_CHECK_IMPORTS)
     check = f"{imports}; import importlib.metadata as m; print(m.version('liger-kernel'), m.version('deepspeed'))"

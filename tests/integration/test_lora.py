@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
 CHATML = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
 BASE_VOCAB, TRUE_VOCAB = 4096, 4098  # the base knows the bundled tokenizer; the run adds two tokens
-VARIANTS = {"single": [], "ddp": ["parallel=ddp", "cluster.devices=2"], "zero2": ["parallel=zero2", *DEEPSPEED_ON_CPU], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU]}
+# ZeRO-3 stands for DeepSpeed (partitioned parameters are the harder case; LoRA under ZeRO-2 trains
+# in tests/integration/test_preference.py): the suite's time goes to what adds coverage.
+VARIANTS = {"single": [], "ddp": ["parallel=ddp", "cluster.devices=2"], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU]}
 COMPARED = ("loss", "lr", "grad_norm", "val_loss")
 PROBE = "<|im_start|>user\nHow do I reverse a list?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -186,7 +186,9 @@ def test_sigkill_during_an_async_write_keeps_the_previous_checkpoint(reference, 
 def test_sigterm_during_an_async_write_waits_for_it_then_saves(reference, tmp_path):
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
-    proc = start(run_dir, ASYNC, env={"TT_TEST_SLOW_SHARDED_SAVE": "1:8"})  # the step-4 save takes 8 s more
+    # The step-4 save takes 8 s more; its copy into host memory starts 2 s late, while step 5's
+    # forward and backward run: step 5's optimizer update must wait for it.
+    proc = start(run_dir, ASYNC, env={"TT_TEST_SLOW_SHARDED_SAVE": "1:8", "TT_TEST_SLOW_STAGING": "2"})
     wait_for(lambda: list(checkpoints.glob("step0000004.ckpt.tmp-*")), proc, "the step-4 save", timeout=300)
     proc.send_signal(signal.SIGTERM)  # rank 0; the ranks agree at the next step boundary
     out = finish(proc, run_dir)
@@ -195,8 +197,8 @@ def test_sigterm_during_an_async_write_waits_for_it_then_saves(reference, tmp_pa
     assert 5 <= step < 8
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step0000004.ckpt", f"step{step:07d}.ckpt"]
     assert read_state(checkpoints / f"step{step:07d}.ckpt")["global_step"] == step
-    # What the background thread wrote (staged while training went on) is what the synchronous
-    # run saved at the same step, to the bit: weights and optimizer state.
+    # What the background threads copied and wrote while training went on is what the synchronous
+    # run saved at the same step, to the bit: weights and optimizer state (not step 5's).
     ours = dict(flat_tensors(full_state(checkpoints / "step0000004.ckpt")))
     theirs = dict(flat_tensors(full_state(reference / "checkpoints" / "step0000004.ckpt")))
     shared = [k for k in theirs if not k.startswith("tinytrain_save")]

@@ -74,7 +74,7 @@ def test_pipeline_chat_stops_at_turn_end(tmp_path, chat_tok):
     model = memorized_chat_model(chat_tok, messages)
     spec = export_spec(compose(["data=chat"]), chat_tok)
     assert spec.turn_end == ["</s>", "<|im_end|>"] and spec.dtype == "fp32"
-    out = export_state_dict(dict(model.state_dict()), model.config, chat_tok, len(chat_tok), tmp_path / "hf", spec)
+    out = export_state_dict(dict(model.state_dict()), model_config=model.config, tokenizer=chat_tok, true_vocab=len(chat_tok), out_dir=tmp_path / "hf", spec=spec)
 
     config = json.loads((out / "config.json").read_text())
     generation = json.loads((out / "generation_config.json").read_text())
@@ -106,7 +106,7 @@ def test_export_dtype(tmp_path, bundled_tokenizer, requested, precision, dtype):
     model = AutoModelForCausalLM.from_config(hf_config(cfg.model, 4160, tok))
     spec = export_spec(cfg, tok, requested)
     assert spec.chat_template is None and spec.turn_end == ["</s>"]  # a pretraining run
-    out = export_state_dict(dict(model.state_dict()), model.config, tok, len(tok), tmp_path / "hf", spec)
+    out = export_state_dict(dict(model.state_dict()), model_config=model.config, tokenizer=tok, true_vocab=len(tok), out_dir=tmp_path / "hf", spec=spec)
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert reloaded.get_input_embeddings().weight.dtype == dtype
     assert reloaded.config.vocab_size == len(tok)

@@ -57,7 +57,7 @@ def export_spec(train_cfg, tokenizer, requested_dtype: str = "auto", precision: 
     return ExportSpec(export_dtype(requested_dtype, precision), template, ends, add_bos)
 
 
-def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
+def export_state_dict(state_dict: dict, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
     """`state_dict`: the HF model's full weights (padded or not). Saves model + tokenizer.
     `adapters` (a LoRA run's finetune plan): the folder holds the merged model, and `adapter/` peft's
     adapter for the base (lora_weights.py)."""
@@ -79,7 +79,7 @@ def export_state_dict(state_dict: dict, model_config, tokenizer, true_vocab: int
     return out_dir
 
 
-def export_sharded(folder: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
+def export_sharded(folder: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None) -> Path:
     """export_state_dict's folder for a sharded (fsdp_tp) checkpoint, its weights streamed from the
     shards one tensor at a time (stream_export.py): never the whole model in memory."""
     from tinytrain.checkpoint.stream_export import write_weights
@@ -208,9 +208,9 @@ def checkpoint_state_dict(ckpt_path: Path) -> dict:
     return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
 
 
-def export_checkpoint(ckpt_path: Path, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
+def export_checkpoint(ckpt_path: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
     """A sharded folder streams (export_sharded) unless LoRA adapters are to be merged (each merged
     weight needs its base and adapter tensors together: the whole-weights path)."""
     if is_sharded(Path(ckpt_path)) and not adapters:
-        return export_sharded(Path(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec)
-    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config, tokenizer, true_vocab, out_dir, spec, adapters)
+        return export_sharded(Path(ckpt_path), model_config=model_config, tokenizer=tokenizer, true_vocab=true_vocab, out_dir=out_dir, spec=spec)
+    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config=model_config, tokenizer=tokenizer, true_vocab=true_vocab, out_dir=out_dir, spec=spec, adapters=adapters)

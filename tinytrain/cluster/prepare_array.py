@@ -31,7 +31,7 @@ def _key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
-def render_prepare(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
+def render_prepare(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
     c = cfg.cluster
     n = cfg.data.prepare_parts
     run_dir = run_dir.resolve()
@@ -94,7 +94,7 @@ def write(cfg, overrides: list[str], run_dir: Path) -> Path:
     check_script_values(cfg, overrides, run_dir)
     (run_dir / PREPARE_DIR).mkdir(parents=True, exist_ok=True)  # Slurm does not create log folders
     prepare = run_dir / PREPARE_NAME
-    prepare.write_text(render_prepare(cfg, overrides, run_dir, Path.cwd()))
+    prepare.write_text(render_prepare(cfg, overrides=overrides, run_dir=run_dir, workdir=Path.cwd()))
     submit = run_dir / SUBMIT_NAME
     submit.write_text(render_submit(run_dir, cfg.data.prepare_parts))
     for path in (prepare, submit):

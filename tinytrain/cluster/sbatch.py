@@ -88,7 +88,7 @@ def training_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in OWN_KEYS]
 
 
-def render(cfg, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
+def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
     c = cfg.cluster
     run_dir = run_dir.resolve()
     args = [*training_overrides(overrides), f"hydra.run.dir={run_dir}"]
@@ -143,6 +143,6 @@ def check_script_values(cfg, overrides: list[str], run_dir: Path) -> None:
 def write(cfg, overrides: list[str], run_dir: Path) -> Path:
     check_script_values(cfg, overrides, run_dir)
     path = run_dir / SCRIPT_NAME
-    path.write_text(render(cfg, overrides, run_dir, Path.cwd()))
+    path.write_text(render(cfg, overrides=overrides, run_dir=run_dir, workdir=Path.cwd()))
     path.chmod(0o755)
     return path

@@ -59,7 +59,7 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
         """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples."""
         self.cfg = data_cfg
         self.tokenizer = tokenizer

@@ -56,7 +56,7 @@ class ReferenceCache:
         self.path = Path(cache_dir) / "reference_logps" / f"{key}.npz"
 
     @classmethod
-    def for_run(cls, cache_dir, train, val, tokenizer_fingerprint: str, source: dict, precision: str, attention: str, rows_fixed) -> ReferenceCache:
+    def for_run(cls, cache_dir, *, train, val, tokenizer_fingerprint: str, source: dict, precision: str, attention: str, rows_fixed) -> ReferenceCache:
         parts = {
             "pairs": pairs_digest((train, val)),
             "tokenizer": tokenizer_fingerprint,

@@ -12,7 +12,7 @@ from tinytrain.data.datamodule import DataModule
 
 
 class RunData:
-    def __init__(self, data_cfg, tokenizer, bos: BosDecision, seed: int, progress: bool = True):
+    def __init__(self, data_cfg, tokenizer, bos: BosDecision, *, seed: int, progress: bool = True):
         self.settings = with_bos(data_cfg, bos.add)
         self.tokenizer = tokenizer
         self.seed = seed

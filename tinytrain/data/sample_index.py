@@ -2,7 +2,7 @@
 
 What the windows over a token store need grows with the corpus: each chosen document's start in the
 token file and in the packed stream (8 bytes each per document), and each epoch's order of windows
-(8 bytes per window). Computed in every rank's RAM that is ~1.2 GiB per rank at 20B tokens. Here
+(8 bytes per window; a mixture's: each source's order for each pass). Computed in every rank's RAM that is ~1.2 GiB per rank at 20B tokens. Here
 the first process to need them (rank 0, or mode=prepare) computes them under the build lock and
 writes them as .npy files beside the store (<store>/index/<key>/, or <data.cache_dir>/index/<key>/ where
 the store's folder is read-only); every process, rank and DataLoader

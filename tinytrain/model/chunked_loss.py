@@ -17,7 +17,7 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
     return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
 
 
-def chunked_lm_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, true_vocab: int, chunk_tokens: int) -> torch.Tensor:
+def chunked_lm_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor, *, true_vocab: int, chunk_tokens: int) -> torch.Tensor:
     """Mean cross-entropy over labelled tokens (labels pre-shifted, -100 ignored)."""
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)

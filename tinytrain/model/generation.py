@@ -84,7 +84,7 @@ class _MaskPadding:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], chat: bool, sampling: Sampling, stop_ids: list[int], true_vocab: int | None = None, seed: int = 0) -> list[dict]:
+def generate(model, tokenizer, prompts: list[str], *, chat: bool, sampling: Sampling, stop_ids: list[int], true_vocab: int | None = None, seed: int = 0) -> list[dict]:
     """One {prompt, completion, tokens, stopped} per prompt; `stopped`: ended at a turn-end token."""
     from transformers import LogitsProcessorList
 

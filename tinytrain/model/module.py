@@ -146,7 +146,7 @@ class CausalLMModule(pl.LightningModule):
                 from tinytrain.model.liger import fused_linear_cross_entropy
 
                 return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
-            return chunked_lm_loss(hidden, weight, batch["labels"], self.true_vocab, self.loss_chunk_tokens)
+            return chunked_lm_loss(hidden, weight, batch["labels"], true_vocab=self.true_vocab, chunk_tokens=self.loss_chunk_tokens)
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
 
     # -- preference objectives (dpo, ipo, simpo) ---------------------------------------------------

@@ -42,9 +42,9 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
     if is_sharded(saved.checkpoint) and not saved.finetune:  # fsdp_tp: streamed from the shards, one tensor at a time
-        export_sharded(saved.checkpoint, saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec)
+        export_sharded(saved.checkpoint, model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec)
     else:
-        export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), out, spec, saved.finetune)
+        export_state_dict(saved_run.state_dict(saved), model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec, adapters=saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 
@@ -61,7 +61,7 @@ def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     saved = saved_run.load(str(out), run_dir)
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    export_state_dict(saved_run.state_dict(saved), saved_run.model_config(saved), saved.tokenizer, len(saved.tokenizer), export_dir, spec)
+    export_state_dict(saved_run.state_dict(saved), model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=export_dir, spec=spec)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out} and {export_dir}")
     return {"checkpoint": str(out), "export_dir": str(export_dir), "averaged": [str(p) for p in paths]}
 
@@ -97,7 +97,7 @@ def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     if chat and not getattr(tok, "chat_template", None):
         raise ConfigError(Problem("generate.chat", True, f"{saved.checkpoint} has no chat template (its run pretrained)", "leave generate.chat unset (null) or false"))
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
-    results = generate_texts(model, tok, prompts, chat, Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stops, seed=cfg.seed)
+    results = generate_texts(model, tok, prompts, chat=chat, sampling=Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stop_ids=stops, seed=cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / "generations.jsonl").open("w", encoding="utf-8") as f:
         for r in results:

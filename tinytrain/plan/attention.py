@@ -33,7 +33,7 @@ class AttentionChoice:
 FLASH_MIN_CAPABILITY = MIN_CAPABILITY
 
 
-def choose_attention(requested: Attention, flash_installed: bool, varlen: VarlenSupport, hardware: Hardware, sliding_window: bool = False, softcap: bool = False) -> AttentionChoice:
+def choose_attention(requested: Attention, *, flash_installed: bool, varlen: VarlenSupport, hardware: Hardware, sliding_window: bool = False, softcap: bool = False) -> AttentionChoice:
     """The attention implementation for `hardware` (detected, or named by hardware.gpu), with why.
     `varlen`: what the installed torch's varlen kernel offers; `sliding_window`/`softcap`: what the
     model needs of a kernel. An explicit varlen or flash_attention_2 where it cannot run is a

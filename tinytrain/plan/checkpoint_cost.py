@@ -19,7 +19,8 @@ tests/integration check the estimate against the checkpoints real runs write (wi
 
 Host memory one rank needs at most while saving (on GPUs: what is copied to host memory at once):
 a file save streams tensor by tensor (the largest tensor); a sharded save the same, unless async,
-which stages the rank's whole shard in host memory first; DeepSpeed the rank's largest flat
+which stages the rank's whole shard in host memory (held from the first async save to the end of the
+run: each later save copies into the same buffers); DeepSpeed the rank's largest flat
 partition (4 B/P over the dp ranks). Gathering on rank 0 (fsdp_tp before sharded saves) would need
 the whole checkpoint there; the plan prints that figure beside it.
 """
@@ -65,7 +66,7 @@ class CheckpointPlan:
         return {**asdict(self), "warnings": list(self.warnings)}
 
 
-def step_checkpoint_bytes(strategy: Strategy, zero_stage: int, sixteen_bit: bool, params: int, trainable: int, world: int) -> tuple[int, int, int]:
+def step_checkpoint_bytes(strategy: Strategy, *, zero_stage: int, sixteen_bit: bool, params: int, trainable: int, world: int) -> tuple[int, int, int]:
     """(weights, optimizer state, rest) bytes of one step checkpoint."""
     rest = REST_BYTES + REST_PER_RANK * world
     if strategy_row(strategy).deepspeed:
@@ -74,7 +75,7 @@ def step_checkpoint_bytes(strategy: Strategy, zero_stage: int, sixteen_bit: bool
     return 4 * params, 8 * trainable, rest
 
 
-def largest_rank_bytes(strategy: Strategy, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, dp: int) -> int:
+def largest_rank_bytes(strategy: Strategy, *, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, dp: int) -> int:
     row = strategy_row(strategy)
     if row.checkpoint_format is CheckpointFormat.sharded:
         return (weights + optimizer) // world + rest
@@ -83,7 +84,7 @@ def largest_rank_bytes(strategy: Strategy, zero_stage: int, weights: int, optimi
     return weights + optimizer + rest
 
 
-def save_host_bytes(strategy: Strategy, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, dp: int) -> int:
+def save_host_bytes(strategy: Strategy, *, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, dp: int) -> int:
     row = strategy_row(strategy)
     if row.checkpoint_format is CheckpointFormat.sharded and async_save:
         return rank_bytes  # the staging copy of the whole shard
@@ -124,10 +125,10 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
     cannot hold keep_last + 1 checkpoints."""
     c, par = cfg.checkpoint, cfg.parallel
     strategy = par.strategy
-    weights, optimizer, rest = step_checkpoint_bytes(strategy, par.zero_stage, sixteen_bit, params, trainable, world)
+    weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params, trainable=trainable, world=world)
     step = weights + optimizer + rest
-    rank = largest_rank_bytes(strategy, par.zero_stage, weights, optimizer, rest, world, dp)
-    host = save_host_bytes(strategy, c.async_save, rank, largest_tensor, trainable, dp)
+    rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, dp=dp)
+    host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, dp=dp)
     needed = max(step, (c.keep_last + 1) * step - existing_bytes(run_dir / "checkpoints"))
     free = free_space(run_dir)
     save_seconds = step / (c.write_gbps * GB)

@@ -32,7 +32,7 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels."""
     reasons = {}

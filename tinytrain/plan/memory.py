@@ -113,7 +113,7 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool) -> float:
+def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool) -> float:
     per_layer = 34.0 * seq * micro_batch * hidden
     if not flash:
         per_layer += 5.0 * heads * seq * seq * micro_batch

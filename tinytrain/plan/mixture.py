@@ -62,7 +62,7 @@ def mixture_plan(cfg, batch, run_data) -> MixturePlan | None:
         first_step_problem(data.train_sampler, batch, [entry.path for entry in cfg.data.sources])
     from tinytrain.data.mixture import stage_weights
 
-    return plan_mixture(data.parts, cfg.data.exhaustion.value, batch.global_batch_size, cfg.trainer.max_steps, stage_weights(cfg.data))
+    return plan_mixture(data.parts, exhaustion=cfg.data.exhaustion.value, global_batch_size=batch.global_batch_size, max_steps=cfg.trainer.max_steps, stages=stage_weights(cfg.data))
 
 
 def first_step_problem(sampler, batch, paths: list) -> None:
@@ -95,7 +95,7 @@ def stage_plans(parts, max_steps: int, stages: list[tuple[int | None, list[float
     return out
 
 
-def plan_mixture(parts, exhaustion: str, global_batch_size: int, max_steps: int, stages: list[tuple[int | None, list[float]]] = ()) -> MixturePlan:
+def plan_mixture(parts, *, exhaustion: str, global_batch_size: int, max_steps: int, stages: list[tuple[int | None, list[float]]] = ()) -> MixturePlan:
     """`parts`: the DataModule's MixtureParts; `stages`: data.stages as data/mixture.py's stage_weights."""
     pieces = stage_plans(parts, max_steps, list(stages))
     total = sum(p.weight for p in parts)

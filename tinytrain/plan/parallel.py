@@ -187,7 +187,7 @@ def state_layout(par, world: int, largest_layer_params: int = 0) -> StateLayout:
     return StateLayout(world=world, tp=par.tp, zero_stage=par.zero_stage, offload_optimizer=par.offload_optimizer, offload_params=par.offload_params, largest_layer_params=largest_layer_params)
 
 
-def model_state_memory(strategy: Strategy | str, params: int, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:
+def model_state_memory(strategy: Strategy | str, params: int, *, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:
     """Bytes per GPU for parameters, gradients and optimizer state under `strategy`."""
     layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_optimizer=offload_optimizer, offload_params=offload_params, largest_layer_params=largest_layer_params)
     return strategy_row(strategy).model_states(params, layout)

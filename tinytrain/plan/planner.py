@@ -35,12 +35,12 @@ from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.preflight.checks import run as run_preflight
 
 
-def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, data: RunData | None = None) -> RunPlan:
+def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, data: RunData | None = None) -> RunPlan:
     """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from;
     `bos`: the run's BOS decision (decided here when not given); `data`: the run's data, which
     training reads too (built here only for a mixture, whose table is read from it)."""
     bos = bos or decide_bos(cfg, tokenizer)
-    data = data or RunData(cfg.data, tokenizer, bos, cfg.seed, progress=False)
+    data = data or RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=False)
     hardware = resolve.effective_hardware(cfg)
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
@@ -61,7 +61,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         fam = family(cfg.model.arch)
     # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
-    attention = for_family(choose_attention(cfg.model.attention, flash_attn_installed(), installed_support(), hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
+    attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     deepspeed = None
     row = strategy_row(par.strategy)
@@ -73,7 +73,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
     if resume is not None and resume.universal:
         deepspeed = deepspeed_config.load_universal(deepspeed)
-    preflight = run_preflight(cfg, tokenizer, vocab.padded, precision.is_fp16, pretrained)
+    preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
     adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, params=params, fam=fam)
@@ -87,10 +87,10 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
         preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-    activations = activation_memory(shape.layers, shape.hidden, shape.heads, batch.seq_len, rows, shape.vocab, par.tp, flash)
+    activations = activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=batch.seq_len, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash)
     memory = plan_memory(states, activations, hardware.memory_gb, preference.reference_bytes if preference else 0.0)
     preference_plan.memory_problem(preference, memory)
-    fast = select_fast_paths(cfg.trainer, par.strategy, not hardware.is_cpu, vocab.padded, liger_installed(), par.zero_stage, fam.logits_only)
+    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only)
     if preference:
         fast = preference_plan.logits_loss(fast)
     return RunPlan(
@@ -138,7 +138,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, bos: BosDecision | None = None, dat
             world=world,
             dp=batch.data_parallel,
             sixteen_bit=precision.dtype.value != "fp32",
-            step_seconds=step_seconds(hardware, precision, params, batch.tokens_per_step, world),
+            step_seconds=step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world),
             run_dir=run_dir,
         ),
     )
@@ -151,7 +151,7 @@ def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     return fam.sliding_window and model_cfg.sliding_window is not None
 
 
-def step_seconds(hardware, precision, params: int, tokens_per_step: int, world: int) -> float | None:
+def step_seconds(*, hardware, precision, params: int, tokens_per_step: int, world: int) -> float | None:
     """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one)."""
     from tinytrain.plan.checkpoint_cost import ASSUMED_MFU
 

@@ -71,7 +71,7 @@ def problems(cfg) -> list[Problem]:
     return found
 
 
-def reference_bytes(strategy, params: int, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
+def reference_bytes(strategy, params: int, *, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
     """A frozen copy held like the policy: its weights only (no gradients, no optimizer state), by
     the strategy table's formula (plan/parallel.py)."""
     layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_params=offload_params)
@@ -91,7 +91,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
         reference = ADAPTERS_OFF
     else:
         reference = FROZEN_COPY
-        held = reference_bytes(par.strategy, params, world, par.tp, par.zero_stage, par.offload_params)
+        held = reference_bytes(par.strategy, params, world=world, tp=par.tp, zero_stage=par.zero_stage, offload_params=par.offload_params)
     return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held)
 
 

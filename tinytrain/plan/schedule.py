@@ -87,7 +87,7 @@ def from_trainer(t) -> Schedule:
     return Schedule(t.lr_schedule, t.warmup_steps, t.max_steps, decay_steps(t), shape, t.min_lr_ratio)
 
 
-def picture(schedule: dict, total: int, width: int = 60, height: int = 6, marks: dict[int, str] | None = None) -> list[str]:
+def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, marks: dict[int, str] | None = None) -> list[str]:
     """A small text plot of the schedule (plan.json's `schedule`), lr against step; `marks`:
     steps to label under the axis (a stage's start)."""
     s = Schedule(LrSchedule(schedule["kind"]), schedule["warmup_steps"], total, schedule["decay_steps"], DecayShape(schedule["decay_shape"]), schedule["min_lr_ratio"])

@@ -59,7 +59,7 @@ def special_token_findings(cfg, tokenizer, rows: int) -> list[Finding]:
     return [f for f in out if f]
 
 
-def pretrained_findings(cfg, tokenizer, hf_config, saved: int, weight_rows: int | None) -> list[Finding]:
+def pretrained_findings(cfg, tokenizer, *, hf_config, saved: int, weight_rows: int | None) -> list[Finding]:
     """A pretrained model's config vocab (`saved`, from its config.json) vs its weight shapes vs
     the tokenizer; positions vs seq_len."""
     out = []
@@ -87,13 +87,13 @@ def position_findings(cfg, hf_config=None) -> list[Finding]:
     model's own scaling), and the scaling against the context a pretrained model was trained at."""
     m = cfg.model
     if hf_config is None:
-        problems = rope.position_problems(cfg.data.seq_len, m.max_position_embeddings, m.rope_scaling, None, "model.max_position_embeddings")
+        problems = rope.position_problems(cfg.data.seq_len, max_positions=m.max_position_embeddings, scaling=m.rope_scaling, trained_context=None, source="model.max_position_embeddings")
     else:
         own = hf_rope_scaling(hf_config)
         max_pos = hf_config.max_position_embeddings
         trained = own.get("original_max_position_embeddings", max_pos) if own else max_pos
         scaling = m.rope_scaling or own
-        problems = rope.position_problems(cfg.data.seq_len, max_pos, scaling, trained if m.rope_scaling else None, "the pretrained model's max_position_embeddings")
+        problems = rope.position_problems(cfg.data.seq_len, max_positions=max_pos, scaling=scaling, trained_context=trained if m.rope_scaling else None, source="the pretrained model's max_position_embeddings")
     out = [finding(cfg, "positions", p.key, p.value, p.message, p.fix) for p in problems]
     return [f for f in out if f]
 
@@ -185,7 +185,7 @@ class PreflightReport:
         return {"findings": self.findings, "untrained_rows": [r.describe() for r in self.untrained], "fix": self.fix or None}
 
 
-def run(cfg, tokenizer, padded_vocab: int, fp16: bool, pretrained_config=None) -> PreflightReport:
+def run(cfg, tokenizer, *, padded_vocab: int, fp16: bool, pretrained_config=None) -> PreflightReport:
     """Every planning-time check (raises one ConfigError for all errors). `pretrained_config`: the
     transformers config of model.pretrained, whose vocab and positions are checked against the
     weights, the tokenizer and data.seq_len. The data's own check runs once it is built
@@ -195,7 +195,7 @@ def run(cfg, tokenizer, padded_vocab: int, fp16: bool, pretrained_config=None) -
     if cfg.model.pretrained:
         tables = pretrained_tables(cfg.model.pretrained)
         rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
-        findings += pretrained_findings(cfg, tokenizer, pretrained_config, pretrained_config.vocab_size, rows)
+        findings += pretrained_findings(cfg, tokenizer, hf_config=pretrained_config, saved=pretrained_config.vocab_size, weight_rows=rows)
     findings += position_findings(cfg, pretrained_config)
     untrained, fix = [], ""
     if tables:

@@ -60,7 +60,7 @@ def vocab_tables(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def fix_rows(tables: dict[str, torch.Tensor], rows: list[UntrainedRow], true_vocab: int, noisy: bool, seed: int = 0) -> None:
+def fix_rows(tables: dict[str, torch.Tensor], rows: list[UntrainedRow], *, true_vocab: int, noisy: bool, seed: int = 0) -> None:
     """Rewrite each untrained row with the mean of the other real rows (+ noise of 1/10 their std)."""
     g = torch.Generator().manual_seed(seed)
     bad = {(r.table, r.token_id) for r in rows}

@@ -88,7 +88,7 @@ def describe(scaling) -> str:
     return f"RoPE scaling {scaling['rope_type']}{factor}{original}"
 
 
-def position_problems(seq_len: int, max_positions: int, scaling, trained_context: int | None, source: str) -> list[Problem]:
+def position_problems(seq_len: int, *, max_positions: int, scaling, trained_context: int | None, source: str) -> list[Problem]:
     """`data.seq_len` against the positions the model covers, and the scaling against the context
     its weights were trained at (`trained_context`: a pretrained model's; None from scratch).
     `source` names where max_positions comes from (model.max_position_embeddings, or a pretrained

@@ -57,7 +57,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         model.load_state_dict(state, strict=True)
     if plan.preflight.rows_to_fix and fresh:
         # The rows preflight found, rewritten on the weights this run trains (after any resize).
-        fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
+        fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, true_vocab=plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
     reference = None
     if frozen_copy:
         import copy
@@ -135,7 +135,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         **throughput.summary(),
     }
     if trainer.is_global_zero:
-        finish(cfg, plan, run_dir, final, tokenizer, result)
+        finish(cfg, plan, run_dir=run_dir, final_checkpoint=final, tokenizer=tokenizer, result=result)
     return result
 
 
@@ -146,13 +146,13 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         return []
     cache = ReferenceCache.for_run(
         cfg.data.cache_dir,
-        data.train,
-        data.val,
-        plan.tokenizer_fingerprint,
-        model_source(cfg.model, cfg.checkpoint.init_from, cfg.seed),
-        plan.precision.lightning,
-        plan.attention.implementation,
-        plan.preflight.rows_to_fix,
+        train=data.train,
+        val=data.val,
+        tokenizer_fingerprint=plan.tokenizer_fingerprint,
+        source=model_source(cfg.model, cfg.checkpoint.init_from, cfg.seed),
+        precision=plan.precision.lightning,
+        attention=plan.attention.implementation,
+        rows_fixed=plan.preflight.rows_to_fix,
     )
     loaded = cache.load_into(data.train, data.val)
     if loaded:
@@ -166,7 +166,7 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
                 "restore that file (or data.cache_dir), or start the run afresh in a new run directory",
             )
         )
-    return [PrecomputeReference(cache, data.train, data.val, data.collate, plan.batch.micro_batch_size, loaded)]
+    return [PrecomputeReference(cache, train=data.train, val=data.val, collate=data.collate, micro_batch_size=plan.batch.micro_batch_size, loaded=loaded)]
 
 
 def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
@@ -179,22 +179,22 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), consolidate_deepspeed)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
-        export_checkpoint(out, model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, export_dir, plan.export)
+        export_checkpoint(out, model_config=model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export)
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
-def finish(cfg, plan: RunPlan, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
+def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
     if cfg.trainer.export:
         adapters = plan.finetune and plan.finetune.to_dict()
         config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
         if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
-            export_checkpoint(final_checkpoint, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
+            export_checkpoint(final_checkpoint, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
         else:
             # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
             weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
-            export_state_dict(weights, config, tokenizer, plan.vocab.true, export_dir, plan.export, adapters)
+            export_state_dict(weights, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

@@ -6,7 +6,10 @@ a temp name (no rank gathers anything); rank 0 writes meta.pt (step, loops, call
 metadata) and, once DCP's finish step has collected every rank's write results, renames the folder
 onto its step name. With `checkpoint.async_save` the shards are staged (a copy in host memory) and
 written by a background thread over a process group of their own while training goes on; the next
-save, the end of training and a signal-triggered save wait for it first. A process killed while
+save, the end of training and a signal-triggered save wait for it first. The copy itself is made in
+the background too (one stager for the run, its buffers reused from save to save), while the next
+step's forward and backward run: that step's optimizer waits for the copy before it changes a
+weight or a moment, so the checkpoint holds exactly the state at its step. A process killed while
 writing leaves only the temp folder, which the next run removes (resume.leftover_temp_files).
 
 Loading: a sharded folder loads into the sharded model and optimizer whatever the dp and tp it was
@@ -40,8 +43,9 @@ class PendingSave:
     the writer's thread), so a complete checkpoint never waits for the next save to appear. A failed
     write is left in place for the strategy to settle on the training thread, with every rank."""
 
-    def __init__(self, future, tmp: Path, final: Path, publisher: bool):
+    def __init__(self, future, staged, tmp: Path, final: Path, publisher: bool):
         self.tmp, self.final, self.publisher = tmp, final, publisher
+        self.staged = staged  # the copy into host memory: done before the next optimizer step
         self.error: BaseException | None = None
         self.disk_full = False  # measured as soon as the write failed, before any shard is removed
         self.settled = threading.Event()
@@ -116,6 +120,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             self.async_save = async_save
             self.pending: PendingSave | None = None
             self.checkpoint_group = None  # async saves' collectives, apart from training's
+            self.stager = None  # async saves' copies into host memory, on a thread of their own
 
         def save_checkpoint(self, checkpoint, filepath, storage_options=None):
             if storage_options is not None:
@@ -141,8 +146,8 @@ def sharded_model_parallel_strategy(async_save: bool = False):
                     raise folder_error or OSError(f"rank 0 could not write {tmp / META_FILE}")
                 writer = dcp.FileSystemWriter(str(tmp))
                 if self.async_save:
-                    future = dcp.async_save(state, storage_writer=writer, process_group=self.background_group())
-                    self.pending = PendingSave(future, tmp, final, publisher=self.global_rank == 0)
+                    response = dcp.async_save(state, storage_writer=writer, process_group=self.background_group(), async_stager=self.background_stager())
+                    self.pending = PendingSave(response.upload_completion, response.staging_completion, tmp, final, publisher=self.global_rank == 0)
                     return
                 dcp.save(state, storage_writer=writer)
             except (Exception, CheckpointException) as e:  # DCP's is a BaseException
@@ -168,6 +173,32 @@ def sharded_model_parallel_strategy(async_save: bool = False):
                 self.checkpoint_group = dist.new_group(backend="gloo")
             return self.checkpoint_group
 
+        def background_stager(self):
+            """DCP's stager copying on a thread of its own (no pinned or shared memory: a CPU copy),
+            kept for the run: each later save copies into the buffers of the first."""
+            if self.stager is None:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+                self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=False))
+            return self.stager
+
+        def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+            """The step's forward and backward overlap an async save's copy; the weights and
+            moments change only once it is complete."""
+            if self.pending is None or self.pending.staged.done():
+                return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+            def then_wait_for_the_copy():
+                result = closure()
+                self.wait_for_staging()
+                return result
+
+            return super().optimizer_step(optimizer, then_wait_for_the_copy, model, **kwargs)
+
+        def wait_for_staging(self) -> None:
+            if self.pending is not None:
+                self.pending.staged.exception()  # waits; a failed copy fails the upload too, told by wait_for_checkpoint
+
         def after_checkpoint_published(self, action) -> None:
             """Run `action` once the last save is in place: now, or from the writer's thread."""
             if self.pending is None:
@@ -189,6 +220,9 @@ def sharded_model_parallel_strategy(async_save: bool = False):
             try:
                 self.wait_for_checkpoint()
             finally:
+                if self.stager is not None:
+                    self.stager.close()
+                    self.stager = None
                 super().teardown()
 
         def load_checkpoint(self, checkpoint_path, weights_only=None):

@@ -20,7 +20,7 @@ def test_export_unpads_to_true_vocab(tmp_path, bundled_tokenizer):
     with torch.no_grad():
         before = model(input_ids=ids).logits[..., :n]
 
-    export_state_dict(dict(model.state_dict()), model.config, tok, n, tmp_path / "hf")
+    export_state_dict(dict(model.state_dict()), model_config=model.config, tokenizer=tok, true_vocab=n, out_dir=tmp_path / "hf")
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert reloaded.config.vocab_size == n

@@ -43,7 +43,7 @@ def digest(path: Path) -> str:
 def test_a_failed_export_leaves_the_previous_export_whole(tiny, bundled_tokenizer, tmp_path, monkeypatch):
     state, config = tiny
     out = tmp_path / "hf_export"
-    export_state_dict(dict(state), config, bundled_tokenizer, len(bundled_tokenizer), out)
+    export_state_dict(dict(state), model_config=config, tokenizer=bundled_tokenizer, true_vocab=len(bundled_tokenizer), out_dir=out)
     before = {p.name: digest(p) for p in out.iterdir() if p.is_file()}
 
     def disk_full(self, *args, **kwargs):
@@ -53,7 +53,7 @@ def test_a_failed_export_leaves_the_previous_export_whole(tiny, bundled_tokenize
     monkeypatch.setattr(type(bundled_tokenizer), "save_pretrained", disk_full)
     doubled = {k: v * 2 for k, v in state.items()}
     with pytest.raises(OSError):
-        export_state_dict(doubled, config, bundled_tokenizer, len(bundled_tokenizer), out)
+        export_state_dict(doubled, model_config=config, tokenizer=bundled_tokenizer, true_vocab=len(bundled_tokenizer), out_dir=out)
     assert {p.name: digest(p) for p in out.iterdir() if p.is_file()} == before
     assert interrupted_exports(out) == [] and incomplete(out) == []
 
@@ -75,7 +75,7 @@ def test_a_killed_export_is_never_taken_for_a_finished_one(tiny, tmp_path):
         config = hf_config(cfg.model, len(tok), tok)
         state = AutoModelForCausalLM.from_config(config).state_dict()
         type(tok).save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-        export_state_dict(state, config, tok, len(tok), {str(out)!r})
+        export_state_dict(state, model_config=config, tokenizer=tok, true_vocab=len(tok), out_dir={str(out)!r})
         """
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -89,7 +89,7 @@ def test_a_killed_export_is_never_taken_for_a_finished_one(tiny, tmp_path):
     from tinytrain.data.tokenizer import load_from_config
 
     tok = load_from_config(compose(SMALL).tokenizer)
-    export_state_dict(dict(state), config, tok, len(tok), out)
+    export_state_dict(dict(state), model_config=config, tokenizer=tok, true_vocab=len(tok), out_dir=out)
     assert incomplete(out) == [] and interrupted_exports(out) == []
 
 
@@ -99,7 +99,7 @@ def test_an_export_never_replaces_a_folder_that_is_not_an_export(tiny, bundled_t
     own.mkdir()
     (own / "notes.txt").write_text("keep me\n")
     with pytest.raises(ConfigError) as e:
-        export_state_dict(dict(state), config, bundled_tokenizer, len(bundled_tokenizer), own)
+        export_state_dict(dict(state), model_config=config, tokenizer=bundled_tokenizer, true_vocab=len(bundled_tokenizer), out_dir=own)
     assert "not an export" in e.value.render()
     assert (own / "notes.txt").read_text() == "keep me\n" and not interrupted_exports(own)
     assert export_dir_problems("export.dir", tmp_path / "new") == []

@@ -63,10 +63,10 @@ def test_a_sharded_folder_exports_one_tensor_at_a_time_to_the_same_bytes(bundled
     true_vocab, spec = len(bundled_tokenizer), ExportSpec(dtype)
     # The whole-weights path (save_pretrained): what the folder must hold.
     whole = {k: v.clone() for k, v in sharded.consolidated_weights(folder, "export").items()}
-    export_state_dict(whole, config, bundled_tokenizer, true_vocab, tmp_path / "whole", spec)
+    export_state_dict(whole, model_config=config, tokenizer=bundled_tokenizer, true_vocab=true_vocab, out_dir=tmp_path / "whole", spec=spec)
 
     reads = Reads(monkeypatch)
-    export_checkpoint(folder, config, bundled_tokenizer, true_vocab, tmp_path / "streamed", spec)
+    export_checkpoint(folder, model_config=config, tokenizer=bundled_tokenizer, true_vocab=true_vocab, out_dir=tmp_path / "streamed", spec=spec)
     assert reads.most_alive <= 1  # the weight being written when the next is read at most (was: every earlier one)
     assert reads.names and not [n for n in reads.names if not n.startswith("state_dict.")]  # no optimizer state read
     names = sorted(p.name for p in (tmp_path / "whole").iterdir())
@@ -86,9 +86,9 @@ def test_a_model_over_the_shard_size_is_split_with_an_index(bundled_tokenizer, t
     folder = tmp_path / "step0000004.ckpt"
     config = sharded_folder(folder, bundled_tokenizer, tied=False)
     true_vocab = len(bundled_tokenizer)
-    export_checkpoint(folder, config, bundled_tokenizer, true_vocab, tmp_path / "one")
+    export_checkpoint(folder, model_config=config, tokenizer=bundled_tokenizer, true_vocab=true_vocab, out_dir=tmp_path / "one")
     monkeypatch.setattr(stream_export, "MAX_SHARD_SIZE", 400_000)
-    export_checkpoint(folder, config, bundled_tokenizer, true_vocab, tmp_path / "split")
+    export_checkpoint(folder, model_config=config, tokenizer=bundled_tokenizer, true_vocab=true_vocab, out_dir=tmp_path / "split")
     index = json.loads((tmp_path / "split" / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 2 and weight_problems(tmp_path / "split") == []

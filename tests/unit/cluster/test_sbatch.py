@@ -23,7 +23,7 @@ def directives(script: str) -> list[str]:
 def test_script_asks_for_what_the_plan_assumed(tmp_path):
     overrides = ["mode=sbatch", "cluster=slurm", "cluster.nodes=2", "cluster.partition=a800", "cluster.cpus_per_task=12", "cluster.time=2:00:00", "parallel=ddp", CHAT, "hydra.run.dir=elsewhere"]
     cfg = compose([o for o in overrides if not o.startswith("hydra.")])
-    script = render(cfg, overrides, tmp_path / "run", Path("/repo"), python="python")
+    script = render(cfg, overrides=overrides, run_dir=tmp_path / "run", workdir=Path("/repo"), python="python")
     assert directives(script)[1:] == [
         "--nodes=2",
         "--ntasks-per-node=8",
@@ -69,7 +69,7 @@ def test_the_prepare_array_quotes_every_value_and_training_waits_for_it(tmp_path
     hostile = "data.path=/data/a b;$(touch pwned)"
     overrides = ["mode=sbatch", "cluster=slurm", "cluster.cpus_per_task=4", "data=text", hostile, "data.prepare_parts=3", "data.prepare_part=1"]
     cfg = compose(["cluster=slurm", "cluster.cpus_per_task=4", "data=text", "data.prepare_parts=3"])
-    script = render_prepare(cfg, overrides, tmp_path / "run", Path("/repo"), python="python")
+    script = render_prepare(cfg, overrides=overrides, run_dir=tmp_path / "run", workdir=Path("/repo"), python="python")
     assert "--array=0-2" in directives(script) and "--requeue" in directives(script) and "--cpus-per-task=32" in directives(script)
     assert not any(d.startswith("--gpus") for d in directives(script))
     srun = next(line for line in script.splitlines() if line.startswith("srun "))

@@ -62,7 +62,7 @@ def stubs(tmp_path_factory) -> Path:
 def clean_script():
     """The directives of the same job without hostile values: what every hostile script must keep."""
     cfg = compose(BASE)
-    return directive_block(sbatch.render(cfg, BASE, Path("/runs/r"), Path("/repo"), python="python"))
+    return directive_block(sbatch.render(cfg, overrides=BASE, run_dir=Path("/runs/r"), workdir=Path("/repo"), python="python"))
 
 
 def run_script(script: Path, stubs: Path, tmp_path: Path) -> list[str]:

@@ -35,32 +35,32 @@ CASES = [
 
 @pytest.mark.parametrize("gpu, torch_varlen, installed, window, chosen, why", CASES)
 def test_auto_attention_by_gpu_torch_and_install(gpu, torch_varlen, installed, window, chosen, why):
-    choice = choose_attention(Attention.auto, installed, TORCH[torch_varlen], lookup_gpu(gpu), sliding_window=window)
+    choice = choose_attention(Attention.auto, flash_installed=installed, varlen=TORCH[torch_varlen], hardware=lookup_gpu(gpu), sliding_window=window)
     assert choice.implementation == chosen
     assert why in choice.reason, choice.reason
 
 
 def test_soft_capping_passes_over_torch_varlen():
-    choice = choose_attention(Attention.auto, True, TORCH["2.12"], lookup_gpu("H100"), softcap=True)
+    choice = choose_attention(Attention.auto, flash_installed=True, varlen=TORCH["2.12"], hardware=lookup_gpu("H100"), softcap=True)
     assert choice.implementation == "flash_attention_2" and "soft-capping" in choice.reason
 
 
 @pytest.mark.parametrize("torch_varlen", list(TORCH))
 def test_cpu_gets_sdpa_and_explicit_choices_are_kept(torch_varlen):
     support = TORCH[torch_varlen]
-    assert choose_attention(Attention.auto, True, support, CPU()).implementation == "sdpa"
-    assert "no GPU" in choose_attention(Attention.auto, True, support, CPU()).reason
-    assert choose_attention(Attention.eager, True, support, lookup_gpu("H100")).implementation == "eager"
-    assert choose_attention(Attention.sdpa, True, support, lookup_gpu("A800")).implementation == "sdpa"
-    assert choose_attention(Attention.flash_attention_2, True, support, lookup_gpu("A800")).implementation == "flash_attention_2"
+    assert choose_attention(Attention.auto, flash_installed=True, varlen=support, hardware=CPU()).implementation == "sdpa"
+    assert "no GPU" in choose_attention(Attention.auto, flash_installed=True, varlen=support, hardware=CPU()).reason
+    assert choose_attention(Attention.eager, flash_installed=True, varlen=support, hardware=lookup_gpu("H100")).implementation == "eager"
+    assert choose_attention(Attention.sdpa, flash_installed=True, varlen=support, hardware=lookup_gpu("A800")).implementation == "sdpa"
+    assert choose_attention(Attention.flash_attention_2, flash_installed=True, varlen=support, hardware=lookup_gpu("A800")).implementation == "flash_attention_2"
     # planned on a login node without flash-attn for a GPU that has it: kept, with a note
-    note = choose_attention(Attention.flash_attention_2, False, support, lookup_gpu("H100")).reason
+    note = choose_attention(Attention.flash_attention_2, flash_installed=False, varlen=support, hardware=lookup_gpu("H100")).reason
     assert "not installed on this machine" in note
 
 
 def test_explicit_varlen_where_it_runs():
-    assert choose_attention(Attention.varlen, False, TORCH["2.12"], lookup_gpu("A800"), sliding_window=True).implementation == "torch_varlen"
-    assert choose_attention(Attention.varlen, False, TORCH["2.10"], lookup_gpu("H100")).implementation == "torch_varlen"
+    assert choose_attention(Attention.varlen, flash_installed=False, varlen=TORCH["2.12"], hardware=lookup_gpu("A800"), sliding_window=True).implementation == "torch_varlen"
+    assert choose_attention(Attention.varlen, flash_installed=False, varlen=TORCH["2.10"], hardware=lookup_gpu("H100")).implementation == "torch_varlen"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_explicit_varlen_where_it_runs():
 def test_explicit_varlen_where_it_cannot_run_is_a_config_error(gpu, torch_varlen, window, words, fix):
     hardware = CPU() if gpu == "cpu" else lookup_gpu(gpu)
     with pytest.raises(ConfigError) as e:
-        choose_attention(Attention.varlen, True, TORCH[torch_varlen], hardware, sliding_window=window)
+        choose_attention(Attention.varlen, flash_installed=True, varlen=TORCH[torch_varlen], hardware=hardware, sliding_window=window)
     message = str(e.value)
     assert "model.attention='varlen'" in message and words in message and fix in message, message
 
@@ -85,7 +85,7 @@ def test_explicit_varlen_where_it_cannot_run_is_a_config_error(gpu, torch_varlen
 @pytest.mark.parametrize("installed", [True, False])
 def test_explicit_flash_on_a_pre_ampere_gpu_is_a_config_error(gpu, installed):
     with pytest.raises(ConfigError) as e:
-        choose_attention(Attention.flash_attention_2, installed, TORCH["2.12"], lookup_gpu(gpu))
+        choose_attention(Attention.flash_attention_2, flash_installed=installed, varlen=TORCH["2.12"], hardware=lookup_gpu(gpu))
     message = str(e.value)
     assert "model.attention='flash_attention_2'" in message and gpu in message and "compute capability >= 8.0" in message
     assert "Fix: use model.attention=sdpa" in message
@@ -93,7 +93,7 @@ def test_explicit_flash_on_a_pre_ampere_gpu_is_a_config_error(gpu, installed):
 
 def test_explicit_flash_on_cpu_is_a_config_error():
     with pytest.raises(ConfigError, match="this run is on cpu"):
-        choose_attention(Attention.flash_attention_2, True, TORCH["2.12"], CPU())
+        choose_attention(Attention.flash_attention_2, flash_installed=True, varlen=TORCH["2.12"], hardware=CPU())
 
 
 def test_plan_for_a_v100_refuses_flash_attention_and_names_the_fix(tmp_path):

@@ -13,12 +13,12 @@ from tinytrain.plan.fast_paths import select_fast_paths
 
 def test_gemma2_keeps_its_soft_capped_logits():
     """Its 256000-row vocab would pick the chunked loss (and liger on a GPU): both skip the cap."""
-    f = select_fast_paths(compose(["model=gemma2_2b"]).trainer, Strategy.single, True, 256000, True, 0, GEMMA2_SOFTCAP)
+    f = select_fast_paths(compose(["model=gemma2_2b"]).trainer, Strategy.single, on_gpu=True, padded_vocab=256000, liger_available=True, zero_stage=0, logits_only=GEMMA2_SOFTCAP)
     assert (f.loss_chunk_tokens, f.liger, f.liger_loss) == (0, False, False)
     assert "soft-caps" in f.reasons["loss_chunk_tokens"] and "soft-caps" in f.reasons["liger"]
-    assert select_fast_paths(TrainerConfig(), Strategy.single, True, 256000, False, 0).loss_chunk_tokens == 1024  # other families
+    assert select_fast_paths(TrainerConfig(), Strategy.single, on_gpu=True, padded_vocab=256000, liger_available=False, zero_stage=0).loss_chunk_tokens == 1024  # other families
     with pytest.raises(ConfigError) as e:
-        select_fast_paths(compose(["trainer.loss_chunk_tokens=512"]).trainer, Strategy.single, True, 256000, False, 0, GEMMA2_SOFTCAP)
+        select_fast_paths(compose(["trainer.loss_chunk_tokens=512"]).trainer, Strategy.single, on_gpu=True, padded_vocab=256000, liger_available=False, zero_stage=0, logits_only=GEMMA2_SOFTCAP)
     assert "trainer.loss_chunk_tokens=512" in str(e.value) and "final_logit_softcapping" in str(e.value)
 
 

@@ -20,34 +20,34 @@ def trainer(**kw):
 @pytest.mark.parametrize("installed", [True, False])
 def test_liger_where_installed_on_any_cuda_gpu(gpu, installed):
     on_gpu = not lookup_gpu(gpu).is_cpu  # Triton runs from compute capability 7.0: V100 and T4 too
-    f = select_fast_paths(trainer(), Strategy.single, on_gpu, 128256, liger_available=installed)
+    f = select_fast_paths(trainer(), Strategy.single, on_gpu=on_gpu, padded_vocab=128256, liger_available=installed)
     assert (f.liger, f.liger_loss) == (installed, installed)
     assert f.loss_chunk_tokens == (0 if installed else 1024)  # the fused loss never builds logits
     assert ("fused linear cross-entropy" if installed else "not installed") in f.reasons["liger"]
 
 
 def test_never_on_cpu_and_an_explicit_request_there_is_an_error():
-    f = select_fast_paths(trainer(), Strategy.single, not CPU().is_cpu, 128256, liger_available=True)
+    f = select_fast_paths(trainer(), Strategy.single, on_gpu=not CPU().is_cpu, padded_vocab=128256, liger_available=True)
     assert not f.liger and not f.liger_loss and f.reasons["liger"].startswith("off: CPU")
     assert f.loss_chunk_tokens == 1024  # the chunked loss stays for CPU
     with pytest.raises(ConfigError, match=r"trainer.liger=True: liger-kernel cannot run here \(CPU"):
-        select_fast_paths(trainer(liger=True), Strategy.single, False, 4096, liger_available=True)
+        select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=False, padded_vocab=4096, liger_available=True)
 
 
 def test_fsdp_tp_keeps_neither_and_zero3_keeps_the_kernels_but_not_the_fused_loss():
-    f = select_fast_paths(trainer(), Strategy.fsdp_tp, True, 128256, liger_available=True)
+    f = select_fast_paths(trainer(), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256, liger_available=True)
     assert (f.liger, f.liger_loss, f.loss_chunk_tokens) == (False, False, 0)
     with pytest.raises(ConfigError, match="fsdp_tp"):
-        select_fast_paths(trainer(liger=True), Strategy.fsdp_tp, True, 4096, liger_available=True)
-    z3 = select_fast_paths(trainer(), Strategy.deepspeed, True, 128256, liger_available=True, zero_stage=3)
+        select_fast_paths(trainer(liger=True), Strategy.fsdp_tp, on_gpu=True, padded_vocab=4096, liger_available=True)
+    z3 = select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=128256, liger_available=True, zero_stage=3)
     assert (z3.liger, z3.liger_loss, z3.loss_chunk_tokens) == (True, False, 1024) and "ZeRO-3" in z3.reasons["liger"]
-    z2 = select_fast_paths(trainer(), Strategy.deepspeed, True, 32000, liger_available=True, zero_stage=2)
+    z2 = select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, liger_available=True, zero_stage=2)
     assert (z2.liger, z2.liger_loss) == (True, True)
 
 
 def test_switched_off_or_required():
-    assert not select_fast_paths(trainer(liger=False), Strategy.single, True, 4096, liger_available=True).liger
-    required = select_fast_paths(trainer(liger=True), Strategy.single, True, 4096, liger_available=False)
+    assert not select_fast_paths(trainer(liger=False), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=True).liger
+    required = select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=False)
     assert required.liger and "not installed on this machine" in required.reasons["liger"]
 
 

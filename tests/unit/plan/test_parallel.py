@@ -68,7 +68,7 @@ def test_a_row_is_what_the_other_stages_see(monkeypatch):
     changed = dataclasses.replace(ddp, tensor_parallel=True, fused_adamw=False, liger_off="ddp-x: not checked", lora_off="ddp-x shards the projections", qlora=False)
     monkeypatch.setitem(parallel.STRATEGIES, Strategy.ddp, changed)
     trainer = compose([]).trainer
-    fast = select_fast_paths(trainer, Strategy.ddp, True, 4096, liger_available=True)
+    fast = select_fast_paths(trainer, Strategy.ddp, on_gpu=True, padded_vocab=4096, liger_available=True)
     assert not fast.fused_adamw and fast.reasons["liger"] == "off: ddp-x: not checked"
     validate(compose(["mode=plan", "parallel=ddp", "parallel.tp=2", "cluster.devices=2"]))  # tp > 1 now allowed
     with pytest.raises(ConfigError) as e:

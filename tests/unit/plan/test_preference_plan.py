@@ -65,7 +65,7 @@ def test_where_the_reference_comes_from(pairs, overrides, reference):
 
 @pytest.mark.parametrize("strategy, world, tp, stage, expected", [("single", 1, 1, 0, 4000), ("ddp", 2, 1, 0, 4000), ("deepspeed", 4, 1, 2, 2000), ("deepspeed", 4, 1, 3, 500), ("fsdp_tp", 4, 2, 0, 1000)])
 def test_the_frozen_copy_is_held_like_the_policy(strategy, world, tp, stage, expected):
-    assert preference.reference_bytes(strategy, 1000, world, tp, stage, offload_params=False) == expected
+    assert preference.reference_bytes(strategy, 1000, world=world, tp=tp, zero_stage=stage, offload_params=False) == expected
 
 
 def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_fit(pairs, tmp_path, capsys):

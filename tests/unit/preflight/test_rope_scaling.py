@@ -20,13 +20,13 @@ def test_reach_of_published_scalings():
 
 
 def test_position_problems_name_both_numbers():
-    beyond = position_problems(262144, 131072, LLAMA3, None, "model.max_position_embeddings")
+    beyond = position_problems(262144, max_positions=131072, scaling=LLAMA3, trained_context=None, source="model.max_position_embeddings")
     assert [p.key for p in beyond] == ["data.seq_len"] and "131072 positions RoPE scaling llama3 x8 from 8192" in beyond[0].message
-    unscaled = position_problems(16384, 8192, None, None, "model.max_position_embeddings")
+    unscaled = position_problems(16384, max_positions=8192, scaling=None, trained_context=None, source="model.max_position_embeddings")
     assert "RoPE has no scaling" in unscaled[0].message and "original_max_position_embeddings=8192" in unscaled[0].fix
-    mismatch = position_problems(4096, 8192, {**LLAMA3, "original_max_position_embeddings": 4096}, 8192, "x")
+    mismatch = position_problems(4096, max_positions=8192, scaling={**LLAMA3, "original_max_position_embeddings": 4096}, trained_context=8192, source="x")
     assert [p.key for p in mismatch] == ["model.rope_scaling.original_max_position_embeddings"] and "8192 positions model.pretrained was trained at" in mismatch[0].message
-    assert position_problems(65536, 131072, LLAMA3, 8192, "x") == []
+    assert position_problems(65536, max_positions=131072, scaling=LLAMA3, trained_context=8192, source="x") == []
 
 
 def test_llama3_1_preset_plans_past_its_original_context_and_stops_beyond_its_reach(tmp_path):

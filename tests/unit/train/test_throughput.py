@@ -71,17 +71,17 @@ def trainer(**kw):
     ],
 )
 def test_fast_path_selection(strategy, on_gpu, vocab, fused, chunk):
-    f = select_fast_paths(trainer(), strategy, on_gpu, vocab)
+    f = select_fast_paths(trainer(), strategy, on_gpu=on_gpu, padded_vocab=vocab)
     assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, False, False)
     assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing", "liger"}
     assert not f.liger  # liger-kernel is not installed here (tests/unit/plan/test_fast_paths.py covers it)
 
 
 def test_fast_path_overrides():
-    f = select_fast_paths(trainer(compile=True, activation_checkpointing=True, loss_chunk_tokens=256), Strategy.single, False, 4096)
+    f = select_fast_paths(trainer(compile=True, activation_checkpointing=True, loss_chunk_tokens=256), Strategy.single, on_gpu=False, padded_vocab=4096)
     assert (f.compile, f.activation_checkpointing, f.loss_chunk_tokens) == (True, True, 256)
-    assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, True, 128256).loss_chunk_tokens == 0
-    assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, True, 128256).loss_chunk_tokens == 0
+    assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
+    assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
 
 
 def test_chunked_loss_equals_full_loss_and_gradients():
@@ -95,7 +95,7 @@ def test_chunked_loss_equals_full_loss_and_gradients():
     full.backward()
     grads = h.grad.clone(), w.grad.clone()
     h.grad, w.grad = None, None
-    chunked = chunked_lm_loss(h, w, labels, true_vocab, chunk_tokens=4)
+    chunked = chunked_lm_loss(h, w, labels, true_vocab=true_vocab, chunk_tokens=4)
     chunked.backward()
     torch.testing.assert_close(chunked, full)
     torch.testing.assert_close(h.grad, grads[0])

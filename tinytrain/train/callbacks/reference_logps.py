@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class PrecomputeReference(pl.Callback):
-    def __init__(self, cache, train, val, collate, micro_batch_size: int, loaded: bool):
+    def __init__(self, cache, *, train, val, collate, micro_batch_size: int, loaded: bool):
         self.cache, self.train, self.val = cache, train, val
         self.collate = collate
         self.micro_batch_size = micro_batch_size

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class SampleGenerations(pl.Callback):
-    def __init__(self, path: Path, prompts: list[str], max_new_tokens: int, tokenizer, chat: bool, stop_ids: list[int], true_vocab: int, sharded: bool):
+    def __init__(self, path: Path, *, prompts: list[str], max_new_tokens: int, tokenizer, chat: bool, stop_ids: list[int], true_vocab: int, sharded: bool):
         self.path = path
         self.prompts = list(prompts)
         self.sampling = Sampling(max_new_tokens=max_new_tokens)
@@ -45,7 +45,7 @@ class SampleGenerations(pl.Callback):
         import torch
 
         with torch.inference_mode(False), torch.no_grad():
-            results = generate(pl_module.model, self.tokenizer, self.prompts, self.chat, self.sampling, self.stop_ids, self.true_vocab)
+            results = generate(pl_module.model, self.tokenizer, self.prompts, chat=self.chat, sampling=self.sampling, stop_ids=self.stop_ids, true_vocab=self.true_vocab)
         step = trainer.global_step
         with self.path.open("a", encoding="utf-8") as f:
             for r in results:
@@ -66,4 +66,4 @@ def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
     chat = DataFormat(cfg.data.format) != DataFormat.text if g.chat is None else bool(g.chat)
     stops = [served.convert_tokens_to_ids(t) for t in spec.turn_end]
     sharded = not plan.parallel.row.rank0_holds_model
-    return [SampleGenerations(run_dir / "samples.jsonl", list(g.sample_prompts), g.sample_max_new_tokens, served, chat, stops, plan.vocab.true, sharded)]
+    return [SampleGenerations(run_dir / "samples.jsonl", prompts=list(g.sample_prompts), max_new_tokens=g.sample_max_new_tokens, tokenizer=served, chat=chat, stop_ids=stops, true_vocab=plan.vocab.true, sharded=sharded)]
