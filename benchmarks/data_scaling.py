@@ -22,7 +22,7 @@ documents (~1,200 characters each), in 8 shards per size, tokenized with the bun
                        private memory; side by side, the same rank with the pass orders computed in
                        memory and the epoch's stream at once (how the sampler worked before)
   SFT warm vs cold     a DataModule over 4,000 Alpaca-style records, first start (tokenizes) vs the
-                       next (reads the cache)
+                       next (reads the cache); the same for 4,000 preference pairs (data.format=preference)
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ def child_sft(args) -> dict:
     tok = load_tokenizer(str(TOKENIZER))
     from tests.conftest import compose
 
-    cfg = compose(["data=alpaca", f"data.path={args.path}", f"data.cache_dir={args.cache}", "data.chat_template=alpaca", "data.seq_len=256"]).data
+    data = ["data=alpaca"] if args.orders != "preference" else ["data=jsonl", "data.format=preference", "finetune.objective=dpo"]  # --orders: the kind of records
+    cfg = compose([*data, f"data.path={args.path}", f"data.cache_dir={args.cache}", "data.chat_template=alpaca", "data.seq_len=256"]).data
     start = time.perf_counter()
     DataModule(cfg, tok, micro_batch_size=8, seed=0, progress=False)
     return {"seconds": time.perf_counter() - start}
@@ -376,6 +377,11 @@ def sft_section(root: Path) -> None:
     cold = run_child("sft", path=records, cache=root / "sft_cache")
     warm = run_child("sft", path=records, cache=root / "sft_cache")
     print(f"  SFT start (4,000 records): cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s; warm / cold {warm['seconds'] / cold['seconds']:.2f}")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Say something about topic {i}.", "chosen": f"Topic {i} is " + "quite interesting, " * (i % 20 + 3), "rejected": f"No idea about {i}."}) + "\n" for i in range(4000)))
+    cold = run_child("sft", path=pairs, cache=root / "pref_cache", orders="preference")
+    warm = run_child("sft", path=pairs, cache=root / "pref_cache", orders="preference")
+    print(f"  preference start (4,000 pairs): cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s; warm / cold {warm['seconds'] / cold['seconds']:.2f}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,18 @@ class PackedWindows(Dataset):
     def __len__(self) -> int:
         return self.n
 
+    def _read(self, start: int, stop: int, first_doc: int, last_doc: int) -> np.ndarray:
+        """Stream tokens start .. stop - 1 (in documents first_doc .. last_doc): one pread of the
+        token file (TokenStore.read) per run of documents that lie next to each other in it (all of
+        them unless the validation split took one in between)."""
+        stream = np.asarray(self.stream_starts[first_doc : last_doc + 2])
+        lo, hi = np.maximum(start, stream[:-1]), np.minimum(stop, stream[1:])
+        at = np.asarray(self.doc_starts[first_doc : last_doc + 1]) + lo - stream[:-1]
+        end = at + hi - lo
+        cuts = [0, *(np.flatnonzero(at[1:] != end[:-1]) + 1).tolist(), len(at)]
+        pieces = [self.store.read(int(at[a]), int(end[b - 1])) for a, b in zip(cuts[:-1], cuts[1:])]
+        return (pieces[0] if len(pieces) == 1 else np.concatenate(pieces)).astype(np.int64)
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if not 0 <= i < self.n:
             raise IndexError(i)
@@ -85,7 +97,7 @@ class PackedWindows(Dataset):
                 break
             span *= 4
         doc = first + np.searchsorted(local, pos, side="right") - 1
-        tokens = self.store.tokens[self.doc_starts[doc] + (pos - self.stream_starts[doc])].astype(np.int64)
+        tokens = self._read(start, start + self.seq_len + 1, int(doc[0]), int(doc[-1]))
         labels = tokens[1:].copy()
         if not self.predict_across:
             labels[doc[1:] != doc[:-1]] = IGNORE  # e.g. EOS -> the next document's first token

@@ -369,5 +369,10 @@ class PartedStore(TokenStore):
             self._tokens = _PartedTokens(self.parts, self.starts)
         return self._tokens
 
+    def read(self, start: int, stop: int) -> np.ndarray:
+        first, last = (int(np.searchsorted(self.starts, x, side="right")) - 1 for x in (start, max(start, stop - 1)))
+        pieces = [self.parts[p].read(max(start, int(self.starts[p])) - int(self.starts[p]), min(stop, int(self.starts[p + 1])) - int(self.starts[p])) for p in range(first, last + 1)]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
     def describe(self) -> str:
         return f"{super().describe()}, {len(self.parts)} parts"

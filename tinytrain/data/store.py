@@ -55,14 +55,15 @@ def store_key(source_fingerprint: str, tokenizer_fingerprint: str, append_eos: b
 
 
 class TokenStore:
-    """An opened, complete store. The token file is memory-mapped on first use (and again in each
-    DataLoader worker, never pickled)."""
+    """An opened, complete store. Windows read the token file with read() (pread); `tokens` maps it
+    whole on first use, for scans (and again in each DataLoader worker, never pickled)."""
 
     def __init__(self, path: Path, meta: dict, offsets: np.ndarray):
         self.path = path
         self.meta = meta
         self.offsets = offsets
         self._tokens: np.memmap | None = None
+        self._file: tuple[int, int] | None = None  # (pid, descriptor) of the token file, for read()
 
     @classmethod
     def open(cls, path: Path | str, key: str = "data.store") -> TokenStore:
@@ -100,6 +101,16 @@ class TokenStore:
                 random_access(self._tokens)
         return self._tokens
 
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """tokens[start:stop], read with pread rather than through the mapping: the page cache is
+        shared all the same, but nothing is mapped into this process, so a rank's memory stays flat
+        however many windows it reads (a mapped read maps the whole large folio around each one)."""
+        if self._file is None or self._file[0] != os.getpid():  # opened again in a DataLoader worker
+            self._file = (os.getpid(), os.open(self.path / TOKENS, os.O_RDONLY))
+        dtype = np.dtype(self.meta["dtype"])
+        data = os.pread(self._file[1], (stop - start) * dtype.itemsize, start * dtype.itemsize)
+        return np.frombuffer(data, dtype=dtype)
+
     @property
     def num_documents(self) -> int:
         return self.meta["num_documents"]
@@ -110,7 +121,7 @@ class TokenStore:
 
     # A DataLoader worker gets the path, not the arrays: it maps the same files again.
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_tokens": None, "offsets": None}
+        return {**self.__dict__, "_tokens": None, "offsets": None, "_file": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -53,6 +53,8 @@ def test_parts_opened_together_equal_a_one_process_build(tmp_path, shards, bundl
     # A window across the boundary between parts reads from both.
     boundary = int(parted.starts[1])
     assert np.array_equal(parted.tokens[np.arange(boundary - 3, boundary + 3)], np.asarray(one.tokens[boundary - 3 : boundary + 3]))
+    assert np.array_equal(parted.read(boundary - 3, boundary + 3), one.read(boundary - 3, boundary + 3))  # read with pread, as windows are
+    assert np.array_equal(parted.read(0, parted.num_tokens), np.asarray(one.tokens))
     again, built_again = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
     assert not built_again and again.path == parted.path
 
