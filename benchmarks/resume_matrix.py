@@ -22,6 +22,9 @@ naming both layouts and the fix), `FAILED <why>` (a traceback, a crash, another 
 without the fix). The table is printed and written to `<dir>/resume_matrix.md` as cells finish.
 
     python benchmarks/resume_matrix.py [--worlds 1,2,4] [--only zero2,fsdp_tp_tp2] [--offload] [--dir /tmp/resume-matrix]
+
+Cells decided by an earlier run into the same --dir are kept (FAILED ones run again), so the
+matrix can be filled in parts; `--table-only` prints what is decided.
 """
 
 from __future__ import annotations
@@ -188,10 +191,15 @@ def main() -> None:
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--cli-refusals", action="store_true", help="also run the CLI for each refused pair (exit 2, no traceback)")
     p.add_argument("--dir", default="/tmp/resume-matrix")
+    p.add_argument("--table-only", action="store_true", help="print the table of the cells decided so far in --dir (blank: not run), run nothing")
     a = p.parse_args()
     root = Path(a.dir)
     root.mkdir(parents=True, exist_ok=True)
     all_layouts = layouts([int(w) for w in a.worlds.split(",")], a.offload, set(a.only.split(",")) - {""} or None)
+    if a.table_only:
+        decided = json.loads((root / "resume_matrix.json").read_text())
+        print(table(all_layouts, all_layouts, {tuple(k.split(" -> ")): v for k, v in decided.items()}))
+        return
     # Cells already decided by an earlier run into the same --dir are kept (FAILED ones run again).
     done_file = root / "resume_matrix.json"
     done = {k: v for k, v in json.loads(done_file.read_text()).items() if not v.startswith("FAILED")} if done_file.exists() else {}

@@ -1,7 +1,8 @@
 """A DeepSpeed ZeRO-2 or ZeRO-3 step checkpoint saved on 2 ranks resumes on 1: the plan sees the
 other data-parallel size, rank 0 converts it to DeepSpeed's universal checkpoint (a sibling
 folder, published atomically), and the run loads it with `load_universal`. A half-converted temp
-folder left by a kill is removed, never loaded. (~30 s per stage: one 2-rank run, one 1-rank resume.)"""
+folder left by a kill is removed, never loaded. (~30 s per stage: one 2-rank run, one 1-rank resume.)
+The same folder starts a run of another layout through checkpoint.init_from (a few seconds)."""
 
 import math
 import shutil
@@ -109,3 +110,28 @@ def test_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoint(two_
     for key in KEYS:
         for name, values in saved[key].items():
             assert torch.equal(universal_state(universal, key, name), values), (key, name)
+
+
+def test_a_step_folder_starts_a_run_of_another_layout_through_init_from(two_ranks, tmp_path):
+    """What a refused layout change names as the fix: `checkpoint.init_from=<the DeepSpeed step
+    folder>` plans under parallel=single and gives the new run the folder's fp32 master weights,
+    bit for bit (it was refused as "no such checkpoint file")."""
+    from tests.conftest import compose
+    from tinytrain.checkpoint.format import MODULE_PREFIX
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.model.init_weights import weights_for_run
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.plan.validate import validate
+
+    option, saved_run = two_ranks
+    step = saved_run / "checkpoints" / "step0000004.ckpt"
+    cfg = compose([*RUN, "parallel=single", f"checkpoint.init_from={step}"])
+    validate(cfg)
+    tokenizer = load_from_config(cfg.tokenizer)
+    plan = make_plan(cfg, tokenizer, tmp_path)
+    assert plan.init_from.saved["true_vocab"] == plan.vocab.true
+    weights = weights_for_run(plan.init_from, ["model.embed_tokens.weight", "lm_head.weight"], plan.vocab, tokenizer)
+    saved = saved_states(step / "checkpoint", int(option[-1]))["fp32"]
+    assert {name.removeprefix(MODULE_PREFIX) for name in saved} == weights.keys()
+    for name, values in saved.items():
+        assert torch.equal(weights[name.removeprefix(MODULE_PREFIX)].flatten(), values), name

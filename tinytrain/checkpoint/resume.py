@@ -47,6 +47,10 @@ def deepspeed_state_file(folder: Path) -> Path:
     return next((c for c in candidates if c.is_file()), candidates[0])
 
 
+def is_deepspeed_folder(path: Path) -> bool:
+    return path.is_dir() and deepspeed_state_file(path).is_file()
+
+
 def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]] | None:
     """The newest step checkpoint that loads, its state, and the newer ones that did not."""
     skipped = []
@@ -96,8 +100,8 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not (Path(path).is_file() or is_sharded(Path(path))):
-        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp run's sharded .ckpt folder) from a tinytrain run's checkpoints/ folder"))
+    if path and not (Path(path).is_file() or is_sharded(Path(path)) or is_deepspeed_folder(Path(path))):
+        problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp or DeepSpeed run's .ckpt folder) from a tinytrain run's checkpoints/ folder"))
     last = cfg.checkpoint.average_last
     if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):
         problems.append(Problem("checkpoint.average_last", last, f"averages the run's newest step checkpoints: at least 2, and at most the checkpoint.keep_last({cfg.checkpoint.keep_last}) the run keeps", f"use 2 to {max(2, cfg.checkpoint.keep_last)} (raise checkpoint.keep_last to average more), or null for no average"))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.checkpoint.format import read, saved_shape, tinytrain_metadata
+from tinytrain.checkpoint.format import saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.layout_change import Layout, check_layout, converts, repads, saved_layout
@@ -78,7 +78,8 @@ class InitPoint:
 def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> InitPoint | None:
     if not path:
         return None
-    return InitPoint(path, check_compatible(read(path, weights=False), path, vocab, fingerprint, allow_tokenizer_change, shape))
+    # read_state: a file, a sharded folder (shapes only) or a DeepSpeed folder (its client state).
+    return InitPoint(path, check_compatible(read_state(Path(path), "checkpoint.init_from"), path, vocab, fingerprint, allow_tokenizer_change, shape))
 
 
 def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None) -> ResumePoint | None:
