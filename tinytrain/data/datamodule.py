@@ -170,7 +170,7 @@ class DataModule:
             bad = BadRecords(self.cfg.bad_records, src.key)
             samples, counts = build_samples(records(src, bad), self.cfg, self.tokenizer, bad)
             if not samples:
-                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts, self.cfg)))
+                raise ConfigError(Problem(src.key, src.path, f"no usable samples ({counts.summary(self.cfg.seq_len)})", no_samples_fix(counts)))
             return samples, counts.summary(self.cfg.seq_len)
 
         return self._cached(src, "sft", SftSample, build)

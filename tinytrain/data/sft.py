@@ -54,7 +54,7 @@ class SftCounts:
         )
 
 
-def no_samples_fix(counts: SftCounts, data_cfg) -> str:
+def no_samples_fix(counts: SftCounts) -> str:
     """The fix for a source that gave no sample, by what removed them."""
     if counts.too_long_skipped and counts.too_long_skipped >= counts.nothing_to_learn:
         return (

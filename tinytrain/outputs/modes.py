@@ -16,26 +16,29 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
+from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
+from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict, served_tokenizer
+from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Mode
+from tinytrain.data.bos_policy import resolve_add_bos, with_bos
+from tinytrain.data.datamodule import DataModule
 from tinytrain.errors import ConfigError, Problem, raise_if_any
-from tinytrain.outputs import saved_run
+from tinytrain.model.generation import Sampling, read_prompts
+from tinytrain.model.generation import generate as generate_texts
+from tinytrain.outputs import saved_run, validate_modes
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
-    from tinytrain.outputs.validate_modes import problems
-
-    raise_if_any(problems(cfg, run_dir, data_overridden))  # before any checkpoint or model is read
+    raise_if_any(validate_modes.problems(cfg, run_dir, data_overridden))  # before any checkpoint or model is read
     return MODES[cfg.mode](cfg, run_dir, data_overridden)
 
 
 def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
-    from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict
-    from tinytrain.checkpoint.sharded import is_sharded
-
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
@@ -52,8 +55,6 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
 def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
-    from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
-    from tinytrain.checkpoint.export import export_spec, export_state_dict
     from tinytrain.train.consolidate import consolidate_deepspeed  # Lightning: on use (mode=plan imports this table)
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
@@ -78,7 +79,6 @@ def inference_setup(saved):
             eos = tok.eos_token_id
         stops = eos if isinstance(eos, list) else [eos]
         return tok, stops, bool(getattr(tok, "chat_template", None))
-    from tinytrain.checkpoint.export import export_spec, served_tokenizer
 
     spec = export_spec(saved.train_cfg, saved.tokenizer)
     tok = served_tokenizer(saved.tokenizer, spec)
@@ -86,9 +86,6 @@ def inference_setup(saved):
 
 
 def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
-    from tinytrain.model.generation import Sampling, read_prompts
-    from tinytrain.model.generation import generate as generate_texts
-
     g = cfg.generate
     prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
@@ -111,10 +108,6 @@ def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
 def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     """Token-weighted mean loss and perplexity over the held-out split of the run's data (or the
     data config given on the command line) -> eval.json."""
-    import torch
-
-    from tinytrain.data.bos_policy import resolve_add_bos, with_bos
-    from tinytrain.data.datamodule import DataModule
     from tinytrain.model.module import causal_lm_loss
 
     saved = saved_run.load(cfg.checkpoint.path, run_dir)

@@ -14,8 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from tinytrain.checkpoint.export import model_from_state_dict
+from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.lora_weights import merge_adapters
+from tinytrain.checkpoint.pretrained import pretrained_config
+from tinytrain.checkpoint.resume import read_state
+from tinytrain.config.schema import Config, DataFormat
+from tinytrain.data.tokenizer import fingerprint, load_from_config
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
+from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
+from tinytrain.plan.start_points import check_shape
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -37,15 +48,11 @@ class SavedRun:
 
     @property
     def is_sft(self) -> bool:
-        from tinytrain.config.schema import DataFormat
-
         return self.train_cfg is not None and DataFormat(self.train_cfg.data.format) != DataFormat.text
 
 
 def locate(value: str | None, run_dir: Path) -> Path:
     """The checkpoint `checkpoint.path` names; an error naming the key, value and fix otherwise."""
-    from tinytrain.checkpoint.files import step_checkpoints
-
     if not value:
         raise ConfigError(Problem(KEY, None, "this mode needs a checkpoint", "add checkpoint=<run>/checkpoints/step<N>.ckpt (or final.ckpt, a DeepSpeed checkpoint folder, an hf_export folder)"))
     checkpoints = run_dir / "checkpoints"
@@ -72,9 +79,6 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     if source_run is None or not (source_run / RUN_CONFIG).is_file():
         raise ConfigError(Problem(KEY, str(path), f"is not inside a run's checkpoints/ folder next to its {RUN_CONFIG}, so its model and tokenizer are unknown", "give a checkpoint where its run saved it (<run>/checkpoints/...)"))
     train_cfg = run_config(source_run / RUN_CONFIG)
-    from tinytrain.checkpoint.resume import read_state
-    from tinytrain.data.tokenizer import fingerprint, load_from_config
-    from tinytrain.plan.start_points import check_shape
 
     state = read_state(path, KEY)
     meta = state.get("tinytrain")
@@ -98,11 +102,7 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
 
 def run_model_shape(train_cfg, vocab: int):
     """The model size a run's config describes (a pretrained base's from its config.json)."""
-    from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
-
     if train_cfg.model.pretrained:
-        from tinytrain.checkpoint.pretrained import pretrained_config
-
         return shape_from_hf(pretrained_config(train_cfg.model.pretrained, bool(train_cfg.model.trust_remote_code)), vocab)
     return shape_from_config(train_cfg.model, vocab)
 
@@ -116,10 +116,6 @@ def _hf_folder(path: Path) -> SavedRun:
 
 def run_config(path: Path):
     """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted)."""
-    from omegaconf import OmegaConf
-
-    from tinytrain.config.schema import Config
-
     return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
 
 
@@ -143,12 +139,8 @@ def hf_model(saved: SavedRun, trust_remote_code: bool = False):
     if saved.is_hf_folder:
         model = AutoModelForCausalLM.from_pretrained(str(saved.checkpoint), trust_remote_code=trust_remote_code)
     else:
-        from tinytrain.checkpoint.export import model_from_state_dict
-
         state = state_dict(saved)
         if saved.finetune:
-            from tinytrain.checkpoint.lora_weights import merge_adapters
-
             state = merge_adapters(state, saved.finetune)
         model = model_from_state_dict(state, model_config(saved), len(saved.tokenizer))
     model.config.use_cache = True

@@ -10,6 +10,7 @@ from tinytrain.checkpoint.remote_code import remote_code_problems
 from tinytrain.config.generate_checks import sampling_problems
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.model.generation import read_prompts
 from tinytrain.outputs import saved_run
 
 KEY = saved_run.KEY
@@ -44,8 +45,6 @@ def source_problems(cfg, run_dir: Path) -> list[Problem]:
 
 
 def prompt_problems(g) -> list[Problem]:
-    from tinytrain.model.generation import read_prompts
-
     found = [Problem(f"generate.prompts[{i}]", p, "is blank: there is nothing to continue", "give each prompt some text") for i, p in enumerate(g.prompts) if not str(p).strip()]
     try:
         read_prompts(g.prompts, g.prompts_file)

@@ -134,7 +134,7 @@ def trainable_tokens(f, tokenizer, base_rows: int, rows_to_fix) -> tuple[tuple[i
     return ids, " and ".join(parts) + ": their embedding and lm_head rows train with the adapters (the other rows stay frozen)"
 
 
-def make(cfg, shape: ModelShape, tokenizer, *, base_rows: int, rows_to_fix, compute: Dtype, params: int, fam: Family) -> FinetunePlan | None:
+def make(cfg, shape: ModelShape, tokenizer, *, base_rows: int, rows_to_fix, compute: Dtype, fam: Family) -> FinetunePlan | None:
     """`fam`: the built model's family (a pretrained model's own), whose projections are the default targets."""
     f = cfg.finetune
     if f.method == FinetuneMethod.full:

@@ -76,7 +76,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
-    adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, params=params, fam=fam)
+    adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=fam)
     states_layout = state_layout(par, world, shape.largest_layer_params)
     if adapters:
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=states_layout)

@@ -59,7 +59,7 @@ def special_token_findings(cfg, tokenizer, rows: int) -> list[Finding]:
     return [f for f in out if f]
 
 
-def pretrained_findings(cfg, tokenizer, *, hf_config, saved: int, weight_rows: int | None) -> list[Finding]:
+def pretrained_findings(cfg, tokenizer, *, saved: int, weight_rows: int | None) -> list[Finding]:
     """A pretrained model's config vocab (`saved`, from its config.json) vs its weight shapes vs
     the tokenizer; positions vs seq_len."""
     out = []
@@ -195,7 +195,7 @@ def run(cfg, tokenizer, *, padded_vocab: int, fp16: bool, pretrained_config=None
     if cfg.model.pretrained:
         tables = pretrained_tables(cfg.model.pretrained)
         rows = tables["input embeddings"].shape[0] if "input embeddings" in tables else None
-        findings += pretrained_findings(cfg, tokenizer, hf_config=pretrained_config, saved=pretrained_config.vocab_size, weight_rows=rows)
+        findings += pretrained_findings(cfg, tokenizer, saved=pretrained_config.vocab_size, weight_rows=rows)
     findings += position_findings(cfg, pretrained_config)
     untrained, fix = [], ""
     if tables:
