@@ -11,7 +11,7 @@ fails while one of them is missing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
@@ -100,44 +100,29 @@ def deepspeed_finetune_problems(cfg) -> list[Problem]:
 
 FILE_FORMATS = frozenset({CheckpointFormat.file})
 LORA_TP = "peft's LoRA layers wrap the projections that tensor parallelism shards column- and row-wise, and peft does not shard them"
+SINGLE = StrategyRow(
+    Strategy.single,
+    one_process=True,
+    tensor_parallel=False,
+    problems=no_problems,
+    model_states=replicated_states,
+    frozen_copy_bytes=replicated_frozen_copy,
+    adapter_states=local_adapter_states,
+    checkpoint_format=CheckpointFormat.file,
+    resumable_from=FILE_FORMATS,
+    deepspeed=False,
+    rank0_holds_model=True,
+    fused_adamw=True,
+    chunked_loss_off=None,
+    liger_off=None,
+    lora_off=None,
+    qlora=True,
+)
+
 # Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
 STRATEGIES = {
-    Strategy.single: StrategyRow(
-        Strategy.single,
-        one_process=True,
-        tensor_parallel=False,
-        problems=no_problems,
-        model_states=replicated_states,
-        frozen_copy_bytes=replicated_frozen_copy,
-        adapter_states=local_adapter_states,
-        checkpoint_format=CheckpointFormat.file,
-        resumable_from=FILE_FORMATS,
-        deepspeed=False,
-        rank0_holds_model=True,
-        fused_adamw=True,
-        chunked_loss_off=None,
-        liger_off=None,
-        lora_off=None,
-        qlora=True,
-    ),
-    Strategy.ddp: StrategyRow(
-        Strategy.ddp,
-        one_process=False,
-        tensor_parallel=False,
-        problems=no_problems,
-        model_states=replicated_states,
-        frozen_copy_bytes=replicated_frozen_copy,
-        adapter_states=local_adapter_states,
-        checkpoint_format=CheckpointFormat.file,
-        resumable_from=FILE_FORMATS,
-        deepspeed=False,
-        rank0_holds_model=True,
-        fused_adamw=True,
-        chunked_loss_off=None,
-        liger_off=None,
-        lora_off=None,
-        qlora=True,
-    ),
+    Strategy.single: SINGLE,
+    Strategy.ddp: replace(SINGLE, strategy=Strategy.ddp, one_process=False),  # single's row, on several processes
     Strategy.deepspeed: StrategyRow(
         Strategy.deepspeed,
         one_process=False,
