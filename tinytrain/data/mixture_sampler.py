@@ -39,6 +39,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from tinytrain.data.sample_index import EpochOrders
+from tinytrain.data.sampler import pass_span
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +169,10 @@ class MixtureBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         # A pass that starts after the last one was fully consumed starts the next epoch (see
         # ResumableBatchSampler: this runs on the first batch requested).
-        # A position saved on another world size need not be a multiple of this one: the pass ends
-        # where every rank still gets a batch.
-        if self.consumed + self.world > self.epoch_batches:
+        new_pass, first, end = pass_span(self.consumed, self.epoch_batches, self.world)
+        if new_pass:
             self.epoch, self.consumed = self.epoch + 1, 0
-        first = self.epoch * self.epoch_batches + self.consumed
-        last = first + (self.epoch_batches - self.consumed) // self.world * self.world
+        first, last = self.epoch * self.epoch_batches + first, self.epoch * self.epoch_batches + end
         b = self.batch_size
         per_chunk = max(1, CHUNK // b)  # global batches computed at once
         chunk = (0, 0, np.zeros(0, dtype=np.int64))

@@ -22,6 +22,16 @@ log = logging.getLogger(__name__)
 MEGABATCH = 64  # length grouping sorts within groups of this many batches, so order stays random
 
 
+def pass_span(consumed: int, batches: int, world: int) -> tuple[bool, int, int]:
+    """(a new pass starts, first, end): the global batches of a pass of `batches` this run trains,
+    `world` a round. The position `consumed` need not be a multiple of `world` (saved on another world
+    size): the pass goes on at the first batch not trained on and ends where every rank still gets
+    one; when not one round is left, the next pass starts at 0."""
+    new_pass = consumed + world > batches
+    first = 0 if new_pass else consumed
+    return new_pass, first, first + (batches - first) // world * world
+
+
 class ResumableBatchSampler(Sampler[list[int]]):
     def __init__(self, num_samples: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, lengths: Sequence[int] | None = None, orders: Callable[[int], np.ndarray] | None = None):
         """`orders(epoch)`: the epoch's permutation from elsewhere (sample_index.EpochOrders: written
@@ -101,12 +111,10 @@ class ResumableBatchSampler(Sampler[list[int]]):
         # consumed starts the next epoch. (Lightning's epoch number is not used: after resuming
         # from a checkpoint taken at an epoch's end it skips one.) This runs on the first batch
         # requested, not when an iterator is merely created.
-        # The position need not be a multiple of this run's world size (saved on another one): the
-        # pass starts at the first batch not trained on, and ends where every rank still gets one.
-        if self.consumed + self.world > self.all_batches():
+        new_pass, first, end = pass_span(self.consumed, self.all_batches(), self.world)
+        if new_pass:
             self.epoch, self.consumed = self.epoch + 1, 0
-        epoch, first = self.epoch, self.consumed
-        end = first + (self.all_batches() - first) // self.world * self.world
+        epoch = self.epoch
         # This rank's batches are first + rank, first + rank + world, ...
         for b in range(first + self.rank, end, self.world):
             yield self.batch(epoch, b)
