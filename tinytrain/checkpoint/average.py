@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.files import fsync_directory, step_checkpoints, temp_path
-from tinytrain.checkpoint.format import MODULE_PREFIX
+from tinytrain.checkpoint.format import MODULE_PREFIX, module_weights
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def file_source(path: Path, shown: Path | None = None) -> Source:
 
     ckpt = load_file(path, KEY)
     meta = ckpt.get("tinytrain") or {}
-    weights = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt.get("state_dict", {}).items() if k.startswith(MODULE_PREFIX)}
+    weights = module_weights(ckpt.get("state_dict", {}))
     true_vocab = meta.get("true_vocab")
     shapes = {k: unpadded_shape(k, v.shape, true_vocab) for k, v in weights.items()}
     return Source(shown or path, meta, int(ckpt.get("global_step", 0)), shapes, lambda name: unpad(name, weights[name], true_vocab))

@@ -16,7 +16,7 @@ import torch
 
 from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
 from tinytrain.checkpoint.files import publish_directory, temp_path
-from tinytrain.checkpoint.format import MODULE_PREFIX, unpad_vocab, vocab_param_names
+from tinytrain.checkpoint.format import module_weights, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
 from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
 from tinytrain.config.dtype import Dtype
@@ -205,7 +205,7 @@ def checkpoint_state_dict(ckpt_path: Path) -> dict:
     if is_sharded(Path(ckpt_path)):
         return consolidated_weights(Path(ckpt_path), "export")
     ckpt = load_file(ckpt_path, "export")
-    return {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
+    return module_weights(ckpt["state_dict"])
 
 
 def export_checkpoint(ckpt_path: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:

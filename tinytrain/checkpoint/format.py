@@ -45,6 +45,12 @@ def repad_vocab(state_dict: dict, names: list[str], padded: int) -> None:
             state_dict[name] = torch.cat([w, pad])
 
 
+def module_weights(state_dict: dict) -> dict:
+    """The HF model's weights of a Lightning state dict: Lightning's `model.` prefix removed, keys
+    outside the model dropped."""
+    return {k.removeprefix(MODULE_PREFIX): v for k, v in state_dict.items() if k.startswith(MODULE_PREFIX)}
+
+
 def read(path: str, key: str = "checkpoint.init_from", weights: bool = True) -> dict:
     """The checkpoint, memory-mapped (tensors are read when touched), loaded without running code
     from it (safe_load.py). `key` names the setting that pointed at it in the error. A sharded

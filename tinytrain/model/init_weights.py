@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
 
-from tinytrain.checkpoint.format import MODULE_PREFIX, read, repad_vocab, unpad_vocab
+from tinytrain.checkpoint.deepspeed_weights import deepspeed_checkpoint
+from tinytrain.checkpoint.format import module_weights, read, repad_vocab, unpad_vocab
 from tinytrain.checkpoint.resume import is_deepspeed_folder
 from tinytrain.plan.start_points import InitPoint
 from tinytrain.plan.vocab import VocabPlan
@@ -20,8 +20,8 @@ def weights_for_run(init: InitPoint, names: list[str], vocab: VocabPlan, tokeniz
     """The init_from checkpoint's HF-model state dict (checked by the plan), resized to this
     run's tokenizer and re-padded for its tp."""
     path, meta = init.path, init.saved
-    ckpt = read(path) if not is_deepspeed_folder(Path(path)) else consolidated(Path(path))
-    state = {k.removeprefix(MODULE_PREFIX): v for k, v in ckpt["state_dict"].items() if k.startswith(MODULE_PREFIX)}
+    ckpt = deepspeed_checkpoint(path, "checkpoint.init_from") if is_deepspeed_folder(Path(path)) else read(path)
+    state = module_weights(ckpt["state_dict"])
     if meta.get("finetune"):  # a LoRA run's checkpoint: its adapters merged into the base
         from tinytrain.checkpoint.lora_weights import merge_adapters
 
@@ -42,14 +42,3 @@ def weights_for_run(init: InitPoint, names: list[str], vocab: VocabPlan, tokeniz
     log.info("weights from %s (saved with tp %d, %d rows) -> %s", path, meta["tp"], meta["true_vocab"], vocab.describe())
     return state
 
-
-def consolidated(folder: Path) -> dict:
-    """A DeepSpeed step folder's weights as one checkpoint dict (Lightning's converter: the fp32
-    master weights of every partition, under the module's keys), off its temp file."""
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-    log.info("consolidating the DeepSpeed checkpoint %s for its weights", folder)
-    with tempfile.TemporaryDirectory(prefix="tinytrain-init-from-") as tmp:
-        convert_zero_checkpoint_to_fp32_state_dict(str(folder), str(Path(tmp) / "consolidated.ckpt"))
-        ckpt = read(str(Path(tmp) / "consolidated.ckpt"))
-        return {**ckpt, "state_dict": {k: v.clone() for k, v in ckpt["state_dict"].items()}}

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
+from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
 from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict, served_tokenizer
 from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Mode
@@ -55,7 +56,6 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
 def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     """The mean weights of checkpoint.average (or the run's newest checkpoint.average_last step
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
-    from tinytrain.train.consolidate import consolidate_deepspeed  # Lightning: on use (mode=plan imports this table)
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
     out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), consolidate_deepspeed)

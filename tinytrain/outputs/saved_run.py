@@ -27,6 +27,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
+from tinytrain.train.consolidate import model_weights
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -127,8 +128,6 @@ def model_config(saved: SavedRun):
 
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
-    from tinytrain.train.consolidate import model_weights  # Lightning: on use (mode=plan imports the cli's output-mode table)
-
     return model_weights(saved.checkpoint)
 
 

@@ -5,23 +5,12 @@ first (Lightning's converter, which maps its keys back to the module's)."""
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from pathlib import Path
 
-from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
+from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed, deepspeed_checkpoint
 from tinytrain.checkpoint.export import checkpoint_state_dict
+from tinytrain.checkpoint.format import module_weights
 from tinytrain.checkpoint.sharded import is_sharded
-
-log = logging.getLogger(__name__)
-
-
-def consolidate_deepspeed(folder: str | Path, out: str | Path) -> None:
-    """A DeepSpeed checkpoint folder -> one fp32 state-dict file at `out` (checkpoint/average.py's
-    `consolidate`)."""
-    log.info("consolidating the DeepSpeed checkpoint %s", folder)
-    convert_zero_checkpoint_to_fp32_state_dict(str(folder), str(out))
 
 
 def model_weights(checkpoint: Path, *, keep_at: Path | None = None) -> dict:
@@ -33,7 +22,4 @@ def model_weights(checkpoint: Path, *, keep_at: Path | None = None) -> dict:
     if keep_at is not None:
         consolidate_deepspeed(checkpoint, keep_at)
         return checkpoint_state_dict(keep_at)
-    with tempfile.TemporaryDirectory(prefix="tinytrain-consolidate-") as tmp:
-        consolidated = Path(tmp) / "consolidated.ckpt"
-        consolidate_deepspeed(checkpoint, consolidated)
-        return {k: v.clone() for k, v in checkpoint_state_dict(consolidated).items()}  # off the memory-mapped temp file
+    return module_weights(deepspeed_checkpoint(checkpoint, "export")["state_dict"])

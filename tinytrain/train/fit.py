@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
+from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
 from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.checkpoint.sharded import is_sharded
@@ -31,7 +32,7 @@ from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
-from tinytrain.train.consolidate import consolidate_deepspeed, model_weights
+from tinytrain.train.consolidate import model_weights
 from tinytrain.train.plot import plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
 
