@@ -23,7 +23,32 @@ SBATCH = ["mode=sbatch", "cluster=slurm", "cluster.nodes=1", "cluster.devices=1"
 ZERO2 = ["parallel=zero2", "hardware.gpu=A100"]
 
 # name: (arguments, strings the message must contain: the key with its value first, then the fix)
+CP2 = ["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=2"]
+LONG = ["mode=plan", "model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1"]
 CASES = {
+    # long context (parallel.cp, plan/context.py)
+    "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
+    "cp negative": (["mode=plan", "parallel.cp=-2"], ["parallel.cp=-2", "must be >= 1"]),
+    "cp a word": (["mode=plan", "parallel.cp=two"], ["parallel.cp=two", "Fix:"]),
+    "cp kind unknown": (["mode=plan", "parallel.cp_kind=spiral"], ["parallel.cp_kind=spiral", "auto, ulysses, ring"]),
+    "cp kind without cp": (["mode=plan", "parallel.cp_kind=ulysses"], ["parallel.cp_kind='ulysses'", "parallel.cp=1 splits nothing", "parallel.cp=2"]),
+    "cp with single": (["mode=plan", "parallel.cp=2"], ["parallel.cp=2", "parallel=single has no context parallelism", "it runs one process", "parallel=zero1|zero2"]),
+    "cp with ddp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "parallel.cp=2"], ["parallel.cp=2", "parallel=ddp has no context parallelism", "parallel=zero1"]),
+    "cp with fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.cp=2"], ["parallel.cp=2", "parallel=fsdp_tp has no context parallelism", "ring attention", "not built yet"]),
+    "cp ring under deepspeed": ([*CP2, "parallel.cp_kind=ring"], ["parallel.cp_kind='ring'", "does not run under parallel=zero2", "parallel.cp_kind=auto (ulysses here)"]),
+    "cp larger than the world": (["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=4", "data.seq_len=256", "model.num_heads=4", "model.num_kv_heads=4", "model.hidden_size=64"], ["parallel.cp=4", "tp(1) x cp(4) must divide the world size 2", "choose a cp that divides"]),
+    "cp not dividing the world": (["mode=plan", "parallel=zero2", "cluster.devices=4", "parallel.cp=3", "model.num_heads=6", "model.num_kv_heads=3", "data.seq_len=252"], ["parallel.cp=3", "must divide the world size 4"]),
+    "cp not dividing the heads": (["mode=plan", "parallel=zero2", "cluster.devices=4", "parallel.cp=4"], ["parallel.cp=4", "cp(4) must divide num_heads(6)", "Ulysses gives each rank whole heads", "a cp that divides 6"]),
+    "cp and kv heads not dividing": (["mode=plan", "parallel=zero2", "cluster.devices=6", "parallel.cp=3", "data.seq_len=252"], ["parallel.cp=3", "num_kv_heads(2)", "must divide one another"]),
+    "cp not dividing the sequence": ([*CP2, "data.seq_len=255"], ["data.seq_len=255", "must be a multiple of parallel.cp(2)", "data.seq_len=254"]),
+    "cp with eager attention": ([*CP2, "model.attention=eager"], ["model.attention='eager'", "cannot run under parallel.cp=2", "model.attention=auto"]),
+    "cp with a padding multiple it does not divide": ([*CP2, "data=alpaca", "data.pad_to_multiple_of=3"], ["data.pad_to_multiple_of=3", "must be a multiple of parallel.cp(2)"]),
+    "cp with preference tuning": ([*CP2, "data=preference", "finetune.objective=simpo"], ["finetune.objective='simpo'", "not built for parallel.cp=2", "parallel.cp=1"]),
+    "cp with a tp that leaves no room": (["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.tp=2", "parallel.cp=2"], ["parallel.tp=2", "parallel=zero2 has no tensor parallelism"]),
+    "context that does not fit names the cp that does": ([*LONG, "data.seq_len=65536"], ["data.seq_len=65536", "does not fit at parallel.cp=1", "the longest that fits is", "Fix: use parallel.cp="]),
+    "context that does not fit on this world": ([*LONG, "data.seq_len=131072", "parallel.cp=2"], ["data.seq_len=131072", "does not fit at parallel.cp=2", "GPUs or a multiple", "trainer.activation_checkpointing=true"]),
+    "context that fits a cp larger than the world": ([*LONG, "data.seq_len=4194304", "model.max_position_embeddings=4194304", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=4194304", "does not fit at parallel.cp=8", "use parallel.cp=32 on 32 GPUs"]),
+    "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),

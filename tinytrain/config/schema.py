@@ -64,6 +64,14 @@ class Strategy(Enum):
     fsdp_tp = "fsdp_tp"  # FSDP2 x tensor parallel through Lightning's ModelParallelStrategy
 
 
+class ContextParallelKind(Enum):
+    """How parallel.cp > 1 splits each sequence (plan/context.py picks for auto)."""
+
+    auto = "auto"
+    ulysses = "ulysses"  # all-to-all of heads: DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel)
+    ring = "ring"  # key/value blocks passed round the ranks: torch's context_parallel (not built yet: refused)
+
+
 class CheckLevel(Enum):
     error = "error"  # stop before training
     warn = "warn"  # report and go on
@@ -318,6 +326,10 @@ class ParallelConfig:
     tp: int = 1
     # fsdp_tp: data-parallel (FSDP) size; null means world_size / tp.
     dp: Optional[int] = None
+    # Context parallelism: every micro batch's sequence split over cp ranks (dp = world / (tp x cp)),
+    # and how (plan/context.py: auto picks per strategy and heads).
+    cp: int = 1
+    cp_kind: ContextParallelKind = ContextParallelKind.auto
     # deepspeed: ZeRO stage and offload to CPU memory.
     zero_stage: int = 0
     offload_optimizer: bool = False

@@ -86,6 +86,9 @@ class CausalLMModule(pl.LightningModule):
         self.objective = objective
         self.reference = reference
         self.deepspeed_config = deepspeed_config
+        # parallel.cp > 1: this rank's place in its Ulysses group, set at setup once
+        # deepspeed.comm is up (train/callbacks/context_parallel.py); batches are split by it.
+        self.context = None
 
     @classmethod
     def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan, reference=None) -> CausalLMModule:
@@ -127,6 +130,10 @@ class CausalLMModule(pl.LightningModule):
         return logits.view(*input_ids.shape, -1) if logits.shape[0] != input_ids.shape[0] else logits
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
+        if self.context is not None:
+            # Ulysses gathers the position ids over the group and the attention finds the
+            # documents in them (model/context_parallel.py); a mask of the local slice means nothing.
+            return {"input_ids": input_ids, "position_ids": position_ids if position_ids is not None else self.context.positions(input_ids), "use_cache": False}
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
         # attention_mask alongside), transformers would let them attend to each other. On
         # a varlen kernel (torch's or flash-attn's) the rows go in as one flattened row with the
@@ -148,6 +155,14 @@ class CausalLMModule(pl.LightningModule):
                 return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
             return chunked_lm_loss(hidden, weight, batch["labels"], true_vocab=self.true_vocab, chunk_tokens=self.loss_chunk_tokens)
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
+
+    def token_loss(self, batch: dict) -> torch.Tensor:
+        """The mean token loss of a batch; under context parallelism this rank's slice of it, the
+        mean taken over the whole sequence across the cp group."""
+        if self.context is None:
+            return self.batch_loss(batch)
+        local = self.context.shard(batch)
+        return self.context.mean_loss(self.batch_loss(local), local["labels"])
 
     # -- preference objectives (dpo, ipo, simpo) ---------------------------------------------------
 
@@ -180,7 +195,7 @@ class CausalLMModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if self.objective is None:
-            loss = self.batch_loss(batch)
+            loss = self.token_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
             # Averaged over the data-parallel ranks, as TRL gathers them.
@@ -211,7 +226,7 @@ class CausalLMModule(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         if self.objective is None:
-            loss = self.batch_loss(batch)
+            loss = self.token_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
             self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))

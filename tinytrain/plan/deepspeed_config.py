@@ -85,7 +85,9 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
     ds = {
         "train_micro_batch_size_per_gpu": batch.micro_batch_size,
         "gradient_accumulation_steps": batch.accumulate_grad_batches,
-        "train_batch_size": batch.global_batch_size,
+        # DeepSpeed counts every rank as data-parallel: under context parallelism the cp ranks of a
+        # group each hold a slice of the same rows, so its sum is cp x the global batch.
+        "train_batch_size": batch.global_batch_size * parallel_cfg.cp,
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
         "steps_per_print": 10**9,  # tinytrain logs metrics itself
@@ -194,7 +196,8 @@ def deepspeed_problem(ds: dict, data_parallel: int) -> tuple[str, str] | None:
 def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:
     """The validated DeepSpeed config for this run, overrides applied."""
     base = generate(parallel_cfg, batch, precision, grad_clip)
-    if (problem := deepspeed_problem(base, batch.data_parallel)) is not None:
+    ranks = batch.data_parallel * parallel_cfg.cp  # what DeepSpeed sees as its data-parallel world
+    if (problem := deepspeed_problem(base, ranks)) is not None:
         raise ConfigError(Problem("parallel", parallel_cfg.name, f"generated DeepSpeed config rejected: {problem[1]}", "report this as a tinytrain bug"))
     from omegaconf import DictConfig, OmegaConf
 
@@ -205,7 +208,7 @@ def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_cli
     current = base
     for path, value in flatten(overrides):
         candidate = merge_overrides(current, _nest(path, value))
-        if (problem := deepspeed_problem(candidate, batch.data_parallel)) is not None:
+        if (problem := deepspeed_problem(candidate, ranks)) is not None:
             raise ConfigError(
                 Problem(
                     f"{OVERRIDES_KEY}.{path}",

@@ -42,14 +42,21 @@ def world_size(cfg) -> int:
 
 def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
     t = cfg.trainer
-    tp = cfg.parallel.tp
+    tp, cp = cfg.parallel.tp, cfg.parallel.cp
     problems = []
     if tp < 1 or world % tp:
         problems.append(
             Problem("parallel.tp", tp, f"must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "choose a tp that divides the number of processes")
         )
         return None, problems
-    dp = world // tp
+    if cp < 1:
+        return None, problems  # plan/context.py names it
+    if world % (tp * cp):
+        # The ranks of one sequence share its batch: data parallelism is world / (tp x cp).
+        fix = "choose a cp that divides the number of processes" + (f" / tp ({world // tp})" if tp > 1 else "") + ", or parallel.cp=1"
+        problems.append(Problem("parallel.cp", cp, f"tp({tp}) x cp({cp}) must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", fix))
+        return None, problems
+    dp = world // (tp * cp)
     micro = t.micro_batch_size
     if t.global_batch_size is None:
         accum = t.accumulate_grad_batches or 1

@@ -47,9 +47,12 @@ class Layout:
         return asdict(self)
 
 
-def run_layout(strategy: str, world: int, dp: int, tp: int, zero_stage: int) -> Layout:
+def run_layout(strategy: str, world: int, dp: int, tp: int, zero_stage: int, cp: int = 1) -> Layout:
+    """`cp`: context parallelism. DeepSpeed partitions over every rank of a cp group too (it sees
+    them as data-parallel), so its layout's dp is dp x cp: a cp change is then a partition-count
+    change, converted like a dp change; the data stream depends on dp alone."""
     row = strategy_row(strategy)
-    return Layout(row.checkpoint_format.value, row.strategy.value, world, dp, tp, zero_stage if row.deepspeed else 0)
+    return Layout(row.checkpoint_format.value, row.strategy.value, world, dp * cp if row.deepspeed else dp, tp, zero_stage if row.deepspeed else 0)
 
 
 def saved_layout(path: Path, state: dict) -> Layout:

@@ -113,12 +113,18 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool) -> float:
-    per_layer = 34.0 * seq * micro_batch * hidden
+def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool, cp: int = 1, checkpointing: bool = False) -> float:
+    """Bytes per GPU. Under context parallelism (cp) a rank holds seq / cp tokens between attention
+    calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised scores are
+    heads / cp x seq^2. With activation checkpointing a layer keeps only its 16-bit input, and one
+    layer's activations live again while it is recomputed in backward."""
+    local = seq / cp
+    per_layer = 34.0 * local * micro_batch * hidden
     if not flash:
-        per_layer += 5.0 * heads * seq * seq * micro_batch
-    logits = seq * micro_batch * vocab * (2 + 4)
-    return (layers * per_layer + logits) / tp
+        per_layer += 5.0 * (heads / cp) * seq * seq * micro_batch
+    logits = local * micro_batch * vocab * (2 + 4)
+    kept = layers * 2.0 * local * micro_batch * hidden + per_layer if checkpointing else layers * per_layer
+    return (kept + logits) / tp
 
 
 @dataclass(frozen=True)

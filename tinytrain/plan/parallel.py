@@ -72,6 +72,9 @@ class StrategyRow:
     # -- fine-tuning
     lora_off: str | None  # why peft's LoRA layers cannot wrap its projections
     qlora: bool  # bitsandbytes' packed 4-bit base survives it
+    # -- long context (parallel.cp > 1): the kinds of sequence split it runs, or why none
+    cp_kinds: tuple = ()  # ContextParallelKind values, the first is what cp_kind=auto picks
+    cp_off: str | None = None
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
 
 
@@ -117,12 +120,18 @@ SINGLE = StrategyRow(
     liger_off=None,
     lora_off=None,
     qlora=True,
+    cp_off="it runs one process, and a split sequence needs several",
 )
+
+# Ulysses runs inside DeepSpeed's engine (deepspeed.runtime.sequence_parallel): its attention's
+# all-to-all needs deepspeed.comm, which torch DDP does not start.
+DDP_CP_OFF = "DeepSpeed's Ulysses attention runs under its own engine, and ddp is torch's DistributedDataParallel; parallel=zero1 is the same data parallelism (optimizer states sharded) with Ulysses"
+RING_OFF = "ring attention through torch's context_parallel is not built yet (on CPU its SDPA has no sharding strategy in torch 2.13, so it cannot be proven here)"
 
 # Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
 STRATEGIES = {
     Strategy.single: SINGLE,
-    Strategy.ddp: replace(SINGLE, strategy=Strategy.ddp, one_process=False),  # single's row, on several processes
+    Strategy.ddp: replace(SINGLE, strategy=Strategy.ddp, one_process=False, cp_off=DDP_CP_OFF),  # single's row, on several processes
     Strategy.deepspeed: StrategyRow(
         Strategy.deepspeed,
         one_process=False,
@@ -140,6 +149,7 @@ STRATEGIES = {
         liger_off=None,
         lora_off=None,
         qlora=False,
+        cp_kinds=("ulysses",),
         finetune_problems=deepspeed_finetune_problems,
     ),
     Strategy.fsdp_tp: StrategyRow(
@@ -159,6 +169,7 @@ STRATEGIES = {
         liger_off="fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights",
         lora_off=LORA_TP,
         qlora=False,
+        cp_off=RING_OFF,
     ),
 }
 
@@ -197,6 +208,8 @@ def parallel_problems(cfg) -> list[Problem]:
     problems += row.problems(cfg, world)
     if row.one_process and world > 1:
         problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
+    if par.cp > 1 and not row.cp_kinds:
+        return problems  # plan/context.py names the strategy; the batch over cp would only repeat it
     _, batch = batch_layout(cfg, world)
     return problems + batch
 

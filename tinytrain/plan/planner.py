@@ -16,6 +16,7 @@ from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
+from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, resolve
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
@@ -69,7 +70,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
-    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage)
+    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, par.cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
     if resume is not None and resume.universal:
         deepspeed = deepspeed_config.load_universal(deepspeed)
@@ -87,9 +88,14 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-    activations = activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=batch.seq_len, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash)
-    memory = plan_memory(states, activations, hardware.memory_gb, preference.reference_bytes if preference else 0.0)
+    def activations_at(seq: int, cp: int) -> float:
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=cfg.trainer.activation_checkpointing)
+
+    reference_bytes = preference.reference_bytes if preference else 0.0
+    memory = plan_memory(states, activations_at(batch.seq_len, par.cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(preference, memory)
+    context = context_plan.with_longest(context_plan.choose(cfg, batch.seq_len // par.cp), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
+    context_plan.fit_problem(cfg, context, memory, activations_at, world=world)
     fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only)
     if preference:
         fast = preference_plan.logits_loss(fast)
@@ -111,6 +117,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             name=par.name,
             tp=par.tp,
             dp=batch.data_parallel,
+            cp=par.cp,
             zero_stage=par.zero_stage,
             offload_optimizer=par.offload_optimizer,
             deepspeed_on_cpu=deepspeed is not None and par.deepspeed_on_cpu and hardware.is_cpu,
@@ -121,6 +128,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         schedule=schedule_from_trainer(cfg.trainer),
         stage=cfg.trainer.stage,
         memory=memory,
+        context=context,
         fast_paths=fast,
         deepspeed=deepspeed,
         preflight=preflight,

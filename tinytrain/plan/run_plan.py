@@ -18,6 +18,8 @@ from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.checkpoint_cost import CheckpointPlan
 from tinytrain.plan.checkpoint_cost import render as render_checkpoint
+from tinytrain.plan.context import ContextPlan
+from tinytrain.plan.context import render as render_context
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.hardware import Hardware
@@ -54,6 +56,7 @@ class ParallelLayout:
     zero_stage: int
     offload_optimizer: bool
     deepspeed_on_cpu: bool  # DeepSpeed on its CPU accelerator (tests only)
+    cp: int = 1  # context parallelism: the ranks each sequence is split over (plan/context.py)
 
     @property
     def row(self) -> StrategyRow:
@@ -80,6 +83,7 @@ class RunPlan:
     batch: BatchPlan
     max_steps: int
     memory: MemoryPlan
+    context: ContextPlan
     fast_paths: FastPaths
     deepspeed: dict | None  # the generated config, overrides applied (deepspeed_config.json)
     preflight: PreflightReport
@@ -111,7 +115,7 @@ class RunPlan:
         meta = checkpoint_metadata(self.vocab, self.tokenizer_fingerprint, self.model_name, self.stage)
         p = self.parallel
         # The layout it was saved under: a resume under another one is decided from it (plan/layout_change.py).
-        meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage).to_dict()
+        meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage, p.cp).to_dict()
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta
@@ -131,7 +135,8 @@ class RunPlan:
             },
             "params": {"total": self.params},
             "cluster": asdict(self.cluster),
-            "parallel": {"strategy": self.parallel.strategy.value, "tp": self.parallel.tp, "dp": self.parallel.dp, "deepspeed_on_cpu": self.parallel.deepspeed_on_cpu},
+            "parallel": {"strategy": self.parallel.strategy.value, "tp": self.parallel.tp, "dp": self.parallel.dp, "cp": self.parallel.cp, "deepspeed_on_cpu": self.parallel.deepspeed_on_cpu},
+            "context": self.context.to_dict(),
             "world_size": self.world_size,
             "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
             "tokens_per_step": b.tokens_per_step,
@@ -208,7 +213,7 @@ def render(plan: dict) -> str:
     c = plan["cluster"]
     lines += [
         f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
-        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x dp {plan['parallel']['dp']}",
+        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x cp {plan['parallel']['cp']} x dp {plan['parallel']['dp']}",
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
         + ("pairs (each a chosen and a rejected sequence) of up to " if plan.get("preference") else "sequences of ")
         + str(b["seq_len"]),
@@ -235,6 +240,8 @@ def render(plan: dict) -> str:
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
     )
+    if plan.get("context"):
+        lines += render_context(plan["context"], b["seq_len"])
     if plan.get("checkpoint"):
         lines += render_checkpoint(plan["checkpoint"])
     f = plan["fast_paths"]

@@ -23,7 +23,7 @@ from tinytrain.config.checks import (
 from tinytrain.data.checks import data_problems
 from tinytrain.data.tokenizer import special_token_problems, tokenizer_problems
 from tinytrain.errors import raise_if_any
-from tinytrain.plan import finetune, input_safety, parallel, preference
+from tinytrain.plan import context, finetune, input_safety, parallel, preference
 from tinytrain.plan.extras import missing_extra_problems, wandb_problems
 from tinytrain.plan.families import model_problems
 from tinytrain.plan.hardware import hardware_problems
@@ -46,6 +46,7 @@ def validate(cfg) -> None:
         + cluster
         # The world size (nodes x devices) underlies the parallel and batch checks.
         + (parallel_problems(cfg) if not cluster else [])
+        + context.problems(cfg)
         + slurm_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)

@@ -11,6 +11,7 @@ from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import Exhaustion
 from tinytrain.plan.run_plan import RunPlan
 from tinytrain.train.atomic_io import AtomicCheckpointIO
+from tinytrain.train.callbacks.context_parallel import ContextParallel
 from tinytrain.train.callbacks.data_position import DataPosition
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
@@ -151,14 +152,16 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     b = plan.batch
     hw = build_trainer_hardware(plan)
     summary = LossSummary()
-    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype))
+    cp = plan.parallel.cp
+    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
     bar = bar_on_terminal(t.progress_bar)
     callbacks = [
+        *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
         throughput,
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),
-        *([DataPosition(train_sampler)] if train_sampler is not None else []),
+        *([DataPosition(train_sampler, context_parallel=cp)] if train_sampler is not None else []),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *mixture_callbacks(plan, train_sampler),
         RNGState(cfg.seed),

@@ -7,14 +7,18 @@ import lightning.pytorch as pl
 
 
 class DataPosition(pl.Callback):
-    def __init__(self, sampler):
+    def __init__(self, sampler, context_parallel: int = 1):
         self.sampler = sampler  # data/sampler.py ResumableBatchSampler
+        self.context_parallel = context_parallel
 
     def setup(self, trainer, pl_module, stage):
         # The strategy knows the data-parallel layout (with tensor parallelism, dp rank != global rank).
         shard = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
         if shard:
-            self.sampler.set_shard(shard["rank"], shard["num_replicas"])
+            # The cp consecutive ranks of a context-parallel group share each batch (DeepSpeed sees
+            # them all as data-parallel ranks; model/context_parallel.py splits the sequence).
+            cp = self.context_parallel
+            self.sampler.set_shard(shard["rank"] // cp, shard["num_replicas"] // cp)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Counted here, not when the sampler yields: loader workers and Lightning prefetch ahead.

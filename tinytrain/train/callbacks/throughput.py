@@ -61,8 +61,11 @@ class ThroughputMonitor(pl.Callback):
     writes count: it is what a user gets. Validation is left out, and so is the first step
     (warm-up, compilation) from the run summary."""
 
-    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str):
+    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, context_parallel: int = 1):
         self.shape = shape
+        # Under context parallelism the cp ranks of a group each see the whole batch and compute a
+        # 1/cp share of it: each token is counted once across the group.
+        self.context_parallel = context_parallel
         self.peak = peak_tflops_per_device
         self.peak_note = peak_note
         self._tokens = 0
@@ -84,8 +87,8 @@ class ThroughputMonitor(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         tokens, squares = batch_tokens_and_squares(batch)
-        self._tokens += tokens
-        self._flops += batch_flops(self.shape, tokens, squares)
+        self._tokens += tokens / self.context_parallel
+        self._flops += batch_flops(self.shape, tokens, squares) / self.context_parallel
         step = trainer.global_step
         if step == self._last_step:  # inside gradient accumulation
             return

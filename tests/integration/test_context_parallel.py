@@ -1,0 +1,95 @@
+"""parallel.cp for real: DeepSpeed's Ulysses attention under Lightning's DeepSpeedStrategy on two CPU
+ranks over gloo equals one rank holding whole sequences, for the same batches and weights.
+
+The windows are packed pretraining documents (position ids restart per document), so equality with
+cp=1, whose SDPA masks documents apart, is also the proof that documents stay isolated after
+Ulysses gathers the sequence. Losses and gradient norms are compared at every step and the weights
+after the run, which only agree when every gradient did; then a cp=2 run resumes on one rank (cp=1)
+and continues as the uninterrupted cp=1 run does.
+"""
+
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import logged, run_cli
+
+pytestmark = pytest.mark.slow
+
+MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+RUN = [
+    "experiment=smoke",
+    *MODEL,
+    "data.seq_len=32",
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.progress_bar=false",
+    "trainer.plot=false",
+    "trainer.checkpoint_every_n_steps=2",
+    "export.dtype=fp32",
+    "parallel.deepspeed_on_cpu=true",
+]
+RTOL = 1e-5
+
+
+def train(tmp_path, name: str, *args: str):
+    run_dir = tmp_path / name
+    result = run_cli([*RUN, *args], run_dir, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return run_dir, result
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Runs by name, each trained once for the module: cp1 (one rank, whole sequences: the
+    reference), zero2 and zero3 (two ranks, cp 2)."""
+    root, done = tmp_path_factory.mktemp("cp"), {}
+    args = {"cp1": ["parallel=zero2", "cluster.devices=1"], "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2"], "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"]}
+
+    def get(name):
+        if name not in done:
+            done[name] = train(root, name, *args[name])
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("parallel", ["zero2", "zero3"])
+def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
+    run_dir, result = runs(parallel)
+    baseline, _ = runs("cp1")
+    assert "cp 2 (ulysses" in result.stdout and "world size 2 = tp 1 x cp 2 x dp 1" in result.stdout
+    assert "rank 0 of a cp group of 2 (DeepSpeed Ulysses, attention sdpa_documents)" in result.stderr + result.stdout
+    for key in ("loss", "grad_norm", "val_loss"):
+        got, want = logged(run_dir, key), logged(baseline, key)
+        assert len(got) == len(want) > 0, key
+        assert got == pytest.approx(want, rel=RTOL), key
+    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
+    worst = max((relative(got[k], want[k]), k) for k in want)
+    assert worst[0] < RTOL, worst
+    # Each token counted once across the cp group: the tokens per step are the one-rank run's.
+    per_step = re.compile(r"tokens     (\S+) per step")
+    assert per_step.search(result.stdout)[1] == per_step.search(runs("cp1")[1].stdout)[1]
+
+
+def test_a_cp_run_resumes_on_one_rank(tmp_path, runs):
+    """The cp=2 run's step-2 checkpoint resumed with cp=1 on one rank (DeepSpeed's partitions
+    converted as for a dp change; the data stream is the same) ends as the uninterrupted cp=1 run."""
+    import shutil
+
+    saved, _ = runs("zero2")
+    baseline, _ = runs("cp1")
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(saved, run_dir)
+    for later in ("step0000004.ckpt", "final.ckpt"):
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    (run_dir / "checkpoints" / "final.consolidated.ckpt").unlink(missing_ok=True)
+    _, result = train(tmp_path, "resumed", "parallel=zero2", "cluster.devices=1", "resume=auto")
+    assert "step0000002.ckpt" in result.stdout and "universal" in result.stdout, result.stdout[-3000:]
+    assert logged(run_dir, "loss") == pytest.approx(logged(baseline, "loss"), rel=RTOL)

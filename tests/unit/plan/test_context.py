@@ -1,0 +1,55 @@
+"""The planner knows context (plan/context.py): activation memory per rank falls as 1/cp, the longest
+context that fits is printed for the planned cp and twice it, and a context that does not fit is
+refused naming the cp that would (tests/unit/test_bad_inputs.py holds the refusals)."""
+
+import pytest
+
+from tests.conftest import plan
+from tinytrain.plan.context import ContextPlan, longest_context, with_longest
+from tinytrain.plan.memory import activation_memory
+
+SHAPE = dict(layers=32, hidden=4096, heads=32, micro_batch=1, vocab=128256, tp=1)
+LONG = ["model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=65536", "trainer.activation_checkpointing=true"]
+
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_activations_per_rank_fall_as_one_over_cp(flash, checkpointing):
+    """Ulysses: a rank holds seq / cp tokens between attention calls and attends over all of them
+    with heads / cp heads, so every term, the materialised scores included, falls as 1/cp."""
+    one = activation_memory(seq=32768, cp=1, flash=flash, checkpointing=checkpointing, **SHAPE)
+    for cp in (2, 4, 8):
+        assert activation_memory(seq=32768, cp=cp, flash=flash, checkpointing=checkpointing, **SHAPE) == pytest.approx(one / cp)
+
+
+def test_checkpointing_keeps_a_layer_input_and_one_layer():
+    full = activation_memory(seq=8192, flash=True, **SHAPE)
+    kept = activation_memory(seq=8192, flash=True, checkpointing=True, **SHAPE)
+    per_layer, logits = 34.0 * 8192 * 4096, 8192 * 128256 * 6
+    assert full == pytest.approx(32 * per_layer + logits)
+    assert kept == pytest.approx(32 * 2.0 * 8192 * 4096 + per_layer + logits)
+
+
+def test_the_longest_context_is_the_last_step_that_fits():
+    def at(seq, cp):
+        return 1000.0 * seq / cp
+
+    longest = longest_context(at, state_bytes=0, gpu_bytes=1000.0 * 10_000, cp=2)
+    assert longest == 18432 and at(longest, 2) <= 1e7 < at(longest + 2048, 2)  # steps of 1024 x cp
+    plan_ = with_longest(ContextPlan(2, "ulysses", "", 0), at, state_bytes=0, gpu_memory_gb=1000.0 * 10_000 / 1e9)
+    assert plan_.longest == ((2, 18432), (4, 36864))
+    assert with_longest(ContextPlan(1, "none", "", 0), at, state_bytes=0, gpu_memory_gb=None).longest == ()
+
+
+def test_a_long_context_plan_prints_the_split_and_the_longest_fit(tmp_path):
+    one = plan(LONG, tmp_path / "cp1")
+    two = plan([*LONG, "parallel.cp=2"], tmp_path / "cp2")
+    assert one["context"]["kind"] == "none" and two["context"]["kind"] == "ulysses"
+    assert two["parallel"] == {**one["parallel"], "cp": 2, "dp": one["parallel"]["dp"] // 2}
+    assert two["context"]["local_seq_len"] == 32768
+    assert two["memory_per_gpu"]["activations_gib"] == pytest.approx(one["memory_per_gpu"]["activations_gib"] / 2, rel=1e-3)
+    # The longest at cp 2 is what cp 1's plan printed for twice its cp.
+    assert two["context"]["longest"]["2"] == one["context"]["longest"]["2"] > 65536
+    assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 65536  # the global batch's tokens, each counted once
+    assert two["batch"]["accumulate_grad_batches"] == 2 * one["batch"]["accumulate_grad_batches"]
+    assert two["deepspeed"]["train_batch_size"] == 16  # DeepSpeed counts all 8 ranks as data-parallel

@@ -1,0 +1,167 @@
+"""Ulysses context parallelism on a Hugging Face model, through DeepSpeed's own engine.
+
+`deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF` wraps the model's attention
+function: before it, each rank holds seq / cp tokens of every sequence; an all-to-all gives each
+rank all tokens for heads / cp heads, the model's own attention runs, and a second all-to-all
+returns to the sequence split. DeepSpeed gathers the position ids with the tokens and drops the
+local attention mask, so the attention function it wraps must keep packed documents apart from the
+gathered position ids alone (they restart at 0 where a document starts, data/collate.py):
+
+- SDPA gets the block-diagonal causal mask built from them (tinytrain's SDPA path on CPU, V100, T4);
+- a varlen kernel (torch's, flash-attn's) gets the documents' boundaries (cu_seq_lens) from them,
+  the rows flattened to one as model/packed_attention.py does without cp.
+
+The batch is split here too: every rank of a cp group receives the same micro batch (the sampler
+deals batches to data-parallel ranks, rank // cp), and keeps its own slice of the sequence. The
+labels are already shifted by the data stage (labels[i] is the token after i), so a slice's last
+label is the next slice's first token, as DeepSpeed's data loader adapter arranges with its
+shift_labels. Why not that adapter: it rotates each rank's own batch through the group, which would
+make the data order depend on cp and break the sampler's resume position; slicing one
+data-parallel batch keeps the stream of batches identical for every cp.
+
+The loss is reduced over the group as DeepSpeed's Ulysses tutorial does: each rank's sum of token
+losses and its count of labelled tokens gathered (differentiably), the mean over the whole
+sequence on every rank. DeepSpeed then averages gradients over all world ranks (its data-parallel
+group is the whole world without an mpu), which makes the cp ranks' partial gradients the cp=1
+gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tinytrain.data.collate import document_boundaries
+
+DOCUMENTS_SUFFIX = "_documents"
+
+
+@dataclass
+class ContextGroup:
+    """This rank's place in its cp group (consecutive global ranks, DeepSpeed's layout)."""
+
+    cp: int
+    rank: int  # within the group
+    group: object  # the process group
+    micro_batch_size: int  # the rows DeepSpeed's Ulysses attention was built for
+
+    def shard(self, batch: dict) -> dict:
+        """This rank's slice of every (rows, seq) tensor of the batch; the rest left as it is. A
+        short last validation batch gets rows without labels up to the micro batch (Ulysses reshapes
+        by a fixed row count); they add nothing to the loss."""
+        batch = self.full_rows(batch)
+        seq = batch["input_ids"].shape[1]
+        if seq % self.cp:
+            raise ValueError(f"a batch of {seq} tokens per row cannot be split over cp {self.cp} ranks (the plan checks data.seq_len; a padded batch must be padded to a multiple of cp)")
+        chunk = seq // self.cp
+        part = slice(self.rank * chunk, (self.rank + 1) * chunk)
+        out = {}
+        for key, value in batch.items():
+            if torch.is_tensor(value) and value.dim() == 2 and value.shape[1] == seq:
+                out[key] = value[:, part]
+            elif key not in ("cu_seq_lens", "max_length"):  # boundaries of the whole rows: found again after the gather
+                out[key] = value
+        return out
+
+    def full_rows(self, batch: dict) -> dict:
+        rows = batch["input_ids"].shape[0]
+        missing = self.micro_batch_size - rows
+        if missing <= 0:
+            return batch
+        out = dict(batch)
+        for key, value in batch.items():
+            if torch.is_tensor(value) and value.dim() == 2 and value.shape[0] == rows:
+                fill = -100 if key == "labels" else 0
+                pad = value[:1].clone().fill_(fill)
+                if key == "position_ids":
+                    pad = value[:1].clone()
+                out[key] = torch.cat([value, pad.expand(missing, -1)])
+        return out
+
+    def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Position ids of this rank's slice of unpacked rows (Ulysses needs them in every forward)."""
+        chunk = input_ids.shape[1]
+        start = self.rank * chunk
+        return torch.arange(start, start + chunk, device=input_ids.device).expand_as(input_ids)
+
+    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean token loss over the whole sequence from each rank's mean over its slice: the
+        sums of token losses reduced over the group differentiably (its backward sums the group's
+        gradients into every rank's share), the counts of labelled tokens as plain numbers."""
+        import torch.distributed as dist
+        from torch.distributed.nn.functional import all_reduce
+
+        count = (labels != -100).sum()
+        local_sum = local_mean.float() * count if count > 0 else local_mean.float().nan_to_num(0.0) * 0.0
+        total = all_reduce(local_sum, group=self.group)
+        tokens = count.to(torch.float32).reshape(1)
+        dist.all_reduce(tokens, group=self.group)
+        return total / tokens.clamp(min=1.0)[0]
+
+
+def documents_attention(core: str) -> str:
+    """Register `<core>_documents`: the model's attention (`core`) over whole gathered sequences,
+    packed documents kept apart by their position ids. Returns the name to give the model."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    name = core + DOCUMENTS_SUFFIX
+    base = AttentionInterface._global_mapping[core]
+    forward = _masked_sdpa(base) if core == "sdpa" else _with_boundaries(base)
+    AttentionInterface.register(name, forward)
+    # The model's own mask over the local slice is dropped by Ulysses; the cheapest one to build.
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+def _document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    starts = position_ids == 0
+    starts[:, 0] = True
+    return starts.cumsum(-1)
+
+
+def _masked_sdpa(sdpa):
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        doc = _document_ids(kwargs["position_ids"])  # (rows, seq): the gathered whole sequence
+        seq = doc.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
+        mask = (doc[:, :, None] == doc[:, None, :]) & causal  # (rows, seq, seq)
+        return sdpa(module, query, key, value, mask[:, None], **kwargs)
+
+    return forward
+
+
+def _with_boundaries(varlen):
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        b, h, s, d = query.shape
+        cu, longest = document_boundaries(kwargs["position_ids"].cpu())
+        cu = cu.to(device=query.device, dtype=torch.int32)
+
+        def one_row(x):  # (rows, heads, seq, dim) -> (1, heads, rows x seq, dim)
+            return x.transpose(0, 1).reshape(1, x.shape[1], -1, d)
+
+        bounds = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+        rest = {k: v for k, v in kwargs.items() if k != "position_ids"}
+        out, weights = varlen(module, one_row(query), one_row(key), one_row(value), None, **rest, **bounds)
+        return out.reshape(b, s, h, d), weights  # (1, rows x seq, heads, dim) back to rows
+
+    return forward
+
+
+def enable_ulysses(model, *, cp: int, micro_batch_size: int) -> ContextGroup:
+    """Wrap `model`'s attention in DeepSpeed's Ulysses for groups of `cp` consecutive ranks (after
+    deepspeed.comm is initialised, before deepspeed.initialize); returns this rank's group."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    config = model.config
+    name = documents_attention(config._attn_implementation)
+    model.set_attn_implementation(name)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model,
+        core_attn_implementation=name,
+        sequence_parallel_size=cp,
+        micro_batch_size=micro_batch_size,
+        seq_length_is_variable=True,  # SFT batches are padded to their longest row, a multiple of cp
+    )
+    return ContextGroup(cp, mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_group(), micro_batch_size)
