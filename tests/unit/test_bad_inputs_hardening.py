@@ -81,6 +81,10 @@ CASES = {
     "pretrained weights a stub": (["mode=plan", "model.pretrained={H}/stub_weights"], ["model.pretrained='{H}/stub_weights'", "shorter than a safetensors header"]),
     "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=False", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
     "too_long skip drops every sample": (["mode=prepare", "data=alpaca", "data.path={H}/long.jsonl", "data.seq_len=16", "data.too_long=skip"], ["no usable samples", "20 skipped as longer than 16", "raise data.seq_len (the shortest sample skipped has", "data.too_long=truncate"]),
+    # issue 31: accepted but wrong
+    "simpo gamma nan": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=nan"], ["finetune.simpo_gamma=nan", "must be a finite number", "Fix: use e.g. finetune.simpo_gamma=0.5"]),
+    "simpo gamma infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=-inf"], ["finetune.simpo_gamma=-inf", "must be a finite number"]),
+    "dpo beta infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=inf"], ["finetune.beta=inf", "finite positive number"]),
     # 6. what used to fail with an OSError blamed on the run directory (more below)
     "training from a pretrained folder without weights": (["model.pretrained={H}/config_only", *SMALL_MODEL], ["model.pretrained='{H}/config_only'", "has a config.json but no weights", "copy the model's weight files"]),
 }
@@ -191,6 +195,30 @@ def test_trusting_remote_code_is_passed_to_transformers(hard, monkeypatch):
     with pytest.raises(Stop):
         pretrained.pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
     assert seen == {"trust_remote_code": True}
+
+
+def test_trusting_remote_code_names_the_files_that_will_run_before_the_load(hard, monkeypatch, caplog):
+    """Issue 31: model.trust_remote_code=true runs the folder's code; one line, before transformers
+    is called, names the .py files that will run."""
+    from tinytrain.checkpoint import pretrained, remote_code
+
+    monkeypatch.setattr(remote_code, "_announced", set())
+    before_load = []
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(path, **kwargs):
+        before_load.extend(r.getMessage() for r in caplog.records)
+        raise Stop
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
+    with caplog.at_level("WARNING"), pytest.raises(Stop):
+        pretrained.pretrained_config(str(hard / "remote_model"), True)
+    lines = [m for m in before_load if "trust_remote_code=true" in m]
+    assert len(lines) == 1, before_load
+    assert f"model.pretrained={hard / 'remote_model'}: evil.py (from auto_map; the folder's .py files: evil.py)" in lines[0]
+    assert not (hard / MARKER).exists()
 
 
 def test_an_os_error_names_its_file_operation_and_override(tmp_path):
