@@ -21,6 +21,8 @@ EVAL = ["mode=eval", "checkpoint.path={H}/export"]
 SHAPE_CKPT = "checkpoint.path={H}/shape_run/checkpoints/step0000004.ckpt"
 LONGROPE = "{rope_type:longrope,short_factor:[1.0,1.0],long_factor:[1.0,1.0],original_max_position_embeddings:512}"
 MARKER = "REMOTE_CODE_RAN"
+# A multirun through submitit's Slurm launcher; nothing may be made under {H}/sweep.
+SWEEP = ["-m", "hydra/launcher=submitit_slurm", "hydra.sweep.dir={H}/sweep", "mode=plan"]
 
 # name: (arguments, strings the message must contain)
 CASES = {
@@ -32,6 +34,18 @@ CASES = {
     "sbatch partition with command substitution": ([*SBATCH, "cluster.partition='$(id)'"], ["cluster.partition='$(id)'", "not a Slurm name"]),
     "sbatch override with a newline": ([*SBATCH, "+logger.wandb_tags=['x\necho PWNED']"], ["logger.wandb_tags=", "out of its comment line", "on one line"]),
     "sbatch run directory with a space": ([*SBATCH, "hydra.run.dir='{H}/my run'"], ["hydra.run.dir='{H}/my run'", "whitespace", "without spaces"]),
+    # issue 31: the sweep launcher's values reach a Slurm script too (more in tests/unit/cluster/test_launcher_values.py)
+    "sweep partition with a newline": ([*SWEEP, "hydra.launcher.partition='gpu\necho PWNED #'"], ["hydra.launcher.partition='gpu\\necho PWNED #'", "newline", "Fix: use the partition's name"]),
+    "sweep preset partition with a newline": (["-m", "hydra/launcher=slurm_a800", "hydra.sweep.dir={H}/sweep", "hydra.launcher.partition='a800\nrm -rf x'"], ["hydra.launcher.partition='a800\\nrm -rf x'", "newline"]),
+    "sweep account smuggling an option": ([*SWEEP, "hydra.launcher.account='acct --nodes=64'"], ["hydra.launcher.account='acct --nodes=64'", "whitespace", "Fix: use the account's name"]),
+    "sweep qos as an option": ([*SWEEP, "hydra.launcher.qos='--nodes=64'"], ["hydra.launcher.qos='--nodes=64'", "starts with '-'"]),
+    "sweep comment with a newline": ([*SWEEP, "hydra.launcher.comment='lr\necho PWNED'"], ["hydra.launcher.comment='lr\\necho PWNED'", "cannot go into an #SBATCH line", "Fix: write hydra.launcher.comment as one word"]),
+    "sweep constraint with a space": ([*SWEEP, "hydra.launcher.constraint='a100 --nodes=64'"], ["hydra.launcher.constraint='a100 --nodes=64'", "whitespace"]),
+    "sweep job name with a newline": ([*SWEEP, "hydra.launcher.name='grid\necho PWNED'"], ["hydra.launcher.name='grid\\necho PWNED'", "cannot be a Slurm job name"]),
+    "sweep setup line with a newline": ([*SWEEP, "hydra.launcher.setup=['module load cuda\necho PWNED']"], ["hydra.launcher.setup[0]='module load cuda\\necho PWNED'", "newline", "one line"]),
+    "sweep srun argument with a newline": ([*SWEEP, "+hydra.launcher.srun_args=['--cpu-bind=none\necho PWNED']"], ["hydra.launcher.srun_args[0]=", "newline"]),
+    "sweep additional parameter smuggling an option": ([*SWEEP, "+hydra.launcher.additional_parameters.mail-type='END --nodes=64'"], ["hydra.launcher.additional_parameters.mail-type='END --nodes=64'", "whitespace"]),
+    "sweep folder with a space": ([*SWEEP, "hydra.launcher.submitit_folder='{H}/my sweep/%j'"], ["hydra.launcher.submitit_folder='{H}/my sweep/%j'", "whitespace", "Fix: choose a folder path"]),
     # 2. no code from a model folder
     "pretrained folder with its own code": (["mode=plan", "model.pretrained={H}/remote_model"], ["model.trust_remote_code=False", "model.pretrained={H}/remote_model needs the folder's own Python code", "config.json: AutoConfig -> evil.EvilConfig", "model.trust_remote_code=true"]),
     "tokenizer folder with its own code": (["mode=plan", "tokenizer=hf", "tokenizer.path={H}/remote_tokenizer"], ["tokenizer.path='{H}/remote_tokenizer'", "custom tokenizer code", "never runs"]),
@@ -169,7 +183,7 @@ def test_hardening_case_exits_2_naming_key_value_and_fix(name, hard, clean_env, 
     # Refused before anything was written or run: no plan, no job script, no output, no foreign code.
     assert not any((tmp_path / "run" / f).exists() for f in ("plan.json", "job.sbatch", "generations.jsonl", "eval.json"))
     assert not (hard / MARKER).exists()
-    assert not (hard / "shape_export").exists()
+    assert not (hard / "shape_export").exists() and not (hard / "sweep").exists() and not (hard / "my sweep").exists()
     # Never transformers' interactive "Do you wish to run the custom code? [y/N]".
     assert "[y/N]" not in capfd.readouterr().out
 
