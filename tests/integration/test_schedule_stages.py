@@ -12,8 +12,9 @@ pytestmark = pytest.mark.slow
 
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
 RUN = ["experiment=smoke", *MODEL, "data.seq_len=32", "trainer.log_every_n_steps=1", "trainer.val_batches=0", "trainer.progress_bar=false", "trainer.export=false", "trainer.plot=false", "trainer.lr_schedule=wsd"]
-# The combined schedule: warm-up 0-2, stable 2-3, decay 3-8. Step 4 (the branch's first) is already decaying.
-COMBINED = ["trainer.max_steps=8", "trainer.decay_steps=5"]
+# The combined schedule: warm-up steps 0-1, stable 2-3, decay 4-8 (its last trained step at the minimum).
+# Step 4, the branch's first, is the decay's first: every step before it is stable in both runs.
+COMBINED = ["trainer.max_steps=9", "trainer.decay_steps=5"]
 COMPARED = ("loss", "lr", "grad_norm")
 
 
@@ -25,7 +26,7 @@ def test_a_decay_branched_from_a_stable_checkpoint_equals_the_combined_schedule(
     combined, main, anneal = tmp_path / "combined", tmp_path / "main", tmp_path / "anneal"
     r = run_cli([*RUN, *COMBINED], combined)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    # The main run: stable to step 11 of 12 (its checkpoint at step 4 is mid-stable).
+    # The main run: stable to step 4, its one decay step 5 (its checkpoint at step 4 is mid-stable).
     r = run_cli([*RUN, "trainer.max_steps=6", "trainer.decay_steps=1"], main)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     branch = main / "checkpoints" / "step0000004.ckpt"
@@ -34,7 +35,7 @@ def test_a_decay_branched_from_a_stable_checkpoint_equals_the_combined_schedule(
     assert r.returncode == 0, out[-3000:]
     assert "stage      'anneal' from step 4 (stage 'main''s checkpoint)" in out
     whole, branched = rows(combined), rows(anneal)
-    assert [s[0] for s in branched] == ["4", "5", "6", "7"]
+    assert [s[0] for s in branched] == ["4", "5", "6", "7", "8"]
     assert {s[1] for s in branched} == {"anneal"} and {s[1] for s in whole} == {"main"}
     assert [s[2:] for s in branched] == [s[2:] for s in whole[4:]]
     assert rows(main)[:4] == whole[:4]  # the same run up to the branch

@@ -21,6 +21,8 @@ EVAL = ["mode=eval", "checkpoint.path={H}/export"]
 SHAPE_CKPT = "checkpoint.path={H}/shape_run/checkpoints/step0000004.ckpt"
 LONGROPE = "{rope_type:longrope,short_factor:[1.0,1.0],long_factor:[1.0,1.0],original_max_position_embeddings:512}"
 MARKER = "REMOTE_CODE_RAN"
+# A multirun through submitit's Slurm launcher; nothing may be made under {H}/sweep.
+SWEEP = ["-m", "hydra/launcher=submitit_slurm", "hydra.sweep.dir={H}/sweep", "mode=plan"]
 
 # name: (arguments, strings the message must contain)
 CASES = {
@@ -32,6 +34,18 @@ CASES = {
     "sbatch partition with command substitution": ([*SBATCH, "cluster.partition='$(id)'"], ["cluster.partition='$(id)'", "not a Slurm name"]),
     "sbatch override with a newline": ([*SBATCH, "+logger.wandb_tags=['x\necho PWNED']"], ["logger.wandb_tags=", "out of its comment line", "on one line"]),
     "sbatch run directory with a space": ([*SBATCH, "hydra.run.dir='{H}/my run'"], ["hydra.run.dir='{H}/my run'", "whitespace", "without spaces"]),
+    # issue 31: the sweep launcher's values reach a Slurm script too (more in tests/unit/cluster/test_launcher_values.py)
+    "sweep partition with a newline": ([*SWEEP, "hydra.launcher.partition='gpu\necho PWNED #'"], ["hydra.launcher.partition='gpu\\necho PWNED #'", "newline", "Fix: use the partition's name"]),
+    "sweep preset partition with a newline": (["-m", "hydra/launcher=slurm_a800", "hydra.sweep.dir={H}/sweep", "hydra.launcher.partition='a800\nrm -rf x'"], ["hydra.launcher.partition='a800\\nrm -rf x'", "newline"]),
+    "sweep account smuggling an option": ([*SWEEP, "hydra.launcher.account='acct --nodes=64'"], ["hydra.launcher.account='acct --nodes=64'", "whitespace", "Fix: use the account's name"]),
+    "sweep qos as an option": ([*SWEEP, "hydra.launcher.qos='--nodes=64'"], ["hydra.launcher.qos='--nodes=64'", "starts with '-'"]),
+    "sweep comment with a newline": ([*SWEEP, "hydra.launcher.comment='lr\necho PWNED'"], ["hydra.launcher.comment='lr\\necho PWNED'", "cannot go into an #SBATCH line", "Fix: write hydra.launcher.comment as one word"]),
+    "sweep constraint with a space": ([*SWEEP, "hydra.launcher.constraint='a100 --nodes=64'"], ["hydra.launcher.constraint='a100 --nodes=64'", "whitespace"]),
+    "sweep job name with a newline": ([*SWEEP, "hydra.launcher.name='grid\necho PWNED'"], ["hydra.launcher.name='grid\\necho PWNED'", "cannot be a Slurm job name"]),
+    "sweep setup line with a newline": ([*SWEEP, "hydra.launcher.setup=['module load cuda\necho PWNED']"], ["hydra.launcher.setup[0]='module load cuda\\necho PWNED'", "newline", "one line"]),
+    "sweep srun argument with a newline": ([*SWEEP, "+hydra.launcher.srun_args=['--cpu-bind=none\necho PWNED']"], ["hydra.launcher.srun_args[0]=", "newline"]),
+    "sweep additional parameter smuggling an option": ([*SWEEP, "+hydra.launcher.additional_parameters.mail-type='END --nodes=64'"], ["hydra.launcher.additional_parameters.mail-type='END --nodes=64'", "whitespace"]),
+    "sweep folder with a space": ([*SWEEP, "hydra.launcher.submitit_folder='{H}/my sweep/%j'"], ["hydra.launcher.submitit_folder='{H}/my sweep/%j'", "whitespace", "Fix: choose a folder path"]),
     # 2. no code from a model folder
     "pretrained folder with its own code": (["mode=plan", "model.pretrained={H}/remote_model"], ["model.trust_remote_code=False", "model.pretrained={H}/remote_model needs the folder's own Python code", "config.json: AutoConfig -> evil.EvilConfig", "model.trust_remote_code=true"]),
     "tokenizer folder with its own code": (["mode=plan", "tokenizer=hf", "tokenizer.path={H}/remote_tokenizer"], ["tokenizer.path='{H}/remote_tokenizer'", "custom tokenizer code", "never runs"]),
@@ -81,6 +95,14 @@ CASES = {
     "pretrained weights a stub": (["mode=plan", "model.pretrained={H}/stub_weights"], ["model.pretrained='{H}/stub_weights'", "shorter than a safetensors header"]),
     "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=False", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
     "too_long skip drops every sample": (["mode=prepare", "data=alpaca", "data.path={H}/long.jsonl", "data.seq_len=16", "data.too_long=skip"], ["no usable samples", "20 skipped as longer than 16", "raise data.seq_len (the shortest sample skipped has", "data.too_long=truncate"]),
+    # issue 31: a pretrained model trained with another tokenizer
+    "pretrained model of another tokenizer": (["mode=plan", "model.pretrained={H}/other_tokenizer"], ["model.pretrained='{H}/other_tokenizer'", "ships its own tokenizer, {H}/other_tokenizer (its own tokenizer) (vocab fingerprint", "64 tokens), not this run's tokenizer.path=", "4096 tokens): every token id would read another token's embedding row", "Fix: train with the model's tokenizer (tokenizer=hf tokenizer.path={H}/other_tokenizer), or set model.tokenizer_change=allow"]),
+    "another tokenizer under lora": (["mode=plan", "model.pretrained={H}/other_tokenizer", "model.tokenizer_change=allow", "finetune=lora"], ["model.tokenizer_change='allow'", "finetune=lora keeps them frozen", "Fix: use finetune=full"]),
+    "unknown tokenizer change": (["mode=plan", "model.tokenizer_change=keep"], ["model.tokenizer_change=keep", "expected one of [refuse, allow]"]),
+    # issue 31: accepted but wrong
+    "simpo gamma nan": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=nan"], ["finetune.simpo_gamma=nan", "must be a finite number", "Fix: use e.g. finetune.simpo_gamma=0.5"]),
+    "simpo gamma infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=-inf"], ["finetune.simpo_gamma=-inf", "must be a finite number"]),
+    "dpo beta infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=inf"], ["finetune.beta=inf", "finite positive number"]),
     # 6. what used to fail with an OSError blamed on the run directory (more below)
     "training from a pretrained folder without weights": (["model.pretrained={H}/config_only", *SMALL_MODEL], ["model.pretrained='{H}/config_only'", "has a config.json but no weights", "copy the model's weight files"]),
 }
@@ -117,6 +139,9 @@ def hard(tmp_path_factory, bundled_tokenizer):
     shard_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}
     (h / "missing_shard" / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shard_map}))
     save_fresh_model(h / "no_tokenizer", SMALL_MODEL, bundled_tokenizer)
+    other = other_tokenizer()
+    save_fresh_model(h / "other_tokenizer", SMALL_MODEL, other)
+    other.save_pretrained(h / "other_tokenizer")
     shutil.copytree(export, h / "stub_weights")
     (h / "stub_weights" / "model.safetensors").write_bytes(b"\x10\x00")
     (h / "a_file").write_text("a regular file where a folder should be\n")
@@ -136,6 +161,17 @@ def hard(tmp_path_factory, bundled_tokenizer):
     (run / "checkpoints").mkdir()
     small_model_checkpoint(run / "checkpoints" / "step0000004.ckpt")
     return h
+
+
+def other_tokenizer():
+    """A 64-token word-level tokenizer: not the bundled one the cases train with."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", *(f"word{i}" for i in range(61))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
 @pytest.fixture
@@ -165,7 +201,7 @@ def test_hardening_case_exits_2_naming_key_value_and_fix(name, hard, clean_env, 
     # Refused before anything was written or run: no plan, no job script, no output, no foreign code.
     assert not any((tmp_path / "run" / f).exists() for f in ("plan.json", "job.sbatch", "generations.jsonl", "eval.json"))
     assert not (hard / MARKER).exists()
-    assert not (hard / "shape_export").exists()
+    assert not (hard / "shape_export").exists() and not (hard / "sweep").exists() and not (hard / "my sweep").exists()
     # Never transformers' interactive "Do you wish to run the custom code? [y/N]".
     assert "[y/N]" not in capfd.readouterr().out
 
@@ -191,6 +227,86 @@ def test_trusting_remote_code_is_passed_to_transformers(hard, monkeypatch):
     with pytest.raises(Stop):
         pretrained.pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
     assert seen == {"trust_remote_code": True}
+
+
+def test_trusting_remote_code_names_the_files_that_will_run_before_the_load(hard, monkeypatch, caplog):
+    """Issue 31: model.trust_remote_code=true runs the folder's code; one line, before transformers
+    is called, names the .py files that will run."""
+    from tinytrain.checkpoint import pretrained, remote_code
+
+    monkeypatch.setattr(remote_code, "_announced", set())
+    before_load = []
+
+    class Stop(Exception):
+        pass
+
+    def from_pretrained(path, **kwargs):
+        before_load.extend(r.getMessage() for r in caplog.records)
+        raise Stop
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
+    with caplog.at_level("WARNING"), pytest.raises(Stop):
+        pretrained.pretrained_config(str(hard / "remote_model"), True)
+    lines = [m for m in before_load if "trust_remote_code=true" in m]
+    assert len(lines) == 1, before_load
+    assert f"model.pretrained={hard / 'remote_model'}: evil.py (from auto_map; the folder's .py files: evil.py)" in lines[0]
+    assert not (hard / MARKER).exists()
+
+
+ADDED = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
+SAME = "model.pretrained's own tokenizer is the run's"
+
+
+@pytest.mark.parametrize(
+    "model, extra, status",
+    [
+        ("export", [], SAME),
+        ("export", [ADDED], SAME),  # tokens added after the model's own: its rows keep their ids
+        ("no_tokenizer", [], "model.pretrained's tokenizer could not be checked against the run's"),
+        ("other_tokenizer", ["model.tokenizer_change=allow"], "model.pretrained was trained with"),
+    ],
+)
+def test_the_plan_names_both_tokenizers(model, extra, status, hard, clean_env, tmp_path):
+    """Issue 31: the printed plan and plan.json say whether model.pretrained's own tokenizer is the
+    run's, could not be checked (no tokenizer in the folder), or differs under model.tokenizer_change=allow."""
+    code, err = run_in_process(["mode=plan", f"model.pretrained={hard / model}", *extra, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, err
+    from tinytrain.plan.run_plan import render
+
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    match = plan["tokenizer"]["pretrained"]
+    assert match["status"] == {"export": "same", "no_tokenizer": "unchecked", "other_tokenizer": "differs"}[model]
+    assert match["reinit_rows"] == (model == "other_tokenizer")
+    assert "bundled_tokenizer" in match["configured"] and f"{4098 if extra == [ADDED] else 4096} tokens" in match["configured"]
+    line = next(x for x in render(plan).splitlines() if "model.pretrained" in x and "tokenizer" in x)
+    assert status in line and match["configured"] in line
+    if model == "other_tokenizer":
+        assert f"{hard / model} (its own tokenizer) (vocab fingerprint" in line and "64 tokens" in line and "every embedding row is re-initialised" in line
+    if extra == [ADDED]:
+        assert "ids 0-4095 are the same tokens; the run adds 2 token(s) after them" in line
+    if model == "no_tokenizer":
+        assert "its folder has no tokenizer" in line
+
+
+def test_another_tokenizer_allowed_reinitialises_every_embedding_row(hard, tmp_path):
+    """model.tokenizer_change=allow: no row of the pretrained table is reused by id; every token's
+    row is the mean of the pretrained rows (as an added token's)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.conftest import compose
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.train.fit import build_module
+
+    cfg = compose([f"model.pretrained={hard / 'other_tokenizer'}", "model.tokenizer_change=allow", *SMALL_MODEL])
+    tokenizer = load_from_config(cfg.tokenizer)
+    plan = make_plan(cfg, tokenizer, tmp_path / "run")
+    assert plan.pretrained_tokenizer.reinit_rows
+    rows = build_module(cfg, plan, tokenizer).model.get_input_embeddings().weight[: len(tokenizer)]
+    pretrained = load_file(hard / "other_tokenizer" / "model.safetensors")["model.embed_tokens.weight"]
+    assert not torch.equal(rows[:64], pretrained.to(rows.dtype))
+    assert torch.allclose(rows, rows[0].expand_as(rows))
 
 
 def test_an_os_error_names_its_file_operation_and_override(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from tinytrain.checkpoint.remote_code import announce
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ def hub_problem(path: str, error: Exception) -> Problem:
 def pretrained_config(path: str, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
+    if trust_remote_code:
+        announce("model.pretrained", local_folder(path))
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:  # broken JSON, no model_type, an unknown architecture; a hub id not cached offline

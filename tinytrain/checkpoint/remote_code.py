@@ -7,11 +7,14 @@ folder, so no load ever reaches transformers' prompt."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from tinytrain.errors import Problem
 
+log = logging.getLogger(__name__)
 CONFIG_FILES = ("config.json", "tokenizer_config.json")
+_announced: set[str] = set()
 
 
 def custom_code(folder: Path) -> list[str]:
@@ -56,3 +59,30 @@ def tokenizer_code_problems(path: str) -> list[Problem]:
     if not found:
         return []
     return [Problem("tokenizer.path", path, f"needs custom tokenizer code ({found[0]}), which tinytrain never runs", "use a folder with a tokenizer.json (tokenizers library) or a tokenizer.model (SentencePiece), or remove auto_map from its tokenizer_config.json")]
+
+
+def code_files(folder: Path) -> tuple[list[str], list[str]]:
+    """The .py files auto_map names (what transformers imports first), and every .py file of the
+    folder (what those may import in turn)."""
+    named = []
+    for entry in custom_code(folder):
+        targets = entry.split(" -> ", 1)[1].strip("[]").replace("'", "").split(", ")
+        for target in targets:
+            if target and target != "None":
+                # "org/repo--module.Class": code from another hub repository, named as such.
+                repo, _, module = target.rpartition("--")
+                file = module.rsplit(".", 1)[0] + ".py"
+                named.append(f"{repo}:{file}" if repo else file)
+    return sorted(set(named)), sorted(p.name for p in Path(folder).glob("*.py"))
+
+
+def announce(key: str, folder) -> None:
+    """With model.trust_remote_code=true, one line before the first load that may run the folder's
+    code: which files will run, so the run's log records what was trusted."""
+    if folder is None or str(folder) in _announced or not Path(folder).is_dir():
+        return
+    named, present = code_files(Path(folder))
+    if not named:
+        return
+    _announced.add(str(folder))
+    log.warning("model.trust_remote_code=true: transformers will run the Python code of %s=%s: %s (from auto_map; the folder's .py files: %s)", key, folder, ", ".join(named), ", ".join(present) or "none")

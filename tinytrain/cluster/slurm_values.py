@@ -49,10 +49,10 @@ def name_problems(key: str, value, fix: str, allow_list: bool = False) -> list[P
     return [Problem(key, text, f"is not a Slurm name ({describe(text)}; Slurm names are letters, digits, '_', '.', '-')", fix)]
 
 
-def job_name_problems(name: str) -> list[Problem]:
+def job_name_problems(name: str, key: str = "run.name") -> list[Problem]:
     if JOB_NAME.fullmatch(name):
         return []
-    return [Problem("run.name", name, f"cannot be a Slurm job name ({describe(name)})", "use letters, digits and . _ - / only, e.g. run.name=my_run")]
+    return [Problem(key, name, f"cannot be a Slurm job name ({describe(name)})", f"use letters, digits and . _ - / only, e.g. {key}=my_run")]
 
 
 def path_problems(key: str, path: str, fix: str) -> list[Problem]:
@@ -78,6 +78,14 @@ def override_problems(overrides: list[str], reported: set[str] = frozenset()) ->
         if CONTROL.search(o) and key not in reported:
             problems.append(Problem(key, value, "holds a newline or other control character; the job script would carry it out of its comment line", "write the value on one line (no newline, carriage return or tab)"))
     return problems
+
+
+def line_problems(key: str, value: str, fix: str) -> list[Problem]:
+    """A value that is a whole line of the script or one quoted word of a command (a setup line,
+    an srun argument): any text, but on its line."""
+    if not CONTROL.search(value):
+        return []
+    return [Problem(key, value, describe(value), fix)]
 
 
 def comment_safe(text: str) -> str:

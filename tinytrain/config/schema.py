@@ -86,6 +86,11 @@ class UntrainedPolicy(Enum):
     warn = "warn"
 
 
+class TokenizerChange(Enum):
+    refuse = "refuse"  # a model.pretrained folder's own tokenizer must be the run's (the plan stops)
+    allow = "allow"  # train it with another tokenizer: every embedding row re-initialised, none reused by id
+
+
 class NonFinitePolicy(Enum):
     skip = "skip"  # skip the step (the GradScaler/DeepSpeed behaviour), up to guard.max_consecutive_skips
     stop = "stop"  # save the last good state and exit with the diagnosis
@@ -220,6 +225,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     # Special/added/template tokens whose embedding rows look untrained (the Yi-6B case).
     untrained_tokens: UntrainedPolicy = UntrainedPolicy.auto
+    # model.pretrained's folder ships a tokenizer other than tokenizer.path's (its token -> id map
+    # differs): refuse stops the plan; allow trains anyway with every embedding row re-initialised
+    # like an added token's (model.untrained_tokens=noisy_mean adds noise), since row i is another token's.
+    tokenizer_change: TokenizerChange = TokenizerChange.refuse
 
 
 @dataclass

@@ -204,6 +204,14 @@ def fingerprint(tok) -> str:
     return digest[:16]
 
 
+def vocab_fingerprint(tok, ids: int | None = None) -> str:
+    """Identity of a tokenizer's token -> id map alone (added tokens included), of its first `ids`
+    ids if given: what decides which embedding row each token id reads. The same vocab encoded by
+    another pipeline, or with other special-token roles, indexes the same rows."""
+    vocab = sorted((kv for kv in tok.get_vocab().items() if ids is None or kv[1] < ids), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def load_from_config(tok_cfg):
     return load_tokenizer(str(tok_cfg.path), tuple(tok_cfg.add_special_tokens))
 

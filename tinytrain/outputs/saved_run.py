@@ -20,6 +20,7 @@ from tinytrain.checkpoint.export import model_from_state_dict
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
+from tinytrain.checkpoint.remote_code import announce
 from tinytrain.checkpoint.resume import read_state
 from tinytrain.config.schema import Config, DataFormat
 from tinytrain.data.tokenizer import fingerprint, load_from_config
@@ -136,6 +137,8 @@ def hf_model(saved: SavedRun, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
     if saved.is_hf_folder:
+        if trust_remote_code:
+            announce("checkpoint.path", saved.checkpoint)
         model = AutoModelForCausalLM.from_pretrained(str(saved.checkpoint), trust_remote_code=trust_remote_code)
     else:
         state = state_dict(saved)

@@ -33,6 +33,7 @@ from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.plan.torch_varlen import installed_support
+from tinytrain.preflight import pretrained_tokenizer
 from tinytrain.preflight.checks import run as run_preflight
 
 
@@ -48,13 +49,14 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     world = world_size(cfg)
     batch, _ = batch_layout(cfg, world)  # its problems were validate's to report
     tokenizer_fingerprint = fingerprint(tokenizer)
-    pretrained = None
+    pretrained = tokenizer_match = None
     if cfg.model.pretrained:
         from tinytrain.checkpoint.pretrained import download_weights, pretrained_config
 
         if cfg.mode not in PLANNING_MODES:
             download_weights(cfg.model.pretrained)  # a hub id's, into the hub cache, before preflight reads them
         pretrained = pretrained_config(cfg.model.pretrained, cfg.model.trust_remote_code)
+        tokenizer_match = pretrained_tokenizer.check(cfg, tokenizer)  # the model's own tokenizer against the run's
         shape = shape_from_hf(pretrained, vocab.padded)
         fam = family_of_model_type(pretrained.model_type, "model.pretrained", cfg.model.pretrained)
     else:
@@ -107,6 +109,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         vocab=vocab,
         tokenizer_path=str(cfg.tokenizer.path),
         tokenizer_fingerprint=tokenizer_fingerprint,
+        pretrained_tokenizer=tokenizer_match,
         bos=bos,
         hardware=hardware,
         hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",

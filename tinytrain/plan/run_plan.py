@@ -37,6 +37,7 @@ from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
 from tinytrain.plan.vocab import VocabPlan
 from tinytrain.preflight.checks import PreflightReport
+from tinytrain.preflight.pretrained_tokenizer import TokenizerMatch
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class RunPlan:
     preference: PreferencePlan | None = None  # finetune.objective=dpo|ipo|simpo: settings and the reference
     checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
     export: ExportSpec = ExportSpec()  # what the end-of-run export and training's samples serve: template, stops, BOS, dtype
+    pretrained_tokenizer: TokenizerMatch | None = None  # model.pretrained's own tokenizer against the run's
 
     @property
     def on_gpu(self) -> bool:
@@ -125,7 +127,13 @@ class RunPlan:
         return {
             "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason},
             "vocab": {"true": v.true, "padded": v.padded, "multiple": v.multiple, "tp": v.tp, "padding_rows": v.padding_rows},
-            "tokenizer": {"path": self.tokenizer_path, "fingerprint": self.tokenizer_fingerprint, "add_bos": self.bos.add, "add_bos_reason": self.bos.reason},
+            "tokenizer": {
+                "path": self.tokenizer_path,
+                "fingerprint": self.tokenizer_fingerprint,
+                "add_bos": self.bos.add,
+                "add_bos_reason": self.bos.reason,
+                "pretrained": self.pretrained_tokenizer and self.pretrained_tokenizer.to_dict(),
+            },
             "precision": self.precision.to_dict(),
             "hardware": {
                 "gpu": None if hw.is_cpu else hw.name,
@@ -200,6 +208,7 @@ def render(plan: dict) -> str:
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
         f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
         f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
+        *([f"           {TokenizerMatch(**plan['tokenizer']['pretrained']).line()}"] if plan["tokenizer"].get("pretrained") else []),
         f"bos        {'on' if plan['tokenizer']['add_bos'] else 'off'}: {plan['tokenizer']['add_bos_reason']}",
         f"hardware   {where}",
         f"precision  {p['value']}: {p['reason']}",

@@ -1,7 +1,7 @@
 """The learning-rate schedule: a pure function of the optimizer step and the trainer settings.
 
-  cosine    linear warm-up to trainer.lr, cosine decay to min_lr_ratio x lr at max_steps
-  linear    linear warm-up, linear decay to min_lr_ratio x lr at max_steps
+  cosine    linear warm-up to trainer.lr, cosine decay to min_lr_ratio x lr at the last step
+  linear    linear warm-up, linear decay to min_lr_ratio x lr at the last step
   constant  linear warm-up, then trainer.lr to the end
   wsd       warmup-stable-decay (MiniCPM, SmolLM, OLMo 2): linear warm-up, trainer.lr held, and a
             decay over the last decay_steps (or decay_fraction x max_steps) steps, shaped
@@ -23,7 +23,7 @@ from tinytrain.errors import Problem
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at `total`."""
+    """LR multiplier: linear warm-up to 1, cosine decay to min_ratio at the last step (`total` - 1)."""
     return Schedule(LrSchedule.cosine, warmup, total, total - warmup, DecayShape.cosine, min_ratio).multiplier(step)
 
 
@@ -53,7 +53,10 @@ class Schedule:
             return (step + 1) / self.warmup
         if self.decay_steps == 0 or step < self.decay_start:
             return 1.0
-        progress = min(1.0, (step - self.decay_start) / max(1, self.decay_steps))
+        # Like the warm-up, counted so its last step is trained: step decay_start + k trains at
+        # progress (k + 1) / decay_steps, so the run's last step (total - 1) trains at min_ratio
+        # (a decay of one step is that step, not a decay that ends at the untrained step `total`).
+        progress = min(1.0, (step - self.decay_start + 1) / self.decay_steps)
         return self.min_ratio + (1.0 - self.min_ratio) * SHAPES[self.shape](progress)
 
     def phases(self) -> list[tuple[str, int, int]]:

@@ -76,3 +76,17 @@ def fix_rows(tables: dict[str, torch.Tensor], rows: list[UntrainedRow], *, true_
             row = mean + (0.1 * std * torch.randn(mean.shape, generator=g) if noisy else 0)
             weight[tid] = row.to(weight.dtype)
             log.warning("rewrote %s row of %r (id %d) with the %s of the trained rows", name, next(r.token for r in rows if r.token_id == tid), tid, "noisy mean" if noisy else "mean")
+
+
+@torch.no_grad()
+def reinit_rows(tables: dict[str, torch.Tensor], *, true_vocab: int, noisy: bool, seed: int = 0) -> None:
+    """Every token's row rewritten with the mean of the table's rows (+ noise of 1/10 their std), as
+    an added token's: the model was trained with another tokenizer, so row i belongs to another
+    token than id i (model.tokenizer_change=allow)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, weight in tables.items():
+        rows = weight[:true_vocab].float()
+        mean, std = rows.mean(0), rows.std(0)
+        new = mean.expand_as(rows) + (0.1 * std * torch.randn(rows.shape, generator=g) if noisy else 0)
+        weight[:true_vocab] = new.to(weight.dtype)
+        log.warning("re-initialised all %d %s rows with the %s of the pretrained rows (model.tokenizer_change=allow)", true_vocab, name, "noisy mean" if noisy else "mean")

@@ -14,7 +14,7 @@ from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
 from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.checkpoint.sharded import is_sharded
-from tinytrain.config.schema import Arch
+from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
 from tinytrain.errors import ConfigError, Problem, TrainingStopped
@@ -26,7 +26,7 @@ from tinytrain.model.module import CausalLMModule
 from tinytrain.model.reference import FrozenReference
 from tinytrain.plan.run_plan import RunPlan
 from tinytrain.preflight.checks import data_findings, report
-from tinytrain.preflight.embedding_health import fix_rows, vocab_tables
+from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_tables
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.preemption import Preemption
@@ -56,7 +56,10 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         names = vocab_param_names(model)
         state = weights_for_run(plan.init_from, names, plan.vocab, tokenizer)
         model.load_state_dict(state, strict=True)
-    if plan.preflight.rows_to_fix and fresh:
+    if plan.pretrained_tokenizer and plan.pretrained_tokenizer.reinit_rows and fresh and not plan.init_from:
+        # Another tokenizer than the model's: no row is reused by id (preflight/pretrained_tokenizer.py).
+        reinit_rows(vocab_tables(model), true_vocab=plan.vocab.true, noisy=cfg.model.untrained_tokens == UntrainedPolicy.noisy_mean, seed=cfg.seed)
+    elif plan.preflight.rows_to_fix and fresh:
         # The rows preflight found, rewritten on the weights this run trains (after any resize).
         fix_rows(vocab_tables(model), plan.preflight.rows_to_fix, true_vocab=plan.vocab.true, noisy=plan.preflight.fix == "noisy_mean", seed=cfg.seed)
     reference = None

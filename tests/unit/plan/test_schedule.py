@@ -15,12 +15,12 @@ def schedule(*overrides):
 def test_cosine_is_the_default_and_the_old_warmup_cosine():
     s = schedule()
     assert [s.multiplier(k) for k in (0, 9)] == [0.1, 1.0]
-    assert math.isclose(s.multiplier(55), 0.55) and math.isclose(s.multiplier(100), 0.1)
+    assert math.isclose(s.multiplier(54), 0.55) and math.isclose(s.multiplier(99), 0.1)
 
 
 def test_linear_and_constant():
     linear, constant = schedule("trainer.lr_schedule=linear"), schedule("trainer.lr_schedule=constant")
-    assert math.isclose(linear.multiplier(55), 0.55) and math.isclose(linear.multiplier(32.5), 0.775)
+    assert math.isclose(linear.multiplier(54), 0.55) and math.isclose(linear.multiplier(31.5), 0.775) and math.isclose(linear.multiplier(99), 0.1)
     assert [constant.multiplier(k) for k in (4, 10, 99, 500)] == [0.5, 1.0, 1.0, 1.0]
 
 
@@ -31,9 +31,29 @@ def test_linear_and_constant():
 def test_wsd_holds_the_peak_then_decays_over_its_last_steps(shape, quarter):
     s = schedule("trainer.lr_schedule=wsd", "trainer.decay_steps=20", f"trainer.decay_shape={shape}")
     assert s.decay_start == 80
-    assert [s.multiplier(k) for k in (10, 50, 79, 80)] == [1.0, 1.0, 1.0, 1.0]
-    assert math.isclose(s.multiplier(85), quarter) and math.isclose(s.multiplier(100), 0.1)
+    assert [s.multiplier(k) for k in (10, 50, 79)] == [1.0, 1.0, 1.0] and s.multiplier(80) < 1.0
+    assert math.isclose(s.multiplier(84), quarter) and math.isclose(s.multiplier(99), 0.1)
     assert [p[0] for p in s.phases()] == ["warmup", "stable", f"decay ({s.shape.value})"]
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "wsd"])
+def test_the_last_trained_step_sits_at_the_end_of_the_decay(kind):
+    """Steps 0..max_steps-1 are trained (step max_steps never is): the last one trains at
+    min_lr_ratio x lr, and every decay step below the peak, each lower than the one before."""
+    s = schedule(f"trainer.lr_schedule={kind}", *(["trainer.decay_steps=20"] if kind == "wsd" else []))
+    rates = [s.multiplier(k) for k in range(100)]
+    decay = rates[s.decay_start :]
+    assert math.isclose(rates[-1], 0.1)
+    assert all(r < 1.0 for r in decay) and all(a > b for a, b in zip(decay, decay[1:]))
+
+
+def test_a_wsd_decay_of_one_step_trains_that_step_at_the_minimum():
+    """trainer.decay_steps=1 used to end its decay at step max_steps, never trained: every step
+    trained at the peak."""
+    s = schedule("trainer.lr_schedule=wsd", "trainer.decay_steps=1")
+    rates = [s.multiplier(k) for k in range(100)]
+    assert rates[:10] == [(k + 1) / 10 for k in range(10)]
+    assert rates[10:99] == [1.0] * 89 and math.isclose(rates[99], 0.1)
 
 
 def test_wsd_decay_fraction_is_of_the_whole_run():
