@@ -164,6 +164,9 @@ CASES = {
     "unknown top-level key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
     "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
     "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
+    "plus on an existing key": (["mode=plan", "+trainer.lr_schedule=wsd"], ["+trainer.lr_schedule=wsd", "trainer.lr_schedule is already a config key", "Fix: drop the '+': trainer.lr_schedule=wsd"]),
+    "misspelled key in a mixture source": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,wieght:1}]"], ["'wieght' is not a key of a data.sources entry", "Did you mean 'weight'", "Valid keys there: path, weight, source, text_field, name"]),
+    "unknown logger in a list": (["mode=plan", "logger=[csv,mlflow]"], ["logger=mlflow", "Available: csv, tensorboard, wandb"]),
     "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, smoke, tinyllama_pretrain"]),
     "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
@@ -255,6 +258,11 @@ CASES = {
     "lora under zero1": (["mode=plan", "finetune=lora", "parallel=zero1", "hardware.gpu=A100"], ["parallel='zero1'", "ZeRO-1 checkpoints leave the frozen base out", "Fix: use parallel=zero2"]),
     "qlora under deepspeed": (["mode=plan", "finetune=qlora", *ZERO2], ["parallel='zero2'", "finetune=qlora runs on single or ddp", "Fix: use parallel=single or parallel=ddp"]),
     "qlora trained on a CPU": (["finetune=qlora"], ["finetune='qlora'", "needs a CUDA GPU", "Fix: plan it here with mode=plan", "finetune=lora"]),
+    "dpo beta infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=inf"], ["finetune.beta=inf", "must be positive and finite", "Fix: use e.g. finetune.beta=0.1"]),
+    "dpo beta nan": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=nan"], ["finetune.beta=nan", "must be positive and finite"]),
+    "simpo gamma infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=inf"], ["finetune.simpo_gamma=inf", "finite"]),
+    "lora alpha infinite": (["mode=plan", "finetune=lora", "finetune.alpha=inf"], ["finetune.alpha=inf", "positive and finite"]),
+    "too_long skip drops every preference pair": (["mode=prepare", "experiment=dpo_smoke", "data.path={F}/long_pairs.jsonl", "data.seq_len=16", "data.too_long=skip", "data.cache_dir={F}/cache"], ["no usable preference pairs", "20 skipped as longer than 16", "raise data.seq_len (now 16; the longest pair skipped has", "keeps every pair", "data.too_long=truncate"]),
     "unknown finetune option": (["mode=plan", "finetune=dora"], ["finetune=dora", "full, lora, qlora"]),
 }
 ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
@@ -326,6 +334,8 @@ def bad(tmp_path_factory):
     records = [{"instruction": f"question {i}", "input": "", "output": "" if i else "yes"} for i in range(20)]
     (f / "empty_outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (f / "no_output.jsonl").write_text(json.dumps({"instruction": "q"}) + "\n")
+    pairs = [{"prompt": f"question {i} " + "word " * 30, "chosen": "yes " * 10, "rejected": "no " * 10} for i in range(20)]
+    (f / "long_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
     (f / "no_messages.jsonl").write_text(json.dumps({"conversation": []}) + "\n")
     (f / "broken_model").mkdir()
     (f / "broken_model" / "config.json").write_text("{not json")

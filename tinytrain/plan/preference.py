@@ -10,6 +10,7 @@ precompute_reference computes log-probs once before training (nothing held); sim
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective, TrainOn
@@ -54,8 +55,11 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo)"))
     if not preference:
         return found
-    if not f.beta > 0:
-        found.append(Problem("finetune.beta", f.beta, "must be positive (it scales the reward margin; ipo's margin target is 1/(2 beta))", "use e.g. finetune.beta=0.1"))
+    # `not x > 0` alone lets inf through: an infinite beta makes the loss itself non-finite.
+    if not (math.isfinite(f.beta) and f.beta > 0):
+        found.append(Problem("finetune.beta", f.beta, "must be positive and finite (it scales the reward margin; ipo's margin target is 1/(2 beta))", "use e.g. finetune.beta=0.1"))
+    if not math.isfinite(f.simpo_gamma):
+        found.append(Problem("finetune.simpo_gamma", f.simpo_gamma, "must be a finite number (simpo's target reward margin)", "use e.g. finetune.simpo_gamma=0.5"))
     if not 0 <= f.label_smoothing < 0.5:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "must be in [0, 0.5) (the share of pairs assumed mislabelled)", "use 0 (plain DPO) or e.g. 0.1"))
     elif f.label_smoothing and f.objective == Objective.ipo:
