@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -204,6 +205,7 @@ CASES = {
     "more parts than shard files": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_parts=3"], ["data.prepare_parts=3", "has 1 shard file(s)", "data.prepare_parts<=1"]),
     "parts for SFT data": (["mode=plan", "data=alpaca", "data.prepare_parts=2"], ["data.prepare_parts=2", "SFT data is not a token store"]),
     "store with a missing part": (["mode=plan", "data.store={F}/cache/stores/half"], ["data.store='{F}/cache/stores/half'", "part(s) 1 of 2 not built", "data.prepare_part=1"]),
+    "store part deleted after the build": (["mode=plan", "data.store={F}/parted/stores/built"], ["data.store='{F}/parted/stores/built'", "part(s) 1 of 2 deleted since the store was built", "Fix: build it again: python -m tinytrain mode=prepare data.source=text data.path={F}/parted_text ", "data.cache_dir={F}/parted ", "data.prepare_parts=2 data.prepare_part=1"]),
     "validation file missing": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.val_path={F}/missing_val.txt"], ["data.val_path='{F}/missing_val.txt'", "no such file"]),
     "val fraction zero": (["mode=plan", "data.val_fraction=0"], ["data.val_fraction=0.0", "between 0 and 1"]),
     "val fraction above one": (["mode=plan", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
@@ -344,7 +346,24 @@ def bad(tmp_path_factory):
     torch.save(torch.zeros(3), f / "tensor.ckpt")
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")
+    parted_store(f)
     return f
+
+
+def parted_store(f: Path) -> None:
+    """`{F}/parted/stores/built`: a token store of 2 parts, part 1 deleted after the build."""
+    from tests.conftest import compose
+    from tinytrain.data import parts
+    from tinytrain.data.sources import Source
+    from tinytrain.data.tokenizer import load_from_config
+
+    (f / "parted_text").mkdir()
+    for i in range(2):
+        (f / "parted_text" / f"{i}.txt").write_text(f"Document {i} of a corpus in parts.\n")
+    cfg = compose(["data=text", f"data.path={f / 'parted_text'}", f"data.cache_dir={f / 'parted'}", "data.prepare_parts=2", "data.tokenize_workers=0"])
+    store, _ = parts.ensure(Source.from_config(cfg.data), cfg.data, load_from_config(cfg.tokenizer), progress=False)
+    store.path.rename(store.path.with_name("built"))
+    shutil.rmtree(store.parts[1].path)
 
 
 def small_model_checkpoint(path) -> None:
