@@ -232,3 +232,28 @@ def test_a_full_disk_during_a_store_build_names_the_store_and_the_disk(full_disk
     assert f"(from data.cache_dir={full_disk / 'cache'}): No space left on device" in err
     assert "Fix: free space on the disk holding" in err
     assert not [p for p in (full_disk / "cache" / "stores").iterdir() if ".tmp-" in p.name]  # the partial store is removed
+
+
+def test_a_truncated_reference_cache_is_named_and_rebuilt(tmp_path, caplog):
+    """finetune.precompute_reference: a cache file cut short (a copy, a full disk) is a miss named in
+    the log (numpy's BadZipFile used to end the run), and the scoring pass writes it again."""
+    import logging
+
+    import numpy as np
+
+    from tinytrain.data.reference_cache import ReferenceCache
+
+    class Pairs(list):
+        ref_logps = None
+
+    train, val = Pairs(range(6)), Pairs(range(2))
+    train.ref_logps, val.ref_logps = np.ones((6, 2)), np.zeros((2, 2))
+    cache = ReferenceCache(tmp_path, "k" * 32)
+    cache.save(train, val)
+    cache.path.write_bytes(cache.path.read_bytes()[: cache.path.stat().st_size // 2])
+    fresh_train, fresh_val = Pairs(range(6)), Pairs(range(2))
+    with caplog.at_level(logging.WARNING, logger="tinytrain.data.reference_cache"):
+        assert cache.load_into(fresh_train, fresh_val) is False
+    assert f"reference log-probs {cache.path} do not read" in caplog.text and "computing them again" in caplog.text
+    cache.save(train, val)  # what PrecomputeReference does on the miss
+    assert cache.load_into(fresh_train, fresh_val) and (fresh_train.ref_logps == 1).all()
