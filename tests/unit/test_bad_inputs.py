@@ -243,6 +243,8 @@ CASES = {
     "init_from a tensor, not a dict": (["mode=plan", "checkpoint.init_from={F}/tensor.ckpt"], ["checkpoint.init_from='{F}/tensor.ckpt'", "not a dict"]),
     "init_from without tinytrain metadata": (["mode=plan", "checkpoint.init_from={F}/plain_dict.ckpt"], ["checkpoint.init_from='{F}/plain_dict.ckpt'", "no tinytrain metadata"]),
     "init_from another model size": (["mode=plan", "checkpoint.init_from={F}/small_model.ckpt"], ["checkpoint.init_from='{F}/small_model.ckpt'", "another model size: num_layers 2, hidden_size 64", "this run's model: num_layers 4, hidden_size 192", "model.* overrides"]),
+    "init_from a DeepSpeed folder missing a shard": (["mode=plan", "checkpoint.init_from={F}/ds_missing.ckpt"], ["checkpoint.init_from='{F}/ds_missing.ckpt'", "DeepSpeed save over 2 data-parallel rank(s)", "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is missing", "2 of the 3 files are there", "Fix: copy the whole step folder again"]),
+    "resume a DeepSpeed folder missing a shard": (["mode=plan", "parallel=zero2", "hardware.gpu=A100", "resume={F}/ds_missing.ckpt"], ["resume='{F}/ds_missing.ckpt'", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"]),
     "resume missing": (["mode=plan", "resume={F}/missing.ckpt"], ["resume='{F}/missing.ckpt'", "neither auto, never"]),
     "resume from a text file": (["mode=plan", "resume={F}/good.txt"], ["resume='{F}/good.txt'", "not a PyTorch checkpoint file"]),
     "resume from another model size": (["mode=plan", "resume={F}/small_model.ckpt"], ["resume='{F}/small_model.ckpt'", "another model size"]),
@@ -347,6 +349,11 @@ def bad(tmp_path_factory):
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")
     parted_store(f)
+    # A ZeRO-2 bf16 step folder of 2 ranks whose rank 1 partition was not copied.
+    (f / "ds_missing.ckpt" / "checkpoint").mkdir(parents=True)
+    meta = torch.load(f / "small_model.ckpt", weights_only=True)["tinytrain"]
+    torch.save({"global_step": 4, "tinytrain": meta, "dp_world_size": 2, "mp_world_size": 1}, f / "ds_missing.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+    torch.save({}, f / "ds_missing.ckpt" / "checkpoint" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
     return f
 
 
