@@ -10,9 +10,11 @@ code, a run whose checkpoint is of another model size.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
+import torch
 
 from tests.unit.test_bad_inputs import SBATCH, SMALL_MODEL, run_in_process, small_model_checkpoint
 
@@ -78,6 +80,7 @@ CASES = {
     "rope high frequency factor infinite": (["mode=plan", "model.rope_scaling={rope_type:llama3,factor:8.0,low_freq_factor:1.0,high_freq_factor:inf,original_max_position_embeddings:1024}"], ["model.rope_scaling.high_freq_factor=inf", "not finite"]),
     "longrope factor lists too short": (["mode=plan", f"model.rope_scaling={LONGROPE}"], ["model.rope_scaling.short_factor=[1.0, 1.0]", "has 2 factors", "head_dim / 2 = 16", "model.rope_scaling.long_factor"]),
     "pretrained weights cut short": (["mode=plan", "model.pretrained={H}/cut_export"], ["model.pretrained='{H}/cut_export'", "its weights are not whole", "cut short", "download or copy the model again"]),
+    "pretrained weights pickling a callable": (["mode=plan", "model.pretrained={H}/pickled_bin", *SMALL_MODEL], ["model.pretrained='{H}/pickled_bin'", "pytorch_model.bin holds something other than tensors (it pickles posix.system)", "Fix: convert the weights to safetensors from a trusted source"]),
     "pretrained weights a stub": (["mode=plan", "model.pretrained={H}/stub_weights"], ["model.pretrained='{H}/stub_weights'", "shorter than a safetensors header"]),
     "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=False", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
     "too_long skip drops every sample": (["mode=prepare", "data=alpaca", "data.path={H}/long.jsonl", "data.seq_len=16", "data.too_long=skip"], ["no usable samples", "20 skipped as longer than 16", "raise data.seq_len (the shortest sample skipped has", "data.too_long=truncate"]),
@@ -119,6 +122,12 @@ def hard(tmp_path_factory, bundled_tokenizer):
     save_fresh_model(h / "no_tokenizer", SMALL_MODEL, bundled_tokenizer)
     shutil.copytree(export, h / "stub_weights")
     (h / "stub_weights" / "model.safetensors").write_bytes(b"\x10\x00")
+    shutil.copytree(export, h / "pickled_bin")  # weights beside a pickled os.system, as a hostile .bin
+    from safetensors.torch import load_file
+
+    weights = load_file(h / "pickled_bin" / "model.safetensors")
+    (h / "pickled_bin" / "model.safetensors").unlink()
+    torch.save({**weights, "evil": os.system}, h / "pickled_bin" / "pytorch_model.bin")
     (h / "a_file").write_text("a regular file where a folder should be\n")
     (h / "not_an_export").mkdir()
     (h / "not_an_export" / "notes.txt").write_text("the user's own files\n")
