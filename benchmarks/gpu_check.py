@@ -211,6 +211,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="tiny model, a few steps, on a CPU")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the part's runs may take in all")
     args = parser.parse_args()
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"gpu_check: --out {args.out} is a file; it names the folder the parts share (gpu_check.json, gpu_check.md, the runs' logs). Fix: give a folder path, new or from an earlier part (e.g. --out {args.out}.d), or move the file away", file=sys.stderr)
+        sys.exit(2)
     if args.part not in PARTS:
         raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory)")
     # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.

@@ -156,3 +156,43 @@ def test_disk_full_during_a_sharded_save_keeps_the_previous_checkpoint(small_dis
     assert f"disk full while saving {run_dir / 'checkpoints' / 'step0000008.ckpt'}; the previous checkpoint step0000004.ckpt is intact" in r.stderr, r.stderr[-3000:]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step0000004.ckpt"]
     assert read_state(run_dir / "checkpoints" / "step0000004.ckpt")["global_step"] == 4
+
+
+@pytest.mark.timeout(300)
+def test_disk_full_during_an_export_keeps_the_previous_export_and_names_the_disk(tmp_path):
+    """mode=export onto a disk that fills up while the weights are written: exit 2 naming the folder,
+    the free space and the fix (safetensors' SafetensorError used to end it with exit 1); the
+    previous export is byte for byte the same, and no temp folder is left."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose
+    from tests.unit.test_bad_inputs import SMALL_MODEL, run_in_process, small_model_checkpoint
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+
+    run = tmp_path / "run"
+    cfg = compose(SMALL_MODEL)
+    plan = make_plan(cfg, load_from_config(cfg.tokenizer), run)
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config_resolved.yaml").write_text(OmegaConf.to_yaml(plan.resolved_config(cfg)))
+    small_model_checkpoint(run / "checkpoints" / "step0000004.ckpt")  # 2.4 MB of weights
+    disk = tmp_path / "small_disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    with mounted_tmpfs(disk, "size=6m"):
+        export = ["mode=export", f"checkpoint.path={run / 'checkpoints' / 'step0000004.ckpt'}", f"export.dir={disk / 'hf_export'}"]
+        code, err = run_in_process([*export, f"hydra.run.dir={tmp_path / 'first'}"])
+        assert code == 0, err
+        before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (disk / "hf_export").iterdir()}
+        with open(disk / "ballast", "wb") as f:  # 1 MB left: the second export's weights do not fit
+            f.write(bytes(shutil.disk_usage(disk).free - 2**20))
+        code, err = run_in_process([*export, f"hydra.run.dir={tmp_path / 'second'}"])
+        assert code == 2 and "Traceback" not in err and "SafetensorError" not in err, err
+        assert f"export.dir='{disk / 'hf_export'}': the disk filled up while the export was written" in err, err
+        assert "the previous export there is intact" in err and f"MiB on the disk holding {disk}" in err
+        assert f"Fix: free space there (df -h {disk}) or set export.dir to a folder on another disk" in err
+        assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (disk / "hf_export").iterdir()} == before
+        assert sorted(p.name for p in disk.iterdir()) == ["ballast", "hf_export"]

@@ -44,6 +44,14 @@ def test_an_unknown_part_names_the_parts(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_an_out_that_is_a_file_is_named_with_the_fix(tmp_path):
+    (tmp_path / "results.txt").write_text("an earlier note\n")
+    result = gpu_check("--part", "a", "--out", str(tmp_path / "results.txt"), "--dry-run", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--out {tmp_path / 'results.txt'} is a file" in result.stderr and "Fix: give a folder path" in result.stderr
+    assert (tmp_path / "results.txt").read_text() == "an earlier note\n"
+
+
 def test_a_wheel_folder_missing_a_package_names_it_and_the_fix(tmp_path):
     folder = tmp_path / "wheels"
     folder.mkdir()

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -189,6 +190,9 @@ CASES = {
     "unknown top-level key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
     "misspelled nested key": (["mode=plan", "trainer.warmup=3"], ["trainer.warmup=3", "Did you mean 'warmup_steps'"]),
     "misspelled model key": (["mode=plan", "model.hiden_size=128"], ["model.hiden_size=128", "Did you mean 'hidden_size'"]),
+    "plus on an existing key": (["mode=plan", "+trainer.lr_schedule=wsd"], ["+trainer.lr_schedule=wsd", "trainer.lr_schedule is already a config key", "Fix: drop the '+': trainer.lr_schedule=wsd"]),
+    "misspelled key in a mixture source": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,wieght:1}]"], ["'wieght' is not a key of a data.sources entry", "Did you mean 'weight'", "Valid keys there: path, weight, source, text_field, name"]),
+    "unknown logger in a list": (["mode=plan", "logger=[csv,mlflow]"], ["logger=mlflow", "Available: csv, tensorboard, wandb"]),
     "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, smoke, tinyllama_pretrain"]),
     "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
@@ -226,6 +230,7 @@ CASES = {
     "more parts than shard files": (["mode=plan", "data=text", "data.path={F}/lines.txt", "data.prepare_parts=3"], ["data.prepare_parts=3", "has 1 shard file(s)", "data.prepare_parts<=1"]),
     "parts for SFT data": (["mode=plan", "data=alpaca", "data.prepare_parts=2"], ["data.prepare_parts=2", "SFT data is not a token store"]),
     "store with a missing part": (["mode=plan", "data.store={F}/cache/stores/half"], ["data.store='{F}/cache/stores/half'", "part(s) 1 of 2 not built", "data.prepare_part=1"]),
+    "store part deleted after the build": (["mode=plan", "data.store={F}/parted/stores/built"], ["data.store='{F}/parted/stores/built'", "part(s) 1 of 2 deleted since the store was built", "Fix: build it again: python -m tinytrain mode=prepare data.source=text data.path={F}/parted_text ", "data.cache_dir={F}/parted ", "data.prepare_parts=2 data.prepare_part=1"]),
     "validation file missing": (["mode=plan", "data=text", "data.path={F}/good.txt", "data.val_path={F}/missing_val.txt"], ["data.val_path='{F}/missing_val.txt'", "no such file"]),
     "val fraction zero": (["mode=plan", "data.val_fraction=0"], ["data.val_fraction=0.0", "between 0 and 1"]),
     "val fraction above one": (["mode=plan", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "between 0 and 1"]),
@@ -263,6 +268,8 @@ CASES = {
     "init_from a tensor, not a dict": (["mode=plan", "checkpoint.init_from={F}/tensor.ckpt"], ["checkpoint.init_from='{F}/tensor.ckpt'", "not a dict"]),
     "init_from without tinytrain metadata": (["mode=plan", "checkpoint.init_from={F}/plain_dict.ckpt"], ["checkpoint.init_from='{F}/plain_dict.ckpt'", "no tinytrain metadata"]),
     "init_from another model size": (["mode=plan", "checkpoint.init_from={F}/small_model.ckpt"], ["checkpoint.init_from='{F}/small_model.ckpt'", "another model size: num_layers 2, hidden_size 64", "this run's model: num_layers 4, hidden_size 192", "model.* overrides"]),
+    "init_from a DeepSpeed folder missing a shard": (["mode=plan", "checkpoint.init_from={F}/ds_missing.ckpt"], ["checkpoint.init_from='{F}/ds_missing.ckpt'", "DeepSpeed save over 2 data-parallel rank(s)", "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is missing", "2 of the 3 files are there", "Fix: copy the whole step folder again"]),
+    "resume a DeepSpeed folder missing a shard": (["mode=plan", "parallel=zero2", "hardware.gpu=A100", "resume={F}/ds_missing.ckpt"], ["resume='{F}/ds_missing.ckpt'", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"]),
     "resume missing": (["mode=plan", "resume={F}/missing.ckpt"], ["resume='{F}/missing.ckpt'", "neither auto, never"]),
     "resume from a text file": (["mode=plan", "resume={F}/good.txt"], ["resume='{F}/good.txt'", "not a PyTorch checkpoint file"]),
     "resume from another model size": (["mode=plan", "resume={F}/small_model.ckpt"], ["resume='{F}/small_model.ckpt'", "another model size"]),
@@ -280,6 +287,11 @@ CASES = {
     "lora under zero1": (["mode=plan", "finetune=lora", "parallel=zero1", "hardware.gpu=A100"], ["parallel='zero1'", "ZeRO-1 checkpoints leave the frozen base out", "Fix: use parallel=zero2"]),
     "qlora under deepspeed": (["mode=plan", "finetune=qlora", *ZERO2], ["parallel='zero2'", "finetune=qlora runs on single or ddp", "Fix: use parallel=single or parallel=ddp"]),
     "qlora trained on a CPU": (["finetune=qlora"], ["finetune='qlora'", "needs a CUDA GPU", "Fix: plan it here with mode=plan", "finetune=lora"]),
+    "dpo beta infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=inf"], ["finetune.beta=inf", "must be positive and finite", "Fix: use e.g. finetune.beta=0.1"]),
+    "dpo beta nan": (["mode=plan", "experiment=dpo_smoke", "finetune.beta=nan"], ["finetune.beta=nan", "must be positive and finite"]),
+    "simpo gamma infinite": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=simpo", "finetune.simpo_gamma=inf"], ["finetune.simpo_gamma=inf", "finite"]),
+    "lora alpha infinite": (["mode=plan", "finetune=lora", "finetune.alpha=inf"], ["finetune.alpha=inf", "positive and finite"]),
+    "too_long skip drops every preference pair": (["mode=prepare", "experiment=dpo_smoke", "data.path={F}/long_pairs.jsonl", "data.seq_len=16", "data.too_long=skip", "data.cache_dir={F}/cache"], ["no usable preference pairs", "20 skipped as longer than 16", "raise data.seq_len (now 16; the longest pair skipped has", "keeps every pair", "data.too_long=truncate"]),
     "unknown finetune option": (["mode=plan", "finetune=dora"], ["finetune=dora", "full, lora, qlora"]),
 }
 ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
@@ -351,6 +363,8 @@ def bad(tmp_path_factory):
     records = [{"instruction": f"question {i}", "input": "", "output": "" if i else "yes"} for i in range(20)]
     (f / "empty_outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (f / "no_output.jsonl").write_text(json.dumps({"instruction": "q"}) + "\n")
+    pairs = [{"prompt": f"question {i} " + "word " * 30, "chosen": "yes " * 10, "rejected": "no " * 10} for i in range(20)]
+    (f / "long_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
     (f / "no_messages.jsonl").write_text(json.dumps({"conversation": []}) + "\n")
     (f / "broken_model").mkdir()
     (f / "broken_model" / "config.json").write_text("{not json")
@@ -359,7 +373,29 @@ def bad(tmp_path_factory):
     torch.save(torch.zeros(3), f / "tensor.ckpt")
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")
+    parted_store(f)
+    # A ZeRO-2 bf16 step folder of 2 ranks whose rank 1 partition was not copied.
+    (f / "ds_missing.ckpt" / "checkpoint").mkdir(parents=True)
+    meta = torch.load(f / "small_model.ckpt", weights_only=True)["tinytrain"]
+    torch.save({"global_step": 4, "tinytrain": meta, "dp_world_size": 2, "mp_world_size": 1}, f / "ds_missing.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+    torch.save({}, f / "ds_missing.ckpt" / "checkpoint" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
     return f
+
+
+def parted_store(f: Path) -> None:
+    """`{F}/parted/stores/built`: a token store of 2 parts, part 1 deleted after the build."""
+    from tests.conftest import compose
+    from tinytrain.data import parts
+    from tinytrain.data.sources import Source
+    from tinytrain.data.tokenizer import load_from_config
+
+    (f / "parted_text").mkdir()
+    for i in range(2):
+        (f / "parted_text" / f"{i}.txt").write_text(f"Document {i} of a corpus in parts.\n")
+    cfg = compose(["data=text", f"data.path={f / 'parted_text'}", f"data.cache_dir={f / 'parted'}", "data.prepare_parts=2", "data.tokenize_workers=0"])
+    store, _ = parts.ensure(Source.from_config(cfg.data), cfg.data, load_from_config(cfg.tokenizer), progress=False)
+    store.path.rename(store.path.with_name("built"))
+    shutil.rmtree(store.parts[1].path)
 
 
 def small_model_checkpoint(path) -> None:

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
+from tinytrain.checkpoint.disk_space import free_space, out_of_space
 from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
 from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.format import module_weights, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.safe_load import load_file
 from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
 from tinytrain.config.dtype import Dtype
-from tinytrain.errors import raise_if_any
+from tinytrain.errors import ConfigError, Problem, raise_if_any
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,22 @@ def export_folder(out_dir: Path):
     try:
         yield tmp
         publish_directory(tmp, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if out_of_space(e):
+            raise ConfigError(export_disk_full(out_dir, tmp)) from e
         raise
+
+
+def export_disk_full(out_dir: Path, tmp: Path) -> Problem:
+    """A disk that filled up during the export: what is left, where, and what to do."""
+    previous = "the previous export there is intact" if (out_dir / "config.json").is_file() else "nothing was published there"
+    return Problem(
+        "export.dir",
+        str(out_dir),
+        f"the disk filled up while the export was written ({tmp.name}, removed; {previous}): {free_space(out_dir.parent)} on the disk holding {out_dir.parent}",
+        f"free space there (df -h {out_dir.parent}) or set export.dir to a folder on another disk, then export again (mode=export checkpoint=<run>/checkpoints/final.ckpt export.dir=<folder>)",
+    )
 
 
 def model_from_state_dict(state_dict: dict, model_config, true_vocab: int):

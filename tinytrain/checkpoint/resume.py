@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tinytrain.checkpoint.deepspeed_shards import check_shards
 from tinytrain.checkpoint.files import is_temp, remove, step_checkpoints
 from tinytrain.checkpoint.format import MODULE_PREFIX, read
 from tinytrain.checkpoint.safe_load import (
@@ -36,7 +37,10 @@ def read_state(path: Path, key: str = "resume") -> dict:
         return {**check_folder(path, key), "state_dict": {MODULE_PREFIX + k: v for k, v in shape_stand_ins(path, key).items()}}
     if path.is_dir():
         check_deepspeed_folder(path, key)
-        return load_file(deepspeed_state_file(path), key, deepspeed_globals())
+        state_file = deepspeed_state_file(path)
+        state = load_file(state_file, key, deepspeed_globals())
+        check_shards(path, state, state_file, key)  # every rank's partition, before DeepSpeed reads them
+        return state
     return read(str(path), key)
 
 

@@ -65,3 +65,29 @@ def check_deepspeed_folder(folder: Path, key: str) -> None:
         raise ConfigError(Problem(key, str(folder), "is a folder without DeepSpeed checkpoint files (*.pt)", "point it at a checkpoint folder saved by tinytrain under parallel=zero*"))
     for path in files:
         load_file(path, key, allowed)
+
+
+PICKLED_WEIGHTS_FIX = "convert the weights to safetensors from a trusted source (where the model is trusted: save_pretrained(folder, safe_serialization=True)), or download the model's .safetensors files instead of pytorch_model.bin"
+
+
+def pickled_weights_problem(path: Path) -> str | None:
+    """Why a pytorch_model*.bin cannot be loaded as weights only (None when it holds tensors and
+    plain containers). Memory-mapped, so the tensors are not read; a file in torch's legacy
+    (non-zip) format cannot be mapped and is left to the load (pickled_weights_refusal)."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        return pickled_weights_message(path, e)
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        return f"{Path(path).name} does not read as a PyTorch weights file ({' '.join(str(e).split())[:200]})"
+    return None
+
+
+def pickled_weights_message(path: Path | str, error: pickle.UnpicklingError) -> str:
+    found = UNSUPPORTED_GLOBAL.search(str(error))
+    what = f" (it pickles {found.group(1)})" if found else ""
+    return f"{Path(path).name} holds something other than tensors{what}, which loading could run as code"

@@ -12,9 +12,12 @@ import os
 import re
 from pathlib import Path
 
+from tinytrain.config import CONF_DIR
 from tinytrain.errors import ConfigError
 
 HINT = "(set HYDRA_FULL_ERROR=1 for the traceback)"
+# Hydra's answer to `+key=value` where the key exists.
+APPEND_TO_EXISTING = re.compile(r"Could not append to config\. An item is already at '([\w.]+)'")
 
 
 def _chain(e: BaseException):
@@ -43,17 +46,27 @@ def _override_for(full_key: str, argv: list[str]) -> str | None:
 
 def _schema_fields(full_key: str) -> list[str]:
     """Valid keys next to `full_key` (e.g. model.hiden_size -> ModelConfig's fields)."""
+    node = _schema_node(full_key.split(".")[:-1])
+    return [f.name for f in dataclasses.fields(node)] if node is not None else []
+
+
+def _schema_node(parts: list[str]):
+    """The schema dataclass at a dotted path; a list of entries (data.sources) gives its entry's."""
+    import typing
+
     from tinytrain.config.schema import Config
 
     node = Config
-    for part in full_key.split(".")[:-1]:
-        fields = {f.name: f for f in dataclasses.fields(node)}
-        if part not in fields:
-            return []
-        node = fields[part].default_factory if fields[part].default_factory is not dataclasses.MISSING else None
-        if node is None or not dataclasses.is_dataclass(node):
-            return []
-    return [f.name for f in dataclasses.fields(node)]
+    for part in parts:
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node = hints[part]
+        if typing.get_origin(node) is list:
+            (node,) = typing.get_args(node)
+        if not dataclasses.is_dataclass(node):
+            return None
+    return node
 
 
 def _raised_in(e: BaseException, function: str) -> bool:
@@ -132,7 +145,8 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         )
     if isinstance(head, MissingConfigException) and head.missing_cfg_file and "/" in head.missing_cfg_file:
         group, option = head.missing_cfg_file.rsplit("/", 1)
-        options = head.options or []
+        # Hydra leaves the options out for a list of options (logger=[csv,mlflow]): the shipped ones.
+        options = head.options or sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return (
             f"tinytrain: configuration error: {group}={option}: no such option in config group '{group}'."
             f"{_did_you_mean(option, options)} Available: {', '.join(options)}. "
@@ -141,17 +155,30 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
     if isinstance(head, OverrideParseException):
         return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"
     if isinstance(head, ConfigCompositionException):
+        appended = APPEND_TO_EXISTING.search(str(head))
+        if appended:
+            key = appended.group(1)
+            override = _override_for(key, argv) or f"+{key}=..."
+            return (
+                f"tinytrain: configuration error: {override}: {key} is already a config key, and '+' adds a new one. "
+                f"Fix: drop the '+': {override.lstrip('+')} {HINT}"
+            )
         for err in chain:
             full_key = getattr(err, "full_key", None)
             if not full_key:
                 continue
             override = _override_for(full_key, argv) or full_key
             if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
-                valid = _schema_fields(full_key)
-                leaf = full_key.rsplit(".", 1)[-1]
-                hint = _did_you_mean(leaf, valid)
+                valid, what = _schema_fields(full_key), f"'{full_key}' is not a config key"
+                named = override.lstrip("+~").split("=", 1)[0]
+                if "." not in full_key and named != full_key:
+                    # A key inside a list entry (data.sources=[{pth: ...}]): OmegaConf names the leaf alone.
+                    node = _schema_node(named.split("."))
+                    valid = [f.name for f in dataclasses.fields(node)] if node is not None else []
+                    what = f"'{full_key}' is not a key of a {named} entry"
+                hint = _did_you_mean(full_key.rsplit(".", 1)[-1], valid)
                 listing = f" Valid keys there: {', '.join(valid)}." if valid else ""
-                return f"tinytrain: configuration error: {override}: '{full_key}' is not a config key.{hint}{listing} Fix: correct the key's spelling. {HINT}"
+                return f"tinytrain: configuration error: {override}: {what}.{hint}{listing} Fix: correct the key's spelling. {HINT}"
             if isinstance(err, ValidationError) and "expected one of" in err.msg:
                 return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: use one of those values. {HINT}"
             if isinstance(err, ValidationError):

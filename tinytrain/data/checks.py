@@ -30,11 +30,12 @@ def data_problems(cfg) -> list[Problem]:
         problems.append(Problem("data.format", d.format.value, f"SFT records come from jsonl, parquet or hf sources, not data.source={d.source.value}", "set data.source=jsonl (or parquet, hf)"))
     if d.store and sft:
         problems.append(Problem("data.store", d.store, f"a token store holds pretraining text, but data.format={d.format.value} (SFT data is tokenized at the start of each run)", "remove data.store"))
-    elif d.store and (Path(d.store) / parts.PLAN).is_file() and not (Path(d.store) / parts.MANIFEST).is_file():
+    elif d.store and (Path(d.store) / parts.PLAN).is_file() and (parts.missing_parts(Path(d.store)) or not (Path(d.store) / parts.MANIFEST).is_file()):
+        # Not built yet, or a part deleted after the build (the manifest outlives it).
         missing = parts.missing_parts(Path(d.store))
         listed, n = ", ".join(str(i) for i, _ in missing) or "none", missing[0][1] if missing else "?"
-        first = missing[0][0] if missing else 0
-        problems.append(Problem("data.store", d.store, f"incomplete: part(s) {listed} of {n} not built (no manifest.json yet)", f"build them: python -m tinytrain mode=prepare <the same data options> data.prepare_parts={n} data.prepare_part={first} (or without data.prepare_part: every missing part)"))
+        when = "deleted since the store was built" if (Path(d.store) / parts.MANIFEST).is_file() else "not built (no manifest.json yet)"
+        problems.append(Problem("data.store", d.store, f"incomplete: part(s) {listed} of {n} {when}", parts.rebuild_fix(Path(d.store), missing or [(0, n)])))
     elif d.store and not ((Path(d.store) / "meta.json").is_file() or (Path(d.store) / parts.MANIFEST).is_file()):
         problems.append(Problem("data.store", d.store, "not a token store (no meta.json there)", "point it at a store folder printed by mode=prepare, or remove data.store to use the cache"))
     elif not d.store and not d.sources:

@@ -31,7 +31,7 @@ from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
-from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, PreferencePair, build_pairs
+from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, PreferencePair, build_pairs, no_pairs_fix
 from tinytrain.data.sample_index import EpochOrders, index_root, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
@@ -216,7 +216,7 @@ class DataModule:
             bad = BadRecords(self.cfg.bad_records, src.key)
             pairs, counts = build_pairs(records(src, bad), self.cfg, self.tokenizer, bad)
             if not pairs:
-                raise ConfigError(Problem(src.key, src.path, f"no usable preference pairs ({counts.summary(self.cfg.seq_len)})", "check data.format and the records"))
+                raise ConfigError(Problem(src.key, src.path, f"no usable preference pairs ({counts.summary(self.cfg.seq_len)})", no_pairs_fix(counts, self.cfg.seq_len)))
             return pairs, counts.summary(self.cfg.seq_len)
 
         return self._cached(src, "preference", PreferencePair, build)

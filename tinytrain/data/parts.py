@@ -62,6 +62,7 @@ class Layout:
     parts_dir: Path
     parts: tuple[Part, ...]
     meta: dict  # what every part's meta.json and the manifest say about source and tokenizer
+    command: str  # the mode=prepare command that builds this store (less data.prepare_part), for messages
 
     def part_dir(self, part: Part) -> Path:
         return self.parts_dir / part.key
@@ -100,7 +101,40 @@ def layout(src, data_cfg, tokenizer) -> Layout:
         "append_eos": data_cfg.append_eos,
         "prepend_bos": data_cfg.prepend_bos,
     }
-    return Layout(store_key, root / "stores" / store_key, root / "parts", tuple(parts), meta)
+    return Layout(store_key, root / "stores" / store_key, root / "parts", tuple(parts), meta, prepare_command(src, data_cfg, str(tokenizer.name_or_path)))
+
+
+def prepare_command(src, data_cfg, tokenizer_path: str) -> str:
+    """The command line that builds this store again: every option its key depends on, with
+    absolute paths (a message may be read in another folder). The tokenizer by its path; added
+    special tokens are the caller's to repeat (tokenizer.add_special_tokens)."""
+    import shlex
+
+    options = {
+        "data.source": src.kind.value,
+        "data.path": str(Path(src.path).absolute()) if src.path and Path(src.path).exists() else src.path,  # a hub dataset stays a name
+        "data.text_split": src.text_split.value,
+        "data.text_field": src.text_field,
+        "data.bad_records": src.bad_records.value,
+        "data.append_eos": str(data_cfg.append_eos).lower(),
+        "data.prepend_bos": str(data_cfg.prepend_bos).lower(),
+        "data.cache_dir": str(Path(data_cfg.cache_dir).absolute()),
+        "tokenizer.path": tokenizer_path,
+        "data.prepare_parts": data_cfg.prepare_parts,
+    }
+    return " ".join(["python -m tinytrain mode=prepare", *(shlex.quote(f"{k}={v}") for k, v in options.items())])
+
+
+def rebuild_fix(store_dir: Path, missing: list[tuple[int, int]]) -> str:
+    """How to build a store's missing parts: the command its parts.json recorded, else the recipe."""
+    i, n = missing[0]
+    try:
+        command = json.loads((store_dir / PLAN).read_text()).get("prepare_command")
+    except (OSError, ValueError, AttributeError):
+        command = None
+    if command:
+        return f"build {'it' if len(missing) == 1 else 'them'} again: {command} data.prepare_part={i} (without data.prepare_part: every missing part; add the tokenizer.add_special_tokens it was built with, if any)"
+    return f"build them: python -m tinytrain mode=prepare <the same data options> data.prepare_parts={n} data.prepare_part={i} (or without data.prepare_part: every missing part)"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -119,7 +153,7 @@ def write_plan(lay: Layout) -> None:
         lay.parts_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(Problem("data.cache_dir", str(lay.store_dir.parent.parent), f"cannot create {e.filename}: {e.strerror}", "set data.cache_dir to a writable folder")) from e
-    plan = {**lay.meta, "store_key": lay.store_key, "parts": [{"index": p.index, "key": p.key, "files": [list(f) for f in p.files]} for p in lay.parts]}
+    plan = {**lay.meta, "store_key": lay.store_key, "prepare_command": lay.command, "parts": [{"index": p.index, "key": p.key, "files": [list(f) for f in p.files]} for p in lay.parts]}
     data = json.dumps(plan, indent=1).encode()
     path = lay.store_dir / PLAN
     if not path.exists() or path.read_bytes() != data:
@@ -259,8 +293,13 @@ def finish(lay: Layout) -> bool:
 def ensure(src, data_cfg, tokenizer, progress: bool = True) -> tuple[PartedStore, bool]:
     """The parted store for this source: missing parts built, the manifest written, opened."""
     lay = layout(src, data_cfg, tokenizer)
-    if (lay.store_dir / MANIFEST).exists():
+    gone = [p.describe(len(lay.parts)) for p in lay.parts if not (lay.part_dir(p) / META).exists()]
+    if (lay.store_dir / MANIFEST).exists() and not gone:
         return PartedStore.open(lay.store_dir, key="data.cache_dir"), False
+    if (lay.store_dir / MANIFEST).exists():
+        # Deleted after the build (a cache cleaned by hand): the same files make the same part, so
+        # the manifest stays true once it is built again.
+        log.warning("token store %s: %s deleted since the store was built; building it again", lay.store_dir, ", ".join(gone))
     write_plan(lay)
     lines = build_missing(lay, src, data_cfg, tokenizer, progress)
     finish(lay)
@@ -340,7 +379,7 @@ class PartedStore(TokenStore):
         if missing:
             i, n = missing[0]
             listed = ", ".join(str(m[0]) for m in missing)
-            raise ConfigError(Problem(key, str(path), f"incomplete: part(s) {listed} of {n} not built", f"build them: python -m tinytrain mode=prepare <the same data options> data.prepare_parts={n} data.prepare_part={i} (or without data.prepare_part: every missing part)"))
+            raise ConfigError(Problem(key, str(path), f"incomplete: part(s) {listed} of {n} not built", rebuild_fix(path, missing)))
         try:
             meta = json.loads((path / MANIFEST).read_text())
         except (OSError, ValueError) as e:

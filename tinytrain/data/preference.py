@@ -54,11 +54,22 @@ class PreferenceCounts:
     pairs: int = 0
     truncated: int = 0  # pairs with a side cut to seq_len
     too_long_skipped: int = 0
+    longest_skipped: int = 0  # tokens of the longest pair data.too_long=skip dropped
     bad: BadRecords | None = field(default=None, repr=False)
 
     def summary(self, seq_len: int) -> str:
         bad = f"; {self.bad.summary()}" if self.bad is not None and self.bad.total else ""
         return f"{self.records} records -> {self.pairs} pairs ({self.truncated} truncated to {seq_len} tokens, {self.too_long_skipped} skipped as longer than {seq_len}{bad})"
+
+
+def no_pairs_fix(counts: PreferenceCounts, seq_len: int) -> str:
+    """The fix for a source that gave no pair, by what removed them."""
+    if counts.too_long_skipped:
+        return (
+            f"raise data.seq_len (now {seq_len}; the longest pair skipped has {counts.longest_skipped} tokens: data.seq_len={counts.longest_skipped} keeps every pair), "
+            "or set data.too_long=truncate to keep the start of each pair"
+        )
+    return "check data.format and the records"
 
 
 def _messages(value, name: str, where: str, bad: BadRecords) -> list[dict] | None:
@@ -179,6 +190,7 @@ def _tokenize(pending: list, data_cfg, tokenizer, counts: PreferenceCounts, bad:
                 raise ConfigError(Problem("data.too_long", "error", f"{where}: a preference sequence of {longest} tokens is longer than data.seq_len={seq_len}", "raise data.seq_len, or set data.too_long=truncate or skip"))
             if data_cfg.too_long == TooLongPolicy.skip:
                 counts.too_long_skipped += 1
+                counts.longest_skipped = max(counts.longest_skipped, longest)
                 continue
             prompt_tokens = max(int(np.argmax(trained)) if trained.any() else len(ids) for ids, trained in sides)
             if prompt_tokens >= seq_len:  # no answer token would be inside the window

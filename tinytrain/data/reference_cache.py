@@ -7,16 +7,22 @@ by name, size and modification time; the seed and shape of a model trained from 
 preflight rewrites, the precision and the attention kernel. finetune.beta and the objective are not
 in it, so a run with another beta reuses the file with no reference forward. The file holds numbers
 only (numpy arrays, read with allow_pickle=False) and is written to a temporary name, then renamed.
+A file that does not read (cut short by a copy, a disk that filled up) is logged by name and
+counts as a miss: the log-probs are computed again and the file rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def _file_identity(path: Path) -> list:
@@ -72,9 +78,14 @@ class ReferenceCache:
         """Attach the cached log-probs to the datasets; False when there is no usable file."""
         if not self.path.is_file():
             return False
-        with np.load(self.path, allow_pickle=False) as f:
-            cached = {k: f[k] for k in ("train", "val")}
+        try:
+            with np.load(self.path, allow_pickle=False) as f:
+                cached = {k: f[k] for k in ("train", "val")}
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+            log.warning("reference log-probs %s do not read (%s: %s); computing them again and rewriting the file", self.path, type(e).__name__, " ".join(str(e).split())[:200])
+            return False
         if cached["train"].shape != (len(train), 2) or cached["val"].shape != (len(val), 2):
+            log.warning("reference log-probs %s hold %s train / %s validation rows, not %d / %d; computing them again", self.path, cached["train"].shape, cached["val"].shape, len(train), len(val))
             return False
         train.ref_logps, val.ref_logps = cached["train"], cached["val"]
         return True

@@ -6,8 +6,13 @@ Strategy code applies parallelism and precision; this module only knows architec
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 from tinytrain.checkpoint.pretrained import pretrained_config
+from tinytrain.checkpoint.safe_load import PICKLED_WEIGHTS_FIX, pickled_weights_message
 from tinytrain.config.schema import Arch
+from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.attention import TORCH_VARLEN, AttentionChoice
 from tinytrain.plan.families import family
 
@@ -111,9 +116,13 @@ def build_model(model_cfg, config, attention: AttentionChoice):
     if model_cfg.pretrained:
         # The run's RoPE (model.rope_scaling extends the context) is built in: the weights load into
         # a model of `config`'s rope_parameters, the vocab rows resized below.
-        model = AutoModelForCausalLM.from_pretrained(
-            model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters, trust_remote_code=model_cfg.trust_remote_code
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters, trust_remote_code=model_cfg.trust_remote_code
+            )
+        except pickle.UnpicklingError as e:
+            # The plan checks the .bin files it can map; a legacy-format one is refused here.
+            raise ConfigError(Problem("model.pretrained", model_cfg.pretrained, pickled_weights_message(Path(model_cfg.pretrained) / "pytorch_model.bin", e), PICKLED_WEIGHTS_FIX)) from None
         if model.get_input_embeddings().weight.shape[0] != config.vocab_size:
             # New rows get the mean of the old ones (transformers' mean_resizing).
             model.resize_token_embeddings(config.vocab_size, mean_resizing=True)

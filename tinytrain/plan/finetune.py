@@ -8,6 +8,7 @@ frozen base is held in, and the per-GPU model-state memory. The model stage appl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tinytrain.config.dtype import Dtype
@@ -87,8 +88,8 @@ def problems(cfg) -> list[Problem]:
     found = []
     if f.rank < 1:
         found.append(Problem("finetune.rank", f.rank, "must be >= 1", "use e.g. finetune.rank=16"))
-    if not f.alpha > 0:
-        found.append(Problem("finetune.alpha", f.alpha, "must be positive (adapter updates are scaled by alpha / rank)", "use e.g. finetune.alpha=32 (twice the rank)"))
+    if not (math.isfinite(f.alpha) and f.alpha > 0):
+        found.append(Problem("finetune.alpha", f.alpha, "must be positive and finite (adapter updates are scaled by alpha / rank)", "use e.g. finetune.alpha=32 (twice the rank)"))
     if not 0 <= f.dropout < 1:
         found.append(Problem("finetune.dropout", f.dropout, "must be in [0, 1)", "use e.g. finetune.dropout=0.05"))
     fam = family(cfg.model.arch)

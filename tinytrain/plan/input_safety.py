@@ -10,6 +10,7 @@ from pathlib import Path
 from tinytrain.checkpoint.export_target import export_dir_problems
 from tinytrain.checkpoint.pretrained import is_hub_id, local_folder
 from tinytrain.checkpoint.remote_code import remote_code_problems, tokenizer_code_problems
+from tinytrain.checkpoint.safe_load import PICKLED_WEIGHTS_FIX, pickled_weights_problem
 from tinytrain.checkpoint.weight_files import weight_problems
 from tinytrain.config.generate_checks import training_sample_problems
 from tinytrain.config.schema import Mode
@@ -36,6 +37,11 @@ def pretrained_problems(cfg) -> list[Problem]:
             found.append(Problem("model.pretrained", m.pretrained, "has a config.json but no weights (model.safetensors or pytorch_model.bin)", "copy the model's weight files into the folder, or point model.pretrained at a complete one"))
         return found
     damaged = weights
+    if not any(folder.glob("*.safetensors")):  # transformers reads the pickled .bin files then
+        for path in sorted(folder.glob("pytorch_model*.bin")):
+            if (why := pickled_weights_problem(path)) is not None:
+                found.append(Problem("model.pretrained", m.pretrained, why, PICKLED_WEIGHTS_FIX))
+                break
     if damaged:
         found.append(
             Problem("model.pretrained", m.pretrained, f"its weights are not whole: {'; '.join(damaged[:3])}", "download or copy the model again (compare the files' sizes with their source), or point model.pretrained at a complete folder")

@@ -55,10 +55,10 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo)"))
     if not preference:
         return found
+    # `not x > 0` alone lets inf through: an infinite beta makes the loss itself non-finite.
     if not (math.isfinite(f.beta) and f.beta > 0):
-        found.append(Problem("finetune.beta", f.beta, "must be a finite positive number (it scales the reward margin; ipo's margin target is 1/(2 beta))", "use e.g. finetune.beta=0.1"))
+        found.append(Problem("finetune.beta", f.beta, "must be positive and finite (it scales the reward margin; ipo's margin target is 1/(2 beta))", "use e.g. finetune.beta=0.1"))
     if not math.isfinite(f.simpo_gamma):
-        # nan or inf in the margin makes every pair's loss nan or constant: nothing trains.
         found.append(Problem("finetune.simpo_gamma", f.simpo_gamma, "must be a finite number (simpo's target reward margin)", "use e.g. finetune.simpo_gamma=0.5"))
     if not 0 <= f.label_smoothing < 0.5:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "must be in [0, 0.5) (the share of pairs assumed mislabelled)", "use 0 (plain DPO) or e.g. 0.1"))

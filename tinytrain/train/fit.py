@@ -166,7 +166,7 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
             Problem(
                 "finetune.precompute_reference",
                 True,
-                f"this run resumes from step {plan.resume.step}, but the reference log-probs it started with ({cache.path}) are gone, and the resumed weights are no longer the reference",
+                f"this run resumes from step {plan.resume.step}, but the reference log-probs it started with ({cache.path}) are gone or do not read (the log says which), and the resumed weights are no longer the reference",
                 "restore that file (or data.cache_dir), or start the run afresh in a new run directory",
             )
         )

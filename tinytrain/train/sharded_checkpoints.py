@@ -19,7 +19,6 @@ and broadcast from rank 0.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from tinytrain.checkpoint.disk_space import out_of_space
 from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_path
 from tinytrain.checkpoint.format import repad_rows
 from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key, tensor_shapes
@@ -81,21 +81,6 @@ def is_disk_full(error: BaseException, final: Path) -> bool:
     """Whether `error` is a full disk: in its chain, or told by the free space left (torch's zip
     writer may report it only as "unexpected pos"). Measure before any partial shard is removed."""
     return out_of_space(error) or (final.parent.exists() and disk_full(error, final.parent))
-
-
-def out_of_space(error: BaseException) -> bool:
-    """DCP raises one CheckpointException on every rank, holding each failed rank's error (torch's
-    zip writer reports a full disk as "unexpected pos", its OSError in the chain)."""
-    seen, todo = set(), [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
-            return True
-        todo += [e.__cause__, e.__context__, *(f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values())]
-    return False
 
 
 def sharded_model_parallel_strategy(async_save: bool = False):

@@ -52,8 +52,9 @@ def test_a_failed_export_leaves_the_previous_export_whole(tiny, bundled_tokenize
     # The second export dies after its weights are written, before its tokenizer (a full disk).
     monkeypatch.setattr(type(bundled_tokenizer), "save_pretrained", disk_full)
     doubled = {k: v * 2 for k, v in state.items()}
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError) as e:  # a full disk is named (tests/integration/test_faults.py fills a real one)
         export_state_dict(doubled, model_config=config, tokenizer=bundled_tokenizer, true_vocab=len(bundled_tokenizer), out_dir=out)
+    assert "the disk filled up while the export was written" in str(e.value) and "the previous export there is intact" in str(e.value)
     assert {p.name: digest(p) for p in out.iterdir() if p.is_file()} == before
     assert interrupted_exports(out) == [] and incomplete(out) == []
 

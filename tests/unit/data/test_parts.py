@@ -86,6 +86,22 @@ def test_one_part_at_a_time_completes_the_store_with_the_last(tmp_path, shards, 
     assert "already built" in again[0]
 
 
+def test_a_part_deleted_after_the_build_is_built_again(tmp_path, shards, bundled_tokenizer):
+    """The manifest outlives a part removed by hand: the next run with the same options builds that
+    part again (the same files make the same part) instead of refusing the store it wrote."""
+    import shutil
+
+    cfg = cfg_for(tmp_path, "data.prepare_parts=2")
+    first, _ = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    shutil.rmtree(first.parts[1].path)
+    with pytest.raises(ConfigError) as e:  # opened alone (data.store=): the command that builds it
+        PartedStore.open(first.path)
+    assert f"data.path={tmp_path / 'shards'}" in str(e.value) and "data.prepare_parts=2 data.prepare_part=1" in str(e.value)
+    again, built = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    assert built and again.path == first.path and again.num_documents == 35
+    assert np.array_equal(again.read(0, again.num_tokens), first.read(0, first.num_tokens))
+
+
 def test_a_foreign_or_stale_part_is_refused_naming_it(tmp_path, shards, bundled_tokenizer):
     cfg = cfg_for(tmp_path, "data.prepare_parts=2")
     store, _ = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)

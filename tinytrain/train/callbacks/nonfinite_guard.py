@@ -6,7 +6,9 @@ step and halves the scale), so there the count of skips in a row is left to the 
 (`guard.loss_scale_halvings`, callbacks/loss_scale_guard.py), which can name the cause.
 
 `stop` saves the last good state first: the hook runs before the optimizer step, so the weights
-are still those of the last finite step.
+are still those of the last finite step. Where the loss itself was non-finite, the message says so
+and names the loss's own settings (a preference objective's finetune.beta ...): the first
+parameter its gradient reaches is then a victim, not the cause.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteGuard(pl.Callback):
-    def __init__(self, policy: str, max_consecutive_skips: int, checkpoint_dir: Path):
+    def __init__(self, policy: str, max_consecutive_skips: int, checkpoint_dir: Path, loss_settings: str | None = None):
         self.policy = policy  # "skip" | "stop"
+        self.loss_settings = loss_settings  # e.g. "finetune.objective=dpo finetune.beta=0.1"
+        self.loss: torch.Tensor | None = None  # this step's, read only once a gradient is non-finite (no sync)
         self.max_skips = max_consecutive_skips
         self.checkpoint_dir = checkpoint_dir
         self.order = ForwardOrder()
@@ -40,6 +44,9 @@ class NonFiniteGuard(pl.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.order.attach(pl_module)
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.loss = loss.detach()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.order.names is None:
@@ -72,14 +79,18 @@ class NonFiniteGuard(pl.Callback):
             write_step_row_now(trainer, force=True)  # the stopping step's loss is in metrics.csv
             trainer.save_checkpoint(path)
             why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
-            raise TrainingStopped(
-                f"tinytrain: training stopped at {where}{scale_text} ({why}). The last good weights are in {path}. "
-                "Fix: lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; "
-                "in fp16 also see the loss-scale policy (precision.loss_scale.*)."
-            )
+            raise TrainingStopped(f"tinytrain: training stopped at {where}{scale_text} ({why}). The last good weights are in {path}. Fix: {self.fix()}")
         log.warning("non-finite gradient at %s%s: step skipped (%d in a row)%s", where, scale_text, self.consecutive, "; the loss scale halves" if scaling else "")
         if getattr(trainer.precision_plugin, "scaler", None) is None and deepspeed_engine(trainer) is None:
             # Without a GradScaler or DeepSpeed (whose optimizer checks for overflow itself)
             # nothing else skips it: no gradients, no update for any parameter.
             for p in pl_module.parameters():
                 p.grad = None
+
+    def fix(self) -> str:
+        usual = "lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; in fp16 also see the loss-scale policy (precision.loss_scale.*)."
+        if self.loss is None or bool(torch.isfinite(self.loss).all()):
+            return usual
+        if self.loss_settings:
+            return f"the loss itself is {float(self.loss):g}, before any gradient: check its settings ({self.loss_settings}); then {usual}"
+        return f"the loss itself is {float(self.loss):g}, before any gradient: check the data of this step; then {usual}"
