@@ -222,7 +222,7 @@ def render(plan: dict) -> str:
     c = plan["cluster"]
     lines += [
         f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
-        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']} x cp {plan['parallel']['cp']} x dp {plan['parallel']['dp']}",
+        f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']}" + (f" x cp {plan['parallel']['cp']}" if plan["parallel"]["cp"] > 1 else "") + f" x dp {plan['parallel']['dp']}",
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
         + ("pairs (each a chosen and a rejected sequence) of up to " if plan.get("preference") else "sequences of ")
         + str(b["seq_len"]),
