@@ -50,6 +50,7 @@ CASES = {
     "context that does not fit on this world": ([*LONG, "data.seq_len=131072", "parallel.cp=2"], ["data.seq_len=131072", "does not fit at parallel.cp=2", "GPUs or a multiple", "trainer.activation_checkpointing=true"]),
     "context that fits a cp larger than the world": ([*LONG, "data.seq_len=4194304", "model.max_position_embeddings=4194304", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=4194304", "does not fit at parallel.cp=8", "use parallel.cp=32 on 32 GPUs"]),
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
+    "long-context recipe on V100s": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),
@@ -193,7 +194,7 @@ CASES = {
     "plus on an existing key": (["mode=plan", "+trainer.lr_schedule=wsd"], ["+trainer.lr_schedule=wsd", "trainer.lr_schedule is already a config key", "Fix: drop the '+': trainer.lr_schedule=wsd"]),
     "misspelled key in a mixture source": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,wieght:1}]"], ["'wieght' is not a key of a data.sources entry", "Did you mean 'weight'", "Valid keys there: path, weight, source, text_field, name"]),
     "unknown logger in a list": (["mode=plan", "logger=[csv,mlflow]"], ["logger=mlflow", "Available: csv, tensorboard, wandb"]),
-    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, smoke, tinyllama_pretrain"]),
+    "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, long_context, smoke, tinyllama_pretrain"]),
     "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     # special tokens

@@ -336,8 +336,9 @@ class ParallelConfig:
     # fsdp_tp: data-parallel (FSDP) size; null means world_size / tp.
     dp: Optional[int] = None
     # Context parallelism: every micro batch's sequence split over cp ranks (dp = world / (tp x cp)),
-    # and how (plan/context.py: auto picks per strategy and heads).
-    cp: int = 1
+    # and how (plan/context.py: auto picks per strategy and heads). null: the plan picks the
+    # smallest cp whose activations fit the GPU (1 without a GPU to size against).
+    cp: Optional[int] = 1
     cp_kind: ContextParallelKind = ContextParallelKind.auto
     # deepspeed: ZeRO stage and offload to CPU memory.
     zero_stage: int = 0

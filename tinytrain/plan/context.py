@@ -31,6 +31,9 @@ PROVEN = {
 # The longest context is searched in steps of this many tokens per cp rank.
 CONTEXT_STEP = 1024
 LONGEST_SEARCHED = 1 << 24  # 16M tokens
+# parallel.cp=null picks a cp whose estimate stays under this share of the GPU: the estimate does not
+# count the allocator's fragmentation, communication buffers or the CUDA context.
+AUTO_MARGIN = 0.9
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ def kinds_that_run() -> str:
 def problems(cfg) -> list[Problem]:
     """parallel.cp and cp_kind against the strategy, the model's heads, the sequence and the attention."""
     par, m = cfg.parallel, cfg.model
+    if par.cp is None:
+        return []  # the plan chooses among the cps the strategy, heads and sequence allow
     if par.cp < 1:
         return [Problem("parallel.cp", par.cp, "must be >= 1 (the ranks one sequence is split over)", "use parallel.cp=1 for no context parallelism")]
     if par.cp == 1:
@@ -106,16 +111,53 @@ def head_problems(cp: int, heads: int, kv_heads: int, model_name: str, *, pretra
     return found
 
 
-def choose(cfg, local_seq_len: int) -> ContextPlan:
-    par = cfg.parallel
-    if par.cp == 1:
-        return ContextPlan(1, "none", "parallel.cp=1: every rank holds whole sequences", local_seq_len)
+def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
+    """The kind of split for the plan's `cp` (`cp_reason`: why that cp, when the plan chose it)."""
+    par, seq = cfg.parallel, cfg.data.seq_len
+    chosen = f"{cp_reason}; " if cp_reason else ""
+    if cp == 1:
+        return ContextPlan(1, "none", chosen + "every rank holds whole sequences", seq)
     row = strategy_row(par.strategy)
     kind = row.cp_kinds[0] if par.cp_kind == ContextParallelKind.auto else par.cp_kind.value
     why = f"as configured (parallel.cp_kind={kind})" if par.cp_kind != ContextParallelKind.auto else f"auto: parallel={par.name} runs {kind}"
     if kind == "ulysses":
-        why += f"; all-to-all of heads: each rank attends over all {cfg.data.seq_len} tokens with {cfg.model.num_heads // par.cp} of {cfg.model.num_heads} heads"
-    return ContextPlan(par.cp, kind, why, local_seq_len, ENGINES[kind], PROVEN[kind])
+        why += f"; all-to-all of heads: each rank attends over all {seq} tokens with {cfg.model.num_heads // cp} of {cfg.model.num_heads} heads"
+    return ContextPlan(cp, kind, chosen + why, seq // cp, ENGINES[kind], PROVEN[kind])
+
+
+def allowed_cps(cfg, world: int) -> list[int]:
+    """Powers of two up to world / tp that the layout, heads and sequence allow (Ulysses' rules)."""
+    m, d, tp = cfg.model, cfg.data, cfg.parallel.tp
+    found, c = [], 1
+    while c <= world // tp:
+        whole = (world // tp) % c == 0 and m.num_heads % c == 0 and (m.num_kv_heads % c == 0 or c % m.num_kv_heads == 0) and d.seq_len % c == 0
+        padded = d.format == DataFormat.text or d.sources or d.pad_to_multiple_of % c == 0
+        if whole and padded:
+            found.append(c)
+        c *= 2
+    return found
+
+
+def decide_cp(cfg, world: int, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> tuple[int, str]:
+    """parallel.cp as configured, or for null the smallest allowed cp whose activations fit the GPU
+    beside the model states; (cp, why) with why empty when configured."""
+    par = cfg.parallel
+    if par.cp is not None:
+        return par.cp, ""
+    row = strategy_row(par.strategy)
+    if not row.cp_kinds:
+        return 1, f"parallel.cp=null: 1, since parallel={par.name} has no context parallelism"
+    if cfg.finetune.objective != Objective.sft:
+        return 1, "parallel.cp=null: 1, since preference objectives run whole sequences"
+    if not gpu_memory_gb:
+        return 1, "parallel.cp=null: 1, no GPU memory to size the context against (plan with hardware.gpu=...)"
+    gpu, seq = gpu_memory_gb * 1e9, cfg.data.seq_len
+    options = allowed_cps(cfg, world)
+    for c in options:
+        need = state_bytes + activations_at(seq, c)
+        if need <= AUTO_MARGIN * gpu:
+            return c, f"parallel.cp=null: {c}, the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB)"
+    return options[-1], f"parallel.cp=null: {options[-1]}, the largest this world allows; none fits"
 
 
 def longest_context(activations_at, *, state_bytes: float, gpu_bytes: float, cp: int) -> int:
@@ -171,7 +213,7 @@ def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int
 
 def render(c: dict, seq_len: int) -> list[str]:
     if c["cp"] == 1:
-        line = f"context    cp 1: every rank holds whole sequences of {seq_len} tokens"
+        line = f"context    cp 1: {c['reason']} of {seq_len} tokens"
     else:
         line = f"context    cp {c['cp']} ({c['kind']}, {c['engine']}): {c['reason']}; each rank holds {c['local_seq_len']} of {seq_len} tokens between attention calls"
     lines = [line]

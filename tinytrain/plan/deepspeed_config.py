@@ -73,7 +73,7 @@ def finetune_problems(par, finetune_cfg) -> list[Problem]:
     return []
 
 
-def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:
+def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1) -> dict:
     zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
     if parallel_cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -87,7 +87,7 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
         "gradient_accumulation_steps": batch.accumulate_grad_batches,
         # DeepSpeed counts every rank as data-parallel: under context parallelism the cp ranks of a
         # group each hold a slice of the same rows, so its sum is cp x the global batch.
-        "train_batch_size": batch.global_batch_size * parallel_cfg.cp,
+        "train_batch_size": batch.global_batch_size * cp,
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
         "steps_per_print": 10**9,  # tinytrain logs metrics itself
@@ -193,10 +193,10 @@ def deepspeed_problem(ds: dict, data_parallel: int) -> tuple[str, str] | None:
     return None
 
 
-def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float) -> dict:
-    """The validated DeepSpeed config for this run, overrides applied."""
-    base = generate(parallel_cfg, batch, precision, grad_clip)
-    ranks = batch.data_parallel * parallel_cfg.cp  # what DeepSpeed sees as its data-parallel world
+def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1) -> dict:
+    """The validated DeepSpeed config for this run, overrides applied; `cp`: the plan's context-parallel size."""
+    base = generate(parallel_cfg, batch, precision, grad_clip, cp)
+    ranks = batch.data_parallel * cp  # what DeepSpeed sees as its data-parallel world
     if (problem := deepspeed_problem(base, ranks)) is not None:
         raise ConfigError(Problem("parallel", parallel_cfg.name, f"generated DeepSpeed config rejected: {problem[1]}", "report this as a tinytrain bug"))
     from omegaconf import DictConfig, OmegaConf

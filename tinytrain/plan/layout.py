@@ -40,9 +40,12 @@ def world_size(cfg) -> int:
     return cfg.cluster.nodes * devices_per_node(cfg)
 
 
-def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
+def batch_layout(cfg, world: int, cp: int | None = None) -> tuple[BatchPlan | None, list[Problem]]:
+    """`cp`: the context-parallel size the plan decided; by default the configured one (null: 1,
+    the strictest check of the batch: a larger cp only divides dp further)."""
     t = cfg.trainer
-    tp, cp = cfg.parallel.tp, cfg.parallel.cp
+    tp = cfg.parallel.tp
+    cp = cp or cfg.parallel.cp or 1
     problems = []
     if tp < 1 or world % tp:
         problems.append(

@@ -208,7 +208,7 @@ def parallel_problems(cfg) -> list[Problem]:
     problems += row.problems(cfg, world)
     if row.one_process and world > 1:
         problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
-    if par.cp > 1 and not row.cp_kinds:
+    if (par.cp or 1) > 1 and not row.cp_kinds:
         return problems  # plan/context.py names the strategy; the batch over cp would only repeat it
     _, batch = batch_layout(cfg, world)
     return problems + batch

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES
+from tinytrain.config.schema import PLANNING_MODES, Objective
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -47,7 +47,6 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
     world = world_size(cfg)
-    batch, _ = batch_layout(cfg, world)  # its problems were validate's to report
     tokenizer_fingerprint = fingerprint(tokenizer)
     pretrained = tokenizer_match = None
     if cfg.model.pretrained:
@@ -66,13 +65,17 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
-    deepspeed = None
     row = strategy_row(par.strategy)
+    activations_at = activation_estimate(cfg, shape, attention)
+    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
+    cp, cp_reason = context_plan.decide_cp(cfg, world, activations_at, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
+    batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
+    deepspeed = None
     if row.deepspeed:
-        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
+        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip, cp)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
-    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, par.cp)
+    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
     if resume is not None and resume.universal:
         deepspeed = deepspeed_config.load_universal(deepspeed)
@@ -88,15 +91,10 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
-    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
-    rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-    def activations_at(seq: int, cp: int) -> float:
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=cfg.trainer.activation_checkpointing)
-
     reference_bytes = preference.reference_bytes if preference else 0.0
-    memory = plan_memory(states, activations_at(batch.seq_len, par.cp), hardware.memory_gb, reference_bytes)
+    memory = plan_memory(states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(preference, memory)
-    context = context_plan.with_longest(context_plan.choose(cfg, batch.seq_len // par.cp), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
+    context = context_plan.with_longest(context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world)
     fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only)
     if preference:
@@ -120,7 +118,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             name=par.name,
             tp=par.tp,
             dp=batch.data_parallel,
-            cp=par.cp,
+            cp=cp,
             zero_stage=par.zero_stage,
             offload_optimizer=par.offload_optimizer,
             deepspeed_on_cpu=deepspeed is not None and par.deepspeed_on_cpu and hardware.is_cpu,
@@ -153,6 +151,19 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             run_dir=run_dir,
         ),
     )
+
+
+def activation_estimate(cfg, shape, attention):
+    """Activation bytes per GPU as a function of (seq_len, cp) for this model, micro batch,
+    attention kernel and checkpointing (plan/memory.py)."""
+    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
+    # A preference micro batch holds each pair's chosen and rejected rows.
+    rows = cfg.trainer.micro_batch_size * (1 if cfg.finetune.objective == Objective.sft else 2)
+
+    def at(seq: int, cp: int) -> float:
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=cfg.trainer.activation_checkpointing)
+
+    return at
 
 
 def uses_sliding_window(model_cfg, pretrained, fam) -> bool:

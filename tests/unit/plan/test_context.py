@@ -54,3 +54,26 @@ def test_a_long_context_plan_prints_the_split_and_the_longest_fit(tmp_path):
     assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 65536  # the global batch's tokens, each counted once
     assert two["batch"]["accumulate_grad_batches"] == 2 * one["batch"]["accumulate_grad_batches"]
     assert two["deepspeed"]["train_batch_size"] == 16  # DeepSpeed counts all 8 ranks as data-parallel
+
+
+def test_cp_null_picks_the_smallest_cp_that_fits(tmp_path):
+    """parallel.cp=null: the plan picks the smallest cp the heads and world allow whose estimate fits
+    under 90% of the GPU, and the batch's dp and accumulation follow it."""
+    long = plan([*LONG, "data.seq_len=524288", "model.max_position_embeddings=524288", "parallel.cp=null"], tmp_path / "a")
+    assert long["parallel"]["cp"] == 4 and long["parallel"]["dp"] == 2 and long["batch"]["accumulate_grad_batches"] == 4
+    assert "parallel.cp=null: 4, the smallest cp whose estimate fits" in long["context"]["reason"]
+    assert long["memory_per_gpu"]["total_gib"] <= 0.9 * long["memory_per_gpu"]["gpu_memory_gib"]
+    short = plan([*LONG, "parallel.cp=null"], tmp_path / "b")
+    assert short["parallel"]["cp"] == 1 and "the smallest cp whose estimate fits" in short["context"]["reason"]
+    cpu = plan(["parallel.cp=null"], tmp_path / "c")
+    assert cpu["parallel"]["cp"] == 1 and "parallel=single has no context parallelism" in cpu["context"]["reason"]
+
+
+@pytest.mark.parametrize(("gpu", "cp"), [("H100", 1), ("A10", 4)])
+def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
+    """experiment=long_context: Llama-3-8B's shape at 4x its 8192 positions with llama3 RoPE scaling,
+    Ulysses under ZeRO-3 at the cp the plan picks: none on 80 GB H100s, 4 on 24 GB A10s (V100s, whose
+    SDPA holds the scores, are refused in tests/unit/test_bad_inputs.py)."""
+    p = plan(["experiment=long_context", f"hardware.gpu={gpu}", "cluster.devices=8"], tmp_path / gpu)
+    assert p["parallel"]["cp"] == cp and p["batch"]["seq_len"] == 32768
+    assert p["preflight"]["findings"] == [] or all(f["severity"] != "error" for f in p["preflight"]["findings"])
