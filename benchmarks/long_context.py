@@ -52,10 +52,15 @@ def worker(cp: int, seq: int, repeats: int, out: Path) -> None:
     saved = [0]
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
+    counted: set = set()
+
     def pack(t):
-        # Activations only: autograd also saves (references to) the weights a matmul needs.
-        if t.untyped_storage().data_ptr() not in weights:
-            saved[0] += t.numel() * t.element_size()
+        # Activations only (autograd also saves references to the weights a matmul needs), each
+        # storage once (a tensor saved by several ops, e.g. a mask shared by the layers, is held once).
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights and ptr not in counted:
+            counted.add(ptr)
+            saved[0] += t.untyped_storage().nbytes()
         return t
 
     def step(measure: bool) -> float:
@@ -67,6 +72,7 @@ def worker(cp: int, seq: int, repeats: int, out: Path) -> None:
                 loss = context.mean_loss(loss, local["labels"])
         loss.backward()
         model.zero_grad(set_to_none=True)
+        counted.clear()
         return time.perf_counter() - start
 
     step(False)  # warm-up

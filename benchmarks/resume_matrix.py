@@ -4,7 +4,8 @@ every pair, tests/integration/test_universal_resume.py and test_sharded_checkpoi
 across layouts for real).
 
 Layouts: single; ddp, zero1, zero2, zero3 (DeepSpeed on its CPU accelerator) and fsdp_tp tp1 at
-world sizes 1, 2, 4; fsdp_tp tp2 at 2 and 4 (dp = world / tp); `--offload` adds zero2_offload.
+world sizes 1, 2, 4; fsdp_tp tp2 at 2 and 4 (dp = world / tp); zero2 and zero3 with cp 2 (Ulysses,
+dp = world / cp) at 2 and 4; `--offload` adds zero2_offload.
 
 1. Each layout trains a tiny Llama (2 layers, hidden 64) for 4 steps, saving at steps 2 and 4.
 2. Each pair: a copy of the saved run without its step-4 and final checkpoints is planned
@@ -85,13 +86,16 @@ def layouts(worlds: list[int], offload: bool, only: set[str] | None) -> list[Lay
         **({"zero2_offload": ["parallel=zero2_offload", *ON_CPU]} if offload else {}),
         "fsdp_tp_tp1": ["parallel=fsdp_tp", "parallel.tp=1"],
         "fsdp_tp_tp2": ["parallel=fsdp_tp", "parallel.tp=2"],
+        # Context parallelism (Ulysses): a cp change is a data-layout change (dp alone orders the data)
+        "zero2_cp2": ["parallel=zero2", *ON_CPU, "parallel.cp=2"],
+        "zero3_cp2": ["parallel=zero3", *ON_CPU, "parallel.cp=2"],
     }
     out = []
     for world in worlds:  # the 4-rank saves last: the slowest
         for name, options in kinds.items():
             if only and name not in only:
                 continue
-            if (name == "single" and world != 1) or (name == "fsdp_tp_tp2" and world % 2):
+            if (name == "single" and world != 1) or (name in ("fsdp_tp_tp2", "zero2_cp2", "zero3_cp2") and world % 2):
                 continue
             out.append(Layout(name, world, tuple(options)))
     return out

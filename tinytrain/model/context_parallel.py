@@ -122,12 +122,18 @@ def _document_ids(position_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _masked_sdpa(sdpa):
+    # Every layer gets the same gathered position ids within a forward: the (rows, seq, seq) mask is
+    # built once and shared (one tensor saved for backward, not one per layer).
+    last: dict = {}
+
     def forward(module, query, key, value, attention_mask, **kwargs):
-        doc = _document_ids(kwargs["position_ids"])  # (rows, seq): the gathered whole sequence
-        seq = doc.shape[1]
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
-        mask = (doc[:, :, None] == doc[:, None, :]) & causal  # (rows, seq, seq)
-        return sdpa(module, query, key, value, mask[:, None], **kwargs)
+        positions = kwargs["position_ids"]  # (rows, seq): the gathered whole sequence
+        if "mask" not in last or last["positions"].shape != positions.shape or not torch.equal(last["positions"], positions):
+            doc = _document_ids(positions)
+            seq = doc.shape[1]
+            causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
+            last.update(positions=positions, mask=((doc[:, :, None] == doc[:, None, :]) & causal)[:, None])
+        return sdpa(module, query, key, value, last["mask"], **kwargs)
 
     return forward
 
