@@ -74,7 +74,7 @@ CASES = {
     "generate prompts file not UTF-8": ([*GEN[:2], "generate.prompts_file={H}/prompts_latin1.txt"], ["generate.prompts_file='{H}/prompts_latin1.txt'", "line 2 is not UTF-8", "iconv"]),
     "generate empty prompt": ([*GEN[:2], "generate.prompts=['']"], ["generate.prompts[0]=''", "is blank"]),
     "generate every problem at once": ([*GEN, "generate.do_sample=true", "generate.max_new_tokens=0", "generate.temperature=-1", "generate.top_p=2"], ["3 configuration errors", "generate.max_new_tokens=0", "generate.temperature=-1.0", "generate.top_p=2.0"]),
-    "eval batches zero": ([*EVAL, "eval.batches=0"], ["eval.batches=0", ">= 1, or null for all"]),
+    "eval batches zero": ([*EVAL, "eval.batches=0"], ["eval.batches=0", ">= 1, or null for the run's own validation batches"]),
     "eval lm-eval limit zero": ([*EVAL, "eval.lm_eval_limit=0"], ["eval.lm_eval_limit=0", ">= 1"]),
     "eval lm-eval include missing": ([*EVAL, "eval.lm_eval_include={H}/no_tasks"], ["eval.lm_eval_include='{H}/no_tasks'", "no such folder"]),
     "eval data missing": ([*EVAL, "data=text", "data.path={H}/missing.txt"], ["data.path='{H}/missing.txt'", "no such file or folder"]),

@@ -455,7 +455,9 @@ class GenerateConfig:
 
 @dataclass
 class EvalConfig:
-    # Validation batches (of trainer.micro_batch_size) to average; null: the whole held-out split.
+    # Held-out batches to average; null: the run's own validation batches (its micro batch and
+    # trainer.val_batches, so the checkpoint's val_loss is reproduced), or all of a data config named
+    # on the command line.
     batches: Optional[int] = None
     # lm-evaluation-harness tasks run on the export when lm-eval is installed; lm_eval_include: a
     # folder of local task YAMLs (no hub needed).

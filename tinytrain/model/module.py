@@ -47,6 +47,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
     return [g for g in groups if g["params"]]
 
 
+def labelled_tokens(batch: dict) -> int:
+    """The tokens a batch's loss averages over (labels not -100), at least 1 for a weight."""
+    return max(int((batch["labels"] != -100).sum()), 1)
+
+
 def rows(batch: dict) -> int:
     """The sequences in a batch (what `self.log` weighs a mean by)."""
     return int(batch["input_ids"].shape[0])
@@ -225,13 +230,14 @@ class CausalLMModule(pl.LightningModule):
         scheduler.step()
 
     def validation_step(self, batch, batch_idx):
-        if self.objective is None:
-            loss = self.token_loss(batch)
-        else:
+        if self.objective is not None:
             loss, metrics = self.preference_step(batch)
             self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
-        # The batch's rows weigh its loss in the epoch mean (Lightning would guess them from the dict).
-        self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
+            self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
+            return
+        # Each batch's mean weighted by its labelled tokens: the epoch's val_loss is the token-weighted
+        # mean over the held-out windows, which mode=eval computes the same way (outputs/modes.py).
+        self.log("val_loss", self.token_loss(batch), prog_bar=True, sync_dist=True, batch_size=labelled_tokens(batch))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         # One pass both clips and measures: the logged grad_norm is the pre-clip total norm

@@ -119,14 +119,15 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     else:
         add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
     data_cfg = with_bos(data_cfg, add_bos)
-    data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
+    micro_batch, limit, limit_source = eval_batches(cfg, saved.train_cfg if not data_overridden else None)
+    data = DataModule(data_cfg, saved.tokenizer, micro_batch, cfg.seed, progress=False)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
     true_vocab = len(saved.tokenizer)
     total, tokens, batches = 0.0, 0, 0
     with torch.no_grad():
         for batch in data.val_dataloader():
-            if cfg.eval.batches is not None and batches >= cfg.eval.batches:
+            if limit is not None and batches >= limit:
                 break
             inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
             logits = model(**inputs, use_cache=False).logits
@@ -151,8 +152,23 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         result["lm_eval"] = lm_eval(cfg, saved, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"eval {saved.checkpoint}: loss {loss:.4f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of the {data_cfg.name} held-out split); written to {run_dir / 'eval.json'}")
+    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of {micro_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
     return result
+
+
+def eval_batches(cfg, train_cfg) -> tuple[int, int | None, str]:
+    """(micro batch, batches, why): the run's own validation batches (its micro batch and
+    trainer.val_batches), so a checkpoint's eval reproduces the val_loss it logged; eval.batches
+    overrides the count; data named on the command line (train_cfg None) is read whole."""
+    if cfg.eval.batches is not None:
+        micro = train_cfg.trainer.micro_batch_size if train_cfg is not None else cfg.trainer.micro_batch_size
+        return micro, cfg.eval.batches, f"eval.batches={cfg.eval.batches}"
+    if train_cfg is None:
+        return cfg.trainer.micro_batch_size, None, "all of it"
+    t = train_cfg.trainer
+    if t.val_batches:
+        return t.micro_batch_size, t.val_batches, f"the run's validation batches: trainer.val_batches={t.val_batches}"
+    return t.micro_batch_size, None, "all of it: the run did not validate"
 
 
 def lm_eval(cfg, saved, run_dir: Path) -> dict:

@@ -56,9 +56,9 @@ def prompt_problems(g) -> list[Problem]:
 def eval_problems(cfg, data_overridden: bool) -> list[Problem]:
     e = cfg.eval
     found = []
-    for key in ("batches", "lm_eval_limit"):
+    for key, null in (("batches", "the run's own validation batches"), ("lm_eval_limit", "all")):
         if getattr(e, key) is not None and getattr(e, key) < 1:
-            found.append(Problem(f"eval.{key}", getattr(e, key), "must be >= 1, or null for all", f"use eval.{key}=null, or a positive count"))
+            found.append(Problem(f"eval.{key}", getattr(e, key), f"must be >= 1, or null for {null}", f"use eval.{key}=null, or a positive count"))
     if e.lm_eval_include and not Path(e.lm_eval_include).is_dir():
         found.append(Problem("eval.lm_eval_include", e.lm_eval_include, "no such folder", "point it at a folder of lm-eval task YAMLs, or null"))
     path = cfg.data.path
