@@ -132,7 +132,10 @@ def _masked_sdpa(sdpa):
             doc = _document_ids(positions)
             seq = doc.shape[1]
             causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
-            last.update(positions=positions, mask=((doc[:, :, None] == doc[:, None, :]) & causal)[:, None])
+            allowed = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+            # Additive, in the attention's dtype: SDPA would turn a boolean mask into one per call.
+            mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, torch.finfo(query.dtype).min)
+            last.update(positions=positions, mask=mask)
         return sdpa(module, query, key, value, last["mask"], **kwargs)
 
     return forward
