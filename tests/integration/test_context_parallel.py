@@ -1,5 +1,6 @@
-"""parallel.cp for real: DeepSpeed's Ulysses attention under Lightning's DeepSpeedStrategy on two CPU
-ranks over gloo equals one rank holding whole sequences, for the same batches and weights.
+"""parallel.cp for real: DeepSpeed's Ulysses attention under Lightning's DeepSpeedStrategy (zero2,
+zero3) and ModelParallelStrategy (fsdp_tp, tp 1) on two CPU ranks over gloo equals one rank holding
+whole sequences, for the same batches and weights.
 
 The windows are packed pretraining documents (position ids restart per document), so equality with
 cp=1, whose SDPA masks documents apart, is also the proof that documents stay isolated after
@@ -50,7 +51,14 @@ def runs(tmp_path_factory):
     """Runs by name, each trained once for the module: cp1 (one rank, whole sequences: the
     reference), zero2 and zero3 (two ranks, cp 2)."""
     root, done = tmp_path_factory.mktemp("cp"), {}
-    args = {"cp1": ["parallel=zero2", "cluster.devices=1"], "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2"], "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"]}
+    fsdp = ["parallel=fsdp_tp", "parallel.tp=1"]
+    args = {
+        "cp1": ["parallel=zero2", "cluster.devices=1"],
+        "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2"],
+        "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"],
+        "fsdp_cp1": [*fsdp, "cluster.devices=1"],
+        "fsdp_tp": [*fsdp, "cluster.devices=2", "parallel.cp=2"],
+    }
 
     def get(name):
         if name not in done:
@@ -60,16 +68,18 @@ def runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("parallel", ["zero2", "zero3"])
+@pytest.mark.parametrize("parallel", ["zero2", "zero3", "fsdp_tp"])
 def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     run_dir, result = runs(parallel)
-    baseline, _ = runs("cp1")
+    baseline, _ = runs("fsdp_cp1" if parallel == "fsdp_tp" else "cp1")
     assert "cp 2 (ulysses" in result.stdout and "world size 2 = tp 1 x cp 2 x dp 1" in result.stdout
     assert "rank 0 of a cp group of 2 (DeepSpeed Ulysses, attention sdpa_documents)" in result.stderr + result.stdout
     for key in ("loss", "grad_norm", "val_loss"):
         got, want = logged(run_dir, key), logged(baseline, key)
         assert len(got) == len(want) > 0, key
-        assert got == pytest.approx(want, rel=RTOL), key
+        # fsdp_tp's one-rank norm is torch's fp32 norm of whole gradients, off ~1e-5 relative from
+        # the per-shard sum (the 4-rank worker below compares every gradient itself to 2.5e-7).
+        assert got == pytest.approx(want, rel=5e-5 if key == "grad_norm" and parallel == "fsdp_tp" else RTOL), key
     got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
     worst = max((relative(got[k], want[k]), k) for k in want)
     assert worst[0] < RTOL, worst

@@ -161,8 +161,11 @@ def _with_boundaries(varlen):
 def enable_ulysses(model, *, cp: int, micro_batch_size: int) -> ContextGroup:
     """Wrap `model`'s attention in DeepSpeed's Ulysses for groups of `cp` consecutive ranks (after
     deepspeed.comm is initialised, before deepspeed.initialize); returns this rank's group."""
+    import deepspeed
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
+    if not deepspeed.comm.is_initialized():  # under fsdp_tp: torch.distributed is up, deepspeed.comm wraps it
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
     config = model.config
     name = documents_attention(config._attn_implementation)
     model.set_attn_implementation(name)

@@ -2,9 +2,9 @@
 
 With cp > 1 the ranks of a cp group share one micro batch: each holds seq_len / cp of its tokens
 between attention calls, and attention sees the whole sequence through the engine the strategy
-runs (plan/parallel.py's `cp_kinds`): DeepSpeed's Ulysses under the ZeRO strategies (an all-to-all
-trades the sequence split for a head split, so every rank attends over all tokens with heads / cp
-heads). Data parallelism is world / (tp x cp) (plan/layout.py).
+runs (plan/parallel.py's `cp_kinds`): DeepSpeed's Ulysses under the ZeRO strategies and under
+fsdp_tp with tp 1 (an all-to-all trades the sequence split for a head split, so every rank attends
+over all tokens with heads / cp heads). Data parallelism is world / (tp x cp) (plan/layout.py).
 
 The planner owns activation memory as a function of seq_len, cp, micro batch and activation
 checkpointing (plan/memory.py), so it can print the longest `data.seq_len` that fits the GPU for
@@ -14,6 +14,7 @@ would.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Attention, ContextParallelKind, DataFormat, Objective
@@ -83,6 +84,8 @@ def problems(cfg) -> list[Problem]:
         reason = row.cp_off or f"parallel={par.name} runs {', '.join(row.cp_kinds)}"
         found.append(Problem("parallel.cp_kind", par.cp_kind.value, f"does not run under parallel={par.name}: {reason}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)"))
     found += head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
+    if not row.deepspeed and importlib.util.find_spec("deepspeed") is None:
+        found.append(Problem("parallel.cp", par.cp, f"Ulysses is DeepSpeed's (deepspeed.runtime.sequence_parallel), also under parallel={par.name}, and DeepSpeed is not installed", "pip install 'tinytrain-llm[deepspeed]'"))
     seq = cfg.data.seq_len
     if seq % par.cp:
         found.append(Problem("data.seq_len", seq, f"must be a multiple of parallel.cp({par.cp}): each of the {par.cp} ranks holds an equal share of every sequence", f"use data.seq_len={seq - seq % par.cp or par.cp}"))

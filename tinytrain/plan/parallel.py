@@ -81,8 +81,12 @@ class StrategyRow:
 def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
     par = cfg.parallel
     problems = []
-    if par.dp is not None and par.dp * par.tp != world:
-        problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
+    cp = par.cp or 1
+    if par.dp is not None and par.dp * par.tp * cp != world:
+        problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) x cp({cp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
+    if cp > 1 and par.tp > 1:
+        # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
+        problems.append(Problem("parallel.cp", cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
     if cfg.model.tie_word_embeddings:
         problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
     if not cfg.model.pretrained:  # a pretrained model's family is checked on the built model
@@ -169,6 +173,8 @@ STRATEGIES = {
         liger_off="fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights",
         lora_off=LORA_TP,
         qlora=False,
+        # Ulysses with tp 1 (FSDP shards over the cp ranks too); ring is not built yet.
+        cp_kinds=("ulysses",),
         cp_off=RING_OFF,
     ),
 }

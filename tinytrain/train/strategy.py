@@ -59,7 +59,7 @@ def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_conf
 def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
     # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
     return sharded_model_parallel_strategy(async_save)(
-        data_parallel_size=parallel.dp,
+        data_parallel_size=parallel.dp * parallel.cp,  # FSDP shards over the cp ranks too (Ulysses: tp 1)
         tensor_parallel_size=parallel.tp,
         process_group_backend=backend,
     )
