@@ -50,6 +50,12 @@ CASES = {
     "context that does not fit on this world": ([*LONG, "data.seq_len=131072", "parallel.cp=2"], ["data.seq_len=131072", "does not fit at parallel.cp=2", "GPUs or a multiple", "trainer.activation_checkpointing=true"]),
     "context that fits a cp larger than the world": ([*LONG, "data.seq_len=4194304", "model.max_position_embeddings=4194304", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=4194304", "does not fit at parallel.cp=8", "use parallel.cp=32 on 32 GPUs"]),
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
+    # optimizers and objectives (issue 37)
+    "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),
+    "muon with lora trains no hidden matrix": (["mode=plan", "finetune=lora", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "trains none of them", "trainer.optimizer=adamw with LoRA"]),
+    "muon under fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "Newton-Schulz needs each whole matrix", "parallel=zero2"]),
+    "muon with optimizer offload": (["mode=plan", "parallel=zero2_offload", "hardware.gpu=A100", "trainer.optimizer=muon"], ["parallel.offload_optimizer=True", "Muon with optimizer offload", "without offload"]),
+    "muon momentum one": (["mode=plan", "trainer.optimizer=muon", "trainer.muon_momentum=1"], ["trainer.muon_momentum=1.0", "[0, 1)", "trainer.muon_momentum=0.95"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),

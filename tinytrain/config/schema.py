@@ -133,6 +133,13 @@ class LrSchedule(Enum):
     wsd = "wsd"  # warm-up, stable, and a decay over the last trainer.decay_steps / decay_fraction
 
 
+class OptimizerName(Enum):
+    adamw = "adamw"  # AdamW for every parameter
+    # Muon (momentum orthogonalised by Newton-Schulz) for the 2-D hidden weight matrices, AdamW for
+    # embeddings, the head, norms and biases (tinytrain/model/optimizers.py)
+    muon = "muon"
+
+
 class DecayShape(Enum):
     """The shape of the WSD decay from the peak to min_lr_ratio x peak (progress p from 0 to 1)."""
 
@@ -484,6 +491,11 @@ class TrainerConfig:
     # data, is a new stage of the same run (an anneal branched off the stable phase); its
     # optimizer state carries on.
     stage: str = "main"
+    # adamw | muon (tinytrain/model/optimizers.py). Muon's rate is adjusted per matrix to
+    # 0.2 x sqrt(max(rows, cols)) x trainer.lr (Moonshot's "match_rms_adamw"), so AdamW's trainer.lr
+    # and weight_decay carry over; muon_momentum is its Nesterov momentum.
+    optimizer: OptimizerName = OptimizerName.adamw
+    muon_momentum: float = 0.95
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8

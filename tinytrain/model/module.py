@@ -9,10 +9,12 @@ import torch.nn.functional as F
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint.format import name_optimizer_state, repad_optimizer_state, repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.sharded import holds_shards
+from tinytrain.model import optimizers
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
+from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
 from tinytrain.model.tensor_parallel import parallelize
@@ -30,21 +32,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) 
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay: bool = True) -> list[dict]:
-    """No weight decay on norms, biases and embeddings (1-D or embedding tables); nor on the lm_head
-    when `vocab_tables_decay` is false (LoRA trains only some rows of it: decay would move the rest)."""
-    decay, no_decay = [], []
-    embeddings = {id(model.get_input_embeddings().weight)}
-    if not vocab_tables_decay and model.get_output_embeddings() is not None:
-        embeddings.add(id(model.get_output_embeddings().weight))
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
-    # An empty group is left out: DeepSpeed drops it from the optimizer, and the schedule built on
-    # both groups would then step one group too many (LoRA without trainable token rows has only
-    # decayed adapter matrices).
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+    """AdamW's groups (model/optimizers.py): no weight decay on norms, biases and embeddings."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [g for g in adamw_groups(model, trainable, weight_decay, vocab_tables_decay) if g["params"]]
 
 
 def rows(batch: dict) -> int:
@@ -244,13 +234,7 @@ class CausalLMModule(pl.LightningModule):
 
     def configure_optimizers(self):
         t = self.t
-        groups = param_groups(self.model, t.weight_decay, vocab_tables_decay=not self.adapters)
-        if self.cpu_adam:
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
-        else:
-            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=self.fused_adamw or None)
+        opt = optimizers.build(self.optimizer_groups(), t, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)
         schedule = self.schedule or from_trainer(t)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.multiplier(step))  # a function: nothing of it in the scheduler's saved state
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -262,7 +246,8 @@ class CausalLMModule(pl.LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is None:
             return
-        scheduler.base_lrs = [self.t.lr for _ in scheduler.base_lrs]
+        # A Muon group under DeepSpeed carries its per-shape rate multiplier (model/optimizers.py).
+        scheduler.base_lrs = [self.t.lr * group.get("lr_scale", 1.0) for group in scheduler.optimizer.param_groups]
         for group, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
@@ -294,7 +279,10 @@ class CausalLMModule(pl.LightningModule):
     def optimizer_param_names(self) -> list[str]:
         """The optimizer's parameters by name, in its order (configure_optimizers' param groups)."""
         names = {id(p): n for n, p in self.named_parameters()}
-        return [names[id(p)] for g in param_groups(self.model, self.t.weight_decay, vocab_tables_decay=not self.adapters) for p in g["params"]]
+        return [names[id(p)] for g in self.optimizer_groups() for p in g["params"]]
+
+    def optimizer_groups(self) -> list[dict]:
+        return optimizer_groups(self.model, self.t, vocab_tables_decay=not self.adapters, deepspeed=self.deepspeed_config is not None)
 
     def named_optimizer_state(self, saved: dict) -> dict:
         """A saved optimizer state (parameters by index) keyed by name, its vocab tables' moments

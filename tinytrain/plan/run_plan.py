@@ -29,6 +29,8 @@ from tinytrain.plan.memory import MemoryPlan
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.optimizer import OptimizerPlan
+from tinytrain.plan.optimizer import line as optimizer_line
 from tinytrain.plan.parallel import StrategyRow, strategy_row
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.preference import PreferencePlan
@@ -98,6 +100,7 @@ class RunPlan:
     checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
     export: ExportSpec = ExportSpec()  # what the end-of-run export and training's samples serve: template, stops, BOS, dtype
     pretrained_tokenizer: TokenizerMatch | None = None  # model.pretrained's own tokenizer against the run's
+    optimizer: OptimizerPlan | None = None  # trainer.optimizer: which parameters Muon takes, the state it holds
 
     @property
     def on_gpu(self) -> bool:
@@ -161,6 +164,7 @@ class RunPlan:
             "finetune": self.finetune and self.finetune.to_dict(),
             "preference": self.preference and self.preference.to_dict(),
             "checkpoint": self.checkpoint.to_dict(),
+            "optimizer": self.optimizer and self.optimizer.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -243,6 +247,8 @@ def render(plan: dict) -> str:
         pr = plan["preference"]
         settings = f"beta {pr['beta']:g}" + (f", label smoothing {pr['label_smoothing']:g}" if pr["label_smoothing"] else "") + (f", gamma {pr['simpo_gamma']:g}" if pr["name"] == "simpo" else "")
         lines.append(f"objective  {pr['name']}: {settings}; reference: {pr['reference']}")
+    if plan.get("optimizer"):
+        lines.append(optimizer_line(plan["optimizer"], plan["parallel"]["strategy"], deepspeed=bool(plan["deepspeed"])))
     m = plan["memory_per_gpu"]
     reference = f" + reference {m['reference_gib']:.2f}" if m.get("reference_gib") else ""
     lines.append(
