@@ -471,12 +471,22 @@ class EvalConfig:
 
 
 @dataclass
+class BatchSizeWarmupConfig:
+    # The global batch grows from `start` sequences to the trainer's over `tokens` tokens
+    # (tinytrain/data/batch_ramp.py); null start: no warm-up. start must be a multiple of
+    # data_parallel x accumulate_grad_batches (the ramp grows each micro batch by one sample).
+    start: Optional[int] = None
+    tokens: int = 0
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 250
     micro_batch_size: int = 8
     # Set one of these or neither (accumulation 1); both set must agree with the world size.
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None
+    batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # the rate a decay ends at, as a fraction of trainer.lr
     warmup_steps: int = 25

@@ -26,12 +26,14 @@ from torch.utils.data import ConcatDataset, DataLoader
 from tinytrain.config.schema import DataFormat
 from tinytrain.data import parts, sft_cache
 from tinytrain.data.bad_records import BadRecords
+from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, PreferencePair, build_pairs, no_pairs_fix
+from tinytrain.data.ramp_sampler import RampBatchSampler
 from tinytrain.data.sample_index import EpochOrders, index_root, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
@@ -59,8 +61,9 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
-        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples."""
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None):
+        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples;
+        `ramp`: trainer.batch_size_warmup's (data/batch_ramp.py), micro batches that grow with the step."""
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -97,7 +100,10 @@ class DataModule:
             # Pretraining: each epoch's order of windows written once and mapped by every rank.
             # (An order depends only on (samples, seed, epoch); kept beside the store's index.)
             orders = EpochOrders(index_root(data_cfg.cache_dir, self.train.store) / "orders", len(self.train), seed) if data_cfg.format == DataFormat.text else None
-            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
+            if ramp is not None:  # validated: no length grouping
+                self.train_sampler = RampBatchSampler(len(self.train), ramp, seed, orders=orders)
+            else:
+                self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
             self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 
     # -- pretraining --------------------------------------------------------------------------

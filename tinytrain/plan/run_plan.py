@@ -108,7 +108,7 @@ class RunPlan:
 
     @property
     def total_tokens(self) -> int:
-        return self.batch.tokens_per_step * self.max_steps
+        return self.batch.tokens_over(self.max_steps)
 
     @property
     def stage_start(self) -> int:
@@ -151,6 +151,7 @@ class RunPlan:
             "world_size": self.world_size,
             "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
             "tokens_per_step": b.tokens_per_step,
+            "batch_size_warmup": b.ramp and b.ramp.to_dict(self.max_steps),
             "max_steps": self.max_steps,
             "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start},
             "total_tokens": self.total_tokens,
@@ -232,6 +233,12 @@ def render(plan: dict) -> str:
         + str(b["seq_len"]),
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
+    if plan.get("batch_size_warmup"):
+        r = plan["batch_size_warmup"]
+        lines.append(
+            f"batch ramp {r['start']} -> {r['final']} sequences in steps of {r['increment']} (one more per micro batch) over the first {r['ramp_steps']} steps "
+            f"({_human(r['ramp_tokens'])} tokens); the schedule counts tokens, in steps of the final batch"
+        )
     if plan.get("schedule"):
         lines += render_schedule(plan["schedule"], plan["max_steps"], plan["resume"])
     if plan.get("data_mixture"):
