@@ -60,6 +60,8 @@ CASES = {
     "batch warm-up start not divisible by dp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=3", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=3", "not a multiple of data_parallel(2) x accumulate_grad_batches(2) = 4", "trainer.batch_size_warmup.start=4"]),
     "batch warm-up without a length": (["mode=plan", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8"], ["trainer.batch_size_warmup.tokens=0", "needs a length in tokens", "trainer.batch_size_warmup.tokens="]),
     "batch warm-up with length-grouped batches": (["mode=plan", "data=alpaca", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["data.group_by_length=True", "a batch warm-up changes it", "data.group_by_length=false"]),
+    "orpo with label smoothing": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.label_smoothing=0.1"], ["finetune.label_smoothing=0.1", "orpo has no label smoothing", "finetune.label_smoothing=0"]),
+    "orpo with a precomputed reference": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.precompute_reference=true"], ["finetune.precompute_reference=True", "orpo is reference-free"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),

@@ -178,6 +178,7 @@ class Objective(Enum):
     dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
     ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
     simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
+    orpo = "orpo"  # ORPO: reference-free, NLL on the chosen row plus beta x the log odds-ratio loss (TRL's ORPOTrainer)
 
 
 class TrainableTokens(Enum):

@@ -16,7 +16,7 @@ from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
-from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import PreferenceObjective, full_sequence_nll, preference_loss, sequence_logps
 from tinytrain.model.tensor_parallel import parallelize
 from tinytrain.plan.schedule import Schedule, from_trainer
 
@@ -160,6 +160,15 @@ class CausalLMModule(pl.LightningModule):
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         return sequence_logps(self(**inputs), batch["labels"], self.true_vocab)
 
+    def logps_and_nll(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ORPO's one forward: the rows' log-prob sums, their answer lengths and the chosen rows' NLL."""
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        logits = self(**inputs)
+        chosen = batch["input_ids"].shape[0] // 2
+        mask = batch["attention_mask"] if "attention_mask" in batch else torch.ones_like(batch["input_ids"])
+        nll = full_sequence_nll(logits[:chosen], batch["input_ids"][:chosen], mask[:chosen], self.true_vocab)
+        return (*sequence_logps(logits, batch["labels"], self.true_vocab), nll)
+
     @torch.no_grad()
     def reference_logps(self, batch: dict) -> torch.Tensor:
         """The reference's log-prob sums of the batch's rows: from the batch when precomputed, else
@@ -179,6 +188,9 @@ class CausalLMModule(pl.LightningModule):
             return self.sequence_logps(batch)[0]
 
     def preference_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        if self.objective.name == "orpo":
+            logps, counts, nll = self.logps_and_nll(batch)
+            return preference_loss(self.objective, logps, counts, None, nll)
         logps, counts = self.sequence_logps(batch)
         ref = self.reference_logps(batch) if self.objective.needs_reference else None
         return preference_loss(self.objective, logps, counts, ref)

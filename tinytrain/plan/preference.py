@@ -1,4 +1,4 @@
-"""finetune.objective=dpo|ipo|simpo: the objective's settings, where the reference comes from, and
+"""finetune.objective=dpo|ipo|simpo|orpo: the objective's settings, where the reference comes from, and
 what holding it costs per GPU, decided once here (the model stage applies it:
 tinytrain/model/preference_loss.py and tinytrain/model/reference.py).
 
@@ -22,6 +22,7 @@ ADAPTERS_OFF = "the base with the adapters disabled (no copy held)"
 FROZEN_COPY = "a frozen copy of the initial weights, held like the policy"
 PRECOMPUTED = "log-probs computed once before training, cached with the pairs (no reference model while training)"
 NONE = "none (reference-free)"
+REFERENCE_FREE = (Objective.simpo, Objective.orpo)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def problems(cfg) -> list[Problem]:
     if preference and d.format != DataFormat.preference:
         found.append(Problem("data.format", d.format.value, f"finetune.objective={f.objective.value} trains on preference pairs", "set data.format=preference (records {prompt, chosen, rejected}), or finetune.objective=sft"))
     if d.format == DataFormat.preference and not preference:
-        found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo)"))
+        found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo, orpo)"))
     if not preference:
         return found
     # `not x > 0` alone lets inf through: an infinite beta makes the loss itself non-finite.
@@ -64,8 +65,10 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "must be in [0, 0.5) (the share of pairs assumed mislabelled)", "use 0 (plain DPO) or e.g. 0.1"))
     elif f.label_smoothing and f.objective == Objective.ipo:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "ipo has no label smoothing (its squared loss has no flipped-label term)", "set finetune.label_smoothing=0, or finetune.objective=dpo"))
-    if f.precompute_reference and f.objective == Objective.simpo:
-        found.append(Problem("finetune.precompute_reference", True, "simpo is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if f.precompute_reference and f.objective in REFERENCE_FREE:
+        found.append(Problem("finetune.precompute_reference", True, f"{f.objective.value} is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if f.label_smoothing and f.objective == Objective.orpo:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "orpo has no label smoothing (TRL's odds-ratio loss has no flipped-label term)", "set finetune.label_smoothing=0"))
     if d.train_on == TrainOn.all:
         found.append(Problem("data.train_on", "all", "a preference pair is scored on its answers only (prompt tokens are the same on both sides)", "remove data.train_on (assistant, the default)"))
     if d.pack:
@@ -87,7 +90,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
     if f.objective == Objective.sft:
         return None
     held = 0.0
-    if f.objective == Objective.simpo:
+    if f.objective in REFERENCE_FREE:
         reference = NONE
     elif f.precompute_reference:
         reference = PRECOMPUTED

@@ -245,3 +245,52 @@ def test_lora_reference_is_the_base_with_adapters_off(setup):
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
     with adapters_disabled(model):
         assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+
+
+ORPO_METRICS = (*METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen")
+
+
+def trl_orpo(policy, batch, beta):
+    """TRL's ORPOTrainer.get_batch_loss_metrics on our batch in its layout (unshifted labels)."""
+    from accelerate import Accelerator
+    from trl.experimental.orpo import ORPOTrainer
+
+    trainer = ORPOTrainer.__new__(ORPOTrainer)
+    trainer.accelerator = Accelerator(cpu=True)
+    trainer.beta, trainer.is_encoder_decoder, trainer.padding_value, trainer.aux_loss_enabled = beta, False, 0, False
+    trainer.label_pad_token_id = -100
+    half = batch["input_ids"].shape[0] // 2
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 1:] = batch["labels"][:, :-1]
+    trl_batch = {}
+    for side, rows in (("chosen", slice(0, half)), ("rejected", slice(half, None))):
+        trl_batch |= {f"{side}_input_ids": batch["input_ids"][rows], f"{side}_attention_mask": batch["attention_mask"][rows], f"{side}_labels": labels[rows]}
+    with torch.no_grad():
+        loss, metrics = trainer.get_batch_loss_metrics(policy, trl_batch)
+    return float(loss), metrics
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0])
+def test_orpo_matches_trl_end_to_end(setup, beta):
+    """ORPO (no reference): loss, nll_loss, log_odds_* and the rewards equal TRL's ORPOTrainer's."""
+    policy, _, batch, _, vocab = setup
+    trl_loss, trl_metrics = trl_orpo(policy, batch, beta)
+    module = tinytrain_module(policy, None, PreferenceObjective("orpo", beta), vocab)
+    with torch.no_grad():
+        loss, metrics = module.preference_step(batch)
+    assert abs(float(loss) - trl_loss) <= 1e-5 * abs(trl_loss), (float(loss), trl_loss)
+    for k in ORPO_METRICS:
+        assert abs(float(metrics[k]) - trl_metrics[k]) <= 1e-5 * max(1.0, abs(trl_metrics[k])), (k, float(metrics[k]), trl_metrics[k])
+
+
+def test_orpo_at_step_zero_is_its_definition():
+    """Equal chosen and rejected mean log-probs: log odds 0, so the odds-ratio term is log(1/2) and
+    the loss is NLL + beta ln 2; rewards are beta x the mean log-probs."""
+    logps, counts = torch.tensor([-6.0, -3.0]), torch.tensor([4, 2])  # means -1.5 and -1.5
+    nll = torch.tensor(2.0)
+    loss, metrics = preference_loss(PreferenceObjective("orpo", 0.25), logps, counts, None, nll)
+    assert float(loss) == pytest.approx(2.0 + 0.25 * math.log(2))
+    assert float(metrics["log_odds_chosen"]) == pytest.approx(0.0)
+    assert float(metrics["log_odds_ratio"]) == pytest.approx(-math.log(2))
+    assert float(metrics["rewards/chosen"]) == pytest.approx(0.25 * -1.5)
+    assert float(metrics["nll_loss"]) == 2.0
