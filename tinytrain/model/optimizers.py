@@ -132,7 +132,9 @@ def build(groups: list[dict], t, *, cpu_adam: bool, fused_adamw: bool, deepspeed
             from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 
             for g in groups:  # the aux Adam's settings; Muon's group lr comes from the schedule
-                g.update(lr=t.lr * g["lr_scale"], betas=betas, eps=t.eps, momentum=t.muon_momentum, ns_method="standard")
+                # ns_method: DeepSpeed's default "gram" (Newton-Schulz on the Gram matrix, fp16 where
+                # the accelerator has it, else fp32; torch's Muon runs the plain iteration in bf16).
+                g.update(lr=t.lr * g["lr_scale"], betas=betas, eps=t.eps, momentum=t.muon_momentum, ns_method="gram")
             return MuonWithAuxAdam(groups)
         return MuonWithAdamW(groups, lr=t.lr, betas=betas, eps=t.eps, momentum=t.muon_momentum, fused=fused_adamw or None)
     if cpu_adam:
