@@ -62,6 +62,10 @@ CASES = {
     "batch warm-up with length-grouped batches": (["mode=plan", "data=alpaca", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["data.group_by_length=True", "a batch warm-up changes it", "data.group_by_length=false"]),
     "orpo with label smoothing": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.label_smoothing=0.1"], ["finetune.label_smoothing=0.1", "orpo has no label smoothing", "finetune.label_smoothing=0"]),
     "orpo with a precomputed reference": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.precompute_reference=true"], ["finetune.precompute_reference=True", "orpo is reference-free"]),
+    "kto record without a label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_no_label.jsonl", "data.cache_dir={F}/cache"], ["kto_no_label.jsonl", "missing field 'label'", "data.bad_records=skip"]),
+    "kto records all one label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_all_true.jsonl", "data.cache_dir={F}/cache"], ["kto_all_true.jsonl", "all 20 KTO examples are label=true", "add records of the other label"]),
+    "kto micro batch of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "trainer.micro_batch_size=1"], ["trainer.micro_batch_size=1", "KL term", "trainer.micro_batch_size=2"]),
+    "kto weight zero": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "finetune.undesirable_weight=0"], ["finetune.undesirable_weight=0.0", "positive and finite", "finetune.undesirable_weight=1.0"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),
@@ -378,6 +382,9 @@ def bad(tmp_path_factory):
     pairs = [{"prompt": f"question {i} " + "word " * 30, "chosen": "yes " * 10, "rejected": "no " * 10} for i in range(20)]
     (f / "long_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
     (f / "no_messages.jsonl").write_text(json.dumps({"conversation": []}) + "\n")
+    unpaired = [{"prompt": f"question {i}", "completion": f"answer {i}", "label": i % 2 == 0} for i in range(20)]
+    (f / "kto_no_label.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "label" or i != 3}) + "\n" for i, r in enumerate(unpaired)))
+    (f / "kto_all_true.jsonl").write_text("".join(json.dumps({**r, "label": True}) + "\n" for r in unpaired))
     (f / "broken_model").mkdir()
     (f / "broken_model" / "config.json").write_text("{not json")
     (f / "typeless_model").mkdir()

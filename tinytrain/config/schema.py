@@ -178,6 +178,7 @@ class Objective(Enum):
     dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
     ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
     simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
+    kto = "kto"  # KTO: unpaired {prompt, completion, label} records, desirable vs undesirable against a reference (TRL's KTOTrainer)
     orpo = "orpo"  # ORPO: reference-free, NLL on the chosen row plus beta x the log odds-ratio loss (TRL's ORPOTrainer)
 
 
@@ -378,6 +379,8 @@ class FinetuneConfig:
     beta: float = 0.1  # dpo/simpo: scale of the reward margin; ipo: the regularisation tau (margin target 1/(2 beta))
     label_smoothing: float = 0.0  # dpo: share of pairs assumed mislabelled (conservative DPO), in [0, 0.5)
     simpo_gamma: float = 0.5  # simpo: the target reward margin (TRL's simpo_gamma)
+    desirable_weight: float = 1.0  # kto: weight of a desirable example's loss (TRL's desirable_weight)
+    undesirable_weight: float = 1.0  # kto: weight of an undesirable one's
     # Reference log-probs of every pair computed once before training and cached under data.cache_dir
     # (keyed by data and model, so a run with another beta reuses them): no reference model while training.
     precompute_reference: bool = False

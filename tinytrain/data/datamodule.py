@@ -41,6 +41,7 @@ from tinytrain.data.sources import Source, records
 from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.data.tokenizer import fingerprint
+from tinytrain.data.unpaired import UnpairedCollator, UnpairedDataset, build_unpaired, is_unpaired
 from tinytrain.errors import ConfigError, Problem
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
@@ -83,6 +84,8 @@ class DataModule:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
         if data_cfg.format == DataFormat.text:
             self.collate = collate_windows  # fixed-size windows
+        elif isinstance(self.train, UnpairedDataset):
+            self.collate = UnpairedCollator(pad, data_cfg.pad_to_multiple_of, data_cfg.seq_len)
         elif data_cfg.format == DataFormat.preference:
             self.collate = PreferenceCollator(pad, data_cfg.pad_to_multiple_of)
         else:
@@ -227,8 +230,30 @@ class DataModule:
 
         return self._cached(src, "preference", PreferencePair, build)
 
+    def _unpaired(self):
+        """KTO's {prompt, completion, label} records (data/unpaired.py)."""
+
+        def build(validation: bool) -> list:
+            src = Source.from_config(self.cfg, validation)
+            bad = BadRecords(self.cfg.bad_records, src.key)
+            examples, summary = build_unpaired(records(src, bad), self.cfg, self.tokenizer, bad, src.key, src.path)
+            if not examples:
+                raise ConfigError(Problem(src.key, src.path, f"no usable KTO examples ({summary})", "check data.format and the records ({prompt, completion, label})"))
+            self.lines.append(f"{src.describe()}: {summary}")
+            return examples
+
+        train, val = self._train_and_validation(build, "examples")
+        self.lines.append(
+            f"kto (template {self.cfg.chat_template.value}): {len(train):,} train / {len(val):,} validation examples; a micro batch of {self.micro_batch_size} examples is "
+            f"{2 * self.micro_batch_size} rows (the examples, then each prompt with the previous example's completion for the KL estimate)"
+        )
+        return UnpairedDataset(train), UnpairedDataset(val)
+
     def _preference(self):
         d = self.cfg
+        first = next(iter(records(Source.from_config(d, False), BadRecords(d.bad_records))), (None, None))[0]
+        if is_unpaired(first):
+            return self._unpaired()
         train_pairs, val_pairs = self._train_and_validation(self._pairs, "pairs")
         trained = sum(int((p.chosen_labels != -100).sum() + (p.rejected_labels != -100).sum()) for p in train_pairs)
         self.lines.append(

@@ -16,7 +16,7 @@ from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
-from tinytrain.model.preference_loss import PreferenceObjective, full_sequence_nll, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import PreferenceObjective, data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.tensor_parallel import parallelize
 from tinytrain.plan.schedule import Schedule, from_trainer
 
@@ -96,7 +96,7 @@ class CausalLMModule(pl.LightningModule):
             liger_loss=fast.liger_loss,
             adapters=plan.finetune is not None,
             schedule=plan.schedule,
-            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma),
+            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma, plan.preference.desirable_weight, plan.preference.undesirable_weight),
             reference=reference,
             deepspeed_config=plan.deepspeed,
         )
@@ -187,7 +187,21 @@ class CausalLMModule(pl.LightningModule):
         with adapters_disabled(self.model):
             return self.sequence_logps(batch)[0]
 
+    def kto_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The B examples with gradients, their B KL rows (data/unpaired.py) without; the
+        reference scores both; the KL estimate and the metrics are summed over the ranks."""
+        b = batch["kto_labels"].shape[0]
+        rows = {k: v for k, v in batch.items() if torch.is_tensor(v) and v.dim() and v.shape[0] == 2 * b}
+        main, kl = {k: v[:b] for k, v in rows.items()}, {k: v[b:] for k, v in rows.items()}
+        logps = self.sequence_logps(main)[0]
+        with torch.no_grad():
+            kl_logps = self.sequence_logps(kl)[0]
+        o = self.objective
+        return kto_loss(o.beta, o.desirable_weight, o.undesirable_weight, logps, self.reference_logps(main), kl_logps, self.reference_logps(kl), batch["kto_labels"].bool(), reduce=data_parallel_sum)
+
     def preference_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        if self.objective.name == "kto":
+            return self.kto_step(batch)
         if self.objective.name == "orpo":
             logps, counts, nll = self.logps_and_nll(batch)
             return preference_loss(self.objective, logps, counts, None, nll)
@@ -231,7 +245,8 @@ class CausalLMModule(pl.LightningModule):
             loss = self.token_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
-            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
+            # kto has no accuracies, and margins only when both labels are in the batch.
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins") if k in metrics}, sync_dist=True, batch_size=rows(batch))
         # The batch's rows weigh its loss in the epoch mean (Lightning would guess them from the dict).
         self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
 

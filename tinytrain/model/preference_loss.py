@@ -12,6 +12,12 @@ those sums, the answer lengths and, for DPO and IPO, the reference's sums:
          probability, odds(p) = p / (1 - p); no reference. The NLL is TRL's: over the chosen row's
          prompt and answer (every non-padding token after the first), as TRL's ORPOTrainer computes it.
 
+KTO (unpaired, `kto_loss`): a batch is B completions then their B KL rows (each prompt with the
+previous example's completion, TRL's mismatched pairs); with r = pi - ref per completion and the KL
+estimate z = max(0, mean over the batch (and the data-parallel ranks) of pi_KL - ref_KL), detached,
+desirable ones lose dw (1 - s(b (r - z))) and undesirable ones uw (1 - s(b (z - r))), averaged over
+the batch's examples, as TRL's KTOTrainer computes them.
+
 Rewards are b x the log-ratio (dpo, ipo) or b x the mean per-token log-prob (simpo as TRL's
 CPOTrainer logs it, orpo as its ORPOTrainer does); logps/* are the sums (dpo, ipo) or the means
 (simpo, orpo) the loss saw. orpo adds TRL's nll_loss, log_odds_ratio and log_odds_chosen.
@@ -26,6 +32,7 @@ import torch.nn.functional as F
 
 IGNORE = -100
 REFERENCE_FREE = ("simpo", "orpo")
+UNPAIRED = ("kto",)  # objectives on {prompt, completion, label} records
 MEAN_LOGPS = ("simpo", "orpo")  # objectives on the mean per-token log-prob, not the sum
 
 
@@ -35,6 +42,8 @@ class PreferenceObjective:
     beta: float
     label_smoothing: float = 0.0
     simpo_gamma: float = 0.5
+    desirable_weight: float = 1.0  # kto
+    undesirable_weight: float = 1.0  # kto
 
     @property
     def needs_reference(self) -> bool:
@@ -67,6 +76,37 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 def _smoothed_sigmoid_loss(logits: torch.Tensor, smoothing: float) -> torch.Tensor:
     return -(1 - smoothing) * F.logsigmoid(logits) - smoothing * F.logsigmoid(-logits)
+
+
+def data_parallel_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over every rank (as TRL gathers its KL estimate and metrics); itself on one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = t.clone()
+        torch.distributed.all_reduce(t)
+    return t
+
+
+def kto_loss(beta: float, desirable_weight: float, undesirable_weight: float, logps: torch.Tensor, ref_logps: torch.Tensor, kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor, desirable: torch.Tensor, reduce=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KTO's loss (mean over the batch's examples) and TRL's metrics from (B,) log-prob sums of the
+    completions, the reference's, the KL rows' (policy, reference) and the labels. `reduce(t)`:
+    the sum of `t` over the data-parallel ranks (identity on one), as TRL gathers its metrics and KL."""
+    reduce = reduce or (lambda t: t)
+    world = float(reduce(torch.ones((), dtype=logps.dtype, device=logps.device)))
+    kl = (reduce((kl_logps - ref_kl_logps).mean().detach()) / world).clamp(min=0)
+    ratio = logps - ref_logps
+    chosen, rejected = desirable, ~desirable
+    losses = torch.cat([desirable_weight * (1 - torch.sigmoid(beta * (ratio[chosen] - kl))), undesirable_weight * (1 - torch.sigmoid(beta * (kl - ratio[rejected])))])
+    rewards = beta * ratio.detach()
+    # Sums and counts over the ranks: every rank logs the same values, so the keys agree everywhere.
+    sums = reduce(torch.stack([rewards[chosen].sum(), logps.detach()[chosen].sum(), chosen.sum().to(logps.dtype), rewards[rejected].sum(), logps.detach()[rejected].sum(), rejected.sum().to(logps.dtype)]))
+    metrics = {"kl": kl}
+    if sums[2] > 0:
+        metrics |= {"rewards/chosen": sums[0] / sums[2], "logps/chosen": sums[1] / sums[2]}
+    if sums[5] > 0:
+        metrics |= {"rewards/rejected": sums[3] / sums[5], "logps/rejected": sums[4] / sums[5]}
+    if sums[2] > 0 and sums[5] > 0:
+        metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
+    return losses.nanmean(), metrics
 
 
 def preference_loss(objective: PreferenceObjective, logps: torch.Tensor, counts: torch.Tensor, ref_logps: torch.Tensor | None, nll: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""finetune.objective=dpo|ipo|simpo|orpo: the objective's settings, where the reference comes from, and
+"""finetune.objective=dpo|ipo|simpo|orpo|kto: the objective's settings, where the reference comes from, and
 what holding it costs per GPU, decided once here (the model stage applies it:
 tinytrain/model/preference_loss.py and tinytrain/model/reference.py).
 
@@ -33,6 +33,8 @@ class PreferencePlan:
     simpo_gamma: float
     reference: str  # one of the descriptions above
     reference_bytes: float  # per GPU, counted in the memory line
+    desirable_weight: float = 1.0  # kto
+    undesirable_weight: float = 1.0
 
     @property
     def frozen_copy(self) -> bool:
@@ -69,12 +71,29 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.precompute_reference", True, f"{f.objective.value} is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
     if f.label_smoothing and f.objective == Objective.orpo:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "orpo has no label smoothing (TRL's odds-ratio loss has no flipped-label term)", "set finetune.label_smoothing=0"))
+    if f.objective == Objective.kto:
+        found += kto_problems(cfg)
     if d.train_on == TrainOn.all:
         found.append(Problem("data.train_on", "all", "a preference pair is scored on its answers only (prompt tokens are the same on both sides)", "remove data.train_on (assistant, the default)"))
     if d.pack:
         found.append(Problem("data.pack", True, "preference pairs are scored row by row (chosen and rejected in one micro batch), not packed", "set data.pack=false"))
     if d.sources:
         found.append(Problem("data.sources", f"{len(d.sources)} sources", "a mixture of preference data is not supported", "use one data.path (concatenate the files into one folder)"))
+    return found
+
+
+def kto_problems(cfg) -> list[Problem]:
+    f = cfg.finetune
+    found = []
+    if cfg.trainer.micro_batch_size < 2:
+        found.append(Problem("trainer.micro_batch_size", cfg.trainer.micro_batch_size, "kto estimates its KL term from each prompt paired with another example's completion in the same micro batch: one example has no other", "use trainer.micro_batch_size=2 or more (TRL requires a per-device batch > 1 too)"))
+    if f.precompute_reference:
+        found.append(Problem("finetune.precompute_reference", True, "kto's reference log-probs include its KL rows, which are formed per micro batch: they are not precomputed here", "set finetune.precompute_reference=false (LoRA: the base with adapters off; full: a frozen copy)"))
+    if f.label_smoothing:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "kto has no label smoothing", "set finetune.label_smoothing=0"))
+    for key, value in (("finetune.desirable_weight", f.desirable_weight), ("finetune.undesirable_weight", f.undesirable_weight)):
+        if not (math.isfinite(value) and value > 0):
+            found.append(Problem(key, value, "must be positive and finite (it weighs that side's examples in the loss)", f"use e.g. {key}=1.0 (TRL's default)"))
     return found
 
 
@@ -99,7 +118,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
     else:
         reference = FROZEN_COPY
         held = reference_bytes(par.strategy, params, world=world, tp=par.tp, zero_stage=par.zero_stage, offload_params=par.offload_params)
-    return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held)
+    return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held, float(f.desirable_weight), float(f.undesirable_weight))
 
 
 def trainable_rows_problem(plan: PreferencePlan | None, adapters) -> None:
