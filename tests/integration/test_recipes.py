@@ -78,3 +78,21 @@ def test_a_batch_warmup_resumed_inside_its_ramp_continues_exactly(tmp_path):
         return [(row["step"], row["loss"], row["lr"]) for row in metrics_rows(run_dir) if row.get("loss") and int(row["step"]) >= 4]  # 0-based: the 5th step on
 
     assert rows(resumed) == rows(unbroken) and len(rows(unbroken)) == 6
+
+
+def test_muon_resume_continues_exactly(tmp_path):
+    """trainer.optimizer=muon on one process: continued from the step-4 checkpoint, steps 5-8 equal
+    the unbroken run's (loss, lr and grad_norm to the bit): the Muon momentum and AdamW's moments
+    are in the checkpoint and load by name."""
+    run = [*RUN, "trainer.max_steps=8", "trainer.lr=1e-2", "trainer.optimizer=muon", "trainer.checkpoint_every_n_steps=4", "trainer.val_every_n_steps=1000", "trainer.export=false"]
+    unbroken = tmp_path / "unbroken"
+    r = run_cli(run, unbroken)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    resumed = tmp_path / "resumed"
+    r = run_cli([*run, f"resume={unbroken / 'checkpoints' / 'step0000004.ckpt'}"], resumed)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+    def rows(run_dir):
+        return [(row["step"], row["loss"], row["lr"], row["grad_norm"]) for row in metrics_rows(run_dir) if row.get("loss") and int(row["step"]) >= 4]
+
+    assert rows(resumed) == rows(unbroken) and len(rows(unbroken)) == 4
