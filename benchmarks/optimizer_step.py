@@ -31,7 +31,7 @@ def model_of(hidden: int, layers: int, intermediate: int, device):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128)
+    config = LlamaConfig(vocab_size=4096, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128))
     return LlamaForCausalLM(config).to(device)
 
 

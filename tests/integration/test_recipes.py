@@ -96,3 +96,22 @@ def test_muon_resume_continues_exactly(tmp_path):
         return [(row["step"], row["loss"], row["lr"], row["grad_norm"]) for row in metrics_rows(run_dir) if row.get("loss") and int(row["step"]) >= 4]
 
     assert rows(resumed) == rows(unbroken) and len(rows(unbroken)) == 4
+
+
+def test_kto_step_zero_is_its_definition_on_one_and_two_ranks(tmp_path):
+    """kto on the shipped unpaired examples, full fine-tuning against a frozen copy: at step 0 the
+    policy is the reference, so every example loses 1/2 and kl and the rewards are 0; ZeRO-2 on two
+    ranks (micro 2 each) logs the same step-0 metrics as one process (micro 4): TRL's sums over the
+    ranks. Training lowers the loss."""
+    common = ["experiment=dpo_smoke", "finetune.objective=kto", "data.path=examples/data/kto_tiny.jsonl", "data.group_by_length=false", "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.plot=false", "trainer.export=false"]
+    firsts = {}
+    for name, extra in (("single", ["trainer.micro_batch_size=4"]), ("zero2", ["trainer.micro_batch_size=2", "parallel=zero2", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"])):
+        run_dir = tmp_path / name
+        r = run_cli([*common, *extra], run_dir)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        rows = [row for row in metrics_rows(run_dir) if row.get("loss")]
+        firsts[name] = {k: float(rows[0][k]) for k in ("loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")}
+        assert firsts[name]["loss"] == pytest.approx(0.5) and firsts[name]["kl"] == 0 and firsts[name]["rewards/chosen"] == 0
+        assert float(rows[-1]["loss"]) < 0.5
+    for k, v in firsts["single"].items():
+        assert firsts["zero2"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
