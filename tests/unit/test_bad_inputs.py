@@ -53,6 +53,22 @@ CASES = {
     "context that fits a cp larger than the world": ([*LONG, "data.seq_len=4194304", "model.max_position_embeddings=4194304", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=4194304", "does not fit at parallel.cp=8", "use parallel.cp=32 on 32 GPUs"]),
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
     "long-context recipe on V100s": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),
+    # optimizers and objectives (issue 37)
+    "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),
+    "muon with lora trains no hidden matrix": (["mode=plan", "finetune=lora", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "trains none of them", "trainer.optimizer=adamw with LoRA"]),
+    "muon under fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "Newton-Schulz needs each whole matrix", "parallel=zero2"]),
+    "muon with optimizer offload": (["mode=plan", "parallel=zero2_offload", "hardware.gpu=A100", "trainer.optimizer=muon"], ["parallel.offload_optimizer=True", "Muon with optimizer offload", "without offload"]),
+    "muon momentum one": (["mode=plan", "trainer.optimizer=muon", "trainer.muon_momentum=1"], ["trainer.muon_momentum=1.0", "[0, 1)", "trainer.muon_momentum=0.95"]),
+    "batch warm-up start above the final batch": (["mode=plan", "trainer.batch_size_warmup.start=64", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=64", "below the final global batch (8 = micro 8", "raise trainer.global_batch_size"]),
+    "batch warm-up start not divisible by dp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=3", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=3", "not a multiple of data_parallel(2) x accumulate_grad_batches(2) = 4", "trainer.batch_size_warmup.start=4"]),
+    "batch warm-up without a length": (["mode=plan", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8"], ["trainer.batch_size_warmup.tokens=0", "needs a length in tokens", "trainer.batch_size_warmup.tokens="]),
+    "batch warm-up with length-grouped batches": (["mode=plan", "data=alpaca", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["data.group_by_length=True", "a batch warm-up changes it", "data.group_by_length=false"]),
+    "orpo with label smoothing": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.label_smoothing=0.1"], ["finetune.label_smoothing=0.1", "orpo has no label smoothing", "finetune.label_smoothing=0"]),
+    "orpo with a precomputed reference": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=orpo", "finetune.precompute_reference=true"], ["finetune.precompute_reference=True", "orpo is reference-free"]),
+    "kto record without a label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_no_label.jsonl", "data.cache_dir={F}/cache"], ["kto_no_label.jsonl", "missing field 'label'", "data.bad_records=skip"]),
+    "kto records all one label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_all_true.jsonl", "data.cache_dir={F}/cache"], ["kto_all_true.jsonl", "all 20 KTO examples are label=true", "add records of the other label"]),
+    "kto micro batch of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "trainer.micro_batch_size=1"], ["trainer.micro_batch_size=1", "KL term", "trainer.micro_batch_size=2"]),
+    "kto weight zero": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "finetune.undesirable_weight=0"], ["finetune.undesirable_weight=0.0", "positive and finite", "finetune.undesirable_weight=1.0"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
     "hidden size negative": (["mode=plan", "model.hidden_size=-64"], ["model.hidden_size=-64", "positive"]),
@@ -369,6 +385,9 @@ def bad(tmp_path_factory):
     pairs = [{"prompt": f"question {i} " + "word " * 30, "chosen": "yes " * 10, "rejected": "no " * 10} for i in range(20)]
     (f / "long_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
     (f / "no_messages.jsonl").write_text(json.dumps({"conversation": []}) + "\n")
+    unpaired = [{"prompt": f"question {i}", "completion": f"answer {i}", "label": i % 2 == 0} for i in range(20)]
+    (f / "kto_no_label.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "label" or i != 3}) + "\n" for i, r in enumerate(unpaired)))
+    (f / "kto_all_true.jsonl").write_text("".join(json.dumps({**r, "label": True}) + "\n" for r in unpaired))
     (f / "broken_model").mkdir()
     (f / "broken_model" / "config.json").write_text("{not json")
     (f / "typeless_model").mkdir()

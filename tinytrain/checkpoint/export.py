@@ -69,7 +69,7 @@ def export_state_dict(state_dict: dict, *, model_config, tokenizer, true_vocab: 
 
             state_dict = with_base(state_dict, adapters)
             base = model_from_state_dict(base_weights(state_dict), model_config, true_vocab)
-            write_adapter_folder(state_dict, adapters, base, tmp / "adapter")
+            write_adapter_folder(state_dict, adapters, base, tmp / "adapter", final_dir=out_dir / "adapter")
             state_dict = merge_adapters(state_dict, adapters)
         model = model_from_state_dict(state_dict, model_config, true_vocab)
         tokenizer = prepare_served(model, tokenizer, spec)

@@ -11,6 +11,7 @@ which is what peft's merge computes; the adapter folder is written by peft itsel
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -62,11 +63,23 @@ def merge_adapters(state_dict: dict, finetune: dict) -> dict:
     return merged
 
 
-def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: Path) -> Path:
+def portable_base(base: str, final_dir: Path | None) -> str:
+    """The adapter's base_model_name_or_path: a hub id as given; a local folder relative to the
+    adapter folder's final place (`final_dir`), so the config names no machine's absolute path and
+    stays right when the run and its base move together."""
+    path = Path(base)
+    if final_dir is None or not path.exists():
+        return base
+    return Path(os.path.relpath(path.resolve(), Path(final_dir).resolve())).as_posix()
+
+
+def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: Path, final_dir: Path | None = None) -> Path:
     """peft's adapter folder (adapter_config.json, adapter_model.safetensors) for `base_model` (the
-    base with len(tokenizer) rows, built from base_weights()). The rows of trainable tokens go in as
+    base with len(tokenizer) rows, built from base_weights()), as peft writes it for a causal LM
+    (task_type CAUSAL_LM); `final_dir`: where the folder ends up (`out_dir` is written and renamed
+    there), which a local base's path is written relative to. The rows of trainable tokens go in as
     peft's trainable tokens (their trained values), so a base resized to len(tokenizer) gets them."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, TaskType, get_peft_model
 
     ids = list(finetune["trainable_token_ids"])
     tables = {"embed_tokens": base_model.get_input_embeddings()}
@@ -79,10 +92,11 @@ def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: 
         target_modules=list(finetune["target_modules"]),
         bias="none",
         trainable_token_indices={name: ids for name in tables} if ids else None,
-        base_model_name_or_path=finetune["base"],
+        base_model_name_or_path=portable_base(finetune["base"], final_dir),
+        task_type=TaskType.CAUSAL_LM,
     )
     trained_rows = {name: state_dict[_table_key(base_model, module)][ids] for name, module in tables.items()} if ids else {}
-    base_model.name_or_path = finetune["base"]  # peft records the model's own name as the adapter's base
+    base_model.name_or_path = config.base_model_name_or_path  # peft records the model's own name as the adapter's base
     peft_model = get_peft_model(base_model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():

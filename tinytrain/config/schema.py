@@ -133,6 +133,13 @@ class LrSchedule(Enum):
     wsd = "wsd"  # warm-up, stable, and a decay over the last trainer.decay_steps / decay_fraction
 
 
+class OptimizerName(Enum):
+    adamw = "adamw"  # AdamW for every parameter
+    # Muon (momentum orthogonalised by Newton-Schulz) for the 2-D hidden weight matrices, AdamW for
+    # embeddings, the head, norms and biases (tinytrain/model/optimizers.py)
+    muon = "muon"
+
+
 class DecayShape(Enum):
     """The shape of the WSD decay from the peak to min_lr_ratio x peak (progress p from 0 to 1)."""
 
@@ -171,6 +178,8 @@ class Objective(Enum):
     dpo = "dpo"  # Direct Preference Optimization: sigmoid loss on beta x the policy/reference log-ratio margin
     ipo = "ipo"  # Identity Preference Optimization: squared loss on the per-token log-ratio margin (TRL's form)
     simpo = "simpo"  # SimPO: reference-free, on the length-normalised log-prob margin minus a target margin
+    kto = "kto"  # KTO: unpaired {prompt, completion, label} records, desirable vs undesirable against a reference (TRL's KTOTrainer)
+    orpo = "orpo"  # ORPO: reference-free, NLL on the chosen row plus beta x the log odds-ratio loss (TRL's ORPOTrainer)
 
 
 class TrainableTokens(Enum):
@@ -371,6 +380,8 @@ class FinetuneConfig:
     beta: float = 0.1  # dpo/simpo: scale of the reward margin; ipo: the regularisation tau (margin target 1/(2 beta))
     label_smoothing: float = 0.0  # dpo: share of pairs assumed mislabelled (conservative DPO), in [0, 0.5)
     simpo_gamma: float = 0.5  # simpo: the target reward margin (TRL's simpo_gamma)
+    desirable_weight: float = 1.0  # kto: weight of a desirable example's loss (TRL's desirable_weight)
+    undesirable_weight: float = 1.0  # kto: weight of an undesirable one's
     # Reference log-probs of every pair computed once before training and cached under data.cache_dir
     # (keyed by data and model, so a run with another beta reuses them): no reference model while training.
     precompute_reference: bool = False
@@ -467,12 +478,22 @@ class EvalConfig:
 
 
 @dataclass
+class BatchSizeWarmupConfig:
+    # The global batch grows from `start` sequences to the trainer's over `tokens` tokens
+    # (tinytrain/data/batch_ramp.py); null start: no warm-up. start must be a multiple of
+    # data_parallel x accumulate_grad_batches (the ramp grows each micro batch by one sample).
+    start: Optional[int] = None
+    tokens: int = 0
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 250
     micro_batch_size: int = 8
     # Set one of these or neither (accumulation 1); both set must agree with the world size.
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None
+    batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # the rate a decay ends at, as a fraction of trainer.lr
     warmup_steps: int = 25
@@ -487,6 +508,11 @@ class TrainerConfig:
     # data, is a new stage of the same run (an anneal branched off the stable phase); its
     # optimizer state carries on.
     stage: str = "main"
+    # adamw | muon (tinytrain/model/optimizers.py). Muon's rate is adjusted per matrix to
+    # 0.2 x sqrt(max(rows, cols)) x trainer.lr (Moonshot's "match_rms_adamw"), so AdamW's trainer.lr
+    # and weight_decay carry over; muon_momentum is its Nesterov momentum.
+    optimizer: OptimizerName = OptimizerName.adamw
+    muon_momentum: float = 0.95
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8

@@ -26,12 +26,14 @@ from torch.utils.data import ConcatDataset, DataLoader
 from tinytrain.config.schema import DataFormat
 from tinytrain.data import parts, sft_cache
 from tinytrain.data.bad_records import BadRecords
+from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.data.collate import PaddedCollator, collate_windows
 from tinytrain.data.mixture import Member, members, stage_weights
 from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.packing import WHOLE, PackedSamples, PackedWindows
 from tinytrain.data.parts import PLAN, PartedStore
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, PreferencePair, build_pairs, no_pairs_fix
+from tinytrain.data.ramp_sampler import RampBatchSampler
 from tinytrain.data.sample_index import EpochOrders, index_root, split_indices, split_windows
 from tinytrain.data.sampler import ResumableBatchSampler
 from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_fix
@@ -39,6 +41,7 @@ from tinytrain.data.sources import Source, records
 from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.data.tokenizer import fingerprint
+from tinytrain.data.unpaired import UnpairedCollator, UnpairedDataset, build_unpaired, is_unpaired
 from tinytrain.errors import ConfigError, Problem
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
@@ -59,8 +62,9 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0):
-        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples."""
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None):
+        """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples;
+        `ramp`: trainer.batch_size_warmup's (data/batch_ramp.py), micro batches that grow with the step."""
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -80,6 +84,8 @@ class DataModule:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # padding is masked anyway
         if data_cfg.format == DataFormat.text:
             self.collate = collate_windows  # fixed-size windows
+        elif isinstance(self.train, UnpairedDataset):
+            self.collate = UnpairedCollator(pad, data_cfg.pad_to_multiple_of, data_cfg.seq_len)
         elif data_cfg.format == DataFormat.preference:
             self.collate = PreferenceCollator(pad, data_cfg.pad_to_multiple_of)
         else:
@@ -97,7 +103,10 @@ class DataModule:
             # Pretraining: each epoch's order of windows written once and mapped by every rank.
             # (An order depends only on (samples, seed, epoch); kept beside the store's index.)
             orders = EpochOrders(index_root(data_cfg.cache_dir, self.train.store) / "orders", len(self.train), seed) if data_cfg.format == DataFormat.text else None
-            self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
+            if ramp is not None:  # validated: no length grouping
+                self.train_sampler = RampBatchSampler(len(self.train), ramp, seed, orders=orders)
+            else:
+                self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
             self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
 
     # -- pretraining --------------------------------------------------------------------------
@@ -221,8 +230,30 @@ class DataModule:
 
         return self._cached(src, "preference", PreferencePair, build)
 
+    def _unpaired(self):
+        """KTO's {prompt, completion, label} records (data/unpaired.py)."""
+
+        def build(validation: bool) -> list:
+            src = Source.from_config(self.cfg, validation)
+            bad = BadRecords(self.cfg.bad_records, src.key)
+            examples, summary = build_unpaired(records(src, bad), self.cfg, self.tokenizer, bad, src.key, src.path)
+            if not examples:
+                raise ConfigError(Problem(src.key, src.path, f"no usable KTO examples ({summary})", "check data.format and the records ({prompt, completion, label})"))
+            self.lines.append(f"{src.describe()}: {summary}")
+            return examples
+
+        train, val = self._train_and_validation(build, "examples")
+        self.lines.append(
+            f"kto (template {self.cfg.chat_template.value}): {len(train):,} train / {len(val):,} validation examples; a micro batch of {self.micro_batch_size} examples is "
+            f"{2 * self.micro_batch_size} rows (the examples, then each prompt with the previous example's completion for the KL estimate)"
+        )
+        return UnpairedDataset(train), UnpairedDataset(val)
+
     def _preference(self):
         d = self.cfg
+        first = next(iter(records(Source.from_config(d, False), BadRecords(d.bad_records))), (None, None))[0]
+        if is_unpaired(first):
+            return self._unpaired()
         train_pairs, val_pairs = self._train_and_validation(self._pairs, "pairs")
         trained = sum(int((p.chosen_labels != -100).sum() + (p.rejected_labels != -100).sum()) for p in train_pairs)
         self.lines.append(

@@ -30,6 +30,7 @@ class RunData:
                 progress=self.progress,
                 data_parallel=batch.data_parallel,
                 samples_per_step=batch.global_batch_size,
+                ramp=batch.ramp,
             )
             self._built = (batch, data)
         elif self._built[0] != batch:  # the planner and training read one BatchPlan

@@ -9,12 +9,14 @@ import torch.nn.functional as F
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint.format import name_optimizer_state, repad_optimizer_state, repad_vocab, unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.sharded import holds_shards
+from tinytrain.model import optimizers
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
+from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
-from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import PreferenceObjective, data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.tensor_parallel import parallelize
 from tinytrain.plan.schedule import Schedule, from_trainer
 
@@ -30,21 +32,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, true_vocab: int) 
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay: bool = True) -> list[dict]:
-    """No weight decay on norms, biases and embeddings (1-D or embedding tables); nor on the lm_head
-    when `vocab_tables_decay` is false (LoRA trains only some rows of it: decay would move the rest)."""
-    decay, no_decay = [], []
-    embeddings = {id(model.get_input_embeddings().weight)}
-    if not vocab_tables_decay and model.get_output_embeddings() is not None:
-        embeddings.add(id(model.get_output_embeddings().weight))
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
-    # An empty group is left out: DeepSpeed drops it from the optimizer, and the schedule built on
-    # both groups would then step one group too many (LoRA without trainable token rows has only
-    # decayed adapter matrices).
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+    """AdamW's groups (model/optimizers.py): no weight decay on norms, biases and embeddings."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [g for g in adamw_groups(model, trainable, weight_decay, vocab_tables_decay) if g["params"]]
 
 
 def labelled_tokens(batch: dict) -> int:
@@ -111,7 +101,7 @@ class CausalLMModule(pl.LightningModule):
             liger_loss=fast.liger_loss,
             adapters=plan.finetune is not None,
             schedule=plan.schedule,
-            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma),
+            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma, plan.preference.desirable_weight, plan.preference.undesirable_weight),
             reference=reference,
             deepspeed_config=plan.deepspeed,
         )
@@ -175,6 +165,15 @@ class CausalLMModule(pl.LightningModule):
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         return sequence_logps(self(**inputs), batch["labels"], self.true_vocab)
 
+    def logps_and_nll(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ORPO's one forward: the rows' log-prob sums, their answer lengths and the chosen rows' NLL."""
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        logits = self(**inputs)
+        chosen = batch["input_ids"].shape[0] // 2
+        mask = batch["attention_mask"] if "attention_mask" in batch else torch.ones_like(batch["input_ids"])
+        nll = full_sequence_nll(logits[:chosen], batch["input_ids"][:chosen], mask[:chosen], self.true_vocab)
+        return (*sequence_logps(logits, batch["labels"], self.true_vocab), nll)
+
     @torch.no_grad()
     def reference_logps(self, batch: dict) -> torch.Tensor:
         """The reference's log-prob sums of the batch's rows: from the batch when precomputed, else
@@ -193,7 +192,24 @@ class CausalLMModule(pl.LightningModule):
         with adapters_disabled(self.model):
             return self.sequence_logps(batch)[0]
 
+    def kto_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The B examples with gradients, their B KL rows (data/unpaired.py) without; the
+        reference scores both; the KL estimate and the metrics are summed over the ranks."""
+        b = batch["kto_labels"].shape[0]
+        rows = {k: v for k, v in batch.items() if torch.is_tensor(v) and v.dim() and v.shape[0] == 2 * b}
+        main, kl = {k: v[:b] for k, v in rows.items()}, {k: v[b:] for k, v in rows.items()}
+        logps = self.sequence_logps(main)[0]
+        with torch.no_grad():
+            kl_logps = self.sequence_logps(kl)[0]
+        o = self.objective
+        return kto_loss(o.beta, o.desirable_weight, o.undesirable_weight, logps, self.reference_logps(main), kl_logps, self.reference_logps(kl), batch["kto_labels"].bool(), reduce=data_parallel_sum)
+
     def preference_step(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        if self.objective.name == "kto":
+            return self.kto_step(batch)
+        if self.objective.name == "orpo":
+            logps, counts, nll = self.logps_and_nll(batch)
+            return preference_loss(self.objective, logps, counts, None, nll)
         logps, counts = self.sequence_logps(batch)
         ref = self.reference_logps(batch) if self.objective.needs_reference else None
         return preference_loss(self.objective, logps, counts, ref)
@@ -232,7 +248,8 @@ class CausalLMModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         if self.objective is not None:
             loss, metrics = self.preference_step(batch)
-            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins")}, sync_dist=True, batch_size=rows(batch))
+            # kto has no accuracies, and margins only when both labels are in the batch.
+            self.log_dict({f"val_{k}": metrics[k].float() for k in ("rewards/accuracies", "rewards/margins") if k in metrics}, sync_dist=True, batch_size=rows(batch))
             self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=rows(batch))
             return
         # Each batch's mean weighted by its labelled tokens: the epoch's val_loss is the token-weighted
@@ -250,13 +267,7 @@ class CausalLMModule(pl.LightningModule):
 
     def configure_optimizers(self):
         t = self.t
-        groups = param_groups(self.model, t.weight_decay, vocab_tables_decay=not self.adapters)
-        if self.cpu_adam:
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            opt = DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, adamw_mode=True)
-        else:
-            opt = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=t.eps, fused=self.fused_adamw or None)
+        opt = optimizers.build(self.optimizer_groups(), t, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)
         schedule = self.schedule or from_trainer(t)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.multiplier(step))  # a function: nothing of it in the scheduler's saved state
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -268,7 +279,8 @@ class CausalLMModule(pl.LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is None:
             return
-        scheduler.base_lrs = [self.t.lr for _ in scheduler.base_lrs]
+        # A Muon group under DeepSpeed carries its per-shape rate multiplier (model/optimizers.py).
+        scheduler.base_lrs = [self.t.lr * group.get("lr_scale", 1.0) for group in scheduler.optimizer.param_groups]
         for group, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
@@ -300,7 +312,10 @@ class CausalLMModule(pl.LightningModule):
     def optimizer_param_names(self) -> list[str]:
         """The optimizer's parameters by name, in its order (configure_optimizers' param groups)."""
         names = {id(p): n for n, p in self.named_parameters()}
-        return [names[id(p)] for g in param_groups(self.model, self.t.weight_decay, vocab_tables_decay=not self.adapters) for p in g["params"]]
+        return [names[id(p)] for g in self.optimizer_groups() for p in g["params"]]
+
+    def optimizer_groups(self) -> list[dict]:
+        return optimizer_groups(self.model, self.t, vocab_tables_decay=not self.adapters, deepspeed=self.deepspeed_config is not None)
 
     def named_optimizer_state(self, saved: dict) -> dict:
         """A saved optimizer state (parameters by index) keyed by name, its vocab tables' moments

@@ -120,12 +120,13 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, dp: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path) -> CheckpointPlan:
+def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, dp: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0) -> CheckpointPlan:
     """The checkpoint line's numbers; raises ConfigError (run.root) when a training run's disk
     cannot hold keep_last + 1 checkpoints."""
     c, par = cfg.checkpoint, cfg.parallel
     strategy = par.strategy
     weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params, trainable=trainable, world=world)
+    optimizer -= 4 * muon_params  # trainer.optimizer=muon: one fp32 momentum, not two moments (plan/optimizer.py)
     step = weights + optimizer + rest
     rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, dp=dp)
     host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, dp=dp)

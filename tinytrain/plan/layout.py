@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
-from tinytrain.config.schema import PLANNING_MODES, Mode
+from tinytrain.config.schema import PLANNING_MODES, DataFormat, Mode
+from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
 
 
@@ -20,10 +21,16 @@ class BatchPlan:
     data_parallel: int
     global_batch_size: int
     seq_len: int
+    ramp: BatchRamp | None = None  # trainer.batch_size_warmup (data/batch_ramp.py)
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens of a step at the final global batch (the ramp's steps hold fewer: `tokens_over`)."""
         return self.global_batch_size * self.seq_len
+
+    def tokens_over(self, steps: int) -> int:
+        """Tokens of the run's first `steps` steps, the batch warm-up's smaller steps counted as they are."""
+        return self.ramp.samples_before(steps) * self.seq_len if self.ramp else self.tokens_per_step * steps
 
 
 def devices_per_node(cfg) -> int:
@@ -63,7 +70,7 @@ def batch_layout(cfg, world: int, cp: int | None = None) -> tuple[BatchPlan | No
     micro = t.micro_batch_size
     if t.global_batch_size is None:
         accum = t.accumulate_grad_batches or 1
-        return BatchPlan(micro, accum, dp, micro * dp * accum, cfg.data.seq_len), problems
+        return with_ramp(cfg, BatchPlan(micro, accum, dp, micro * dp * accum, cfg.data.seq_len), problems)
     per_step = micro * dp
     if t.global_batch_size % per_step:
         problems.append(
@@ -86,7 +93,31 @@ def batch_layout(cfg, world: int, cp: int | None = None) -> tuple[BatchPlan | No
             )
         )
         return None, problems
-    return BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len), problems
+    return with_ramp(cfg, BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len), problems)
+
+
+def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan | None, list[Problem]]:
+    """The batch with trainer.batch_size_warmup's ramp, or its problems."""
+    w, d = cfg.trainer.batch_size_warmup, cfg.data
+    if w.start is None:
+        if w.tokens:
+            problems.append(Problem("trainer.batch_size_warmup.tokens", w.tokens, "a warm-up length without a starting batch does nothing", "set trainer.batch_size_warmup.start=<sequences>, or trainer.batch_size_warmup.tokens=0"))
+        return batch, problems
+    unit, final = batch.data_parallel * batch.accumulate_grad_batches, batch.global_batch_size
+    found = []
+    if w.start < 1 or w.start >= final:
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"must be at least 1 and below the final global batch ({final} = micro {batch.micro_batch_size} x accumulation {batch.accumulate_grad_batches} x dp {batch.data_parallel})", f"use a start between {unit} and {final - unit}, or raise trainer.global_batch_size"))
+    elif w.start % unit:
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"not a multiple of data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches}) = {unit}: every rank's micro batches of a step must be one size", f"use a multiple of {unit}, e.g. trainer.batch_size_warmup.start={max(unit, w.start // unit * unit)}"))
+    if w.tokens < 1:
+        found.append(Problem("trainer.batch_size_warmup.tokens", w.tokens, "the warm-up needs a length in tokens", f"use e.g. trainer.batch_size_warmup.tokens={20 * final * batch.seq_len} (20 final-batch steps)"))
+    if d.sources:
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, "a batch warm-up is not built for a data mixture (data.sources: its stages count steps of one batch size)", "set trainer.batch_size_warmup.start=null, or train one source"))
+    elif d.format != DataFormat.text and d.group_by_length:
+        found.append(Problem("data.group_by_length", True, "length-grouped batches are cut at one size; a batch warm-up changes it every few steps", "set data.group_by_length=false with trainer.batch_size_warmup"))
+    if found:
+        return None, problems + found
+    return BatchPlan(batch.micro_batch_size, batch.accumulate_grad_batches, batch.data_parallel, final, batch.seq_len, BatchRamp(w.start, final, unit, -(-w.tokens // batch.seq_len), batch.seq_len)), problems
 
 
 def cluster_problems(cfg) -> list[Problem]:

@@ -18,6 +18,7 @@ from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, resolve
+from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
@@ -88,6 +89,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=states_layout)
     else:
         states = row.model_states(params, states_layout)
+    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params)
+    states = optimizer_plan.states(states, optimizer, states_layout, deepspeed=row.deepspeed)
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
@@ -126,7 +129,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         world_size=world,
         batch=batch,
         max_steps=cfg.trainer.max_steps,
-        schedule=schedule_from_trainer(cfg.trainer),
+        schedule=schedule_from_trainer(cfg.trainer, batch.ramp),
         stage=cfg.trainer.stage,
         memory=memory,
         context=context,
@@ -149,7 +152,9 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             sixteen_bit=precision.dtype.value != "fp32",
             step_seconds=step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world),
             run_dir=run_dir,
+            muon_params=optimizer.muon_params,
         ),
+        optimizer=optimizer,
     )
 
 

@@ -1,4 +1,4 @@
-"""finetune.objective=dpo|ipo|simpo: the objective's settings, where the reference comes from, and
+"""finetune.objective=dpo|ipo|simpo|orpo|kto: the objective's settings, where the reference comes from, and
 what holding it costs per GPU, decided once here (the model stage applies it:
 tinytrain/model/preference_loss.py and tinytrain/model/reference.py).
 
@@ -22,6 +22,7 @@ ADAPTERS_OFF = "the base with the adapters disabled (no copy held)"
 FROZEN_COPY = "a frozen copy of the initial weights, held like the policy"
 PRECOMPUTED = "log-probs computed once before training, cached with the pairs (no reference model while training)"
 NONE = "none (reference-free)"
+REFERENCE_FREE = (Objective.simpo, Objective.orpo)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class PreferencePlan:
     simpo_gamma: float
     reference: str  # one of the descriptions above
     reference_bytes: float  # per GPU, counted in the memory line
+    desirable_weight: float = 1.0  # kto
+    undesirable_weight: float = 1.0
 
     @property
     def frozen_copy(self) -> bool:
@@ -52,7 +55,7 @@ def problems(cfg) -> list[Problem]:
     if preference and d.format != DataFormat.preference:
         found.append(Problem("data.format", d.format.value, f"finetune.objective={f.objective.value} trains on preference pairs", "set data.format=preference (records {prompt, chosen, rejected}), or finetune.objective=sft"))
     if d.format == DataFormat.preference and not preference:
-        found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo)"))
+        found.append(Problem("finetune.objective", f.objective.value, "data.format=preference holds chosen/rejected pairs, which next-token SFT does not train on", "set finetune.objective=dpo (or ipo, simpo, orpo)"))
     if not preference:
         return found
     # `not x > 0` alone lets inf through: an infinite beta makes the loss itself non-finite.
@@ -64,14 +67,33 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "must be in [0, 0.5) (the share of pairs assumed mislabelled)", "use 0 (plain DPO) or e.g. 0.1"))
     elif f.label_smoothing and f.objective == Objective.ipo:
         found.append(Problem("finetune.label_smoothing", f.label_smoothing, "ipo has no label smoothing (its squared loss has no flipped-label term)", "set finetune.label_smoothing=0, or finetune.objective=dpo"))
-    if f.precompute_reference and f.objective == Objective.simpo:
-        found.append(Problem("finetune.precompute_reference", True, "simpo is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if f.precompute_reference and f.objective in REFERENCE_FREE:
+        found.append(Problem("finetune.precompute_reference", True, f"{f.objective.value} is reference-free: there are no reference log-probs to compute", "set finetune.precompute_reference=false"))
+    if f.label_smoothing and f.objective == Objective.orpo:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "orpo has no label smoothing (TRL's odds-ratio loss has no flipped-label term)", "set finetune.label_smoothing=0"))
+    if f.objective == Objective.kto:
+        found += kto_problems(cfg)
     if d.train_on == TrainOn.all:
         found.append(Problem("data.train_on", "all", "a preference pair is scored on its answers only (prompt tokens are the same on both sides)", "remove data.train_on (assistant, the default)"))
     if d.pack:
         found.append(Problem("data.pack", True, "preference pairs are scored row by row (chosen and rejected in one micro batch), not packed", "set data.pack=false"))
     if d.sources:
         found.append(Problem("data.sources", f"{len(d.sources)} sources", "a mixture of preference data is not supported", "use one data.path (concatenate the files into one folder)"))
+    return found
+
+
+def kto_problems(cfg) -> list[Problem]:
+    f = cfg.finetune
+    found = []
+    if cfg.trainer.micro_batch_size < 2:
+        found.append(Problem("trainer.micro_batch_size", cfg.trainer.micro_batch_size, "kto estimates its KL term from each prompt paired with another example's completion in the same micro batch: one example has no other", "use trainer.micro_batch_size=2 or more (TRL requires a per-device batch > 1 too)"))
+    if f.precompute_reference:
+        found.append(Problem("finetune.precompute_reference", True, "kto's reference log-probs include its KL rows, which are formed per micro batch: they are not precomputed here", "set finetune.precompute_reference=false (LoRA: the base with adapters off; full: a frozen copy)"))
+    if f.label_smoothing:
+        found.append(Problem("finetune.label_smoothing", f.label_smoothing, "kto has no label smoothing", "set finetune.label_smoothing=0"))
+    for key, value in (("finetune.desirable_weight", f.desirable_weight), ("finetune.undesirable_weight", f.undesirable_weight)):
+        if not (math.isfinite(value) and value > 0):
+            found.append(Problem(key, value, "must be positive and finite (it weighs that side's examples in the loss)", f"use e.g. {key}=1.0 (TRL's default)"))
     return found
 
 
@@ -87,7 +109,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
     if f.objective == Objective.sft:
         return None
     held = 0.0
-    if f.objective == Objective.simpo:
+    if f.objective in REFERENCE_FREE:
         reference = NONE
     elif f.precompute_reference:
         reference = PRECOMPUTED
@@ -96,7 +118,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
     else:
         reference = FROZEN_COPY
         held = reference_bytes(par.strategy, params, world=world, tp=par.tp, zero_stage=par.zero_stage, offload_params=par.offload_params)
-    return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held)
+    return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held, float(f.desirable_weight), float(f.undesirable_weight))
 
 
 def trainable_rows_problem(plan: PreferencePlan | None, adapters) -> None:

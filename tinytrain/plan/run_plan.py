@@ -29,6 +29,8 @@ from tinytrain.plan.memory import MemoryPlan
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
+from tinytrain.plan.optimizer import OptimizerPlan
+from tinytrain.plan.optimizer import line as optimizer_line
 from tinytrain.plan.parallel import StrategyRow, strategy_row
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.preference import PreferencePlan
@@ -98,6 +100,7 @@ class RunPlan:
     checkpoint: CheckpointPlan = CheckpointPlan("file", False, 3)  # format, async saves, keep_last, their size, memory, disk, time
     export: ExportSpec = ExportSpec()  # what the end-of-run export and training's samples serve: template, stops, BOS, dtype
     pretrained_tokenizer: TokenizerMatch | None = None  # model.pretrained's own tokenizer against the run's
+    optimizer: OptimizerPlan | None = None  # trainer.optimizer: which parameters Muon takes, the state it holds
 
     @property
     def on_gpu(self) -> bool:
@@ -105,7 +108,7 @@ class RunPlan:
 
     @property
     def total_tokens(self) -> int:
-        return self.batch.tokens_per_step * self.max_steps
+        return self.batch.tokens_over(self.max_steps)
 
     @property
     def stage_start(self) -> int:
@@ -148,6 +151,7 @@ class RunPlan:
             "world_size": self.world_size,
             "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
             "tokens_per_step": b.tokens_per_step,
+            "batch_size_warmup": b.ramp and b.ramp.to_dict(self.max_steps),
             "max_steps": self.max_steps,
             "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start},
             "total_tokens": self.total_tokens,
@@ -161,6 +165,7 @@ class RunPlan:
             "finetune": self.finetune and self.finetune.to_dict(),
             "preference": self.preference and self.preference.to_dict(),
             "checkpoint": self.checkpoint.to_dict(),
+            "optimizer": self.optimizer and self.optimizer.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -228,6 +233,12 @@ def render(plan: dict) -> str:
         + str(b["seq_len"]),
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
+    if plan.get("batch_size_warmup"):
+        r = plan["batch_size_warmup"]
+        lines.append(
+            f"batch ramp {r['start']} -> {r['final']} sequences in steps of {r['increment']} (one more per micro batch) over the first {r['ramp_steps']} steps "
+            f"({_human(r['ramp_tokens'])} tokens); the schedule counts tokens, in steps of the final batch"
+        )
     if plan.get("schedule"):
         lines += render_schedule(plan["schedule"], plan["max_steps"], plan["resume"])
     if plan.get("data_mixture"):
@@ -243,6 +254,8 @@ def render(plan: dict) -> str:
         pr = plan["preference"]
         settings = f"beta {pr['beta']:g}" + (f", label smoothing {pr['label_smoothing']:g}" if pr["label_smoothing"] else "") + (f", gamma {pr['simpo_gamma']:g}" if pr["name"] == "simpo" else "")
         lines.append(f"objective  {pr['name']}: {settings}; reference: {pr['reference']}")
+    if plan.get("optimizer"):
+        lines.append(optimizer_line(plan["optimizer"], plan["parallel"]["strategy"], deepspeed=bool(plan["deepspeed"])))
     m = plan["memory_per_gpu"]
     reference = f" + reference {m['reference_gib']:.2f}" if m.get("reference_gib") else ""
     lines.append(

@@ -8,6 +8,10 @@
             linear, cosine or 1-sqrt (1 - sqrt(progress), DeepSeek's and "Scaling Laws and
             Compute-Optimal Training Beyond Fixed Training Durations")
 
+With trainer.batch_size_warmup the schedule is kept in tokens: its steps are steps of the final
+batch, and optimizer step k reads it at the tokens trained before it (data/batch_ramp.py
+`equivalent_step`), so the ramp's smaller steps advance the warm-up and decay by what they train.
+
 Because the rate depends only on the step and these settings (never on the scheduler's saved
 state), a run continued from a stable-phase checkpoint with a later max_steps and a decay
 (a new trainer.stage) trains step for step as a run given that schedule from the start.
@@ -19,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from tinytrain.config.schema import DecayShape, LrSchedule
+from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
 
 
@@ -38,10 +43,11 @@ SHAPES = {
 class Schedule:
     kind: LrSchedule
     warmup: int
-    total: int  # trainer.max_steps
-    decay_steps: int  # steps of the decay at the end (cosine/linear: everything after the warm-up; constant: 0)
+    total: float  # trainer.max_steps; with a batch ramp, the run's tokens in steps of the final batch
+    decay_steps: float  # steps of the decay at the end (cosine/linear: everything after the warm-up; constant: 0)
     shape: DecayShape
     min_ratio: float
+    ramp: BatchRamp | None = None  # trainer.batch_size_warmup: optimizer steps read the schedule at their tokens
 
     @property
     def decay_start(self) -> int:
@@ -49,8 +55,10 @@ class Schedule:
 
     def multiplier(self, step: int) -> float:
         """lr / trainer.lr at optimizer step `step` (0-based: the first step trains with step 0's)."""
+        if self.ramp is not None:
+            step = self.ramp.equivalent_step(step)
         if step < self.warmup:
-            return (step + 1) / self.warmup
+            return min(1.0, (step + 1) / self.warmup)  # a ramp's fractional steps stop at the peak
         if self.decay_steps == 0 or step < self.decay_start:
             return 1.0
         # Like the warm-up, counted so its last step is trained: step decay_start + k trains at
@@ -68,26 +76,32 @@ class Schedule:
         return {
             "kind": self.kind.value,
             "warmup_steps": self.warmup,
-            "decay_steps": self.decay_steps,
-            "decay_start": self.decay_start,
+            "decay_steps": round(self.decay_steps, 3),
+            "decay_start": round(self.decay_start, 3),
+            "counted_in": "steps" if self.ramp is None else "tokens, in steps of the final batch (trainer.batch_size_warmup)",
             "decay_shape": self.shape.value,
             "min_lr_ratio": self.min_ratio,
             "phases": [{"phase": n, "from_step": a, "to_step": b} for n, a, b in self.phases()],
         }
 
 
-def decay_steps(t) -> int:
-    """The decay's length in steps for trainer settings `t` (validated: within the run)."""
+def decay_steps(t, total: float | None = None) -> float:
+    """The decay's length in steps for trainer settings `t` (validated: within the run); `total`:
+    the run's length in steps of the final batch where a batch ramp makes it other than max_steps."""
+    total = t.max_steps if total is None else total
     if t.lr_schedule == LrSchedule.constant:
         return 0
     if t.lr_schedule in (LrSchedule.cosine, LrSchedule.linear):
-        return t.max_steps - t.warmup_steps
-    return t.decay_steps if t.decay_steps is not None else round(t.decay_fraction * t.max_steps)
+        return total - t.warmup_steps
+    return t.decay_steps if t.decay_steps is not None else round(t.decay_fraction * total)
 
 
-def from_trainer(t) -> Schedule:
+def from_trainer(t, ramp: BatchRamp | None = None) -> Schedule:
     shape = {LrSchedule.cosine: DecayShape.cosine, LrSchedule.linear: DecayShape.linear}.get(t.lr_schedule, t.decay_shape)
-    return Schedule(t.lr_schedule, t.warmup_steps, t.max_steps, decay_steps(t), shape, t.min_lr_ratio)
+    if ramp is None:
+        return Schedule(t.lr_schedule, t.warmup_steps, t.max_steps, decay_steps(t), shape, t.min_lr_ratio)
+    total = ramp.equivalent_step(t.max_steps)
+    return Schedule(t.lr_schedule, t.warmup_steps, total, decay_steps(t, total), shape, t.min_lr_ratio, ramp)
 
 
 def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, marks: dict[int, str] | None = None) -> list[str]:

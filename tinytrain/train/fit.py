@@ -17,6 +17,7 @@ from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
+from tinytrain.data.unpaired import UnpairedDataset
 from tinytrain.errors import ConfigError, Problem, TrainingStopped
 from tinytrain.model.build import build_model, model_config
 from tinytrain.model.init_weights import weights_for_run
@@ -92,6 +93,18 @@ def frozen_dtype(plan: RunPlan):
     return compute_dtype(plan)
 
 
+def preference_layout_check(plan: RunPlan, data: DataModule) -> None:
+    """kto trains on unpaired {prompt, completion, label} records and every other objective on pairs:
+    the records read decide which (data/unpaired.py), so the two are compared once the data is built."""
+    if plan.preference is None:
+        return
+    unpaired, kto = isinstance(data.train, UnpairedDataset), plan.preference.name == "kto"
+    if unpaired and not kto:
+        raise ConfigError(Problem("finetune.objective", plan.preference.name, "the records are unpaired {prompt, completion, label} (TRL's KTO layout), which only kto trains on", "set finetune.objective=kto, or give pairs {prompt, chosen, rejected}"))
+    if kto and not unpaired:
+        raise ConfigError(Problem("finetune.objective", "kto", "kto trains on unpaired {prompt, completion, label} records and these are pairs", "set finetune.objective=dpo (or ipo, simpo, orpo), or give TRL's unpaired layout"))
+
+
 def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> dict:
     """Build the module and the trainer for the plan, train on `data` (the run's DataModule, built
     for the plan's batch), save the final checkpoint and (rank 0) export. A plan with a resume
@@ -104,6 +117,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     log.info("%s", data.describe())
     report(data_findings(cfg, data.stores, plan.vocab.true))
+    preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute

@@ -178,3 +178,28 @@ def test_the_pair_stream_resumes_exactly(tmp_path, monkeypatch):
     DataModule(pref_cfg(cfg.path, "data.chat_template=alpaca", "data.too_long=skip", f"data.cache_dir={tmp_path / 'cache'}"), tok, micro_batch_size=4, seed=7, progress=False)
     assert calls  # another data.too_long: its own pairs
     assert all(b.shape[0] == 8 for b in uninterrupted)  # 4 pairs = 8 rows
+
+
+CHATML_JINJA = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+def test_chatml_pairs_have_trls_ids_but_leave_the_newline_after_im_end_unscored(tmp_path, chatml_tokenizer):
+    """The difference the README names beside "TRL's layout": on the same ChatML pair TRL 1.16's
+    token ids are tinytrain's, but TRL scores everything after the generation prompt, the "\\n" after
+    <|im_end|> included, and tinytrain leaves that newline unscored (template glue after the stop
+    token, which generation never predicts; SFT masks it alike). Log-prob sums differ by its log-prob."""
+    import copy
+
+    from trl.data_utils import apply_chat_template
+
+    tok = copy.deepcopy(chatml_tokenizer)
+    tok.chat_template = CHATML_JINJA
+    (pair,), _ = pairs_of(pref_cfg(write(tmp_path, [STRINGS]), "data.chat_template=chatml"), tok)
+    example = apply_chat_template({"prompt": [{"role": "user", "content": STRINGS["prompt"]}], "chosen": [{"role": "assistant", "content": STRINGS["chosen"]}], "rejected": [{"role": "assistant", "content": STRINGS["rejected"]}]}, tok)
+    for ids, labels, answer in ((pair.chosen_ids, pair.chosen_labels, example["chosen"]), (pair.rejected_ids, pair.rejected_labels, example["rejected"])):
+        prompt_ids = tok(example["prompt"], add_special_tokens=False)["input_ids"]
+        answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
+        assert ids.tolist() == prompt_ids + answer_ids  # the same tokens
+        trl_scored = ids[len(prompt_ids) :].tolist()
+        ours = ids[1:][labels[:-1] != -100].tolist()
+        assert trl_scored[:-1] == ours and tok.decode(trl_scored[-1:]) == "\n"  # all but TRL's last token

@@ -3,6 +3,7 @@ peft's adapter folder (tinytrain/model/lora.py, tinytrain/checkpoint/lora_weight
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tinytrain.checkpoint.lora_weights import base_weights, merge_adapters, write_adapter_folder
@@ -137,3 +138,28 @@ def test_default_targets_follow_the_family_phi3_fused_and_gemma2():
         adapted = {name.split(".")[-1] for name, m in model.named_modules() if hasattr(m, "lora_A")}
         assert adapted == set(expected)
         assert sum(p.numel() for p in model.parameters() if p.requires_grad) == lora.adapter_params
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_adapter_config_is_peft_causal_lm_and_portable(tmp_path, local):
+    """adapter_config.json as peft writes it for a causal LM (task_type CAUSAL_LM, not null), and its
+    base no machine's absolute path: a local base relative to the adapter's final folder (the run
+    and its base move together), a hub id as given."""
+    import json
+
+    base_dir = tmp_path / "models" / "chat"
+    base_dir.mkdir(parents=True)
+    finetune = {**plan(rows=()).to_dict(), "base": str(base_dir) if local else "TinyLlama/TinyLlama-1.1B-Chat-v1.0"}
+    model = apply_adapters(tiny_llama(), plan(rows=()))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    base = tiny_llama()
+    base.load_state_dict(base_weights(state), strict=True)
+    final = tmp_path / "runs" / "r1" / "hf_export" / "adapter"
+    write_adapter_folder(state, finetune, base, tmp_path / "staging", final_dir=final)
+    config = json.loads((tmp_path / "staging" / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM"
+    if local:
+        assert config["base_model_name_or_path"] == "../../../../models/chat"
+        assert (final / config["base_model_name_or_path"]).resolve() == base_dir.resolve()
+    else:
+        assert config["base_model_name_or_path"] == "TinyLlama/TinyLlama-1.1B-Chat-v1.0"

@@ -26,7 +26,7 @@ from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.sources import Source, records
 from tinytrain.model.module import CausalLMModule
-from tinytrain.model.preference_loss import PreferenceObjective, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import PreferenceObjective, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.reference import FrozenReference, adapters_disabled
 
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
@@ -245,3 +245,123 @@ def test_lora_reference_is_the_base_with_adapters_off(setup):
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
     with adapters_disabled(model):
         assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+
+
+ORPO_METRICS = (*METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen")
+
+
+def trl_orpo(policy, batch, beta):
+    """TRL's ORPOTrainer.get_batch_loss_metrics on our batch in its layout (unshifted labels)."""
+    from accelerate import Accelerator
+    from trl.experimental.orpo import ORPOTrainer
+
+    trainer = ORPOTrainer.__new__(ORPOTrainer)
+    trainer.accelerator = Accelerator(cpu=True)
+    trainer.beta, trainer.is_encoder_decoder, trainer.padding_value, trainer.aux_loss_enabled = beta, False, 0, False
+    trainer.label_pad_token_id = -100
+    half = batch["input_ids"].shape[0] // 2
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 1:] = batch["labels"][:, :-1]
+    trl_batch = {}
+    for side, rows in (("chosen", slice(0, half)), ("rejected", slice(half, None))):
+        trl_batch |= {f"{side}_input_ids": batch["input_ids"][rows], f"{side}_attention_mask": batch["attention_mask"][rows], f"{side}_labels": labels[rows]}
+    with torch.no_grad():
+        loss, metrics = trainer.get_batch_loss_metrics(policy, trl_batch)
+    return float(loss), metrics
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0])
+def test_orpo_matches_trl_end_to_end(setup, beta):
+    """ORPO (no reference): loss, nll_loss, log_odds_* and the rewards equal TRL's ORPOTrainer's."""
+    policy, _, batch, _, vocab = setup
+    trl_loss, trl_metrics = trl_orpo(policy, batch, beta)
+    module = tinytrain_module(policy, None, PreferenceObjective("orpo", beta), vocab)
+    with torch.no_grad():
+        loss, metrics = module.preference_step(batch)
+    assert abs(float(loss) - trl_loss) <= 1e-5 * abs(trl_loss), (float(loss), trl_loss)
+    for k in ORPO_METRICS:
+        assert abs(float(metrics[k]) - trl_metrics[k]) <= 1e-5 * max(1.0, abs(trl_metrics[k])), (k, float(metrics[k]), trl_metrics[k])
+
+
+def test_orpo_at_step_zero_is_its_definition():
+    """Equal chosen and rejected mean log-probs: log odds 0, so the odds-ratio term is log(1/2) and
+    the loss is NLL + beta ln 2; rewards are beta x the mean log-probs."""
+    logps, counts = torch.tensor([-6.0, -3.0]), torch.tensor([4, 2])  # means -1.5 and -1.5
+    nll = torch.tensor(2.0)
+    loss, metrics = preference_loss(PreferenceObjective("orpo", 0.25), logps, counts, None, nll)
+    assert float(loss) == pytest.approx(2.0 + 0.25 * math.log(2))
+    assert float(metrics["log_odds_chosen"]) == pytest.approx(0.0)
+    assert float(metrics["log_odds_ratio"]) == pytest.approx(-math.log(2))
+    assert float(metrics["rewards/chosen"]) == pytest.approx(0.25 * -1.5)
+    assert float(metrics["nll_loss"]) == 2.0
+
+
+KTO_METRICS = ("kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
+
+
+def kto_rows(prompts, completions):
+    """Right-padded rows of prompt + completion token ids, their attention and completion masks."""
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    ids, attention, completion = (torch.zeros(len(prompts), width, dtype=torch.long) for _ in range(3))
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        attention[i, : len(p) + len(c)] = 1
+        completion[i, len(p) : len(p) + len(c)] = 1
+    return ids, attention, completion
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0), (1.0, 1.33)])
+def test_kto_matches_trl_end_to_end(setup, weights):
+    """KTO on four unpaired examples (three desirable): loss, kl and TRL's metrics against
+    KTOTrainer._compute_loss on the same policy, reference and batch (KL rows: each prompt with the
+    previous example's completion, as TRL's collator cycles them)."""
+    from accelerate import Accelerator
+    from trl import KTOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    policy, reference, _, _, vocab = setup
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (5, 3, 7, 4)]
+    completions = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (4, 6, 2, 5)]
+    labels = torch.tensor([True, False, True, True])
+    ids, attention, completion = kto_rows(prompts, completions)
+    kl_ids, kl_attention, kl_completion = kto_rows(prompts, completions[-1:] + completions[:-1])
+
+    trainer = KTOTrainer.__new__(KTOTrainer)
+    trainer.accelerator = Accelerator(cpu=True)
+    trainer.model, trainer.ref_model = copy.deepcopy(policy), copy.deepcopy(reference)
+    add_fused_lm_head(trainer.model, outputs=("log_probs", "entropy", "mean_logits"))
+    add_fused_lm_head(trainer.ref_model)
+    trainer.args = SimpleNamespace(gradient_checkpointing_kwargs=None)
+    trainer.beta, trainer.loss_type, (trainer.desirable_weight, trainer.undesirable_weight) = 0.1, "kto", weights
+    trainer.calculate_KL, trainer.precompute_ref_logps, trainer.aux_loss_enabled = True, False, False
+    trainer._metrics, trainer._total_train_tokens, trainer._tp_size = {"train": defaultdict(list), "eval": defaultdict(list)}, 0, 1
+    trainer.model.train()
+    inputs = {"input_ids": ids, "attention_mask": attention, "completion_mask": completion, "KL_input_ids": kl_ids, "KL_attention_mask": kl_attention, "KL_completion_mask": kl_completion, "label": labels}
+    with torch.no_grad():
+        trl_loss = float(trainer._compute_loss(trainer.model, inputs, return_outputs=False))
+    trl_metrics = {k: trainer._metrics["train"][k][-1] for k in KTO_METRICS}
+
+    def logps(model, rows, mask, comp):
+        labels_ = torch.full_like(rows, -100)
+        labels_[:, :-1] = rows[:, 1:].masked_fill(comp[:, 1:] == 0, -100)
+        with torch.no_grad():
+            return sequence_logps(model(input_ids=rows, attention_mask=mask).logits, labels_, vocab)[0]
+
+    loss, metrics = kto_loss(0.1, *weights, logps(policy, ids, attention, completion), logps(reference, ids, attention, completion), logps(policy, kl_ids, kl_attention, kl_completion), logps(reference, kl_ids, kl_attention, kl_completion), labels)
+    assert abs(float(loss) - trl_loss) <= 1e-5 * abs(trl_loss), (float(loss), trl_loss)
+    for k in KTO_METRICS:
+        assert abs(float(metrics[k]) - trl_metrics[k]) <= 1e-5 * max(1.0, abs(trl_metrics[k])), (k, float(metrics[k]), trl_metrics[k])
+    assert trl_metrics["rewards/margins"] != 0
+
+
+def test_kto_at_step_zero_is_its_definition():
+    """Policy = reference: every log-ratio and the KL estimate are 0, so each example loses
+    weight x (1 - s(0)) = weight / 2 and every reward is 0."""
+    logps = torch.tensor([-5.0, -7.0, -2.0])
+    kl = torch.tensor([-9.0, -4.0, -6.0])
+    desirable = torch.tensor([True, False, False])
+    loss, metrics = kto_loss(0.1, 1.0, 1.5, logps, logps.clone(), kl, kl.clone(), desirable)
+    assert float(loss) == pytest.approx((0.5 + 0.75 + 0.75) / 3)
+    assert float(metrics["kl"]) == 0 and float(metrics["rewards/margins"]) == 0
+    assert float(metrics["logps/rejected"]) == pytest.approx(-4.5)

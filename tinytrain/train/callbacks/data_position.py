@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from tinytrain.data.ramp_sampler import RampBatchSampler
+
 
 class DataPosition(pl.Callback):
     def __init__(self, sampler, context_parallel: int = 1):
@@ -19,6 +21,12 @@ class DataPosition(pl.Callback):
             # them all as data-parallel ranks; model/context_parallel.py splits the sequence).
             cp = self.context_parallel
             self.sampler.set_shard(shard["rank"] // cp, shard["num_replicas"] // cp)
+
+    def on_train_start(self, trainer, pl_module):
+        # A batch ramp sizes the next batch by the run's optimizer step: a checkpoint from a run
+        # without one (a new stage) carries no step of its own, so the trainer's is taken.
+        if isinstance(self.sampler, RampBatchSampler) and self.sampler.steps != trainer.global_step:
+            self.sampler.steps, self.sampler.micro_batches = trainer.global_step, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Counted here, not when the sampler yields: loader workers and Lightning prefetch ahead.
