@@ -52,6 +52,7 @@ CASES = {
     "context that does not fit on this world": ([*LONG, "data.seq_len=131072", "parallel.cp=2"], ["data.seq_len=131072", "does not fit at parallel.cp=2", "GPUs or a multiple", "trainer.activation_checkpointing=true"]),
     "context that fits a cp larger than the world": ([*LONG, "data.seq_len=4194304", "model.max_position_embeddings=4194304", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=4194304", "does not fit at parallel.cp=8", "use parallel.cp=32 on 32 GPUs"]),
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
+    "cp with a batch warm-up": ([*CP2, "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=8", "Ulysses' attention is built for one micro batch size", "parallel.cp=1"]),
     "long-context recipe on V100s": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),
     # optimizers and objectives (issue 37)
     "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),

@@ -95,6 +95,8 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({par.cp}): fine-tuning rows are padded to a multiple of it, and each of the {par.cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={par.cp * max(1, d.pad_to_multiple_of // par.cp)}"))
     if cfg.finetune.objective != Objective.sft:
         found.append(Problem("finetune.objective", cfg.finetune.objective.value, f"is not built for parallel.cp={par.cp}: a pair's log-probabilities would need summing across the cp group", "use parallel.cp=1 for preference tuning (pairs are rarely long), or finetune.objective=sft"))
+    if cfg.trainer.batch_size_warmup.start is not None:
+        found.append(Problem("trainer.batch_size_warmup.start", cfg.trainer.batch_size_warmup.start, f"a batch warm-up grows the micro batch, and Ulysses' attention is built for one micro batch size (parallel.cp={par.cp})", "drop the warm-up (trainer.batch_size_warmup.start=null) for a context-parallel run, or parallel.cp=1"))
     if m.attention == Attention.eager:
         found.append(Problem("model.attention", "eager", f"cannot run under parallel.cp={par.cp}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel)"))
     return found
