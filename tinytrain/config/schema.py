@@ -64,6 +64,23 @@ class Strategy(Enum):
     fsdp_tp = "fsdp_tp"  # FSDP2 x tensor parallel through Lightning's ModelParallelStrategy
 
 
+class Checkpointing(Enum):
+    """trainer.activation_checkpointing (plan/checkpointing.py; the old true/false mean full/none)."""
+
+    none = "none"  # every activation kept for backward
+    full = "full"  # a layer keeps only its input and is recomputed in backward
+    selective = "selective"  # matmul and attention outputs kept, the cheap ops between them recomputed
+    auto = "auto"  # the cheapest of the three that fits the GPU (none where there is no GPU to fit)
+
+
+class CompileMode(Enum):
+    """trainer.compile (old true/false: model/none)."""
+
+    none = "none"
+    blocks = "blocks"  # each transformer block compiled on its own: compile time flat in depth
+    model = "model"  # the whole model as one graph
+
+
 class ContextParallelKind(Enum):
     """How parallel.cp > 1 splits each sequence (plan/context.py picks for auto)."""
 
@@ -493,12 +510,15 @@ class TrainerConfig:
     val_batches: int = 8
     checkpoint_every_n_steps: int = 100
     progress_bar: bool = True
-    # Fast paths (tinytrain/plan/fast_paths.py): torch.compile of the model; activation checkpointing
-    # (recompute layers in backward); cross-entropy from hidden states in chunks of this many
-    # tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and loss
-    # (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).
-    compile: bool = False
-    activation_checkpointing: bool = False
+    # Fast paths (tinytrain/plan/fast_paths.py): torch.compile none|blocks|model (CompileMode) with
+    # this backend (inductor; aot_eager traces without generating code); activation checkpointing
+    # none|full|selective|auto (Checkpointing). Both take a string or the old boolean, so their type
+    # is Any here and plan/levers.py reads them. Then cross-entropy from hidden states in chunks of
+    # this many tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and
+    # loss (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).
+    compile: Any = "none"
+    compile_backend: str = "inductor"
+    activation_checkpointing: Any = "none"
     loss_chunk_tokens: Optional[int] = None
     liger: Optional[bool] = None
     export: bool = True

@@ -75,6 +75,12 @@ class StrategyRow:
     # -- long context (parallel.cp > 1): the kinds of sequence split it runs, or why none
     cp_kinds: tuple = ()  # ContextParallelKind values, the first is what cp_kind=auto picks
     cp_off: str | None = None
+    # -- throughput levers (plan/levers.py, plan/checkpointing.py): why each is refused, None: allowed
+    compile_blocks_off: str | None = None  # trainer.compile=blocks
+    compile_model_off: str | None = None  # trainer.compile=model
+    # selective checkpointing's op-level policy; where refused, selective checkpoints every
+    # SELECTIVE_EVERY-th block instead
+    op_checkpoint_off: str | None = None
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
 
 
@@ -128,6 +134,10 @@ SINGLE = StrategyRow(
 DDP_CP_OFF = "DeepSpeed's Ulysses attention runs under its own engine, and ddp is torch's DistributedDataParallel; parallel=zero1 is the same data parallelism (optimizer states sharded) with Ulysses"
 RING_OFF = "ring attention through torch's context_parallel is not built yet (on CPU its SDPA has no sharding strategy in torch 2.13, so it cannot be proven here)"
 
+# FSDP2 gathers and frees each block's weights in hooks around it; torch compiles an FSDP2 model
+# block by block (as torchtitan does), not as one graph.
+FSDP_WHOLE_GRAPH = "FSDP2 gathers each block's weights in hooks around the block, which one whole-model graph would have to hold; torch compiles FSDP2 models block by block"
+
 # Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
 STRATEGIES = {
     Strategy.single: SINGLE,
@@ -170,6 +180,7 @@ STRATEGIES = {
         lora_off=LORA_TP,
         qlora=False,
         cp_off=RING_OFF,
+        compile_model_off=FSDP_WHOLE_GRAPH,
     ),
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -21,10 +21,13 @@ from tinytrain.plan import deepspeed_config, finetune, resolve
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
+from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
+from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
+from tinytrain.plan.levers import checkpointing_mode
 from tinytrain.plan.memory import activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
@@ -90,15 +93,24 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-    def activations_at(seq: int, cp: int) -> float:
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=cfg.trainer.activation_checkpointing)
-
+    requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     reference_bytes = preference.reference_bytes if preference else 0.0
+    base_step = step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world)
+
+    def activations_for(mode: Checkpointing, seq: int, cp: int) -> float:
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, row.op_checkpoint_off))
+
+    table = [mode_cost(mode, plan_memory(states, activations_for(mode, batch.seq_len, par.cp), hardware.memory_gb, reference_bytes), batch.micro_batch_size, base_step) for mode in BY_COST]
+    ckpt = choose_checkpointing(requested, table, row.op_checkpoint_off)
+
+    def activations_at(seq: int, cp: int) -> float:
+        return activations_for(Checkpointing(ckpt.mode), seq, cp)
+
     memory = plan_memory(states, activations_at(batch.seq_len, par.cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(preference, memory)
     context = context_plan.with_longest(context_plan.choose(cfg, batch.seq_len // par.cp), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
-    context_plan.fit_problem(cfg, context, memory, activations_at, world=world)
-    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only)
+    context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
+    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only, checkpointing=ckpt)
     if preference:
         fast = preference_plan.logits_loss(fast)
     return RunPlan(
@@ -133,6 +145,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         memory=memory,
         context=context,
         fast_paths=fast,
+        checkpointing=ckpt,
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,
@@ -149,7 +162,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             world=world,
             dp=batch.data_parallel,
             sixteen_bit=precision.dtype.value != "fp32",
-            step_seconds=step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world),
+            step_seconds=base_step,
             run_dir=run_dir,
         ),
     )
@@ -170,6 +183,10 @@ def step_seconds(*, hardware, precision, params: int, tokens_per_step: int, worl
     if hardware.is_cpu or not peak:
         return None
     return 6.0 * params * tokens_per_step / (world * peak * 1e12 * ASSUMED_MFU)
+
+
+def mode_cost(mode: Checkpointing, memory, micro_batch: int, base_step: float | None) -> ModeCost:
+    return ModeCost(micro_batch, mode.value, memory.activations_gib, memory.total_gib, memory.fits, None if base_step is None else base_step * STEP_FACTOR[mode])
 
 
 def cluster_layout(cfg) -> ClusterLayout:

@@ -18,7 +18,9 @@ from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
 from tinytrain.errors import ConfigError, Problem, TrainingStopped
+from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.build import build_model, model_config
+from tinytrain.model.compile import apply_compile
 from tinytrain.model.init_weights import weights_for_run
 from tinytrain.model.liger import apply_kernels
 from tinytrain.model.lora import apply_adapters, load_quantized_base
@@ -72,10 +74,8 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     fast = plan.fast_paths
     if fast.liger:
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
-    if fast.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if fast.compile:
-        model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
+    apply_checkpointing(model, fast.activation_checkpointing, fast.checkpoint_every)
+    apply_compile(model, fast.compile, fast.compile_backend)  # after checkpointing: a block's graph holds its recompute
     return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
 
 
