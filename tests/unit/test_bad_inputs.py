@@ -60,6 +60,9 @@ CASES = {
     "compile mode null": (["mode=plan", "trainer.compile=null"], ["trainer.compile=None", "names no mode"]),
     "compile the whole model under fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "trainer.compile=model"], ["trainer.compile='model'", "cannot run under parallel=fsdp_tp: FSDP2 gathers each block's weights", "Fix: use trainer.compile=blocks"]),
     "compile the old true under fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "trainer.compile=true"], ["trainer.compile='model'", "cannot run under parallel=fsdp_tp", "trainer.compile=blocks"]),
+    "profile window beyond the run": (["mode=plan", "trainer.profile=true", "trainer.max_steps=4"], ["trainer.profile_start=3", "the profiled steps 3-5 end beyond trainer.max_steps(4)", "Fix: use trainer.profile_start <= 1"]),
+    "profile steps zero": (["mode=plan", "trainer.profile=true", "trainer.profile_steps=0"], ["trainer.profile_steps=0", "must be >= 1"]),
+    "profile start negative": (["mode=plan", "trainer.profile=true", "trainer.profile_start=-1"], ["trainer.profile_start=-1", "must be >= 0"]),
     "compile backend unknown": (["mode=plan", "trainer.compile=blocks", "trainer.compile_backend=turbo"], ["trainer.compile_backend='turbo'", "is not a torch.compile backend (this torch has", "inductor", "Fix: use trainer.compile_backend=inductor"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),

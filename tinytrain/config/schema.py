@@ -521,6 +521,12 @@ class TrainerConfig:
     activation_checkpointing: Any = "none"
     loss_chunk_tokens: Optional[int] = None
     liger: Optional[bool] = None
+    # A torch profiler trace of profile_steps optimizer steps from this process's step
+    # profile_start, and on a CUDA out-of-memory error the allocator's snapshot beside the plan's
+    # estimate, in <run dir>/profile/ (tinytrain/train/callbacks/profiler.py).
+    profile: bool = False
+    profile_start: int = 3
+    profile_steps: int = 3
     export: bool = True
     plot: bool = True
 

@@ -32,6 +32,7 @@ from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_ta
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.consolidate import model_weights
@@ -136,6 +137,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         "loss_means": summary.means(),  # (first, last) `loss_window` steps
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
+        "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
         **throughput.summary(),
     }
     if trainer.is_global_zero:
@@ -215,4 +217,6 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
+    if result["profile"]:
+        print(result["profile"])
     print(f"run directory: {run_dir}")
