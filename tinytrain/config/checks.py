@@ -58,7 +58,7 @@ def run_name_problems(cfg) -> list[Problem]:
 def trainer_problems(cfg) -> list[Problem]:
     t = cfg.trainer
     problems = []
-    for key in ("max_steps", "micro_batch_size", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+    for key in ("max_steps", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
         if getattr(t, key) < 1:
             problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", "use a positive integer"))
     if t.warmup_steps < 0 or t.warmup_steps >= t.max_steps:

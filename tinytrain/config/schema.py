@@ -483,7 +483,9 @@ class EvalConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 250
-    micro_batch_size: int = 8
+    # Sequences per device per forward, or auto: the largest that fits the GPU (plan/micro_batch.py),
+    # with the global batch kept by the accumulation (so trainer.global_batch_size must be set).
+    micro_batch_size: Any = 8
     # Set one of these or neither (accumulation 1); both set must agree with the world size.
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None

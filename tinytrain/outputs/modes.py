@@ -30,6 +30,7 @@ from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.model.generation import Sampling, read_prompts
 from tinytrain.model.generation import generate as generate_texts
 from tinytrain.outputs import saved_run, validate_modes
+from tinytrain.plan import micro_batch
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     else:
         add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
     data_cfg = with_bos(data_cfg, add_bos)
-    data = DataModule(data_cfg, saved.tokenizer, cfg.trainer.micro_batch_size, cfg.seed, progress=False)
+    # trainer.micro_batch_size=auto is a training decision (plan/micro_batch.py); eval then reads one sequence at a time
+    data = DataModule(data_cfg, saved.tokenizer, micro_batch.configured(cfg.trainer.micro_batch_size) or 1, cfg.seed, progress=False)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
     true_vocab = len(saved.tokenizer)

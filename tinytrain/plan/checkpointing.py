@@ -63,10 +63,13 @@ def describe(mode: Checkpointing, op_policy_off: str | None) -> str:
     return "selective: matmul and attention outputs kept, the elementwise ops between them recomputed (torch's selective checkpoint policy)"
 
 
-def choose(requested: Checkpointing, table: list[ModeCost], op_policy_off: str | None) -> CheckpointingPlan:
-    """`table`: the cost of each mode in BY_COST at the run's micro batch."""
-    if requested is not Checkpointing.auto:
-        mode, reason = requested, "as configured"
+def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: str | None, *, requested: Checkpointing | None = None, reason: str = "as configured") -> CheckpointingPlan:
+    """`table`: the cost of each mode in BY_COST (at each candidate micro batch under
+    trainer.micro_batch_size=auto, which decided the mode already: `requested` and `reason` then
+    say what was asked and why)."""
+    requested = requested or mode_or_auto
+    if mode_or_auto is not Checkpointing.auto:
+        mode = mode_or_auto
     elif all(c.fits is None for c in table):
         mode, reason = Checkpointing.none, "auto: no GPU memory to fit against (CPU or unknown GPU), so every activation is kept"
     else:

@@ -11,6 +11,7 @@ from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config.schema import PLANNING_MODES, Mode
 from tinytrain.errors import Problem
+from tinytrain.plan.micro_batch import is_auto
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def world_size(cfg) -> int:
     return cfg.cluster.nodes * devices_per_node(cfg)
 
 
-def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
+def batch_layout(cfg, world: int, micro: int | None = None) -> tuple[BatchPlan | None, list[Problem]]:
+    """`micro`: the micro batch trainer.micro_batch_size=auto chose (plan/micro_batch.py); before it
+    is chosen, auto is laid out at 1, which every global batch divisible by dp allows."""
     t = cfg.trainer
     tp, cp = cfg.parallel.tp, cfg.parallel.cp
     problems = []
@@ -57,7 +60,10 @@ def batch_layout(cfg, world: int) -> tuple[BatchPlan | None, list[Problem]]:
         problems.append(Problem("parallel.cp", cp, f"tp({tp}) x cp({cp}) must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", fix))
         return None, problems
     dp = world // (tp * cp)
-    micro = t.micro_batch_size
+    if micro is None:
+        micro = 1 if is_auto(t.micro_batch_size) else t.micro_batch_size
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        return None, problems  # plan/micro_batch.py names it
     if t.global_batch_size is None:
         accum = t.accumulate_grad_batches or 1
         return BatchPlan(micro, accum, dp, micro * dp * accum, cfg.data.seq_len), problems

@@ -17,7 +17,7 @@ from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
-from tinytrain.plan import deepspeed_config, finetune, resolve
+from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
@@ -28,7 +28,7 @@ from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
-from tinytrain.plan.memory import activation_memory, plan_memory
+from tinytrain.plan.memory import GIB, activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -69,16 +69,11 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
-    deepspeed = None
     row = strategy_row(par.strategy)
-    if row.deepspeed:
-        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
     layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, par.cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
-    if resume is not None and resume.universal:
-        deepspeed = deepspeed_config.load_universal(deepspeed)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
@@ -92,24 +87,38 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
-    rows = batch.micro_batch_size * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     reference_bytes = preference.reference_bytes if preference else 0.0
     base_step = step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world)
 
-    def activations_for(mode: Checkpointing, seq: int, cp: int) -> float:
+    def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
+        rows = micro * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
         return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, row.op_checkpoint_off))
 
-    table = [mode_cost(mode, plan_memory(states, activations_for(mode, batch.seq_len, par.cp), hardware.memory_gb, reference_bytes), batch.micro_batch_size, base_step) for mode in BY_COST]
-    ckpt = choose_checkpointing(requested, table, row.op_checkpoint_off)
+    fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
+    micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
+    table = [mode_cost(mode, plan_memory(states, activations_for(mode, batch.seq_len, par.cp, m), hardware.memory_gb, reference_bytes), m, base_step) for m in micros for mode in BY_COST]
+    if fixed_micro is None:
+        # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
+        modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
+        micro, mode, why = micro_batch.choose(table, modes, hardware.memory_gb * 1e9 / GIB)
+        batch, _ = batch_layout(cfg, world, micro=micro)
+        ckpt = choose_checkpointing(Checkpointing(mode), table, row.op_checkpoint_off, requested=requested, reason=why)
+    else:
+        ckpt = choose_checkpointing(requested, table, row.op_checkpoint_off)
 
     def activations_at(seq: int, cp: int) -> float:
-        return activations_for(Checkpointing(ckpt.mode), seq, cp)
+        return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
 
     memory = plan_memory(states, activations_at(batch.seq_len, par.cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(preference, memory)
     context = context_plan.with_longest(context_plan.choose(cfg, batch.seq_len // par.cp), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
+    deepspeed = None
+    if row.deepspeed:
+        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
+        if resume is not None and resume.universal:
+            deepspeed = deepspeed_config.load_universal(deepspeed)
     fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only, checkpointing=ckpt)
     if preference:
         fast = preference_plan.logits_loss(fast)
