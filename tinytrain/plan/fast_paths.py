@@ -78,7 +78,7 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
         CompileMode.model: f"the whole model as one graph ({trainer_cfg.compile_backend})",
     }[compiling]
     if checkpointing is None:
-        checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off)
+        checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
     reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"
     return FastPaths(fused, compiling.value, int(chunk), checkpointing.mode, reasons, liger, liger_loss, checkpointing.every, trainer_cfg.compile_backend)
 

@@ -88,12 +88,13 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         preference_plan.trainable_rows_problem(preference, adapters)
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
+    op_off = row.op_checkpoint_off(par.zero_stage)
     reference_bytes = preference.reference_bytes if preference else 0.0
     base_step = step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world)
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, row.op_checkpoint_off))
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -103,9 +104,9 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
         micro, mode, why = micro_batch.choose(table, modes, hardware.memory_gb * 1e9 / GIB)
         batch, _ = batch_layout(cfg, world, micro=micro)
-        ckpt = choose_checkpointing(Checkpointing(mode), table, row.op_checkpoint_off, requested=requested, reason=why)
+        ckpt = choose_checkpointing(Checkpointing(mode), table, op_off, requested=requested, reason=why)
     else:
-        ckpt = choose_checkpointing(requested, table, row.op_checkpoint_off)
+        ckpt = choose_checkpointing(requested, table, op_off)
 
     def activations_at(seq: int, cp: int) -> float:
         return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)

@@ -64,8 +64,15 @@ def test_old_booleans_and_modes_resolve_into_the_config(value, mode, tmp_path):
     assert f"activation_checkpointing: {mode}" in (tmp_path / "config_resolved.yaml").read_text()
 
 
+def test_zero3_checkpoints_every_second_block_for_selective(tmp_path):
+    """ZeRO-3's gathers inside a block cannot be replayed by the op policy (plan/parallel.py)."""
+    p = plan(["parallel=zero3", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path)
+    assert p["fast_paths"]["checkpoint_every"] == 2 and "ZeRO-3 gathers" in p["activation_checkpointing"]["how"]
+    assert plan(["parallel=zero2", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path / "z2")["fast_paths"]["checkpoint_every"] == 1
+
+
 def test_the_row_decides_the_op_policy(monkeypatch, tmp_path):
     ddp = parallel.STRATEGIES[Strategy.ddp]
-    monkeypatch.setitem(parallel.STRATEGIES, Strategy.ddp, dataclasses.replace(ddp, op_checkpoint_off="ddp-x: not checked"))
+    monkeypatch.setitem(parallel.STRATEGIES, Strategy.ddp, dataclasses.replace(ddp, op_checkpoint_off=lambda zero_stage: "ddp-x: not checked"))
     p = plan(["parallel=ddp", "cluster.devices=2", "trainer.activation_checkpointing=selective"], tmp_path)
     assert p["fast_paths"]["checkpoint_every"] == 2 and "ddp-x: not checked" in p["activation_checkpointing"]["how"]
