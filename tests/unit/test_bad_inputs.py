@@ -67,6 +67,11 @@ CASES = {
     "micro batch auto without a global batch": (["mode=plan", "hardware.gpu=H100", "trainer.micro_batch_size=auto"], ["trainer.micro_batch_size='auto'", "trainer.global_batch_size is not set", "Fix: set trainer.global_batch_size"]),
     "micro batch auto with a fixed accumulation": (["mode=plan", "hardware.gpu=H100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=64", "trainer.accumulate_grad_batches=2"], ["trainer.accumulate_grad_batches=2", "is what trainer.micro_batch_size=auto decides"]),
     "micro batch a word": (["mode=plan", "trainer.micro_batch_size=big"], ["trainer.micro_batch_size='big'", "must be a positive integer or auto"]),
+    "fp8 on a CPU": (["mode=plan", "precision.fp8=true"], ["precision.fp8=True", "float8 matmuls need compute capability >= 8.9", "this run has no GPU", "Fix: use precision.fp8=false"]),
+    "fp8 on an A100": (["mode=plan", "hardware.gpu=A100", "precision.fp8=true"], ["precision.fp8=True", "A100 (compute capability 8.0) has less", "Fix: use precision.fp8=false"]),
+    "fp8 on a V100": (["mode=plan", "hardware.gpu=V100", "precision=fp16", "precision.fp8=true"], ["precision.fp8=True", "V100 (compute capability 7.0) has less"]),
+    "fp8 under fsdp_tp": (["mode=plan", "hardware.gpu=H100", "parallel=fsdp_tp", "cluster.devices=2", "precision.fp8=true"], ["precision.fp8=True", "torchao's float8 parallel styles", "Fix: use precision.fp8=false"]),
+    "fp8 a word": (["mode=plan", "precision.fp8=maybe"], ["precision.fp8='maybe'", "must be false, true or auto", "Fix: use precision.fp8=auto"]),
     "compile backend unknown": (["mode=plan", "trainer.compile=blocks", "trainer.compile_backend=turbo"], ["trainer.compile_backend='turbo'", "is not a torch.compile backend (this torch has", "inductor", "Fix: use trainer.compile_backend=inductor"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),

@@ -340,6 +340,11 @@ class LossScaleConfig:
 class PrecisionConfig:
     request: PrecisionRequest = PrecisionRequest.auto
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    # Float8 matmuls in the decoder blocks' linear layers through torchao (tinytrain/plan/fp8.py):
+    # false | true | auto (where the GPU has them and the model is wide enough to gain). Any: a
+    # boolean or the word auto. fp8_emulate: torchao's emulation on any device (tests only).
+    fp8: Any = False
+    fp8_emulate: bool = False
     # Derived on the machine that trains (or for hardware.gpu in mode=plan); null here, filled in
     # config_resolved.yaml from the plan.
     value: Optional[str] = None

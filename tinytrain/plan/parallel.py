@@ -81,6 +81,7 @@ class StrategyRow:
     # (zero_stage) -> why selective checkpointing's op-level policy cannot run, or None; where it
     # cannot, selective checkpoints every SELECTIVE_EVERY-th block in full instead
     op_checkpoint_off: Callable = lambda zero_stage: None
+    fp8_off: str | None = None  # precision.fp8: torchao's Float8Linear layers
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
 
 
@@ -172,6 +173,7 @@ STRATEGIES = {
         qlora=False,
         cp_kinds=("ulysses",),
         op_checkpoint_off=deepspeed_op_checkpoint_off,
+        fp8_off="DeepSpeed casts and partitions the weights inside its engine, and torchao's float8 layers are not checked under it",
         finetune_problems=deepspeed_finetune_problems,
     ),
     Strategy.fsdp_tp: StrategyRow(
@@ -193,6 +195,7 @@ STRATEGIES = {
         qlora=False,
         cp_off=RING_OFF,
         compile_model_off=FSDP_WHOLE_GRAPH,
+        fp8_off="tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use",
     ),
 }
 

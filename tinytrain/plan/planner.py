@@ -18,6 +18,7 @@ from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
+from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
@@ -115,6 +116,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preference_plan.memory_problem(preference, memory)
     context = context_plan.with_longest(context_plan.choose(cfg, batch.seq_len // par.cp), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
+    float8 = fp8_plan.decide(cfg, hardware, hidden=shape.hidden, strategy_blocker=row.fp8_off, finetune=adapters is not None, planning=cfg.mode in PLANNING_MODES)
     deepspeed = None
     if row.deepspeed:
         deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip)
@@ -156,6 +158,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         context=context,
         fast_paths=fast,
         checkpointing=ckpt,
+        fp8=float8,
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,

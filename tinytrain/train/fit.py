@@ -21,6 +21,7 @@ from tinytrain.errors import ConfigError, Problem, TrainingStopped
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.build import build_model, model_config
 from tinytrain.model.compile import apply_compile
+from tinytrain.model.fp8 import apply_fp8
 from tinytrain.model.init_weights import weights_for_run
 from tinytrain.model.liger import apply_kernels
 from tinytrain.model.lora import apply_adapters, load_quantized_base
@@ -75,6 +76,8 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     fast = plan.fast_paths
     if fast.liger:
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
+    if plan.fp8.enabled:
+        log.info("float8 training: %d linear layers converted (%s)", apply_fp8(model, plan.fp8.emulate), plan.fp8.reason)
     apply_checkpointing(model, fast.activation_checkpointing, fast.checkpoint_every)
     apply_compile(model, fast.compile, fast.compile_backend)  # after checkpointing: a block's graph holds its recompute
     return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
