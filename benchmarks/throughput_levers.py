@@ -142,10 +142,10 @@ def main() -> None:
         results = [run(v, shape, Path(folder)) for v in levers]
         base = results[0]
         print(f"model {args.layers} layers x hidden {args.hidden}, vocab {args.vocab}: {base['params_mb']:.0f} MB of fp32 weights; batch {args.batch}x{args.seq}; {args.steps} timed steps after {args.warmup} on {base['device']} ({base['threads']} threads)")
-        print(f"{'variant':<30} {'step':>9} {'x base':>7} {'peak MB':>9} {'x base':>7} {'first step':>11} {'max |grad - base|':>18}")
+        print(f"{'variant':<46} {'step':>9} {'x base':>7} {'peak MB':>9} {'x base':>7} {'first step':>11} {'max |grad - base|':>18}")
         for r in results:
             diff = max_difference(r["grads"], base["grads"])
-            print(f"{r['name']:<30} {r['step_s']:8.3f}s {r['step_s'] / base['step_s']:7.2f} {r['peak_mb']:9.1f} {r['peak_mb'] / base['peak_mb']:7.2f} {r['first_s']:10.1f}s {diff:18.2e}{'' if diff <= 1e-6 else '  (> 1e-6)'}")
+            print(f"{r['name']:<46} {r['step_s']:8.3f}s {r['step_s'] / base['step_s']:7.2f} {r['peak_mb']:9.1f} {r['peak_mb'] / base['peak_mb']:7.2f} {r['first_s']:10.1f}s {diff:18.2e}{'' if diff <= 1e-6 else '  (> 1e-6)'}")
 
 
 if __name__ == "__main__":
