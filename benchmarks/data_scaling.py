@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import compose
+
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "tinytrain" / "assets" / "bundled_tokenizer"
 WINDOWS = 1000
@@ -71,8 +73,6 @@ def peak_mb() -> float:
 
 
 def data_cfg(overrides: list[str]):
-    from tests.conftest import compose
-
     return compose(["data=jsonl", "data.text_field=text", *overrides]).data
 
 
@@ -163,8 +163,6 @@ def child_sft(args) -> dict:
     from tinytrain.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(TOKENIZER))
-    from tests.conftest import compose
-
     data = ["data=alpaca"] if args.orders != "preference" else ["data=jsonl", "data.format=preference", "finetune.objective=dpo"]  # --orders: the kind of records
     cfg = compose([*data, f"data.path={args.path}", f"data.cache_dir={args.cache}", "data.chat_template=alpaca", "data.seq_len=256"]).data
     start = time.perf_counter()

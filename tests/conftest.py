@@ -30,6 +30,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 # parallel=zero* through Lightning's DeepSpeedStrategy on DeepSpeed's CPU accelerator, two ranks over gloo.
 DEEPSPEED_ON_CPU = ["cluster.devices=2", "parallel.deepspeed_on_cpu=true"]
+# The throughput levers each strategy's CLI run takes once (issue 34). aot_eager: dynamo's graphs
+# and AOT autograd's joint graph, as under inductor, without generating code (CI's time).
+LEVERS = ["trainer.activation_checkpointing=selective", "trainer.compile=blocks", "trainer.compile_backend=aot_eager"]
 
 needs_llama2 = pytest.mark.skipif(not LLAMA2_TOKENIZER.exists(), reason=f"../shared/data/llama2-tokenizer absent (looked at {LLAMA2_TOKENIZER})")
 

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.conftest import DEEPSPEED_ON_CPU, compose, metrics_rows, run_cli
+from tests.conftest import DEEPSPEED_ON_CPU, LEVERS, compose, metrics_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,8 @@ CHATML = 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]'
 BASE_VOCAB, TRUE_VOCAB = 4096, 4098  # the base knows the bundled tokenizer; the run adds two tokens
 # ZeRO-3 stands for DeepSpeed (partitioned parameters are the harder case; LoRA under ZeRO-2 trains
 # in tests/integration/test_preference.py): the suite's time goes to what adds coverage.
-VARIANTS = {"single": [], "ddp": ["parallel=ddp", "cluster.devices=2"], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU]}
+# single takes the throughput levers (selective checkpointing through peft's layers, compiled blocks).
+VARIANTS = {"single": LEVERS, "ddp": ["parallel=ddp", "cluster.devices=2"], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU]}
 COMPARED = ("loss", "lr", "grad_norm", "val_loss")
 PROBE = "<|im_start|>user\nHow do I reverse a list?<|im_end|>\n<|im_start|>assistant\n"
 

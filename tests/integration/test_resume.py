@@ -7,6 +7,9 @@
   processes, and DeepSpeed on two ranks (ZeRO-2 fp32, ZeRO-3 fp16; a checkpoint is a folder of
   shards), with the signal sent to rank 0 only; FSDP2 x TP is stopped by Ctrl-C's SIGINT instead, and
   the fp32 run once more by SIGTERM (scancel, kill).
+- The interrupted run checkpoints activations selectively and its resumption in full, while the
+  uninterrupted reference keeps every activation: recomputation changes no bit, so the mode may
+  change between runs under every strategy (issue 34).
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
@@ -65,6 +68,8 @@ SIGNAL = {"fp32": signal.SIGUSR1, "fp32-sigterm": signal.SIGTERM, "fp16-fsdp_tp"
 # Variants that are the same run as another, stopped by another signal, share its reference.
 REFERENCE = {"fp32-sigterm": "fp32"}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
+# The interrupted run's two halves change the checkpointing mode (the reference runs none).
+FIRST_HALF, SECOND_HALF = ["trainer.activation_checkpointing=selective"], ["trainer.activation_checkpointing=full"]
 
 
 def start(run_dir, args, env=None) -> subprocess.Popen:
@@ -132,7 +137,7 @@ def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one
     args, (ranks, copies) = [*RUN, *VARIANTS[REFERENCE.get(variant, variant)]], RANKS[variant]
     run_dir = tmp_path / "run"
     slurm = variant == "fp32"  # as task 3 of array job 4240, with a stand-in for scontrol
-    proc = start(run_dir, args, env=slurm_job(tmp_path) if slurm else None)
+    proc = start(run_dir, [*args, *FIRST_HALF], env=slurm_job(tmp_path) if slurm else None)
     wait_for(lambda: len(batches(run_dir)) >= 5 * ranks, proc, "step 5")  # every rank logs its batches
     sent = SIGNAL[variant]
     proc.send_signal(sent)  # to rank 0 alone: the ranks agree at the step boundary
@@ -151,10 +156,11 @@ def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one
     assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
     assert ckpt["callbacks"]["DataPosition"]["consumed_batches"] == step * (ranks // copies)  # a batch per data-parallel rank a step
 
-    proc = start(run_dir, args)
+    proc = start(run_dir, [*args, *SECOND_HALF])
     out = finish(proc, run_dir)
     assert proc.returncode == 0, out[-3000:]
     assert f"resuming from checkpoints/step{step:07d}.ckpt (step {step})" in out
+    assert "activation_checkpointing full" in out
 
     reference = uninterrupted(REFERENCE.get(variant, variant))
     assert metrics(run_dir) == metrics(reference)

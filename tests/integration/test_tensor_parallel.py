@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, compose, free_port, run_cli
+from tests.conftest import LEVERS, REPO, compose, free_port, run_cli
 from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.cli import run_stages
@@ -112,8 +112,9 @@ def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
     from transformers import AutoModelForCausalLM
 
     common = ["experiment=smoke", "trainer.progress_bar=false", TOKENS, *MODEL_OVERRIDES]
-    r = run_cli([*common, "parallel=fsdp_tp", "cluster.devices=2"], tmp_path / "tp2")
+    r = run_cli([*common, "parallel=fsdp_tp", "cluster.devices=2", *LEVERS], tmp_path / "tp2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "fast paths compile blocks, activation_checkpointing selective" in r.stdout
     assert "vocab      4097 -> 4224 (multiple 64 x tp 2" in r.stdout
     export = AutoModelForCausalLM.from_pretrained(tmp_path / "tp2" / "hf_export")
     assert export.config.vocab_size == 4097 and export.get_output_embeddings().weight.shape[0] == 4097

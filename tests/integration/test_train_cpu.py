@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from tests.conftest import assert_checkpoint_size_estimated, logged, run_cli
+from tests.conftest import LEVERS, assert_checkpoint_size_estimated, logged, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -79,9 +79,10 @@ def test_ddp_two_processes_over_gloo(tmp_path):
     """Two ranks over gloo, not on a terminal (as under Slurm): each log line once, from rank 0, on
     the console and in tinytrain.log, and progress as plain lines instead of a carriage-return bar."""
     run_dir = tmp_path / "run"
-    r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2"], run_dir)
+    r = run_cli(["experiment=smoke", "parallel=ddp", "cluster.devices=2", *LEVERS], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "world size 2 = tp 1 x dp 2" in r.stdout
+    assert "fast paths compile blocks, activation_checkpointing selective" in r.stdout
     assert_checkpoint_size_estimated(run_dir)
     assert (run_dir / "hf_export" / "config.json").exists()
     assert len(logged(run_dir, "loss")) > 0
@@ -100,11 +101,14 @@ def test_ddp_two_processes_over_gloo(tmp_path):
 
 
 def test_lean_paths_train_the_same(smoke_run, tmp_path):
-    """Chunked cross-entropy from hidden states + activation checkpointing: same losses."""
+    """Chunked cross-entropy from hidden states + selective activation checkpointing + compiled
+    blocks: same losses; trainer.profile traces steps 2-3 and names the top costs."""
     run_dir = tmp_path / "run"
-    r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.loss_chunk_tokens=48", "trainer.activation_checkpointing=true"], run_dir)
+    r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.loss_chunk_tokens=48", *LEVERS, "trainer.profile=true", "trainer.profile_start=2", "trainer.profile_steps=2"], run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "chunked loss (48 tokens)" in r.stdout
+    assert f"profile of steps 2-3 in {run_dir / 'profile'}: top costs (self time) " in r.stdout
+    assert len(list((run_dir / "profile").glob("rank0.*.pt.trace.json"))) == 1
     ours, base = logged(run_dir, "loss"), logged(smoke_run[0], "loss")
     assert len(ours) == len(base) > 0
     assert ours == pytest.approx(base, rel=1e-4)

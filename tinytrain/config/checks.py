@@ -58,7 +58,7 @@ def run_name_problems(cfg) -> list[Problem]:
 def trainer_problems(cfg) -> list[Problem]:
     t = cfg.trainer
     problems = []
-    for key in ("max_steps", "micro_batch_size", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+    for key in ("max_steps", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
         if getattr(t, key) < 1:
             problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", "use a positive integer"))
     if t.warmup_steps < 0 or t.warmup_steps >= t.max_steps:
@@ -79,6 +79,12 @@ def trainer_problems(cfg) -> list[Problem]:
     for key in ("global_batch_size", "accumulate_grad_batches"):
         if getattr(t, key) is not None and getattr(t, key) < 1:
             problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", f"use a positive integer, or null to derive it (trainer.{key}=null)"))
+    if t.profile_start < 0:
+        problems.append(Problem("trainer.profile_start", t.profile_start, "must be >= 0 (a step of this process, counted from 0)", "use e.g. trainer.profile_start=3 (after the first steps' compilation and allocation)"))
+    if t.profile_steps < 1:
+        problems.append(Problem("trainer.profile_steps", t.profile_steps, "must be >= 1", "use e.g. trainer.profile_steps=3"))
+    elif t.profile and t.profile_start >= 0 and t.profile_start + t.profile_steps > t.max_steps:
+        problems.append(Problem("trainer.profile_start", t.profile_start, f"the profiled steps {t.profile_start}-{t.profile_start + t.profile_steps - 1} end beyond trainer.max_steps({t.max_steps})", f"use trainer.profile_start <= {max(0, t.max_steps - t.profile_steps)} (or fewer trainer.profile_steps)"))
     if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
         problems.append(Problem("trainer.loss_chunk_tokens", t.loss_chunk_tokens, "must be >= 0", "use 0 for plain cross-entropy, null to decide by vocab size, or e.g. 1024"))
     return problems

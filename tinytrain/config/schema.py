@@ -64,6 +64,23 @@ class Strategy(Enum):
     fsdp_tp = "fsdp_tp"  # FSDP2 x tensor parallel through Lightning's ModelParallelStrategy
 
 
+class Checkpointing(Enum):
+    """trainer.activation_checkpointing (plan/checkpointing.py; the old true/false mean full/none)."""
+
+    none = "none"  # every activation kept for backward
+    full = "full"  # a layer keeps only its input and is recomputed in backward
+    selective = "selective"  # matmul and attention outputs kept, the cheap ops between them recomputed
+    auto = "auto"  # the cheapest of the three that fits the GPU (none where there is no GPU to fit)
+
+
+class CompileMode(Enum):
+    """trainer.compile (old true/false: model/none)."""
+
+    none = "none"
+    blocks = "blocks"  # each transformer block compiled on its own: compile time flat in depth
+    model = "model"  # the whole model as one graph
+
+
 class ContextParallelKind(Enum):
     """How parallel.cp > 1 splits each sequence (plan/context.py picks for auto)."""
 
@@ -332,6 +349,11 @@ class LossScaleConfig:
 class PrecisionConfig:
     request: PrecisionRequest = PrecisionRequest.auto
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    # Float8 matmuls in the decoder blocks' linear layers through torchao (tinytrain/plan/fp8.py):
+    # false | true | auto (where the GPU has them and the model is wide enough to gain). Any: a
+    # boolean or the word auto. fp8_emulate: torchao's emulation on any device (tests only).
+    fp8: Any = False
+    fp8_emulate: bool = False
     # Derived on the machine that trains (or for hardware.gpu in mode=plan); null here, filled in
     # config_resolved.yaml from the plan.
     value: Optional[str] = None
@@ -489,7 +511,9 @@ class BatchSizeWarmupConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 250
-    micro_batch_size: int = 8
+    # Sequences per device per forward, or auto: the largest that fits the GPU (plan/micro_batch.py),
+    # with the global batch kept by the accumulation (so trainer.global_batch_size must be set).
+    micro_batch_size: Any = 8
     # Set one of these or neither (accumulation 1); both set must agree with the world size.
     global_batch_size: Optional[int] = None
     accumulate_grad_batches: Optional[int] = None
@@ -522,14 +546,23 @@ class TrainerConfig:
     val_batches: int = 8
     checkpoint_every_n_steps: int = 100
     progress_bar: bool = True
-    # Fast paths (tinytrain/plan/fast_paths.py): torch.compile of the model; activation checkpointing
-    # (recompute layers in backward); cross-entropy from hidden states in chunks of this many
-    # tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and loss
-    # (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).
-    compile: bool = False
-    activation_checkpointing: bool = False
+    # Fast paths (tinytrain/plan/fast_paths.py): torch.compile none|blocks|model (CompileMode) with
+    # this backend (inductor; aot_eager traces without generating code); activation checkpointing
+    # none|full|selective|auto (Checkpointing). Both take a string or the old boolean, so their type
+    # is Any here and plan/levers.py reads them. Then cross-entropy from hidden states in chunks of
+    # this many tokens (null: on for vocabularies >= 65536, 0: off); liger-kernel's fused kernels and
+    # loss (null: on a CUDA GPU where installed, the `gpu` extra; true: required; false: off).
+    compile: Any = "none"
+    compile_backend: str = "inductor"
+    activation_checkpointing: Any = "none"
     loss_chunk_tokens: Optional[int] = None
     liger: Optional[bool] = None
+    # A torch profiler trace of profile_steps optimizer steps from this process's step
+    # profile_start, and on a CUDA out-of-memory error the allocator's snapshot beside the plan's
+    # estimate, in <run dir>/profile/ (tinytrain/train/callbacks/profiler.py).
+    profile: bool = False
+    profile_start: int = 3
+    profile_steps: int = 3
     export: bool = True
     plot: bool = True
 

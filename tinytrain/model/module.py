@@ -42,6 +42,14 @@ def labelled_tokens(batch: dict) -> int:
     return max(int((batch["labels"] != -100).sum()), 1)
 
 
+def writes_metrics_row(trainer) -> bool:
+    """Whether Lightning hands this step's logged values to the loggers (every log_every_n_steps-th
+    step): a value only the loggers read is logged on those steps alone. Each `self.log` costs
+    ~1 ms of Lightning's bookkeeping, most of a tiny model's fixed per-step cost
+    (benchmarks/step_overhead.py). Lightning's own test, asked at the same point of the step."""
+    return trainer._logger_connector.should_update_logs
+
+
 def rows(batch: dict) -> int:
     """The sequences in a batch (what `self.log` weighs a mean by)."""
     return int(batch["input_ids"].shape[0])
@@ -222,7 +230,8 @@ class CausalLMModule(pl.LightningModule):
             # Averaged over the data-parallel ranks, as TRL gathers them.
             self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
         self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
-        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
+        if writes_metrics_row(self.trainer):
+            self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
 
     def optimizer_step(self, *args, **kwargs):

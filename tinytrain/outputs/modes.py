@@ -30,6 +30,7 @@ from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.model.generation import Sampling, read_prompts
 from tinytrain.model.generation import generate as generate_texts
 from tinytrain.outputs import saved_run, validate_modes
+from tinytrain.plan import micro_batch
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,8 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     else:
         add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
     data_cfg = with_bos(data_cfg, add_bos)
-    micro_batch, limit, limit_source = eval_batches(cfg, saved.train_cfg if not data_overridden else None)
-    data = DataModule(data_cfg, saved.tokenizer, micro_batch, cfg.seed, progress=False)
+    per_batch, limit, limit_source = eval_batches(cfg, saved.train_cfg if not data_overridden else None)
+    data = DataModule(data_cfg, saved.tokenizer, per_batch, cfg.seed, progress=False)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
     true_vocab = len(saved.tokenizer)
@@ -152,23 +153,25 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         result["lm_eval"] = lm_eval(cfg, saved, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of {micro_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
+    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of {per_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
     return result
 
 
 def eval_batches(cfg, train_cfg) -> tuple[int, int | None, str]:
     """(micro batch, batches, why): the run's own validation batches (its micro batch and
     trainer.val_batches), so a checkpoint's eval reproduces the val_loss it logged; eval.batches
-    overrides the count; data named on the command line (train_cfg None) is read whole."""
+    overrides the count; data named on the command line (train_cfg None) is read whole.
+    trainer.micro_batch_size=auto was a training decision (plan/micro_batch.py): eval then reads one
+    sequence at a time."""
+    own = train_cfg.trainer if train_cfg is not None else cfg.trainer
+    per_batch = micro_batch.configured(own.micro_batch_size) or 1
     if cfg.eval.batches is not None:
-        micro = train_cfg.trainer.micro_batch_size if train_cfg is not None else cfg.trainer.micro_batch_size
-        return micro, cfg.eval.batches, f"eval.batches={cfg.eval.batches}"
+        return per_batch, cfg.eval.batches, f"eval.batches={cfg.eval.batches}"
     if train_cfg is None:
-        return cfg.trainer.micro_batch_size, None, "all of it"
-    t = train_cfg.trainer
-    if t.val_batches:
-        return t.micro_batch_size, t.val_batches, f"the run's validation batches: trainer.val_batches={t.val_batches}"
-    return t.micro_batch_size, None, "all of it: the run did not validate"
+        return per_batch, None, "all of it"
+    if own.val_batches:
+        return per_batch, own.val_batches, f"the run's validation batches: trainer.val_batches={own.val_batches}"
+    return per_batch, None, "all of it: the run did not validate"
 
 
 def lm_eval(cfg, saved, run_dir: Path) -> dict:

@@ -188,7 +188,7 @@ def with_longest(context: ContextPlan, activations_at, *, state_bytes: float, gp
     return ContextPlan(**{**asdict(context), "longest": longest})
 
 
-def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int) -> None:
+def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int, checkpointing: str = "none") -> None:
     """A context that does not fit, while the model states alone would, is refused naming the cp that fits."""
     if not context.longest or memory.fits is not False:
         return
@@ -211,9 +211,15 @@ def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int
     if not strategy_row(cfg.parallel.strategy).cp_kinds and fitting:
         fix += f" with {kinds_that_run()}"
     need = f"{memory.total_gib:.1f} GiB needed per GPU, {memory.gpu_memory_gib:.1f} GiB on the GPU"
-    others = ([] if cfg.trainer.activation_checkpointing else ["trainer.activation_checkpointing=true"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if cfg.trainer.micro_batch_size > 1 else [])
+    others = ([] if checkpointing == "full" else ["trainer.activation_checkpointing=full"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if memory_micro_batch(cfg) > 1 else [])
     fix += "".join(f"; or {o}" for o in others)
     raise ConfigError(Problem("data.seq_len", seq, f"does not fit at parallel.cp={context.cp}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", fix))
+
+
+def memory_micro_batch(cfg) -> int:
+    """1 under trainer.micro_batch_size=auto, which chose the largest that fits already."""
+    value = cfg.trainer.micro_batch_size
+    return value if isinstance(value, int) else 1
 
 
 def render(c: dict, seq_len: int) -> list[str]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import asdict, dataclass
 
-from tinytrain.config.schema import Strategy
+from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.checkpointing import CheckpointingPlan, choose
+from tinytrain.plan.levers import checkpointing_mode, compile_mode
 from tinytrain.plan.parallel import strategy_row
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
@@ -17,12 +19,14 @@ CHUNKED_LOSS_MIN_VOCAB = 65536
 @dataclass(frozen=True)
 class FastPaths:
     fused_adamw: bool
-    compile: bool
+    compile: str  # none | blocks | model (CompileMode)
     loss_chunk_tokens: int  # 0: plain cross-entropy over full logits
-    activation_checkpointing: bool
+    activation_checkpointing: str  # none | full | selective, resolved (plan/checkpointing.py)
     reasons: dict
     liger: bool = False  # liger-kernel's RMSNorm, SwiGLU and RoPE kernels
     liger_loss: bool = False  # liger's fused linear cross-entropy (no logits tensor at all)
+    checkpoint_every: int = 1  # checkpoint every n-th block (selective where the op policy cannot run)
+    compile_backend: str = "inductor"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,9 +36,11 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
-    inside its forward), which rules out the losses from hidden states and liger's kernels."""
+    inside its forward), which rules out the losses from hidden states and liger's kernels.
+    `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
+    (auto: none, as where no GPU memory is known)."""
     reasons = {}
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw
@@ -65,11 +71,16 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
             raise ConfigError(Problem("trainer.loss_chunk_tokens", chunk, f"the chunked loss computes logits from hidden states, but {logits_only}", "set trainer.loss_chunk_tokens=0 (or null)"))
         chunk = 0
         reasons["loss_chunk_tokens"] = f"off: {logits_only}"
-    reasons["compile"] = "trainer.compile=true" if trainer_cfg.compile else "off (trainer.compile=true turns it on)"
-    ac = trainer_cfg.activation_checkpointing
-    reasons["activation_checkpointing"] = "on: recompute each layer in backward" if ac else "off (memory allows; trainer.activation_checkpointing=true trades compute for memory)"
-    return FastPaths(fused, bool(trainer_cfg.compile), int(chunk), bool(ac), reasons, liger, liger_loss)
-
+    compiling = compile_mode(trainer_cfg.compile)
+    reasons["compile"] = {
+        CompileMode.none: "off (trainer.compile=blocks compiles each transformer block)",
+        CompileMode.blocks: f"each transformer block compiled on its own ({trainer_cfg.compile_backend}): compile time does not grow with depth",
+        CompileMode.model: f"the whole model as one graph ({trainer_cfg.compile_backend})",
+    }[compiling]
+    if checkpointing is None:
+        checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
+    reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"
+    return FastPaths(fused, compiling.value, int(chunk), checkpointing.mode, reasons, liger, liger_loss, checkpointing.every, trainer_cfg.compile_backend)
 
 def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
     """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.

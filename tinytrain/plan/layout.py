@@ -12,6 +12,7 @@ from tinytrain.cluster.slurm import allocation_problems, current_task
 from tinytrain.config.schema import PLANNING_MODES, DataFormat, Mode
 from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
+from tinytrain.plan.micro_batch import is_auto
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,11 @@ def world_size(cfg) -> int:
     return cfg.cluster.nodes * devices_per_node(cfg)
 
 
-def batch_layout(cfg, world: int, cp: int | None = None) -> tuple[BatchPlan | None, list[Problem]]:
+def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = None) -> tuple[BatchPlan | None, list[Problem]]:
     """`cp`: the context-parallel size the plan decided; by default the configured one (null: 1,
-    the strictest check of the batch: a larger cp only divides dp further)."""
+    the strictest check of the batch: a larger cp only divides dp further). `micro`: the micro batch
+    trainer.micro_batch_size=auto chose (plan/micro_batch.py); before it is chosen, auto is laid
+    out at 1, which every global batch divisible by dp allows."""
     t = cfg.trainer
     tp = cfg.parallel.tp
     cp = cp or cfg.parallel.cp or 1
@@ -67,7 +70,10 @@ def batch_layout(cfg, world: int, cp: int | None = None) -> tuple[BatchPlan | No
         problems.append(Problem("parallel.cp", cp, f"tp({tp}) x cp({cp}) must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", fix))
         return None, problems
     dp = world // (tp * cp)
-    micro = t.micro_batch_size
+    if micro is None:
+        micro = 1 if is_auto(t.micro_batch_size) else t.micro_batch_size
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        return None, problems  # plan/micro_batch.py names it
     if t.global_batch_size is None:
         accum = t.accumulate_grad_batches or 1
         return with_ramp(cfg, BatchPlan(micro, accum, dp, micro * dp * accum, cfg.data.seq_len), problems)

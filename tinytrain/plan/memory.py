@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tinytrain.config.schema import Checkpointing
+
 GIB = 1024**3
 
 
@@ -113,17 +115,35 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool, cp: int = 1, checkpointing: bool = False) -> float:
+# Bytes per token per hidden unit that selective checkpointing keeps of a layer's 34 (16-bit): the
+# outputs of the matmuls (q, k, v, o, gate, up, down: about 8 + 4 x intermediate/hidden for a Llama
+# block) and attention's output, plus the layer's input; norms, SwiGLU, RoPE and attention scores
+# are recomputed.
+SELECTIVE_KEPT = 24.0
+
+
+def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1) -> float:
     """Bytes per GPU. Under context parallelism (cp) a rank holds seq / cp tokens between attention
     calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised scores are
-    heads / cp x seq^2. With activation checkpointing a layer keeps only its 16-bit input, and one
-    layer's activations live again while it is recomputed in backward."""
+    heads / cp x seq^2. `checkpointing` (a mode, not auto): full keeps only each layer's 16-bit
+    input; selective keeps SELECTIVE_KEPT of the 34 and recomputes the scores; both hold one
+    layer's activations again while it is recomputed in backward. `every` > 1 (selective where the
+    op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all."""
     local = seq / cp
-    per_layer = 34.0 * local * micro_batch * hidden
+    tokens = local * micro_batch
+    per_layer = 34.0 * tokens * hidden
     if not flash:
         per_layer += 5.0 * (heads / cp) * seq * seq * micro_batch
-    logits = local * micro_batch * vocab * (2 + 4)
-    kept = layers * 2.0 * local * micro_batch * hidden + per_layer if checkpointing else layers * per_layer
+    logits = tokens * vocab * (2 + 4)
+    if checkpointing is Checkpointing.none:
+        kept = layers * per_layer
+    elif checkpointing is Checkpointing.full or every > 1:
+        full = -(-layers // every)  # layers 0, every, 2 x every, ...
+        kept = full * 2.0 * tokens * hidden + (layers - full) * per_layer + per_layer
+    elif checkpointing is Checkpointing.selective:
+        kept = layers * SELECTIVE_KEPT * tokens * hidden + per_layer
+    else:
+        raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     return (kept + logits) / tp
 
 

@@ -75,6 +75,13 @@ class StrategyRow:
     # -- long context (parallel.cp > 1): the kinds of sequence split it runs, or why none
     cp_kinds: tuple = ()  # ContextParallelKind values, the first is what cp_kind=auto picks
     cp_off: str | None = None
+    # -- throughput levers (plan/levers.py, plan/checkpointing.py): why each is refused, None: allowed
+    compile_blocks_off: str | None = None  # trainer.compile=blocks
+    compile_model_off: str | None = None  # trainer.compile=model
+    # (zero_stage) -> why selective checkpointing's op-level policy cannot run, or None; where it
+    # cannot, selective checkpoints every SELECTIVE_EVERY-th block in full instead
+    op_checkpoint_off: Callable = lambda zero_stage: None
+    fp8_off: str | None = None  # precision.fp8: torchao's Float8Linear layers
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
 
 
@@ -99,6 +106,17 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
 
 def deepspeed_problems(cfg, world: int) -> list[Problem]:
     return deepspeed_config.stage_problems(cfg.parallel, cfg.mode == Mode.train)
+
+
+# Seen on CPU (DeepSpeed 0.19.8, torch 2.13): ZeRO-3 gathers a block's weights in hooks inside the
+# block, and their state differs between the forward and its recompute, so torch's selective
+# checkpoint finds an all-gather in backward that it did not store ("c10d._allgather_base_.default
+# encountered during backward but not found in storage"). Stages 1 and 2 hold whole weights.
+ZERO3_GATHERS = "ZeRO-3 gathers each block's weights in hooks inside the block, which torch's selective checkpoint cannot replay"
+
+
+def deepspeed_op_checkpoint_off(zero_stage: int) -> str | None:
+    return ZERO3_GATHERS if zero_stage == 3 else None
 
 
 def deepspeed_finetune_problems(cfg) -> list[Problem]:
@@ -132,6 +150,10 @@ SINGLE = StrategyRow(
 DDP_CP_OFF = "DeepSpeed's Ulysses attention runs under its own engine, and ddp is torch's DistributedDataParallel; parallel=zero1 is the same data parallelism (optimizer states sharded) with Ulysses"
 RING_OFF = "ring attention through torch's context_parallel is not built yet (on CPU its SDPA has no sharding strategy in torch 2.13, so it cannot be proven here)"
 
+# FSDP2 gathers and frees each block's weights in hooks around it; torch compiles an FSDP2 model
+# block by block (as torchtitan does), not as one graph.
+FSDP_WHOLE_GRAPH = "FSDP2 gathers each block's weights in hooks around the block, which one whole-model graph would have to hold; torch compiles FSDP2 models block by block"
+
 # Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
 STRATEGIES = {
     Strategy.single: SINGLE,
@@ -154,6 +176,8 @@ STRATEGIES = {
         lora_off=None,
         qlora=False,
         cp_kinds=("ulysses",),
+        op_checkpoint_off=deepspeed_op_checkpoint_off,
+        fp8_off="DeepSpeed casts and partitions the weights inside its engine, and torchao's float8 layers are not checked under it",
         finetune_problems=deepspeed_finetune_problems,
     ),
     Strategy.fsdp_tp: StrategyRow(
@@ -176,6 +200,8 @@ STRATEGIES = {
         # Ulysses with tp 1 (FSDP shards over the cp ranks too); ring is not built yet.
         cp_kinds=("ulysses",),
         cp_off=RING_OFF,
+        compile_model_off=FSDP_WHOLE_GRAPH,
+        fp8_off="tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use",
     ),
 }
 

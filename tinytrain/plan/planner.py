@@ -12,21 +12,25 @@ from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES, Objective
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
-from tinytrain.plan import deepspeed_config, finetune, resolve
+from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
+from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
+from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
+from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
-from tinytrain.plan.memory import activation_memory, plan_memory
+from tinytrain.plan.levers import checkpointing_mode
+from tinytrain.plan.memory import GIB, activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -67,19 +71,14 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     par = cfg.parallel
     row = strategy_row(par.strategy)
-    activations_at = activation_estimate(cfg, shape, attention)
+    # The context-parallel size first: the data-parallel size, and so the batch, follow from it.
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
-    cp, cp_reason = context_plan.decide_cp(cfg, world, activations_at, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
+    cp, cp_reason = context_plan.decide_cp(cfg, world, activation_estimate(cfg, shape, attention), state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
     batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
-    deepspeed = None
-    if row.deepspeed:
-        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip, cp)
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
     layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
-    if resume is not None and resume.universal:
-        deepspeed = deepspeed_config.load_universal(deepspeed)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=pretrained)
     params = parameter_count(shape)
     base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
@@ -94,12 +93,42 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
+    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
+    requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
+    op_off = row.op_checkpoint_off(par.zero_stage)
     reference_bytes = preference.reference_bytes if preference else 0.0
+    base_step = step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world)
+
+    def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
+        rows = micro * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+
+    fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
+    micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
+    table = [mode_cost(mode, plan_memory(states, activations_for(mode, batch.seq_len, cp, m), hardware.memory_gb, reference_bytes), m, base_step) for m in micros for mode in BY_COST]
+    if fixed_micro is None:
+        # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
+        modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
+        micro, mode, why = micro_batch.choose(table, modes, hardware.memory_gb * 1e9 / GIB)
+        batch, _ = batch_layout(cfg, world, cp, micro=micro)
+        ckpt = choose_checkpointing(Checkpointing(mode), table, op_off, requested=requested, reason=why)
+    else:
+        ckpt = choose_checkpointing(requested, table, op_off)
+
+    def activations_at(seq: int, cp: int) -> float:
+        return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
+
     memory = plan_memory(states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(preference, memory)
     context = context_plan.with_longest(context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
-    context_plan.fit_problem(cfg, context, memory, activations_at, world=world)
-    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only)
+    context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
+    float8 = fp8_plan.decide(cfg, hardware, hidden=shape.hidden, strategy_blocker=row.fp8_off, finetune=adapters is not None, planning=cfg.mode in PLANNING_MODES)
+    deepspeed = None
+    if row.deepspeed:
+        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip, cp)
+        if resume is not None and resume.universal:
+            deepspeed = deepspeed_config.load_universal(deepspeed)
+    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only, checkpointing=ckpt)
     if preference:
         fast = preference_plan.logits_loss(fast)
     return RunPlan(
@@ -134,6 +163,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         memory=memory,
         context=context,
         fast_paths=fast,
+        checkpointing=ckpt,
+        fp8=float8,
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,
@@ -150,7 +181,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             world=world,
             dp=batch.data_parallel,
             sixteen_bit=precision.dtype.value != "fp32",
-            step_seconds=step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world),
+            step_seconds=base_step,
             run_dir=run_dir,
             muon_params=optimizer.muon_params,
         ),
@@ -159,14 +190,17 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
 
 
 def activation_estimate(cfg, shape, attention):
-    """Activation bytes per GPU as a function of (seq_len, cp) for this model, micro batch,
-    attention kernel and checkpointing (plan/memory.py)."""
+    """Activation bytes per GPU as a function of (seq_len, cp) for sizing cp (parallel.cp=null) before
+    the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
+    full, the most it could save; plan/memory.py)."""
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
-    rows = cfg.trainer.micro_batch_size * (1 if cfg.finetune.objective == Objective.sft else 2)
+    rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
+    mode = checkpointing_mode(cfg.trainer.activation_checkpointing)
+    mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=cfg.trainer.activation_checkpointing)
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=mode)
 
     return at
 
@@ -186,6 +220,10 @@ def step_seconds(*, hardware, precision, params: int, tokens_per_step: int, worl
     if hardware.is_cpu or not peak:
         return None
     return 6.0 * params * tokens_per_step / (world * peak * 1e12 * ASSUMED_MFU)
+
+
+def mode_cost(mode: Checkpointing, memory, micro_batch: int, base_step: float | None) -> ModeCost:
+    return ModeCost(micro_batch, mode.value, memory.activations_gib, memory.total_gib, memory.fits, None if base_step is None else base_step * STEP_FACTOR[mode])
 
 
 def cluster_layout(cfg) -> ClusterLayout:

@@ -18,10 +18,13 @@ from tinytrain.data.bos_policy import BosDecision
 from tinytrain.plan.attention import AttentionChoice
 from tinytrain.plan.checkpoint_cost import CheckpointPlan
 from tinytrain.plan.checkpoint_cost import render as render_checkpoint
+from tinytrain.plan.checkpointing import CheckpointingPlan
+from tinytrain.plan.checkpointing import render as render_checkpointing
 from tinytrain.plan.context import ContextPlan
 from tinytrain.plan.context import render as render_context
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
+from tinytrain.plan.fp8 import Fp8Plan
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
@@ -101,6 +104,8 @@ class RunPlan:
     export: ExportSpec = ExportSpec()  # what the end-of-run export and training's samples serve: template, stops, BOS, dtype
     pretrained_tokenizer: TokenizerMatch | None = None  # model.pretrained's own tokenizer against the run's
     optimizer: OptimizerPlan | None = None  # trainer.optimizer: which parameters Muon takes, the state it holds
+    checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
+    fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
 
     @property
     def on_gpu(self) -> bool:
@@ -166,6 +171,8 @@ class RunPlan:
             "preference": self.preference and self.preference.to_dict(),
             "checkpoint": self.checkpoint.to_dict(),
             "optimizer": self.optimizer and self.optimizer.to_dict(),
+            "activation_checkpointing": self.checkpointing and self.checkpointing.to_dict(),
+            "fp8": self.fp8.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -175,6 +182,8 @@ class RunPlan:
         resolved["model"]["vocab_size"] = self.vocab.padded
         resolved["precision"]["value"] = self.precision.lightning
         resolved["tokenizer"]["add_bos"] = resolved["data"]["prepend_bos"] = self.bos.add  # what the data and the export follow
+        resolved["trainer"]["activation_checkpointing"] = self.fast_paths.activation_checkpointing  # auto and the old booleans, resolved
+        resolved["trainer"]["compile"] = self.fast_paths.compile
         return resolved
 
     def render(self) -> str:
@@ -266,8 +275,12 @@ def render(plan: dict) -> str:
         lines += render_context(plan["context"], b["seq_len"])
     if plan.get("checkpoint"):
         lines += render_checkpoint(plan["checkpoint"])
+    if plan.get("activation_checkpointing"):
+        lines += render_checkpointing(plan["activation_checkpointing"], b["micro_batch_size"])
+    if plan.get("fp8"):
+        lines.append(f"fp8        {'on' if plan['fp8']['enabled'] else 'off'}: {plan['fp8']['reason']}")
     f = plan["fast_paths"]
-    on = [k for k in ("fused_adamw", "compile", "activation_checkpointing", "liger") if f[k]] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
+    on = [k for k in ("fused_adamw", "liger") if f[k]] + [f"{k} {f[k]}" for k in ("compile", "activation_checkpointing") if f[k] != "none"] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]

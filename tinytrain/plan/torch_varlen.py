@@ -6,12 +6,19 @@ later releases take `scale` and `window_size` (causal is (-1, 0), a sliding wind
 adds `enable_gqa`. What a run may ask of it is read from the signature, not the version number, so
 a build in between is read right. `read_support(fn)` is the seam tests use to stand for another
 torch: it reads any function's signature.
+
+The installed torch's signature is read from the module's source, not by importing it: importing
+torch.nn.attention.varlen pulls in torch._dynamo, sympy and torch.export (~1.1 s), which doubled
+the time of `mode=plan` even on a CPU where the kernel cannot run.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 # FlashAttention's kernels (torch's varlen included) run on Ampere and newer only.
 MIN_CAPABILITY = (8, 0)
@@ -40,8 +47,21 @@ def read_support(fn, torch_version: str) -> VarlenSupport:
     """What a varlen_attn function with `fn`'s signature can be asked for."""
     if fn is None:
         return VarlenSupport(False, torch_version=torch_version)
-    params = inspect.signature(fn).parameters
-    return VarlenSupport(True, window="window_size" in params, gqa="enable_gqa" in params, scale="scale" in params, torch_version=torch_version)
+    return from_parameters(inspect.signature(fn).parameters, torch_version)
+
+
+def from_parameters(names, torch_version: str) -> VarlenSupport:
+    return VarlenSupport(True, window="window_size" in names, gqa="enable_gqa" in names, scale="scale" in names, torch_version=torch_version)
+
+
+def parameters_in_source(source: str, name: str = "varlen_attn") -> list[str] | None:
+    """The parameter names of the module-level function `name` in `source`, or None where it is
+    not defined there by a plain `def` (then only importing it tells)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return [arg.arg for arg in a.posonlyargs + a.args + a.kwonlyargs]
+    return None
 
 
 def varlen_function():
@@ -56,4 +76,14 @@ def varlen_function():
 def installed_support() -> VarlenSupport:
     import torch
 
-    return read_support(varlen_function(), torch.__version__.split("+")[0])
+    version = torch.__version__.split("+")[0]
+    try:
+        spec = importlib.util.find_spec("torch.nn.attention.varlen")
+    except ModuleNotFoundError:  # a torch without torch.nn.attention
+        spec = None
+    if spec is None or not spec.origin:
+        return VarlenSupport(False, torch_version=version)
+    names = parameters_in_source(Path(spec.origin).read_text(encoding="utf-8"))
+    if names is None:
+        return read_support(varlen_function(), version)
+    return from_parameters(names, version)

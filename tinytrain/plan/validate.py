@@ -5,7 +5,7 @@ than one key to see (tp vs heads, batch arithmetic, paths that must exist) are c
 module that owns the values: config/checks.py, data/checks.py (with data/sources.py,
 data/mixture.py, data/chat_templates.py), data/tokenizer.py, checkpoint/, plan/families.py,
 plan/parallel.py (the strategy table), plan/layout.py, plan/precision.py, plan/schedule.py, plan/hardware.py,
-plan/extras.py, plan/finetune.py, plan/optimizer.py, plan/preference.py and plan/input_safety.py. This module only gathers them, so a user sees every problem
+plan/extras.py, plan/levers.py, plan/micro_batch.py, plan/fp8.py, plan/finetune.py, plan/optimizer.py, plan/preference.py and plan/input_safety.py. This module only gathers them, so a user sees every problem
 at once.
 """
 
@@ -23,7 +23,7 @@ from tinytrain.config.checks import (
 from tinytrain.data.checks import data_problems
 from tinytrain.data.tokenizer import special_token_problems, tokenizer_problems
 from tinytrain.errors import raise_if_any
-from tinytrain.plan import context, finetune, input_safety, optimizer, parallel, preference
+from tinytrain.plan import context, finetune, fp8, input_safety, levers, micro_batch, optimizer, parallel, preference, resolve
 from tinytrain.plan.extras import missing_extra_problems, wandb_problems
 from tinytrain.plan.families import model_problems
 from tinytrain.plan.hardware import hardware_problems
@@ -50,9 +50,12 @@ def validate(cfg) -> None:
         + slurm_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
+        + levers.problems(cfg)
+        + micro_batch.problems(cfg, resolve.effective_hardware(cfg))
         + schedule_problems(cfg.trainer)
         + optimizer.problems(cfg)
         + precision_problems(cfg)
+        + fp8.problems(cfg)
         + guard_problems(cfg)
         + hardware_problems(cfg)
         + tokenizer_problems(cfg)

@@ -19,7 +19,10 @@ from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
 from tinytrain.data.unpaired import UnpairedDataset
 from tinytrain.errors import ConfigError, Problem, TrainingStopped
+from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.build import build_model, model_config
+from tinytrain.model.compile import apply_compile
+from tinytrain.model.fp8 import apply_fp8
 from tinytrain.model.init_weights import weights_for_run
 from tinytrain.model.liger import apply_kernels
 from tinytrain.model.lora import apply_adapters, load_quantized_base
@@ -31,6 +34,7 @@ from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_ta
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.consolidate import model_weights
@@ -73,10 +77,10 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     fast = plan.fast_paths
     if fast.liger:
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
-    if fast.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if fast.compile:
-        model.compile()  # in place: parameter names (and so checkpoints) stay unchanged
+    if plan.fp8.enabled:
+        log.info("float8 training: %d linear layers converted (%s)", apply_fp8(model, plan.fp8.emulate), plan.fp8.reason)
+    apply_checkpointing(model, fast.activation_checkpointing, fast.checkpoint_every)
+    apply_compile(model, fast.compile, fast.compile_backend)  # after checkpointing: a block's graph holds its recompute
     return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
 
 
@@ -150,6 +154,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         "loss_means": summary.means(),  # (first, last) `loss_window` steps
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
+        "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
         **throughput.summary(),
     }
     if trainer.is_global_zero:
@@ -229,4 +234,6 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
+    if result["profile"]:
+        print(result["profile"])
     print(f"run directory: {run_dir}")

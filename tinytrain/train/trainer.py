@@ -20,6 +20,7 @@ from tinytrain.train.callbacks.loss_summary import LossSummary
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.nonfinite_guard import NonFiniteGuard
 from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
 from tinytrain.train.callbacks.rng_state import RNGState
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
@@ -173,6 +174,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # Checkpoint callbacks run last (Lightning orders them so).
         StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, t.val_every_n_steps if t.val_batches else 0),
         *extra_callbacks,
+        *([Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict())] if t.profile else []),
     ]
     plugins = [*cluster_plugins(), AtomicCheckpointIO(), *([hw.precision_plugin] if hw.precision_plugin else [])]
     trainer = pl.Trainer(

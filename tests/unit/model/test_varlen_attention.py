@@ -111,6 +111,22 @@ def test_the_signature_read_from_this_torch_and_from_older_ones():
     assert "needs torch >= 2.10" in read_support(None, "2.9.1").gap(False, False)
 
 
+def test_the_source_read_equals_the_imported_signature_and_imports_nothing():
+    """installed_support() reads the signature from varlen.py's source: the same answer as
+    importing the function, without pulling in torch._dynamo (~1 s of every mode=plan)."""
+    import subprocess
+    import sys
+
+    from tinytrain.plan.torch_varlen import installed_support, parameters_in_source, varlen_function
+
+    assert installed_support() == read_support(varlen_function(), installed_support().torch_version)
+    probe = "import sys; from tinytrain.plan.torch_varlen import installed_support; s = installed_support(); print(s.available, 'torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False"]
+    assert parameters_in_source("def varlen_attn(q, k, *, window_size=None): ...") == ["q", "k", "window_size"]
+    assert parameters_in_source("varlen_attn = other") is None  # not a plain def: the import decides
+
+
 def test_this_torchs_own_kernel_takes_what_the_forward_asks_of_it():
     """torch.nn.attention.varlen.varlen_attn itself (no CUDA here: on meta tensors its shape function
     runs behind the real signature), called by the registered forward for a packed row and for

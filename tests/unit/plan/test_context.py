@@ -5,16 +5,18 @@ refused naming the cp that would (tests/unit/test_bad_inputs.py holds the refusa
 import pytest
 
 from tests.conftest import plan
+from tinytrain.config.schema import Checkpointing
+from tinytrain.plan.checkpointing import BY_COST
 from tinytrain.plan.context import ContextPlan, longest_context, with_longest
 from tinytrain.plan.memory import activation_memory
 
 SHAPE = dict(layers=32, hidden=4096, heads=32, micro_batch=1, vocab=128256, tp=1)
 # The README's "Long context" command is LONG with parallel.cp=2.
-LONG = ["model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=65536", "trainer.activation_checkpointing=true"]
+LONG = ["model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=65536", "trainer.activation_checkpointing=full"]
 
 
 @pytest.mark.parametrize("flash", [True, False])
-@pytest.mark.parametrize("checkpointing", [True, False])
+@pytest.mark.parametrize("checkpointing", list(BY_COST))
 def test_activations_per_rank_fall_as_one_over_cp(flash, checkpointing):
     """Ulysses: a rank holds seq / cp tokens between attention calls and attends over all of them
     with heads / cp heads, so every term, the materialised scores included, falls as 1/cp."""
@@ -25,7 +27,7 @@ def test_activations_per_rank_fall_as_one_over_cp(flash, checkpointing):
 
 def test_checkpointing_keeps_a_layer_input_and_one_layer():
     full = activation_memory(seq=8192, flash=True, **SHAPE)
-    kept = activation_memory(seq=8192, flash=True, checkpointing=True, **SHAPE)
+    kept = activation_memory(seq=8192, flash=True, checkpointing=Checkpointing.full, **SHAPE)
     per_layer, logits = 34.0 * 8192 * 4096, 8192 * 128256 * 6
     assert full == pytest.approx(32 * per_layer + logits)
     assert kept == pytest.approx(32 * 2.0 * 8192 * 4096 + per_layer + logits)

@@ -13,7 +13,7 @@ from tinytrain.plan.hardware import CPU, lookup_gpu
 
 
 def trainer(**kw):
-    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
+    return OmegaConf.create({"compile": False, "compile_backend": "inductor", "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
 
 
 @pytest.mark.parametrize("gpu", ["V100", "T4", "A800", "H100"])

@@ -56,7 +56,7 @@ def test_peak_by_precision_and_graceful_omission():
 
 
 def trainer(**kw):
-    return OmegaConf.create({"compile": False, "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
+    return OmegaConf.create({"compile": False, "compile_backend": "inductor", "activation_checkpointing": False, "loss_chunk_tokens": None, "liger": None, **kw})
 
 
 @pytest.mark.parametrize(
@@ -72,14 +72,16 @@ def trainer(**kw):
 )
 def test_fast_path_selection(strategy, on_gpu, vocab, fused, chunk):
     f = select_fast_paths(trainer(), strategy, on_gpu=on_gpu, padded_vocab=vocab)
-    assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, False, False)
+    assert (f.fused_adamw, f.loss_chunk_tokens, f.compile, f.activation_checkpointing) == (fused, chunk, "none", "none")
     assert set(f.reasons) == {"fused_adamw", "loss_chunk_tokens", "compile", "activation_checkpointing", "liger"}
     assert not f.liger  # liger-kernel is not installed here (tests/unit/plan/test_fast_paths.py covers it)
 
 
 def test_fast_path_overrides():
     f = select_fast_paths(trainer(compile=True, activation_checkpointing=True, loss_chunk_tokens=256), Strategy.single, on_gpu=False, padded_vocab=4096)
-    assert (f.compile, f.activation_checkpointing, f.loss_chunk_tokens) == (True, True, 256)
+    assert (f.compile, f.activation_checkpointing, f.loss_chunk_tokens) == ("model", "full", 256)  # the old booleans
+    f = select_fast_paths(trainer(compile="blocks", activation_checkpointing="selective"), Strategy.single, on_gpu=False, padded_vocab=4096)
+    assert (f.compile, f.activation_checkpointing, f.checkpoint_every) == ("blocks", "selective", 1)
     assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
     assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
 

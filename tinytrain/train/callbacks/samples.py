@@ -44,7 +44,9 @@ class SampleGenerations(pl.Callback):
             return
         import torch
 
-        with torch.inference_mode(False), torch.no_grad():
+        # Eager under trainer.compile: each new length and cache state would recompile the blocks'
+        # graph (dynamo's recompile limit is soon hit); the training step's graphs stay as they are.
+        with torch.inference_mode(False), torch.no_grad(), torch.compiler.set_stance("force_eager"):
             results = generate(pl_module.model, self.tokenizer, self.prompts, chat=self.chat, sampling=self.sampling, stop_ids=self.stop_ids, true_vocab=self.true_vocab)
         step = trainer.global_step
         with self.path.open("a", encoding="utf-8") as f:

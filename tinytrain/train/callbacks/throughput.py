@@ -13,6 +13,7 @@ import time
 
 import lightning.pytorch as pl
 
+from tinytrain.model.module import writes_metrics_row
 from tinytrain.plan.flops import batch_flops, sum_squared_document_lengths
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.precision import Dtype
@@ -97,9 +98,10 @@ class ThroughputMonitor(pl.Callback):
             log.info("first optimizer step done %.1f s after process start", seconds_since_process_start())
         if self._last_time is not None:
             elapsed = now - self._last_time - self._paused
-            pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
-            if self.peak:
-                pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
+            if writes_metrics_row(trainer):  # read by the loggers and the progress lines only
+                pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
+                if self.peak:
+                    pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
             self.run_tokens += self._tokens
             self.run_flops += self._flops
             self.run_seconds += elapsed

@@ -1,0 +1,43 @@
+"""trainer.micro_batch_size=auto (plan/micro_batch.py): the largest micro batch that fits the GPU
+with the safety margin, under the cheapest checkpointing mode that lets one fit, the global batch
+kept by the accumulation, and the table it chose from in the plan."""
+
+import pytest
+
+from tests.conftest import plan
+from tinytrain.plan.checkpointing import ModeCost
+from tinytrain.plan.micro_batch import SAFETY_MARGIN, candidates, choose
+
+BIG = ["model=llama3_1_8b", "hardware.gpu=H100", "parallel=zero3", "cluster.devices=8", "trainer.global_batch_size=64", "trainer.micro_batch_size=auto"]
+
+
+def test_candidates_keep_the_global_batch():
+    assert candidates(64, 8) == [1, 2, 4, 8]
+    assert candidates(48, 4) == [1, 2, 3, 4, 6, 12]
+
+
+def row(micro, mode, total):
+    return ModeCost(micro, mode, 0.0, total, None, None)
+
+
+def test_the_cheapest_mode_that_fits_then_the_largest_micro_batch():
+    table = [row(1, "none", 70), row(2, "none", 90), row(1, "full", 20), row(2, "full", 40), row(4, "full", 80)]
+    limit = (1 - SAFETY_MARGIN) * 80
+    assert choose(table, ["none", "full"], 80)[:2] == (1, "none")  # 70 <= 72
+    assert choose(table, ["full"], 80)[:2] == (2, "full")  # 80 > 72: the margin leaves micro batch 4 out
+    micro, mode, why = choose([row(1, "none", 79)], ["none"], 80)
+    assert (micro, mode) == (1, "none") and f"under {limit:.1f} GiB" in why and "no micro batch fits" in why
+
+
+@pytest.mark.parametrize(("extra", "micro", "mode"), [(["data.seq_len=4096"], 2, "none"), (["data.seq_len=8192", "trainer.activation_checkpointing=auto"], 1, "none"), (["data.seq_len=8192", "trainer.activation_checkpointing=full"], 8, "full")])
+def test_the_plan_picks_and_prints_the_table(extra, micro, mode, tmp_path, capsys):
+    p = plan([*BIG, *extra], tmp_path)
+    b = p["batch"]
+    assert (b["micro_batch_size"], b["accumulate_grad_batches"], b["global_batch_size"]) == (micro, 8 // micro, 64)
+    assert p["deepspeed"]["train_micro_batch_size_per_gpu"] == micro and p["deepspeed"]["gradient_accumulation_steps"] == 8 // micro
+    c = p["activation_checkpointing"]
+    assert c["mode"] == mode and c["reason"].startswith("auto: the largest micro batch")
+    assert sorted({r["micro_batch"] for r in c["table"]}) == [1, 2, 4, 8]
+    chosen = next(r for r in c["table"] if (r["micro_batch"], r["mode"]) == (micro, mode))
+    assert chosen["total_gib"] == p["memory_per_gpu"]["total_gib"] <= (1 - SAFETY_MARGIN) * p["memory_per_gpu"]["gpu_memory_gib"]
+    assert f"micro batch {micro:>3} {mode:<9}" in capsys.readouterr().out

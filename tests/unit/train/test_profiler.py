@@ -1,0 +1,45 @@
+"""trainer.profile's callback (train/callbacks/profiler.py): the window of steps it traces, the top
+costs it names, and on a CUDA out-of-memory error the allocator's snapshot beside the plan's
+estimate (the CUDA calls stood in for: no GPU here)."""
+
+import json
+from types import SimpleNamespace
+
+import torch
+
+from tinytrain.train.callbacks.profiler import Profiler
+
+ESTIMATE = {"total_gib": 71.5, "activations_gib": 40.0}
+
+
+def test_traces_the_window_and_names_the_top_costs(tmp_path):
+    callback = Profiler(tmp_path / "profile", start=2, steps=2, memory_estimate=ESTIMATE)
+    trainer = SimpleNamespace(global_rank=0, global_step=0)
+    callback.on_train_start(trainer, None)
+    a = torch.randn(64, 64)
+    for step in range(1, 6):
+        for _ in range(2):  # two micro batches a step: the profiler steps once per optimizer step
+            a = (a @ a).tanh()
+            callback.on_train_batch_end(trainer, None, None, None, 0)
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, 0)
+    callback.on_train_end(trainer, None)
+    traces = list((tmp_path / "profile").glob("rank0.*.pt.trace.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+    assert "aten::mm" in (tmp_path / "profile" / "top_ops_rank0.txt").read_text()
+    assert "profile of steps 2-3" in callback.summary() and "aten::mm" in callback.summary()
+
+
+def test_out_of_memory_leaves_a_snapshot_beside_the_estimate(tmp_path, monkeypatch):
+    dumped = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: dumped.append(path))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 81 * 2**30)
+    callback = Profiler(tmp_path / "profile", start=3, steps=3, memory_estimate=ESTIMATE)
+    callback.on_exception(None, None, RuntimeError("not memory"))
+    assert not dumped
+    callback.on_exception(None, None, torch.OutOfMemoryError("CUDA out of memory"))
+    assert dumped == [str(tmp_path / "profile" / "memory_snapshot_rank0.pickle")]
+    beside = json.loads((tmp_path / "profile" / "memory_estimate_rank0.json").read_text())
+    assert beside == {"plan": ESTIMATE, "measured": {"max_allocated_gib": 80.0, "reserved_gib": 81.0}}
