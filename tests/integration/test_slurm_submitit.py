@@ -53,4 +53,6 @@ def test_multirun_of_two_learning_rates(slurm, tmp_path):
         result = json.loads((run_dir / "result.json").read_text())  # written inside the Slurm job
         assert result["status"] == "completed" and result["val_loss"] == results[next(o for o in result["overrides"] if o.startswith("trainer.lr="))]
     assert "jobs best first" in r.stdout
-    assert logs.count("cluster    slurm: 1 node(s) x 1 device(s) per node, from allocation of Slurm job") == 2
+    # Each job's whole log (the plan is printed before the training lines the tail above shows).
+    whole = "\n".join(p.read_text(errors="replace") for p in sorted(submitit_dir.rglob("*_log.*")))
+    assert whole.count("cluster    slurm: 1 node(s) x 1 device(s) per node, from allocation of Slurm job") == 2
