@@ -73,7 +73,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     row = strategy_row(par.strategy)
     # The context-parallel size first: the data-parallel size, and so the batch, follow from it.
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
-    cp, cp_reason = context_plan.decide_cp(cfg, world, activation_estimate(cfg, shape, attention), state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
+    cp, cp_reason = context_plan.decide_cp(cfg, world, activation_estimate(cfg, shape, attention, op_off=row.op_checkpoint_off(par.zero_stage)), state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
     batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
     # In this order, so the first error met is the one reported (as a run would meet them).
     init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
@@ -189,10 +189,11 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     )
 
 
-def activation_estimate(cfg, shape, attention):
+def activation_estimate(cfg, shape, attention, *, op_off):
     """Activation bytes per GPU as a function of (seq_len, cp) for sizing cp (parallel.cp=null) before
     the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
-    full, the most it could save; plan/memory.py)."""
+    full, the most it could save; plan/memory.py), with the same every-k-block fallback (`op_off`)
+    as the memory line of the plan, so the cp chosen is sized by the estimate the plan prints."""
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
     rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
@@ -200,7 +201,7 @@ def activation_estimate(cfg, shape, attention):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=mode)
+        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
 
     return at
 
