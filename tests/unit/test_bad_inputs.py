@@ -8,15 +8,14 @@ real subprocess. `{F}` in an argument is the folder of bad files made by the `ba
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_in_process import run_in_process
 
 SMALL_MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
 FP16 = ["precision=fp16", "hardware.gpu=V100"]
@@ -338,28 +337,6 @@ CASES = {
     "unknown finetune option": (["mode=plan", "finetune=dora"], ["finetune=dora", "full, lora, qlora"]),
 }
 ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
-
-
-def run_in_process(args: list[str]) -> tuple[int, str]:
-    """`python -m tinytrain args...` in this process: the exit status and what it printed to stderr.
-    An exception that escapes main() is what a user would see as a traceback, so it propagates."""
-    from tinytrain import cli
-
-    saved_argv = sys.argv
-    sys.argv = ["tinytrain", *args]
-    err = io.StringIO()
-    code = 0
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            cli.main()
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = saved_argv
-        # main() remembers the traceback choice in the environment for its child processes.
-        for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK"):
-            os.environ.pop(var, None)
-    return code, err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The package's folders follow the run's stages, and no module imports from a later stage.
 
-Stages in order (README "Layout"); a module may import its own stage and earlier ones, anywhere in
+Stages in order (docs/architecture.md, "Layout"); a module may import its own stage and earlier ones, anywhere in
 the file (imports inside functions count too). `tinytrain/errors.py` is shared by all.
 """
 
@@ -61,7 +61,7 @@ def test_every_module_sits_in_a_stage_folder():
     loose = [m for m, _ in modules() if stage_of(m) is None and m.split(".")[-1] not in SHARED and m != "tinytrain"]
     assert loose == []
     unknown = sorted({stage_of(m) for m, _ in modules()} - set(STAGES) - {None})
-    assert unknown == [], f"stage folders missing from STAGES (and README 'Layout'): {unknown}"
+    assert unknown == [], f"stage folders missing from STAGES (and docs/architecture.md): {unknown}"
 
 
 @pytest.mark.parametrize("module,path", modules(), ids=lambda x: x if isinstance(x, str) else "")

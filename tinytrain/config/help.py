@@ -1,5 +1,5 @@
 """`tinytrain --help`: tinytrain's own help (modes, the config groups shipped in tinytrain/conf/ and
-their options, the keys most runs set, where the README says more) instead of Hydra's, which lists
+their options, the keys most runs set, where the docs say more) instead of Hydra's, which lists
 the ConfigStore's internal nodes too. `--hydra-help` still shows Hydra's flags."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ MODES = {
     Mode.average: "the mean weights of checkpoints=[a,b,...] (or checkpoint.average_last=<k>) -> a checkpoint and its export",
 }
 
-README_SECTIONS = ("Planning a run", "Configuration", "Parallelism", "Running on a Slurm cluster", "Resuming", "Errors")
+# The reference pages in the repository's docs/ (`mkdocs serve` shows them as a site).
+DOC_PAGES = ("planning.md", "configuration.md", "parallelism.md", "slurm.md", "checkpoints.md", "errors.md")
 
 
 def group_options(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
@@ -91,8 +92,8 @@ def render(defaults, conf_dir: Path = CONF_DIR) -> str:
         "  tinytrain --config-dir ./my_conf model=my_model      (your own groups on top of tinytrain's)",
         "",
         "exit codes: 0 done, 2 configuration error, 3 stopped by a guard, 75 checkpointed on a signal (run again to resume)",
-        "more in README.md (in the repository, and in the wheel's METADATA):",
-        *(f"  README.md#{s.lower().replace(' ', '-')}" for s in README_SECTIONS),
+        "more in the repository's docs/ (mkdocs serve shows them as a site):",
+        *(f"  docs/{page}" for page in DOC_PAGES),
     ]
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.memory import GIB
 from tinytrain.plan.parallel import STRATEGIES, strategy_row
 
-# What each kind runs on, and where it was proven (printed in the plan and README "Long context").
+# What each kind runs on, and where it was proven (printed in the plan and docs/parallelism.md, "Long context").
 ENGINES = {
     "ulysses": "DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp)",
 }

@@ -2,7 +2,7 @@
 
 `RunPlan` is frozen and typed; the build and fit stage takes it as it is. Everything people and
 tools see of a run's decisions is a view of it: `to_dict()` is plan.json (field reference:
-README.md, "plan.json"), `render()` the printed plan, `resolved_config()` config_resolved.yaml
+docs/plan-json.md), `render()` the printed plan, `resolved_config()` config_resolved.yaml
 and wandb's config. Built without allocating weights, so a login node can plan a 32-GPU run.
 """
 

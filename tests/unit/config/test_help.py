@@ -1,5 +1,5 @@
 """`tinytrain --help` is tinytrain's (modes, the shipped groups and options, common keys with their
-defaults, README sections), without the ConfigStore's internal nodes; `--version` is tinytrain's."""
+defaults, docs pages), without the ConfigStore's internal nodes; `--version` is tinytrain's."""
 
 import subprocess
 import sys
@@ -16,8 +16,10 @@ def test_help_lists_modes_groups_and_keys():
     compose()  # registers the resolvers and schemas
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         text = help.render(hydra_compose(config_name="config", overrides=["trainer.lr=0.01"], return_hydra_config=True))
-    for needle in ("modes (mode=...):", "  plan ", "  eval ", "[tiny], tinyllama_1b", "[csv], tensorboard, wandb", "[single]", "hydra/launcher", "trainer.lr", "[0.01]", "README.md#running-on-a-slurm-cluster", "--hydra-help"):
+    for needle in ("modes (mode=...):", "  plan ", "  eval ", "[tiny], tinyllama_1b", "[csv], tensorboard, wandb", "[single]", "hydra/launcher", "trainer.lr", "[0.01]", "docs/slurm.md", "--hydra-help"):
         assert needle in text, (needle, text)
+    for page in help.DOC_PAGES:  # the pages --help names exist
+        assert (REPO / "docs" / page).is_file(), page
     assert "schema/" not in text and "config_schema" not in text  # Hydra's help lists the ConfigStore's nodes
 
 

@@ -184,7 +184,7 @@ CHATML_JINJA = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['conten
 
 
 def test_chatml_pairs_have_trls_ids_but_leave_the_newline_after_im_end_unscored(tmp_path, chatml_tokenizer):
-    """The difference the README names beside "TRL's layout": on the same ChatML pair TRL 1.16's
+    """The difference docs/finetuning.md names beside "TRL's layout": on the same ChatML pair TRL 1.16's
     token ids are tinytrain's, but TRL scores everything after the generation prompt, the "\\n" after
     <|im_end|> included, and tinytrain leaves that newline unscored (template glue after the stop
     token, which generation never predicts; SFT masks it alike). Log-prob sums differ by its log-prob."""

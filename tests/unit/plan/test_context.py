@@ -11,7 +11,7 @@ from tinytrain.plan.context import ContextPlan, longest_context, with_longest
 from tinytrain.plan.memory import activation_memory
 
 SHAPE = dict(layers=32, hidden=4096, heads=32, micro_batch=1, vocab=128256, tp=1)
-# The README's "Long context" command is LONG with parallel.cp=2.
+# docs/parallelism.md's "Long context" command is LONG with parallel.cp=2.
 LONG = ["model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=65536", "trainer.activation_checkpointing=full"]
 
 

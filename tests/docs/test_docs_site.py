@@ -1,0 +1,64 @@
+"""The documentation builds as a site with no broken link or anchor (`mkdocs build --strict`), the
+README stays a short front page, and nothing in the README or docs/ links outside the repository."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.docs.doc_commands import REPO, doc_files
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def build(config_dir, tmp_path):
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config_dir / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+        capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"}, timeout=300,
+    )
+
+
+def test_the_site_builds_strictly(tmp_path):
+    result = build(REPO, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "site" / "architecture" / "index.html").exists()
+
+
+def test_a_broken_anchor_fails_the_build(tmp_path):
+    """The strict build is what catches a page that moved: shown on a copy with one bad anchor."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    shutil.copy(REPO / "mkdocs.yml", copy)
+    shutil.copytree(REPO / "docs", copy / "docs")
+    page = copy / "docs" / "errors.md"
+    page.write_text(page.read_text() + "\nSee [resuming](checkpoints.md#no-such-section).\n")
+    result = build(copy, tmp_path)
+    assert result.returncode != 0 and "no-such-section" in result.stderr
+
+
+def test_the_readme_is_a_front_page():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 250
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_links_outside_the_repository(path):
+    outside = []
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"[a-z]+://", target) or target.startswith("/"):
+            outside.append(target)
+            continue
+        file = target.split("#")[0]
+        if file and not (path.parent / file).resolve().is_relative_to(REPO):
+            outside.append(target)
+    assert not outside, f"{path.name} links outside the repository: {outside}"
+    assert "../shared/DESIGN.md" not in path.read_text()
+
+
+def test_every_page_is_in_the_site():
+    nav = (REPO / "mkdocs.yml").read_text()
+    missing = [p.name for p in (REPO / "docs").glob("*.md") if f": {p.name}" not in nav]
+    assert not missing, f"docs pages not in mkdocs.yml's nav: {missing}"
