@@ -238,6 +238,10 @@ class ModelConfig:
     # Typed Any: OmegaConf cannot merge a command-line mapping into a null Optional[dict] node.
     rope_scaling: Optional[Any] = None
     initializer_range: float = 0.02
+    # The published model a preset has the shape of, and its tokenizer's size: trained with another
+    # tokenizer the plan notes that it is not that model (tinytrain/plan/published.py). null: none.
+    published: Optional[str] = None
+    published_vocab: Optional[int] = None
     attention: Attention = Attention.auto
     # Rows of the embedding and lm_head are padded to a multiple of vocab_multiple x parallel.tp.
     vocab_multiple: int = 64

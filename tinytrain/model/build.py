@@ -77,6 +77,11 @@ def family_options(m) -> dict:
             "full_attention": rope_parameters(m.rope_theta, m.rope_scaling),
             "sliding_attention": rope_parameters(m.rope_local_theta or m.rope_theta, None),
         }
+    if m.arch in (Arch.qwen2, Arch.qwen3):
+        # As published (Qwen2-0.5B, Qwen2.5-7B, Qwen3-0.6B/8B): the window setting names every layer;
+        # transformers' default (28) would be written into an export of another depth. Full attention
+        # either way: use_sliding_window stays false.
+        options["max_window_layers"] = m.num_layers
     if m.arch == Arch.phi3:
         # The context its RoPE was trained at (longrope scales from it).
         options["original_max_position_embeddings"] = (m.rope_scaling or {}).get("original_max_position_embeddings", m.max_position_embeddings)

@@ -34,6 +34,7 @@ from tinytrain.plan.memory import GIB, activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
+from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
@@ -133,6 +134,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         fast = preference_plan.logits_loss(fast)
     return RunPlan(
         model_name=cfg.model.name,
+        model_note=published_note(cfg.model, vocab.true, vocab.padded, params),
         shape=shape,
         params=params,
         attention=attention,

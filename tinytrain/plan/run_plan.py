@@ -106,6 +106,7 @@ class RunPlan:
     optimizer: OptimizerPlan | None = None  # trainer.optimizer: which parameters Muon takes, the state it holds
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
+    model_note: str | None = None  # a preset of a published model's shape trained with another tokenizer (plan/published.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -133,7 +134,7 @@ class RunPlan:
     def to_dict(self) -> dict:
         hw, b, v = self.hardware, self.batch, self.vocab
         return {
-            "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason},
+            "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason, "note": self.model_note},
             "vocab": {"true": v.true, "padded": v.padded, "multiple": v.multiple, "tp": v.tp, "padding_rows": v.padding_rows},
             "tokenizer": {
                 "path": self.tokenizer_path,
@@ -219,6 +220,7 @@ def render(plan: dict) -> str:
         where += f" (compute capability {hw['compute_capability']}, {hw['memory_gb']} GB, from {hw['source']})"
     lines = [
         f"model      {plan['model']['name']}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
+        *([f"           note: {plan['model']['note']}"] if plan["model"].get("note") else []),
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
         f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
         f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",

@@ -113,7 +113,60 @@ def test_group_option_plans(group, option, tmp_path):
     if (group, option) == ("data", "preference"):  # pairs train a preference objective
         extra = ['tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "finetune.objective=dpo"]
     p = plan([f"{group}={option}", *extra], tmp_path)
-    assert p["tokens_per_step"] == p["batch"]["global_batch_size"] * p["batch"]["seq_len"]
+    what, expected = OPTION_SHOWS[(group, option)]
+    assert what(p, tmp_path) == expected, f"{group}={option}: {what.__doc__}"
+
+
+def resolved(run_dir):
+    import yaml
+
+    return yaml.safe_load((run_dir / "config_resolved.yaml").read_text())
+
+
+def strategy(p, _):
+    """the strategy, its ZeRO stage and offload, as the plan resolved them"""
+    ds = p["deepspeed"] or {}
+    zero = ds.get("zero_optimization", {})
+    return p["parallel"]["strategy"], zero.get("stage"), "offload_optimizer" in zero, "offload_param" in zero
+
+
+# What each option changes in the plan (or in the resolved config, for the loggers): an option
+# that stopped being applied fails here.
+OPTION_SHOWS = {
+    ("tokenizer", "bundled"): (lambda p, _: p["vocab"]["true"], 4096),
+    ("tokenizer", "hf"): (lambda p, _: p["vocab"]["true"], 4096),
+    ("tokenizer", "llama2"): (lambda p, _: (p["vocab"]["true"], p["tokenizer"]["add_bos"]), (32000, True)),
+    ("data", "pydoc"): (lambda p, _: (p["batch"]["seq_len"], p["data_mixture"], p["preference"]), (256, None, None)),
+    ("data", "text"): (lambda p, r: resolved(r)["data"]["path"].endswith("tinyshakespeare.txt"), True),
+    ("data", "jsonl"): (lambda p, r: resolved(r)["data"]["source"], "jsonl"),
+    ("data", "alpaca"): (lambda p, r: resolved(r)["data"]["format"], "instruction"),
+    ("data", "chat"): (lambda p, r: resolved(r)["data"]["format"], "chat"),
+    ("data", "preference"): (lambda p, _: p["preference"]["name"], "dpo"),
+    ("data", "mixture"): (lambda p, _: [s["name"] for s in p["data_mixture"]["sources"]], ["tinyshakespeare", "alpaca_instructions"]),
+    ("precision", "auto"): (lambda p, _: p["precision"]["value"], "32-true"),
+    ("precision", "bf16"): (lambda p, _: p["precision"]["value"], "bf16-mixed"),
+    ("precision", "fp16"): (lambda p, _: (p["precision"]["value"], p["precision"]["loss_scale"] is not None), ("16-mixed", True)),
+    ("precision", "fp32"): (lambda p, _: p["precision"]["value"], "32-true"),
+    ("parallel", "single"): (strategy, ("single", None, False, False)),
+    ("parallel", "ddp"): (strategy, ("ddp", None, False, False)),
+    ("parallel", "fsdp_tp"): (strategy, ("fsdp_tp", None, False, False)),
+    ("parallel", "zero1"): (strategy, ("deepspeed", 1, False, False)),
+    ("parallel", "zero2"): (strategy, ("deepspeed", 2, False, False)),
+    ("parallel", "zero2_offload"): (strategy, ("deepspeed", 2, True, False)),
+    ("parallel", "zero3"): (strategy, ("deepspeed", 3, False, False)),
+    ("parallel", "zero3_offload"): (strategy, ("deepspeed", 3, True, True)),
+    ("trainer", "default"): (lambda p, _: (p["max_steps"], p["schedule"]["kind"], p["optimizer"]["name"]), (250, "cosine", "adamw")),
+    ("logger", "csv"): (lambda p, r: resolved(r)["logger"]["name"], "csv"),
+    ("logger", "wandb"): (lambda p, r: resolved(r)["logger"]["name"], "wandb"),
+    ("logger", "tensorboard"): (lambda p, r: resolved(r)["logger"]["name"], "tensorboard"),
+    ("cluster", "local"): (lambda p, _: (p["cluster"]["name"], p["world_size"]), ("local", 1)),
+    ("cluster", "slurm"): (lambda p, _: (p["cluster"]["name"], p["world_size"]), ("slurm", 8)),
+}
+
+
+def test_every_group_option_says_what_it_changes():
+    shipped = {(g, o) for g in ("tokenizer", "data", "precision", "parallel", "trainer", "logger", "cluster") for o in options(g)}
+    assert shipped == set(OPTION_SHOWS)
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
@@ -124,6 +177,8 @@ def test_experiment_presets_plan(experiment, tmp_path):
     assert p["precision"]["value"] == "bf16-mixed"
     if experiment == "tinyllama_pretrain":
         assert p["vocab"]["true"] == 32000 and p["batch"]["seq_len"] == 2048
+        # TinyLlama's 1024 sequences per step (docs/slurm.md): micro 8 x accumulation 128 on one GPU.
+        assert (p["batch"]["global_batch_size"], p["batch"]["accumulate_grad_batches"]) == (1024, 128)
 
 
 @pytest.mark.parametrize("launcher", options("hydra/launcher"))

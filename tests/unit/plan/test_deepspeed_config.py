@@ -13,16 +13,10 @@ CLUSTER = ["parallel=zero2", "cluster.nodes=2", "cluster.devices=8", "trainer.mi
 def test_v100_fp16_block_is_the_loss_scale_policy(tmp_path):
     p = plan([*CLUSTER, "hardware.gpu=V100", "precision.loss_scale.initial_scale_power=12", "precision.loss_scale.window=200"], tmp_path)
     ds = p["deepspeed"]
-    ls = p["precision"]["loss_scale"]
-    assert ds["fp16"] == {
-        "enabled": True,
-        "loss_scale": 0,
-        "initial_scale_power": ls["initial_scale_power"],
-        "loss_scale_window": ls["window"],
-        "hysteresis": ls["hysteresis"],
-        "min_loss_scale": ls["min_scale"],
-    }
-    assert ls["initial_scale_power"] == 12 and "bf16" not in ds
+    # The two values given on the command line and the policy's defaults, each in its DeepSpeed key.
+    assert p["precision"]["loss_scale"] == {"initial_scale_power": 12, "window": 200, "hysteresis": 2, "min_scale": 1.0}
+    assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 200, "hysteresis": 2, "min_loss_scale": 1.0}
+    assert "bf16" not in ds
 
 
 def test_a800_is_bf16_and_batch_matches_world(tmp_path):
