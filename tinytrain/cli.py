@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
-from tinytrain.cluster import rank_logging
+from tinytrain.cluster import library_notices, rank_logging
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -160,6 +160,7 @@ def hydra_main(cfg: DictConfig):
     # without main(): the resolvers the config refers to are registered again.
     register_resolvers()
     rank_logging.configure(rank_logging.process_rank())
+    library_notices.quiet()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

@@ -17,3 +17,8 @@ def test_default_run_learns(tmp_path):
     first, last, val = map(float, m.groups())
     assert first > 7.5  # ~ln(4096) = 8.3 at initialisation
     assert last < first - 2.5 and val < first - 2.0
+    # A log that is not a terminal gets tinytrain's lines, not libraries' notices about other machines
+    # (tinytrain/cluster/library_notices.py): none of these, and no carriage-return progress bars.
+    log = r.stdout + r.stderr
+    for notice in ("srun` command is available", "Setting accelerator to", "torchao", "is an Enum subclass", "\r"):
+        assert notice not in log, (notice, log[-3000:])

@@ -65,11 +65,7 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"Since DeepSpeed handles gradient clipping internally")
     warnings.filterwarnings("ignore", message=r"`torch.distributed.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
     logging.getLogger("compilers").setLevel(logging.WARNING)  # DeepSpeed's op builder probing for libaio with gcc
-    # transformers imports torchao whenever it is installed (the fp8 extra), also for runs without
-    # fp8: its import warns, from every rank, about CUDA and Triton kernels a machine cannot load, and
-    # registers an Enum in a way torch's pytree now warns about.
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    # torchao's and DeepSpeed's import-time notices: cluster/library_notices.py (every mode, every rank).
 
 
 def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
