@@ -56,7 +56,9 @@ def test_generate_from_checkpoint_and_export_agree(chat_run, tmp_path):
     for name, source in (("ckpt", chat_run / "checkpoints" / "step0000008.ckpt"), ("hf", chat_run / "hf_export-step0000008")):
         r = run_cli(["mode=generate", f"checkpoint={source}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=6"], tmp_path / name)
         assert r.returncode == 0, r.stderr[-3000:]
-        rows = [json.loads(line) for line in (tmp_path / name / "generations.jsonl").read_text().splitlines()]
+        # Beside the checkpoint read, in its run (not in the invocation's new run folder).
+        rows = [json.loads(line) for line in (chat_run / f"generations-{source.name.removesuffix('.ckpt')}.jsonl").read_text().splitlines()]
+        assert not (tmp_path / name / "generations.jsonl").exists()
         assert [row["prompt"] for row in rows] == ["What is a list?", "How do I sort?"] and all(row["chat"] for row in rows)
         outputs.append([(row["completion"], row["tokens"]) for row in rows])
     assert outputs[0] == outputs[1]

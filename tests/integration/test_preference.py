@@ -132,7 +132,7 @@ def test_dpo_learns_the_preferred_answer_resumes_and_exports(assets, single_run,
     prompts.write_text("Describe item 3.\n")
     r = run_cli(["mode=generate", f"checkpoint={single_run / 'hf_export'}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=4"], tmp_path / "served")
     assert r.returncode == 0, r.stderr[-3000:]
-    (row,) = [json.loads(line) for line in (tmp_path / "served" / "generations.jsonl").read_text().splitlines()]
+    (row,) = [json.loads(line) for line in (single_run / "generations-hf_export.jsonl").read_text().splitlines()]
     assert row["chat"] and row["tokens"] > 0
 
 

@@ -207,7 +207,8 @@ def test_hardening_case_exits_2_naming_key_value_and_fix(name, hard, clean_env, 
     for needle in needles:
         assert needle.replace("{H}", str(hard)) in err, (needle, err)
     # Refused before anything was written or run: no plan, no job script, no output, no foreign code.
-    assert not any((tmp_path / "run" / f).exists() for f in ("plan.json", "job.sbatch", "generations.jsonl", "eval.json"))
+    assert not any((tmp_path / "run" / f).exists() for f in ("plan.json", "job.sbatch", "eval.json"))
+    assert not list(hard.rglob("generations-*.jsonl")) and not list(tmp_path.rglob("generations-*.jsonl"))
     assert not (hard / MARKER).exists()
     assert not (hard / "shape_export").exists() and not (hard / "sweep").exists() and not (hard / "my sweep").exists()
     # Never transformers' interactive "Do you wish to run the custom code? [y/N]".

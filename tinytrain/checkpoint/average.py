@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.files import fsync_directory, step_checkpoints, temp_path
-from tinytrain.checkpoint.format import MODULE_PREFIX, module_weights
+from tinytrain.checkpoint.format import MODULE_PREFIX, module_weights, read
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -199,3 +199,27 @@ def output_name(paths: list[Path]) -> str:
     """average-k<k>-<newest name>.ckpt, beside the checkpoints it averages."""
     newest = sorted(paths, key=lambda p: p.name)[-1].name.removesuffix(".ckpt")
     return f"average-k{len(paths)}-{newest}.ckpt"
+
+
+def output_path(paths: list[Path], folder: Path) -> Path:
+    """Where the mean of `paths` goes in `folder`: output_name, unless an average of other
+    checkpoints holds that name (the run's own end-of-run average and a mode=average of other
+    steps can share it): then the first free `-2`, `-3`, ... An average of the same checkpoints is
+    replaced (it is the same weights)."""
+    first = folder / output_name(paths)
+    candidates = [first, *(first.with_name(f"{first.stem}-{n}.ckpt") for n in range(2, 1000))]
+    for out in candidates:
+        if not out.exists() or averaged_from(out) == sorted(p.resolve() for p in paths):
+            if out != first:
+                log.info("%s holds an average of other checkpoints: writing %s instead", first, out.name)
+            return out
+    raise ConfigError(Problem(KEY, str(first), "999 averages of other checkpoints already use this name", "remove old averages from the folder"))
+
+
+def averaged_from(path: Path) -> list[Path] | None:
+    """The checkpoints an average file was made from (its metadata), or None when unreadable."""
+    try:
+        meta = read(str(path), KEY).get("tinytrain") or {}
+    except ConfigError:
+        return None
+    return sorted(Path(p).resolve() for p in meta.get("averaged", [])) or None

@@ -4,7 +4,8 @@ contiguous runs; each run tokenized on its own into a part, opened together as o
     <cache_dir>/parts/<part key>/     a complete single store (store.py) of one run of files; the key
                                       covers those files (path, size, mtime), the reading options,
                                       the tokenizer and BOS/EOS: a changed or added file changes only
-                                      its part's key, so only that part is built again
+                                      its part's key, so only that part is built again (later
+                                      builds keep an earlier build's part ranges: anchored_split)
     <cache_dir>/stores/<store key>/   parts.json  which parts make the store (written first)
                                       doc_offsets.npy, part_token_starts.npy, then manifest.json last:
                                       the store is complete when the manifest exists
@@ -76,6 +77,39 @@ def split(listed: list[Path], count: int, key: str) -> list[list[Path]]:
     return [listed[i * n // count : (i + 1) * n // count] for i in range(count)]
 
 
+def previous_ranges(stores_dir: Path, lineage: str) -> list[tuple[Path, Path]]:
+    """(first, last) file of each part of the newest store built before from this source with the
+    same options, tokenizer and part count (its parts.json); [] when there is none."""
+    plans = []
+    for path in stores_dir.glob(f"*/{PLAN}"):
+        try:
+            plan = json.loads(path.read_text())
+            if plan.get("lineage") == lineage:
+                plans.append((path.stat().st_mtime_ns, plan))
+        except (OSError, ValueError):
+            continue  # being written, or removed: another store's
+    if not plans:
+        return []
+    newest = max(plans, key=lambda p: p[0])[1]
+    return [(Path(part["files"][0][0]), Path(part["files"][-1][0])) for part in newest["parts"]]
+
+
+def anchored_split(listed: list[Path], ranges: list[tuple[Path, Path]]) -> list[list[Path]] | None:
+    """The files assigned to the parts of an earlier build, so that an added or changed file only
+    rebuilds the part it lands in: a file up to a part's last file belongs to the first such part,
+    a file after the last part's last file to the last part. Files stay in sorted order (so the
+    parts still equal a one-process build). None (split afresh) without earlier parts, or when a
+    part would be left with no file."""
+    if not ranges:
+        return None
+    runs: list[list[Path]] = [[] for _ in ranges]
+    for f in listed:
+        resolved = f.resolve()
+        index = next((i for i, (_, last) in enumerate(ranges) if resolved <= last), len(ranges) - 1)
+        runs[index].append(f)
+    return runs if all(runs) else None
+
+
 def _key(*payload) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -86,14 +120,17 @@ def layout(src, data_cfg, tokenizer) -> Layout:
     tokenizer_fp = fingerprint(tokenizer)
     options = {"kind": src.kind.value, "bad_records": src.bad_records.value, "text_split": src.text_split.value, "text_field": src.text_field}
     policy = (tokenizer_fp, data_cfg.append_eos, data_cfg.prepend_bos)
-    runs = split(sources.files(src), data_cfg.prepare_parts, src.key)
+    root = Path(data_cfg.cache_dir)
+    lineage = _key(src.key, options, policy, data_cfg.prepare_parts)
+    listed = sources.files(src)
+    runs = anchored_split(listed, previous_ranges(root / "stores", lineage)) or split(listed, data_cfg.prepare_parts, src.key)
     parts = []
     for i, run in enumerate(runs):
         stats = tuple(tuple(s) for s in sources.file_stats(run))
         parts.append(Part(i, stats, store.store_key(_key(options, stats), *policy)))
     store_key = store.store_key(_key(options, [p.key for p in parts]), *policy)
-    root = Path(data_cfg.cache_dir)
     meta = {
+        "lineage": lineage,
         "source_key": src.key,
         "source": src.describe(),
         "tokenizer": str(tokenizer.name_or_path),

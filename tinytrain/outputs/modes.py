@@ -5,7 +5,8 @@
     python -m tinytrain mode=eval checkpoint=runs/x/checkpoints/final.ckpt [data=... data.path=...]
 
 The model, tokenizer, chat template and precision are the checkpoint's run's (saved_run.py);
-outputs of generate and eval go to this invocation's run directory (hydra.run.dir).
+generate appends to generations-<checkpoint>.jsonl beside the checkpoint it read; eval writes to
+this invocation's run directory (hydra.run.dir).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from tinytrain.checkpoint.average import average_checkpoints, output_name, resolve_paths
+from tinytrain.checkpoint.average import average_checkpoints, output_path, resolve_paths
 from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
 from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict, served_tokenizer
 from tinytrain.checkpoint.sharded import is_sharded
@@ -59,7 +60,7 @@ def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
-    out, _ = average_checkpoints(paths, paths[0].parent / output_name(paths), consolidate_deepspeed)
+    out, _ = average_checkpoints(paths, output_path(paths, paths[0].parent), consolidate_deepspeed)
     saved = saved_run.load(str(out), run_dir)
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
@@ -96,14 +97,21 @@ def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
         raise ConfigError(Problem("generate.chat", True, f"{saved.checkpoint} has no chat template (its run pretrained)", "leave generate.chat unset (null) or false"))
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     results = generate_texts(model, tok, prompts, chat=chat, sampling=Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stop_ids=stops, seed=cfg.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / "generations.jsonl").open("w", encoding="utf-8") as f:
+    out = generations_file(saved)
+    with out.open("a", encoding="utf-8") as f:  # appended: earlier prompts' generations are kept
         for r in results:
             f.write(json.dumps({"checkpoint": str(saved.checkpoint), "chat": chat, "do_sample": g.do_sample, **r}, ensure_ascii=False) + "\n")
     for r in results:
         print(f"### {r['prompt']}\n{r['completion']}\n")
-    print(f"{len(results)} generation(s) ({'sampled' if g.do_sample else 'greedy'}, {'chat template' if chat else 'plain text'}) written to {run_dir / 'generations.jsonl'}")
-    return {"generations": results}
+    print(f"{len(results)} generation(s) ({'sampled' if g.do_sample else 'greedy'}, {'chat template' if chat else 'plain text'}) appended to {out}")
+    return {"generations": results, "file": str(out)}
+
+
+def generations_file(saved) -> Path:
+    """Beside what was read: generations-<checkpoint>.jsonl in the checkpoint's run directory (or
+    beside an export from elsewhere), not in a new run folder of this invocation."""
+    name = saved.checkpoint.name.removesuffix(".ckpt")
+    return (saved.run_dir or saved.checkpoint.parent) / f"generations-{name}.jsonl"
 
 
 def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_name
+from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_path
 from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
 from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
 from tinytrain.checkpoint.format import vocab_param_names
@@ -199,7 +199,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     if len(paths) < 2:
         log.warning("checkpoint.average_last=%d: the run saved %d step checkpoint(s), nothing to average", cfg.checkpoint.average_last, len(paths))
         return
-    out, _ = average_checkpoints(paths, run_dir / "checkpoints" / output_name(paths), consolidate_deepspeed)
+    out, _ = average_checkpoints(paths, output_path(paths, run_dir / "checkpoints"), consolidate_deepspeed)
     export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
     if cfg.trainer.export:
         export_checkpoint(out, model_config=model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export)

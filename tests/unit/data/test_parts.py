@@ -160,3 +160,33 @@ def test_two_processes_racing_for_one_part_build_it_once(tmp_path, shards, bundl
     parts_dir = tmp_path / "cache" / "parts"
     assert len([p for p in parts_dir.iterdir() if p.is_dir()]) == 1  # one part, no temporary folder left
     assert not list(parts_dir.glob("*.lock"))
+
+
+def test_adding_files_rebuilds_only_the_parts_they_land_in(tmp_path, bundled_tokenizer, monkeypatch):
+    """64 files in 8 parts; 2 more after the last (a corpus that grows): only the last part is built
+    again (a fresh split of 66 files moved 4 boundaries: 5 parts rebuilt); then one between files
+    of part 3: only part 3. The parts opened together still equal a one-process build."""
+    shards = write_shards(tmp_path / "shards", n_files=64, docs_per_file=2)
+    cfg = cfg_for(tmp_path, "data.prepare_parts=8")
+    first, _ = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    built = []
+    real = parts.sources.shard_documents
+    monkeypatch.setattr(parts.sources, "shard_documents", lambda listed, *a, **k: built.append(listed[0].name) or real(listed, *a, **k))
+
+    for name in ("shard-998.jsonl", "shard-999.jsonl"):
+        (shards / name).write_text(json.dumps({"text": f"an added document {name}"}) + "\n")
+    second, _ = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    assert built == ["shard-056.jsonl"]  # part 7 (shard-056 .. shard-063, and the two new ones)
+    assert sum(a.path == b.path for a, b in zip(first.parts, second.parts)) == 7
+
+    built.clear()
+    (shards / "shard-026a.jsonl").write_text(json.dumps({"text": "an added document in part 3"}) + "\n")
+    third, _ = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    assert built == ["shard-024.jsonl"]  # part 3 (shard-024 .. shard-031, and shard-026a)
+    assert sum(a.path == b.path for a, b in zip(second.parts, third.parts)) == 7
+    one, _ = ensure_store(Source.from_config(cfg_for(tmp_path)), cfg_for(tmp_path), bundled_tokenizer, False)
+    assert third.num_documents == one.num_documents == 131
+    assert np.array_equal(third.read(0, third.num_tokens), np.asarray(one.tokens))
+    # Planned again with nothing changed, the layout is the same one: nothing is built.
+    again, built_again = parts.ensure(Source.from_config(cfg), cfg, bundled_tokenizer, False)
+    assert not built_again and again.path == third.path

@@ -1,0 +1,36 @@
+"""An average never replaces an average of other checkpoints that has its name (the run's own
+end-of-run average-k3-step0000008 and a mode=average of other steps ending at step 8 share it):
+it takes the next free name; an average of the same checkpoints is replaced (checkpoint/average.py)."""
+
+import torch
+
+from tinytrain.checkpoint.average import average_checkpoints, output_path
+
+META = {"true_vocab": 8, "tokenizer_fingerprint": "f", "model": "tiny"}
+
+
+def checkpoint(path, value: float):
+    torch.save({"state_dict": {"model.layer.weight": torch.full((2, 2), value)}, "tinytrain": META, "global_step": 1}, path)
+    return path
+
+
+def no_consolidation(folder, file):
+    raise AssertionError("files only")
+
+
+def test_an_average_of_other_checkpoints_keeps_its_name_and_file(tmp_path):
+    s2, s4, s6, s8 = (checkpoint(tmp_path / f"step000000{n}.ckpt", float(n)) for n in (2, 4, 6, 8))
+    own = output_path([s4, s6, s8], tmp_path)
+    assert own.name == "average-k3-step0000008.ckpt"
+    average_checkpoints([s4, s6, s8], own, no_consolidation)
+    before = own.read_bytes()
+
+    other = output_path([s2, s4, s8], tmp_path)
+    assert other.name == "average-k3-step0000008-2.ckpt"
+    average_checkpoints([s2, s4, s8], other, no_consolidation)
+    assert own.read_bytes() == before  # the run's own average is untouched
+    assert torch.load(other)["state_dict"]["model.layer.weight"][0, 0] == (2 + 4 + 8) / 3
+
+    # The same inputs again go to the file they made (same weights); a third set to the next name.
+    assert output_path([s4, s6, s8], tmp_path) == own and output_path([s8, s2, s4], tmp_path) == other
+    assert output_path([s2, s6, s8], tmp_path).name == "average-k3-step0000008-3.ckpt"
