@@ -128,8 +128,6 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         MissingConfigException,
         OverrideParseException,
     )
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
-
     chain = list(_chain(e))
     for err in chain:
         if isinstance(err, ConfigError):
@@ -155,35 +153,42 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
     if isinstance(head, OverrideParseException):
         return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"
     if isinstance(head, ConfigCompositionException):
-        appended = APPEND_TO_EXISTING.search(str(head))
-        if appended:
-            key = appended.group(1)
-            override = _override_for(key, argv) or f"+{key}=..."
-            return (
-                f"tinytrain: configuration error: {override}: {key} is already a config key, and '+' adds a new one. "
-                f"Fix: drop the '+': {override.lstrip('+')} {HINT}"
-            )
-        for err in chain:
-            full_key = getattr(err, "full_key", None)
-            if not full_key:
-                continue
-            override = _override_for(full_key, argv) or full_key
-            if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
-                valid, what = _schema_fields(full_key), f"'{full_key}' is not a config key"
-                named = override.lstrip("+~").split("=", 1)[0]
-                if "." not in full_key and named != full_key:
-                    # A key inside a list entry (data.sources=[{pth: ...}]): OmegaConf names the leaf alone.
-                    node = _schema_node(named.split("."))
-                    valid = [f.name for f in dataclasses.fields(node)] if node is not None else []
-                    what = f"'{full_key}' is not a key of a {named} entry"
-                hint = _did_you_mean(full_key.rsplit(".", 1)[-1], valid)
-                listing = f" Valid keys there: {', '.join(valid)}." if valid else ""
-                return f"tinytrain: configuration error: {override}: {what}.{hint}{listing} Fix: correct the key's spelling. {HINT}"
-            if isinstance(err, ValidationError) and "expected one of" in err.msg:
-                return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: use one of those values. {HINT}"
-            if isinstance(err, ValidationError):
-                return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
-        return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"
+        return composition_message(head, chain, argv)
     if isinstance(head, OSError):  # after Hydra's own errors (MissingConfigException is an IOError)
         return os_error_message(head, argv)
     return None
+
+
+def composition_message(head, chain: list, argv: list[str]) -> str:
+    """Hydra could not compose the config: a '+' on an existing key, an unknown key, a wrong value."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    appended = APPEND_TO_EXISTING.search(str(head))
+    if appended:
+        key = appended.group(1)
+        override = _override_for(key, argv) or f"+{key}=..."
+        return (
+            f"tinytrain: configuration error: {override}: {key} is already a config key, and '+' adds a new one. "
+            f"Fix: drop the '+': {override.lstrip('+')} {HINT}"
+        )
+    for err in chain:
+        full_key = getattr(err, "full_key", None)
+        if not full_key:
+            continue
+        override = _override_for(full_key, argv) or full_key
+        if isinstance(err, (ConfigAttributeError, ConfigKeyError)):
+            valid, what = _schema_fields(full_key), f"'{full_key}' is not a config key"
+            named = override.lstrip("+~").split("=", 1)[0]
+            if "." not in full_key and named != full_key:
+                # A key inside a list entry (data.sources=[{pth: ...}]): OmegaConf names the leaf alone.
+                node = _schema_node(named.split("."))
+                valid = [f.name for f in dataclasses.fields(node)] if node is not None else []
+                what = f"'{full_key}' is not a key of a {named} entry"
+            hint = _did_you_mean(full_key.rsplit(".", 1)[-1], valid)
+            listing = f" Valid keys there: {', '.join(valid)}." if valid else ""
+            return f"tinytrain: configuration error: {override}: {what}.{hint}{listing} Fix: correct the key's spelling. {HINT}"
+        if isinstance(err, ValidationError) and "expected one of" in err.msg:
+            return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: use one of those values. {HINT}"
+        if isinstance(err, ValidationError):
+            return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
+    return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"

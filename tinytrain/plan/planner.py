@@ -8,6 +8,7 @@ preflight checks (preflight.py). Nothing here allocates weights or imports Light
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
@@ -21,18 +22,18 @@ from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
-from tinytrain.plan.attention import VARLEN_KERNELS, choose_attention, flash_attn_installed, for_family
+from tinytrain.plan.attention import VARLEN_KERNELS, AttentionChoice, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
 from tinytrain.plan.checkpointing import choose as choose_checkpointing
-from tinytrain.plan.families import family, family_of_model_type
+from tinytrain.plan.families import Family, family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
 from tinytrain.plan.memory import GIB, activation_memory, plan_memory
 from tinytrain.plan.mixture import mixture_plan
-from tinytrain.plan.model_shape import parameter_count, shape_from_config, shape_from_hf
+from tinytrain.plan.model_shape import ModelShape, parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
@@ -46,14 +47,83 @@ from tinytrain.preflight.checks import run as run_preflight
 def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, data: RunData | None = None) -> RunPlan:
     """`cfg` has passed validate(); `run_dir` holds the checkpoints a resume would continue from;
     `bos`: the run's BOS decision (decided here when not given); `data`: the run's data, which
-    training reads too (built here only for a mixture, whose table is read from it)."""
+    training reads too (built here only for a mixture, whose table is read from it).
+
+    The stages, in order (each decides its values once; the first error met is the one reported,
+    as a run would meet them): the machine and the vocab, the model, the context split and the
+    batch, the start points and preflight, the training state (adapters, optimizer, preference),
+    the memory fit (micro batch, checkpointing, context), then the plan assembled."""
     bos = bos or decide_bos(cfg, tokenizer)
     data = data or RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=False)
     hardware = resolve.effective_hardware(cfg)
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
     world = world_size(cfg)
-    tokenizer_fingerprint = fingerprint(tokenizer)
+    model = model_stage(cfg, tokenizer, vocab, hardware)
+    cp, cp_reason = context_size(cfg, model, world, hardware)
+    batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
+    init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
+    layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
+    state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
+    fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
+    float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES)
+    deepspeed = deepspeed_for(cfg, fit, precision, cp, resume)
+    fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
+    return RunPlan(
+        model_name=cfg.model.name,
+        model_note=published_note(cfg.model, vocab.true, vocab.padded, state.params),
+        shape=model.shape,
+        params=state.params,
+        attention=model.attention,
+        vocab=vocab,
+        tokenizer_path=str(cfg.tokenizer.path),
+        tokenizer_fingerprint=model.tokenizer_fingerprint,
+        pretrained_tokenizer=model.tokenizer_match,
+        bos=bos,
+        hardware=hardware,
+        hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
+        precision=precision,
+        cluster=cluster_layout(cfg),
+        parallel=parallel_layout(cfg.parallel, fit.batch, cp, deepspeed is not None and hardware.is_cpu),
+        world_size=world,
+        batch=fit.batch,
+        max_steps=cfg.trainer.max_steps,
+        schedule=schedule_from_trainer(cfg.trainer, fit.batch.ramp),
+        stage=cfg.trainer.stage,
+        memory=fit.memory,
+        context=fit.context,
+        fast_paths=fast,
+        checkpointing=fit.checkpointing,
+        fp8=float8,
+        deepspeed=deepspeed,
+        preflight=preflight,
+        init_from=init_from,
+        resume=resume,
+        mixture=mixture_plan(cfg, fit.batch, data),
+        finetune=state.adapters,
+        preference=state.preference,
+        export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
+        checkpoint=checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir),
+        optimizer=state.optimizer,
+    )
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """What the model is: its shape and family (a pretrained folder's, or the model group's), its
+    attention, and the tokenizer it is trained with."""
+
+    shape: ModelShape
+    fam: Family
+    attention: AttentionChoice
+    pretrained: object | None  # a pretrained folder's transformers config
+    tokenizer_match: object | None  # the pretrained folder's own tokenizer against the run's
+    tokenizer_fingerprint: str
+
+
+def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
     pretrained = tokenizer_match = None
     if cfg.model.pretrained:
         from tinytrain.checkpoint.pretrained import download_weights, pretrained_config
@@ -70,43 +140,78 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
-    par = cfg.parallel
+    return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer))
+
+
+def context_size(cfg, model: ModelStage, world: int, hardware) -> tuple[int, str]:
+    """The context-parallel size comes first: the data-parallel size, and so the batch, follow from it."""
+    par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
-    # The context-parallel size first: the data-parallel size, and so the batch, follow from it.
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
-    cp, cp_reason = context_plan.decide_cp(cfg, world, activation_estimate(cfg, shape, attention, op_off=row.op_checkpoint_off(par.zero_stage)), state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
-    batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
-    # In this order, so the first error met is the one reported (as a run would meet them).
-    init_from = init_point(cfg.checkpoint.init_from, vocab, tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, shape)
-    layout = run_layout(par.strategy.value, world, batch.data_parallel, par.tp, par.zero_stage, cp)
-    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, tokenizer_fingerprint, cfg.model.name, shape, layout)
-    preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=pretrained)
+    estimate = activation_estimate(cfg, shape, model.attention, op_off=row.op_checkpoint_off(par.zero_stage))
+    return context_plan.decide_cp(cfg, world, estimate, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
+
+
+@dataclass(frozen=True)
+class StateStage:
+    """What training holds besides activations: parameters, LoRA adapters, the optimizer's state,
+    a preference objective's reference, and their memory per GPU."""
+
+    params: int
+    adapters: object | None  # finetune.FinetunePlan
+    optimizer: object  # optimizer.OptimizerPlan
+    preference: object | None  # preference.PreferencePlan
+    states: object  # memory.ModelStates per GPU
+
+
+def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, precision, world: int) -> StateStage:
+    par, shape = cfg.parallel, model.shape
+    row = strategy_row(par.strategy)
     params = parameter_count(shape)
-    base_rows = pretrained.vocab_size if pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
-    adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=fam)
-    states_layout = state_layout(par, world, shape.largest_layer_params)
+    base_rows = model.pretrained.vocab_size if model.pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
+    adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=model.fam)
+    layout = state_layout(par, world, shape.largest_layer_params)
     if adapters:
-        states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=states_layout)
+        states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
-        states = row.model_states(params, states_layout)
+        states = row.model_states(params, layout)
     optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params)
-    states = optimizer_plan.states(states, optimizer, states_layout, deepspeed=row.deepspeed)
+    states = optimizer_plan.states(states, optimizer, layout, deepspeed=row.deepspeed)
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
-    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
+    return StateStage(params, adapters, optimizer, preference, states)
+
+
+@dataclass(frozen=True)
+class FitStage:
+    """How the run fits the GPU: the micro batch (chosen under trainer.micro_batch_size=auto), the
+    activation checkpointing mode and the table it was chosen from, memory, and the context plan."""
+
+    row: object  # the strategy's row (plan/parallel.py)
+    batch: object  # layout.BatchPlan, laid out again for a micro batch chosen here
+    checkpointing: object  # checkpointing.CheckpointingPlan
+    memory: object  # memory.MemoryPlan
+    context: object  # context.ContextPlan
+    base_step: float | None  # seconds per step at the assumed MFU (None without a GPU peak)
+
+
+def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: int, cp_reason: str, hardware, precision) -> FitStage:
+    par, shape = cfg.parallel, model.shape
+    row = strategy_row(par.strategy)
+    flash = model.attention.implementation in VARLEN_KERNELS  # no attention scores held
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     op_off = row.op_checkpoint_off(par.zero_stage)
-    reference_bytes = preference.reference_bytes if preference else 0.0
-    base_step = step_seconds(hardware=hardware, precision=precision, params=params, tokens_per_step=batch.tokens_per_step, world=world)
+    reference_bytes = state.preference.reference_bytes if state.preference else 0.0
+    base_step = step_seconds(hardware=hardware, precision=precision, params=state.params, tokens_per_step=batch.tokens_per_step, world=world)
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
-        rows = micro * (2 if preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
+        rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
         return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
-    table = [mode_cost(mode, plan_memory(states, activations_for(mode, batch.seq_len, cp, m), hardware.memory_gb, reference_bytes), m, base_step) for m in micros for mode in BY_COST]
+    table = [mode_cost(mode, plan_memory(state.states, activations_for(mode, batch.seq_len, cp, m), hardware.memory_gb, reference_bytes), m, base_step) for m in micros for mode in BY_COST]
     if fixed_micro is None:
         # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
         modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
@@ -119,75 +224,51 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     def activations_at(seq: int, cp: int) -> float:
         return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
 
-    memory = plan_memory(states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
-    preference_plan.memory_problem(preference, memory)
-    context = context_plan.with_longest(context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
+    memory = plan_memory(state.states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
+    preference_plan.memory_problem(state.preference, memory)
+    context = context_plan.with_longest(context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
-    float8 = fp8_plan.decide(cfg, hardware, hidden=shape.hidden, strategy_blocker=row.fp8_off, finetune=adapters is not None, planning=cfg.mode in PLANNING_MODES)
-    deepspeed = None
-    if row.deepspeed:
-        deepspeed = deepspeed_config.build(par, batch, precision, cfg.trainer.grad_clip, cp)
-        if resume is not None and resume.universal:
-            deepspeed = deepspeed_config.load_universal(deepspeed)
-    fast = select_fast_paths(cfg.trainer, par.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=par.zero_stage, logits_only=fam.logits_only, checkpointing=ckpt)
-    if preference:
-        fast = preference_plan.logits_loss(fast)
-    return RunPlan(
-        model_name=cfg.model.name,
-        model_note=published_note(cfg.model, vocab.true, vocab.padded, params),
-        shape=shape,
-        params=params,
-        attention=attention,
-        vocab=vocab,
-        tokenizer_path=str(cfg.tokenizer.path),
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        pretrained_tokenizer=tokenizer_match,
-        bos=bos,
-        hardware=hardware,
-        hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
-        precision=precision,
-        cluster=cluster_layout(cfg),
-        parallel=ParallelLayout(
-            strategy=par.strategy,
-            name=par.name,
-            tp=par.tp,
-            dp=batch.data_parallel,
-            cp=cp,
-            zero_stage=par.zero_stage,
-            offload_optimizer=par.offload_optimizer,
-            deepspeed_on_cpu=deepspeed is not None and par.deepspeed_on_cpu and hardware.is_cpu,
-        ),
-        world_size=world,
-        batch=batch,
-        max_steps=cfg.trainer.max_steps,
-        schedule=schedule_from_trainer(cfg.trainer, batch.ramp),
-        stage=cfg.trainer.stage,
-        memory=memory,
-        context=context,
-        fast_paths=fast,
-        checkpointing=ckpt,
-        fp8=float8,
-        deepspeed=deepspeed,
-        preflight=preflight,
-        init_from=init_from,
-        resume=resume,
-        mixture=mixture_plan(cfg, batch, data),
-        finetune=adapters,
-        preference=preference,
-        export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
-        checkpoint=checkpoint_plan(
-            cfg,
-            params=params,
-            trainable=adapters.trainable_params if adapters else params,
-            largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
-            world=world,
-            dp=batch.data_parallel,
-            sixteen_bit=precision.dtype.value != "fp32",
-            step_seconds=base_step,
-            run_dir=run_dir,
-            muon_params=optimizer.muon_params,
-        ),
-        optimizer=optimizer,
+    return FitStage(row, batch, ckpt, memory, context, base_step)
+
+
+def deepspeed_for(cfg, fit: FitStage, precision, cp: int, resume) -> dict | None:
+    """The generated DeepSpeed config (a zero* strategy), resumed through a universal copy when the layout changed."""
+    if not fit.row.deepspeed:
+        return None
+    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp)
+    return deepspeed_config.load_universal(deepspeed) if resume is not None and resume.universal else deepspeed
+
+
+def fast_paths_for(cfg, model: ModelStage, state: StateStage, fit: FitStage, vocab, hardware):
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=model.fam.logits_only, checkpointing=fit.checkpointing)
+    return preference_plan.logits_loss(fast) if state.preference else fast
+
+
+def parallel_layout(par, batch, cp: int, deepspeed_on_this_cpu: bool) -> ParallelLayout:
+    return ParallelLayout(
+        strategy=par.strategy,
+        name=par.name,
+        tp=par.tp,
+        dp=batch.data_parallel,
+        cp=cp,
+        zero_stage=par.zero_stage,
+        offload_optimizer=par.offload_optimizer,
+        deepspeed_on_cpu=deepspeed_on_this_cpu and par.deepspeed_on_cpu,
+    )
+
+
+def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, precision, run_dir: Path):
+    return checkpoint_plan(
+        cfg,
+        params=state.params,
+        trainable=state.adapters.trainable_params if state.adapters else state.params,
+        largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
+        world=world,
+        dp=fit.batch.data_parallel,
+        sixteen_bit=precision.dtype.value != "fp32",
+        step_seconds=fit.base_step,
+        run_dir=run_dir,
+        muon_params=state.optimizer.muon_params,
     )
 
 

@@ -214,7 +214,12 @@ def render_schedule(s: dict, total: int, resume: dict | None) -> list[str]:
 
 def render(plan: dict) -> str:
     """The printed plan, from plan.json's fields (so what is printed is what is written)."""
-    v, p, b, hw = plan["vocab"], plan["precision"], plan["batch"], plan["hardware"]
+    return "\n".join(model_lines(plan) + layout_lines(plan) + training_lines(plan) + fit_lines(plan) + start_lines(plan))
+
+
+def model_lines(plan: dict) -> list[str]:
+    """The model, its tokenizer and vocab, the hardware and precision."""
+    v, p, hw = plan["vocab"], plan["precision"], plan["hardware"]
     where = hw["gpu"] or "cpu"
     if hw["compute_capability"]:
         where += f" (compute capability {hw['compute_capability']}, {hw['memory_gb']} GB, from {hw['source']})"
@@ -235,8 +240,13 @@ def render(plan: dict) -> str:
             f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, "
             f"hysteresis {ls['hysteresis']}, minimum {ls['min_scale']}"
         )
-    c = plan["cluster"]
-    lines += [
+    return lines
+
+
+def layout_lines(plan: dict) -> list[str]:
+    """Processes, batch and tokens."""
+    c, b = plan["cluster"], plan["batch"]
+    lines = [
         f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
         f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']}" + (f" x cp {plan['parallel']['cp']}" if plan["parallel"]["cp"] > 1 else "") + f" x dp {plan['parallel']['dp']}",
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
@@ -250,6 +260,12 @@ def render(plan: dict) -> str:
             f"batch ramp {r['start']} -> {r['final']} sequences in steps of {r['increment']} (one more per micro batch) over the first {r['ramp_steps']} steps "
             f"({_human(r['ramp_tokens'])} tokens); the schedule counts tokens, in steps of the final batch"
         )
+    return lines
+
+
+def training_lines(plan: dict) -> list[str]:
+    """What trains and how: schedule, data mixture, adapters, objective, optimizer."""
+    lines = []
     if plan.get("schedule"):
         lines += render_schedule(plan["schedule"], plan["max_steps"], plan["resume"])
     if plan.get("data_mixture"):
@@ -267,8 +283,14 @@ def render(plan: dict) -> str:
         lines.append(f"objective  {pr['name']}: {settings}; reference: {pr['reference']}")
     if plan.get("optimizer"):
         lines.append(optimizer_line(plan["optimizer"], plan["parallel"]["strategy"], deepspeed=bool(plan["deepspeed"])))
-    m = plan["memory_per_gpu"]
+    return lines
+
+
+def fit_lines(plan: dict) -> list[str]:
+    """How it fits the GPU: memory, context, checkpoint costs, recompute, fp8, fast paths, preflight."""
+    b, m = plan["batch"], plan["memory_per_gpu"]
     reference = f" + reference {m['reference_gib']:.2f}" if m.get("reference_gib") else ""
+    lines = []
     lines.append(
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
@@ -288,6 +310,13 @@ def render(plan: dict) -> str:
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""
     lines.append(f"preflight  {'ok' if not warnings else str(len(warnings)) + ' warning(s): ' + ' | '.join(w['message'] for w in warnings)}{fixed}")
+    return lines
+
+
+def start_lines(plan: dict) -> list[str]:
+    """Where the run starts (init_from, resume) and the DeepSpeed config it runs with."""
+    v = plan["vocab"]
+    lines = []
     if plan["init_from"]:
         i = plan["init_from"]
         lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
@@ -305,4 +334,4 @@ def render(plan: dict) -> str:
         dtype = "bf16" if "bf16" in ds else "fp16" if "fp16" in ds else "fp32"
         on_cpu = " (on DeepSpeed's CPU accelerator: parallel.deepspeed_on_cpu, for tests only)" if plan["parallel"]["deepspeed_on_cpu"] else ""
         lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json{on_cpu}")
-    return "\n".join(lines)
+    return lines
