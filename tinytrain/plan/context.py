@@ -132,15 +132,23 @@ def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
 
 def allowed_cps(cfg, world: int) -> list[int]:
     """Powers of two up to world / tp that the layout, heads and sequence allow (Ulysses' rules)."""
-    m, d, tp = cfg.model, cfg.data, cfg.parallel.tp
+    tp = cfg.parallel.tp
     found, c = [], 1
     while c <= world // tp:
-        whole = (world // tp) % c == 0 and m.num_heads % c == 0 and (m.num_kv_heads % c == 0 or c % m.num_kv_heads == 0) and d.seq_len % c == 0
-        padded = d.format == DataFormat.text or d.sources or d.pad_to_multiple_of % c == 0
-        if whole and padded:
+        if (world // tp) % c == 0 and ulysses_splits(cfg, c):
             found.append(c)
         c *= 2
     return found
+
+
+def ulysses_splits(cfg, cp: int) -> bool:
+    """Ulysses' rules for a cp, the world aside: whole heads per rank (query heads divisible by cp;
+    kv heads divisible by cp, or replicated when cp is a multiple of them), and a sequence (and a
+    fine-tuning batch's padding) that cp divides."""
+    m, d = cfg.model, cfg.data
+    heads = m.num_heads % cp == 0 and (m.num_kv_heads % cp == 0 or cp % m.num_kv_heads == 0)
+    padded = d.format == DataFormat.text or d.sources or d.pad_to_multiple_of % cp == 0
+    return heads and d.seq_len % cp == 0 and bool(padded)
 
 
 def decide_cp(cfg, world: int, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> tuple[int, str]:
@@ -179,11 +187,12 @@ def longest_context(activations_at, *, state_bytes: float, gpu_bytes: float, cp:
     return lo * step
 
 
-def with_longest(context: ContextPlan, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> ContextPlan:
+def with_longest(cfg, context: ContextPlan, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> ContextPlan:
+    """The longest data.seq_len that fits at the planned cp, and at twice it where Ulysses allows that."""
     if not gpu_memory_gb:
         return context
     gpu = gpu_memory_gb * 1e9
-    cps = (context.cp, 2 * context.cp)
+    cps = (context.cp, 2 * context.cp) if ulysses_splits(cfg, 2 * context.cp) else (context.cp,)
     longest = tuple((c, longest_context(activations_at, state_bytes=state_bytes, gpu_bytes=gpu, cp=c)) for c in cps)
     return ContextPlan(**{**asdict(context), "longest": longest})
 
@@ -196,10 +205,10 @@ def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int
     states_gib = memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib
     if states_gib >= memory.gpu_memory_gib:
         return  # the model itself does not fit: the memory line's note says what to change
-    tp, heads = cfg.parallel.tp, cfg.model.num_heads
+    tp = cfg.parallel.tp
     room = memory.gpu_memory_gib * GIB - states_gib * GIB
-    # cp in powers of two that the heads allow (Ulysses), the first whose activations fit
-    larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if heads % c == 0 and seq % c == 0]
+    # cp in powers of two that Ulysses allows (the same rules as allowed_cps), the first whose activations fit
+    larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if ulysses_splits(cfg, c)]
     fitting = next((c for c in larger if activations_at(seq, c) <= room), None)
     here = context.longest_at(context.cp)
     if fitting is None:

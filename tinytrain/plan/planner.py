@@ -226,7 +226,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     memory = plan_memory(state.states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
     preference_plan.memory_problem(state.preference, memory)
-    context = context_plan.with_longest(context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
+    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
 
