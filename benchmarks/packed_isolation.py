@@ -71,6 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     from tinytrain.data.collate import with_document_boundaries
     from tinytrain.model.module import MODEL_INPUTS, CausalLMModule
+    from tinytrain.model.module_spec import ModuleSpec
 
     real = not args.reference and torch.cuda.is_available()
     device, dtype, atol = ("cuda", torch.bfloat16, 2e-2) if real else ("cpu", torch.float32, 1e-5)  # bf16 round-off on a GPU
@@ -79,7 +80,7 @@ def main() -> None:
     results = {}
     for arch in ("llama", "mistral"):
         model = tiny(arch, name, device, dtype)
-        module = CausalLMModule(model, trainer_cfg=None, true_vocab=1024, checkpoint_metadata={})
+        module = CausalLMModule(model, ModuleSpec(1024))
         for micro in (1, 4):
             batch = with_document_boundaries(packed_batch(micro, 128, 1024, g))
             inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items() if k in MODEL_INPUTS}

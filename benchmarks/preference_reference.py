@@ -33,6 +33,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tinytrain.model.module import CausalLMModule
+    from tinytrain.model.module_spec import ModuleSpec
     from tinytrain.model.preference_loss import PreferenceObjective
     from tinytrain.model.reference import FrozenReference
 
@@ -50,12 +51,12 @@ def main() -> None:
     t = SimpleNamespace(lr=1e-4, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.0)
     dpo = PreferenceObjective("dpo", 0.1)
     sides = {
-        "sft (baseline)": (CausalLMModule(copy.deepcopy(base), trainer_cfg=t, true_vocab=vocab, checkpoint_metadata={}), batch),
-        "dpo, online frozen copy": (CausalLMModule(copy.deepcopy(base), trainer_cfg=t, true_vocab=vocab, checkpoint_metadata={}, objective=dpo, reference=FrozenReference(copy.deepcopy(base))), batch),
+        "sft (baseline)": (CausalLMModule(copy.deepcopy(base), ModuleSpec(vocab)), batch),
+        "dpo, online frozen copy": (CausalLMModule(copy.deepcopy(base), ModuleSpec(vocab, objective=dpo), FrozenReference(copy.deepcopy(base))), batch),
     }
     module = sides["dpo, online frozen copy"][0]
     precomputed = {**batch, "ref_logps": module.reference_logps(batch)}
-    sides["dpo, precomputed reference"] = (CausalLMModule(copy.deepcopy(base), trainer_cfg=t, true_vocab=vocab, checkpoint_metadata={}, objective=dpo), precomputed)
+    sides["dpo, precomputed reference"] = (CausalLMModule(copy.deepcopy(base), ModuleSpec(vocab, objective=dpo)), precomputed)
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=t.lr) for name, (m, _) in sides.items()}
 
     def step(name: str) -> None:

@@ -14,11 +14,11 @@ from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
 from tinytrain.model.guard_report import deepspeed_engine
 from tinytrain.model.lora import quantized_prefixes
+from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
-from tinytrain.model.preference_loss import PreferenceObjective, data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.tensor_parallel import parallelize
-from tinytrain.plan.schedule import Schedule, from_trainer
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
@@ -56,63 +56,45 @@ def rows(batch: dict) -> int:
 
 
 class CausalLMModule(pl.LightningModule):
-    """`parallelize(model, device_mesh)` shards the model under ModelParallelStrategy (strategy
-    code, tinytrain/model/tensor_parallel.py); `clip_in_module=False` leaves clipping to DeepSpeed;
-    `cpu_adam` picks DeepSpeed's CPU Adam for optimizer offload. A run builds it with
-    `for_plan`; the keywords are for tests and benchmarks that need one piece.
+    """A run builds it with `for_plan`: what it needs of the plan is a ModuleSpec (module_spec.py);
+    tests and benchmarks give a ModuleSpec of the pieces they need. Under ModelParallelStrategy
+    `parallelize(model, device_mesh)` shards the model (tinytrain/model/tensor_parallel.py).
 
     `objective` (finetune.objective=dpo|ipo|simpo) trains on preference batches; `reference` is the
     frozen copy full fine-tuning compares with (tinytrain/model/reference.py), placed at fit start
     (`deepspeed_config`: in an engine of its own). Without one, DPO/IPO read the reference's
     log-probs from the batch (precomputed) or disable the adapters (LoRA)."""
 
-    def __init__(self, model: torch.nn.Module, *, trainer_cfg, true_vocab: int, checkpoint_metadata: dict, parallelize=None, clip_in_module: bool = True, cpu_adam: bool = False, fused_adamw: bool = False, loss_chunk_tokens: int = 0, liger_loss: bool = False, adapters: bool = False, schedule: Schedule | None = None, objective: PreferenceObjective | None = None, reference=None, deepspeed_config: dict | None = None):
+    def __init__(self, model: torch.nn.Module, spec: ModuleSpec, reference=None):
         super().__init__()
         self.model = model
-        self.t = trainer_cfg
-        self.true_vocab = true_vocab
-        self.checkpoint_metadata = checkpoint_metadata
-        self.parallelize = parallelize
-        self.clip_in_module = clip_in_module
-        self.cpu_adam = cpu_adam
-        self.fused_adamw = fused_adamw
-        self.loss_chunk_tokens = loss_chunk_tokens
-        self.liger_loss = liger_loss
-        self.schedule = schedule  # null: from trainer_cfg
-        self.adapters = adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
-        self.quantized_prefixes = quantized_prefixes(model) if adapters else []
+        self.spec = spec
+        self.true_vocab = spec.true_vocab
+        self.checkpoint_metadata = spec.checkpoint_metadata
+        self.parallelize = parallelize if spec.tensor_parallel else None
+        self.clip_in_module = spec.clip_in_module
+        self.cpu_adam = spec.cpu_adam
+        self.fused_adamw = spec.fused_adamw
+        self.loss_chunk_tokens = spec.loss_chunk_tokens
+        self.liger_loss = spec.liger_loss
+        self.schedule = spec.schedule
+        self.adapters = spec.adapters  # finetune=lora|qlora: a frozen base (tinytrain/model/lora.py)
+        self.quantized_prefixes = quantized_prefixes(model) if spec.adapters else []
         self.strict_loading = not self.quantized_prefixes  # a QLoRA checkpoint holds all but the 4-bit base
         self.vocab_names = [checkpoint_prefix + n for n in vocab_param_names(model)]
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
         self.measured_grad_norm: torch.Tensor | None = None
-        self.objective = objective
+        self.objective = spec.objective
         self.reference = reference
-        self.deepspeed_config = deepspeed_config
+        self.deepspeed_config = spec.deepspeed_config
         # parallel.cp > 1: this rank's place in its Ulysses group, set at setup once
         # deepspeed.comm is up (train/callbacks/context_parallel.py); batches are split by it.
         self.context = None
 
     @classmethod
     def for_plan(cls, model: torch.nn.Module, trainer_cfg, plan, reference=None) -> CausalLMModule:
-        row, fast = plan.parallel.row, plan.fast_paths
-        return cls(
-            model,
-            trainer_cfg=trainer_cfg,
-            true_vocab=plan.vocab.true,
-            checkpoint_metadata=plan.checkpoint_metadata(),
-            parallelize=parallelize if row.tensor_parallel else None,
-            clip_in_module=not row.deepspeed,  # DeepSpeed's engine clips
-            cpu_adam=row.deepspeed and plan.parallel.offload_optimizer,
-            fused_adamw=fast.fused_adamw,
-            loss_chunk_tokens=fast.loss_chunk_tokens,
-            liger_loss=fast.liger_loss,
-            adapters=plan.finetune is not None,
-            schedule=plan.schedule,
-            objective=plan.preference and PreferenceObjective(plan.preference.name, plan.preference.beta, plan.preference.label_smoothing, plan.preference.simpo_gamma, plan.preference.desirable_weight, plan.preference.undesirable_weight),
-            reference=reference,
-            deepspeed_config=plan.deepspeed,
-        )
+        return cls(model, ModuleSpec.for_plan(plan, trainer_cfg), reference)
 
     def remember_grad_norm(self, total: torch.Tensor) -> None:
         self.measured_grad_norm = total
@@ -270,14 +252,13 @@ class CausalLMModule(pl.LightningModule):
         # (after loss-scale unscaling under fp16).
         if not self.clip_in_module:
             return
-        max_norm = self.t.grad_clip if self.t.grad_clip > 0 else float("inf")
+        max_norm = self.spec.optimizer.grad_clip if self.spec.optimizer.grad_clip > 0 else float("inf")
         measured, self.measured_grad_norm = self.measured_grad_norm, None
         self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm, measured))
 
     def configure_optimizers(self):
-        t = self.t
-        opt = optimizers.build(self.optimizer_groups(), t, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)
-        schedule = self.schedule or from_trainer(t)
+        opt = optimizers.build(self.optimizer_groups(), self.spec.optimizer, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)
+        schedule = self.schedule
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.multiplier(step))  # a function: nothing of it in the scheduler's saved state
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -289,7 +270,7 @@ class CausalLMModule(pl.LightningModule):
         if scheduler is None:
             return
         # A Muon group under DeepSpeed carries its per-shape rate multiplier (model/optimizers.py).
-        scheduler.base_lrs = [self.t.lr * group.get("lr_scale", 1.0) for group in scheduler.optimizer.param_groups]
+        scheduler.base_lrs = [self.spec.optimizer.lr * group.get("lr_scale", 1.0) for group in scheduler.optimizer.param_groups]
         for group, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
@@ -324,7 +305,7 @@ class CausalLMModule(pl.LightningModule):
         return [names[id(p)] for g in self.optimizer_groups() for p in g["params"]]
 
     def optimizer_groups(self) -> list[dict]:
-        return optimizer_groups(self.model, self.t, vocab_tables_decay=not self.adapters, deepspeed=self.deepspeed_config is not None)
+        return optimizer_groups(self.model, self.spec.optimizer, vocab_tables_decay=not self.adapters, deepspeed=self.deepspeed_config is not None)
 
     def named_optimizer_state(self, saved: dict) -> dict:
         """A saved optimizer state (parameters by index) keyed by name, its vocab tables' moments

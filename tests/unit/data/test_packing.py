@@ -53,9 +53,10 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_logits_equal_each_document_alone(store, attention):
     from tinytrain.model.module import CausalLMModule
+    from tinytrain.model.module_spec import ModuleSpec
 
     model = tiny_llama(attention)
-    module = CausalLMModule(model, trainer_cfg=None, true_vocab=4096, checkpoint_metadata={})
+    module = CausalLMModule(model, ModuleSpec(4096))
     windows = PackedWindows(store, np.arange(store.num_documents), seq_len=24)
     batch = torch.utils.data.default_collate([windows[i] for i in range(len(windows))])
     assert len(windows) >= 4 and "attention_mask" not in batch

@@ -202,10 +202,11 @@ def test_mixed_lengths_collate_padded_to_a_multiple_of_8(tmp_path, chat_tokenize
 def test_packed_sft_gives_the_unpacked_token_weighted_loss(tmp_path, chat_tokenizer):
     from tests.unit.data.test_packing import tiny_llama
     from tinytrain.model.module import CausalLMModule
+    from tinytrain.model.module_spec import ModuleSpec
 
     rows = CHATS * 3 + [{"messages": [{"role": "user", "content": f"Count to {n}."}, {"role": "assistant", "content": " ".join(map(str, range(n)))}]} for n in range(1, 12)]
     samples, _ = samples_of(sft_cfg("chat", jsonl(tmp_path, rows)), chat_tokenizer)
-    module = CausalLMModule(tiny_llama("sdpa", vocab=len(chat_tokenizer)), trainer_cfg=None, true_vocab=len(chat_tokenizer), checkpoint_metadata={})
+    module = CausalLMModule(tiny_llama("sdpa", vocab=len(chat_tokenizer)), ModuleSpec(len(chat_tokenizer)))
     collate = PaddedCollator(chat_tokenizer.pad_token_id, 8)
     unpacked = collate([SftDataset(samples)[i] for i in range(len(samples))])
     packed_rows = PackedSamples(samples, capacity=128)

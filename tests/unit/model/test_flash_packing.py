@@ -15,6 +15,7 @@ from tinytrain.data.collate import collate_windows
 from tinytrain.data.packing import PackedSamples, PackedWindows
 from tinytrain.model.flash_reference import use_reference_flash
 from tinytrain.model.module import MODEL_INPUTS, CausalLMModule
+from tinytrain.model.module_spec import ModuleSpec
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def flash() -> str:
 
 def packed_vs_alone(model, batch: dict) -> tuple[float, int]:
     """(largest |packed - alone| over every document of every row, documents checked)."""
-    module = CausalLMModule(model, trainer_cfg=None, true_vocab=model.config.vocab_size, checkpoint_metadata={})
+    module = CausalLMModule(model, ModuleSpec(model.config.vocab_size))
     with torch.no_grad():
         packed = module(**{k: batch[k] for k in MODEL_INPUTS if k in batch})  # the training forward
     worst, checked = 0.0, 0
@@ -74,8 +75,8 @@ def test_chunked_loss_on_flash_equals_the_plain_loss(store, flash):  # noqa: F81
     windows = PackedWindows(store, np.arange(store.num_documents), seq_len=24)
     batch = collate_windows([windows[i] for i in range(3)])
     model = tiny_llama(flash)
-    plain = CausalLMModule(model, trainer_cfg=None, true_vocab=4000, checkpoint_metadata={})
-    chunked = CausalLMModule(model, trainer_cfg=None, true_vocab=4000, checkpoint_metadata={}, loss_chunk_tokens=16)
+    plain = CausalLMModule(model, ModuleSpec(4000))
+    chunked = CausalLMModule(model, ModuleSpec(4000, loss_chunk_tokens=16))
     with torch.no_grad():
         assert torch.allclose(plain.batch_loss(batch), chunked.batch_loss(batch), atol=1e-5)
 

@@ -26,6 +26,7 @@ from tinytrain.data.bad_records import BadRecords
 from tinytrain.data.preference import PreferenceCollator, PreferenceDataset, build_pairs
 from tinytrain.data.sources import Source, records
 from tinytrain.model.module import CausalLMModule
+from tinytrain.model.module_spec import ModuleSpec, OptimizerSettings
 from tinytrain.model.preference_loss import PreferenceObjective, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.reference import FrozenReference, adapters_disabled
 
@@ -69,7 +70,7 @@ def close(ours: float, theirs: float) -> bool:
 
 def tinytrain_module(policy, reference, objective, vocab, adapters=False):
     trainer_cfg = compose(MODEL).trainer
-    return CausalLMModule(policy, trainer_cfg=trainer_cfg, true_vocab=vocab, checkpoint_metadata={}, objective=objective, reference=reference and FrozenReference(reference), adapters=adapters)
+    return CausalLMModule(policy, ModuleSpec(vocab, objective=objective, adapters=adapters, optimizer=OptimizerSettings.from_trainer(trainer_cfg)), reference and FrozenReference(reference))
 
 
 def trl_dpo(policy, reference, inputs, loss_type, beta, precomputed=False):

@@ -10,6 +10,7 @@ import torch
 from tinytrain.data.collate import with_document_boundaries
 from tinytrain.model.flash_reference import varlen_attn_2_10, varlen_attn_reference
 from tinytrain.model.module import MODEL_INPUTS, CausalLMModule
+from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.varlen_attention import use_varlen
 from tinytrain.plan.torch_varlen import read_support
 
@@ -48,7 +49,7 @@ def packed_batch(micro: int, seq: int = 40, seed: int = 0) -> dict:
 
 
 def worst_packed_vs_alone(model, reference, batch: dict) -> tuple[float, int]:
-    module = CausalLMModule(model, trainer_cfg=None, true_vocab=512, checkpoint_metadata={})
+    module = CausalLMModule(model, ModuleSpec(512))
     with torch.no_grad():
         packed = module(**{k: batch[k] for k in MODEL_INPUTS if k in batch})  # the training forward
     worst, checked = 0.0, 0
