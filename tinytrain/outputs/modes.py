@@ -149,7 +149,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         "loss": loss,
         "perplexity": math.exp(loss),
     }
-    if cfg.eval.lm_eval_tasks:
+    if cfg.eval.tasks:
         result["lm_eval"] = lm_eval(cfg, saved, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -175,13 +175,11 @@ def eval_batches(cfg, train_cfg) -> tuple[int, int | None, str]:
 
 
 def lm_eval(cfg, saved, run_dir: Path) -> dict:
-    """lm-evaluation-harness tasks on the export (local task YAMLs through eval.lm_eval_include)."""
-    import importlib.util
-
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError(Problem("eval.lm_eval_tasks", list(cfg.eval.lm_eval_tasks), "lm-eval (lm-evaluation-harness) is not installed", "pip install lm-eval, or leave eval.lm_eval_tasks empty"))
+    """lm-evaluation-harness tasks (eval.tasks; local task YAMLs through eval.include) on the export
+    through lm-eval's own hf model."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
+
+    from tinytrain.plan import eval_tasks
 
     folder = saved.checkpoint
     if not saved.is_hf_folder:
@@ -189,8 +187,9 @@ def lm_eval(cfg, saved, run_dir: Path) -> dict:
         export_cfg = cfg.copy()
         export_cfg.export.dir = str(folder)
         export(export_cfg, run_dir)
-    tasks = TaskManager(include_path=cfg.eval.lm_eval_include) if cfg.eval.lm_eval_include else TaskManager()
-    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(cfg.eval.lm_eval_tasks), task_manager=tasks, limit=cfg.eval.lm_eval_limit, device="cpu")
+    resolved = eval_tasks.resolve(tuple(cfg.eval.tasks), tuple(cfg.eval.include))
+    tasks = eval_tasks.task_manager(tuple(cfg.eval.include), resolved.builtin)
+    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(cfg.eval.tasks), task_manager=tasks, limit=cfg.eval.limit, device="cpu")
     return out["results"]
 
 

@@ -12,6 +12,7 @@ from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model.generation import read_prompts
 from tinytrain.outputs import saved_run
+from tinytrain.plan import evals
 
 KEY = saved_run.KEY
 
@@ -56,11 +57,9 @@ def prompt_problems(g) -> list[Problem]:
 def eval_problems(cfg, data_overridden: bool) -> list[Problem]:
     e = cfg.eval
     found = []
-    for key, null in (("batches", "the run's own validation batches"), ("lm_eval_limit", "all")):
-        if getattr(e, key) is not None and getattr(e, key) < 1:
-            found.append(Problem(f"eval.{key}", getattr(e, key), f"must be >= 1, or null for {null}", f"use eval.{key}=null, or a positive count"))
-    if e.lm_eval_include and not Path(e.lm_eval_include).is_dir():
-        found.append(Problem("eval.lm_eval_include", e.lm_eval_include, "no such folder", "point it at a folder of lm-eval task YAMLs, or null"))
+    if e.batches is not None and e.batches < 1:
+        found.append(Problem("eval.batches", e.batches, "must be >= 1, or null for the run's own validation batches", "use eval.batches=null, or a positive count"))
+    found += evals.problems(cfg)  # eval.tasks, eval.include, eval.limit (plan/evals.py)
     path = cfg.data.path
     if data_overridden and path and not Path(path).exists():
         found.append(Problem("data.path", path, "no such file or folder", "give the data to evaluate on (its held-out split is used), or leave data unset to use the run's"))

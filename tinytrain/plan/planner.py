@@ -18,6 +18,7 @@ from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
+from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
@@ -186,6 +187,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             muon_params=optimizer.muon_params,
         ),
         optimizer=optimizer,
+        evals=evals_plan.make(cfg, data_parallel=batch.data_parallel),
     )
 
 
