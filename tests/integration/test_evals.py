@@ -97,6 +97,24 @@ def test_inline_evals_on_single_equal_lm_eval_on_the_export(tmp_path):
     assert (run_dir / "evals.png").stat().st_size > 0
     assert_equal_to_lm_eval(run_dir, tasks_dir, final_step=8)
 
+    # mode=eval on the run folder backfills: nothing is recomputed while every checkpoint is scored;
+    # a step missing (as when killed before its rows) is scored from its checkpoint, to the inline values.
+    backfill = run_cli(["mode=eval", f"checkpoint.path={run_dir}"], tmp_path / "backfill", env=OFFLINE)
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    assert "2 of 2 checkpoints already in evals.csv; scoring none" in backfill.stdout
+    inline = {(x["task"], x["metric"]): float(x["value"]) for x in rows if x["step"] == "4"}
+    with (run_dir / "evals.csv").open("w") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(x for x in rows if x["step"] != "4")
+    backfill = run_cli(["mode=eval", f"checkpoint.path={run_dir}"], tmp_path / "backfill", env=OFFLINE)
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    assert "1 of 2 checkpoints already in evals.csv; scoring step 4 on tiny_choice, tiny_cloze, tiny_text" in backfill.stdout
+    again = {(x["task"], x["metric"]): float(x["value"]) for x in read_evals(run_dir) if x["step"] == "4"}
+    assert again.keys() == inline.keys()
+    for key, value in inline.items():
+        assert abs(math.log(again[key]) - math.log(value)) < 1e-5 if "perplexity" in key[1] else abs(again[key] - value) < 1e-5, (key, value, again[key])
+
 
 # zero3: the requests split over 2 data-parallel ranks; fsdp_tp (tp 2): both ranks score the same requests.
 @pytest.mark.parametrize("parallel", [["parallel=zero3", *DEEPSPEED_ON_CPU], ["parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2"]], ids=["zero3", "fsdp_tp2"])

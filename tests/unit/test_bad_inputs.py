@@ -349,6 +349,8 @@ CASES = {
     "eval every steps at the end only": ([*EVALS, "eval.every_n_steps=10", "eval.at=end"], ["eval.every_n_steps=10", "contradicts eval.at=end", "Fix:"]),
     "eval on slurm": ([*EVALS, "eval.where=slurm"], ["eval.where='slurm'", "not built yet", "Fix: use eval.where=inline"]),
     "eval with context parallelism": ([*EVALS, "parallel=zero2", "cluster.devices=2", "parallel.cp=2", "parallel.deepspeed_on_cpu=true"], ["eval.tasks=['tiny_mc']", "does not split sequences over parallel.cp=2"]),
+    "eval of a run without checkpoints": (["mode=eval", "checkpoint.path={F}/evals/empty_run", *EVALS[1:]], ["checkpoint.path='{F}/evals/empty_run'", "holds no checkpoint to score", "Fix: train the run first"]),
+    "eval of a run without tasks": (["mode=eval", "checkpoint.path={F}/evals/empty_run"], ["eval.tasks=[]", "neither eval.tasks nor the run's config names any", "Fix: add eval.tasks="]),
     "eval old key": (["mode=plan", "eval.lm_eval_tasks=[tiny_mc]"], ["eval.lm_eval_tasks=['tiny_mc']", "is renamed eval.tasks", "Fix: use eval.tasks="]),
 }
 ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}, "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"}}
@@ -445,9 +447,12 @@ def bad(tmp_path_factory):
 
 def eval_tasks(f: Path) -> None:
     """`{F}/evals/tasks`: lm-eval task YAMLs (one good, one whose data file is gone, one on the hub,
-    one generation task); `{F}/evals/empty`: a folder without any."""
+    one generation task); `{F}/evals/empty`: a folder without any; `{F}/evals/empty_run`: a run
+    folder without checkpoints."""
     (f / "tasks").mkdir(parents=True)
     (f / "empty").mkdir()
+    (f / "empty_run" / "checkpoints").mkdir(parents=True)  # a run folder that saved nothing
+    (f / "empty_run" / "config_resolved.yaml").write_text("{}\n")
     (f / "tasks" / "mc.jsonl").write_text(json.dumps({"q": "a", "choices": [" b", " c"], "answer": 0}) + "\n")
     body = "doc_to_text: '{{{{q}}}}'\ndoc_to_target: '{{{{answer}}}}'\n"
     for name, data, output in (("tiny_mc", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_missing", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'gone.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_hub", "nobody/no_such_dataset", "loglikelihood"), ("tiny_gen", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "generate_until")):

@@ -11,7 +11,7 @@ from tinytrain.config.generate_checks import sampling_problems
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model.generation import read_prompts
-from tinytrain.outputs import saved_run
+from tinytrain.outputs import backfill, saved_run
 from tinytrain.plan import evals
 
 KEY = saved_run.KEY
@@ -22,6 +22,8 @@ def problems(cfg, run_dir: Path, data_overridden: bool = False) -> list[Problem]
     found = [] if cfg.mode == Mode.average else source_problems(cfg, run_dir)
     if cfg.mode == Mode.generate:
         found += sampling_problems(cfg.generate) + prompt_problems(cfg.generate)
+    if cfg.mode == Mode.eval and cfg.checkpoint.path and backfill.is_run_folder(Path(cfg.checkpoint.path)):
+        return backfill.problems(cfg, Path(cfg.checkpoint.path)) + evals.problems(cfg, backfill.eval_settings(cfg, Path(cfg.checkpoint.path)))
     if cfg.mode == Mode.eval:
         found += eval_problems(cfg, data_overridden)
     if cfg.mode in (Mode.export, Mode.average) and cfg.export.dir:

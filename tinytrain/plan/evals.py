@@ -36,10 +36,10 @@ class EvalPlan:
         return step == max_steps or bool(self.every_n_steps and step % self.every_n_steps == 0)
 
 
-def problems(cfg) -> list[Problem]:
-    """All of eval.*'s problems for a training run (and mode=eval's tasks): cheap ones first, then
-    the tasks as lm-eval resolves them."""
-    e = cfg.eval
+def problems(cfg, e=None) -> list[Problem]:
+    """All of eval.*'s problems for a training run (and mode=eval's tasks; `e`: the eval settings
+    scored when not cfg.eval's, a run's own): cheap ones first, then the tasks as lm-eval resolves them."""
+    e = cfg.eval if e is None else e
     found = [Problem(f"eval.{old}", getattr(e, old), f"is renamed eval.{new}", f"use eval.{new}=... (docs/evaluation.md)") for old, new in RENAMED.items() if getattr(e, old) not in (None, [])]
     for key in ("limit", "every_n_steps"):
         value = getattr(e, key)

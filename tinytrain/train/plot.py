@@ -65,7 +65,8 @@ def plot_evals(evals_csv: Path, out_png: Path, title: str) -> Path | None:
     rows = list(csv.DictReader(evals_csv.open())) if evals_csv.exists() else []
     series: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for r in rows:
-        series.setdefault((r["task"], r["metric"]), []).append((int(r["tokens"]), float(r["value"])))
+        if r["tokens"]:  # a backfilled run with a batch warm-up has none
+            series.setdefault((r["task"], r["metric"]), []).append((int(r["tokens"]), float(r["value"])))
     if not series:
         return None
     import matplotlib
