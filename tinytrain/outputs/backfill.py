@@ -1,7 +1,7 @@
-"""mode=eval on a run folder (checkpoint.path=<run dir>): every checkpoint of the run not yet in its
-evals.csv is exported and scored on the downstream tasks by lm-eval's own hf model, oldest first.
+"""mode=eval on a run folder (checkpoint.path=<run dir>): every checkpoint of the run not yet scored
+on all the tasks in its evals.csv is exported and scored by lm-eval's own hf model, oldest first.
 
-Idempotent: a step already in evals.csv is not scored again, so a second run computes nothing.
+Idempotent: a step with rows for every task is not scored again, so a second run computes nothing.
 Each checkpoint's rows are appended at once (train/evals_csv.py): killed midway, the next run
 starts from the first checkpoint still missing. The tasks are eval.tasks (with eval.include and
 eval.limit) as given, else the run's own.
@@ -60,10 +60,14 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     lm-eval's results; append its rows; plot."""
     from tinytrain.train.plot import plot_evals
 
+    from tinytrain.plan import eval_tasks
+
     ev = eval_settings(cfg, run)
     csv_path = run / "evals.csv"
     checkpoints = run_checkpoints(run)
-    done = evals_csv.scored_steps(csv_path)
+    leaves = {t.name for t in eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include)).leaves}
+    scored = evals_csv.scored_tasks(csv_path)
+    done = {step for step, tasks in scored.items() if leaves <= tasks}
     todo = [(step, path) for step, path in checkpoints if step not in done]
     print(f"evals of {run}: {len(checkpoints) - len(todo)} of {len(checkpoints)} checkpoints already in evals.csv; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
     for step, path in todo:

@@ -44,10 +44,19 @@ def scored_steps(path: Path) -> set[int]:
     return {int(r["step"]) for r in read(path)}
 
 
+def scored_tasks(path: Path) -> dict[int, set[str]]:
+    """step -> the tasks with rows at that step."""
+    found: dict[int, set[str]] = {}
+    for r in read(path):
+        found.setdefault(int(r["step"]), set()).add(r["task"])
+    return found
+
+
 def append(path: Path, rows: list[dict]) -> None:
-    """Add one scoring's rows (replacing any of the same step: a resumed run scores again)."""
-    steps = {int(r["step"]) for r in rows}
-    kept = [r for r in read(path) if int(r["step"]) not in steps]
+    """Add one scoring's rows, replacing those of the same step and task (a step trained again after
+    a resume, or rescored); the step's other tasks stay."""
+    keys = {(int(r["step"]), r["task"]) for r in rows}
+    kept = [r for r in read(path) if (int(r["step"]), r["task"]) not in keys]
     tmp = temp_path(path)
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -17,7 +17,7 @@ def test_results_become_rows_with_their_stderr():
     ]
 
 
-def test_append_keeps_other_steps_and_replaces_a_rescored_one(tmp_path):
+def test_append_keeps_other_steps_and_tasks_and_replaces_a_rescored_task(tmp_path):
     path = tmp_path / "evals.csv"
     evals_csv.append(path, evals_csv.rows_of(RESULTS, step=8, tokens=2048))
     evals_csv.append(path, evals_csv.rows_of(RESULTS, step=4, tokens=1024))
@@ -27,7 +27,9 @@ def test_append_keeps_other_steps_and_replaces_a_rescored_one(tmp_path):
         ("4", "tiny_gen", "exact_match/strict-match", "1.0"),
         ("4", "tiny_mc", "acc", "0.5"),
         ("4", "tiny_mc", "acc_norm", "0.25"),
+        ("8", "tiny_gen", "exact_match/strict-match", "1.0"),
         ("8", "tiny_mc", "acc", "0.75"),
     ]
     assert evals_csv.scored_steps(path) == {4, 8}
+    assert evals_csv.scored_tasks(path) == {4: {"tiny_gen", "tiny_mc"}, 8: {"tiny_gen", "tiny_mc"}}
     assert [p.name for p in tmp_path.iterdir()] == ["evals.csv"]  # no temporary file left behind
