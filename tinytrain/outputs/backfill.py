@@ -58,9 +58,8 @@ def tokens_at(run: Path, step: int) -> int | str:
 def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     """Score each checkpoint missing from run/evals.csv with `score(cfg, ev, saved, out_dir)` ->
     lm-eval's results; append its rows; plot."""
-    from tinytrain.train.plot import plot_evals
-
     from tinytrain.plan import eval_tasks
+    from tinytrain.train.plot import plot_evals
 
     ev = eval_settings(cfg, run)
     csv_path = run / "evals.csv"
