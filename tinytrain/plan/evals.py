@@ -33,7 +33,8 @@ class EvalPlan:
         return asdict(self)
 
     def scores_at(self, step: int, max_steps: int) -> bool:
-        return step == max_steps or bool(self.every_n_steps and step % self.every_n_steps == 0)
+        """Step 0 never: under gradient accumulation the first micro batches end before any step."""
+        return step == max_steps or bool(self.every_n_steps and step > 0 and step % self.every_n_steps == 0)
 
 
 def problems(cfg, e=None) -> list[Problem]:
