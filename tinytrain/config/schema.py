@@ -511,10 +511,12 @@ class EvalConfig:
     at: EvalAt = EvalAt.checkpoints
     # Score every N optimizer steps (and the final weights) instead of at checkpoints; null: eval.at decides.
     every_n_steps: Optional[int] = None
-    # inline (on the training ranks, at the step) | slurm (a one-GPU job per checkpoint; not built yet).
+    # inline (on the training ranks, at the step) | slurm (a one-GPU Slurm job per checkpoint, submitted by rank 0).
     where: EvalWhere = EvalWhere.inline
     # Documents per task (lm-eval's limit); null: all of them.
     limit: Optional[int] = None
+    # mode=eval on a run folder: score this step's checkpoint only (what each eval.where=slurm job runs); null: every one not yet scored.
+    step: Optional[int] = None
     # Renamed (eval.tasks, eval.include, eval.limit): set, they stop the run with the new key's name.
     lm_eval_tasks: list[str] = field(default_factory=list)
     lm_eval_include: Optional[str] = None

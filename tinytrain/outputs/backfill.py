@@ -38,8 +38,15 @@ def eval_settings(cfg, run: Path):
     return cfg.eval if cfg.eval.tasks else saved_run.run_config(run / saved_run.RUN_CONFIG).eval
 
 
+def ev_step(cfg) -> int | None:
+    return cfg.eval.step
+
+
 def problems(cfg, run: Path) -> list[Problem]:
     found = []
+    step = ev_step(cfg)
+    if step is not None and step not in dict(run_checkpoints(run)):
+        found.append(Problem("eval.step", step, f"the run {run} holds no checkpoint of that step (it has {', '.join(str(s) for s, _ in run_checkpoints(run)) or 'none'}; step checkpoints beyond checkpoint.keep_last are deleted)", "name a step it holds, or leave eval.step=null to score every checkpoint not yet scored"))
     if not eval_settings(cfg, run).tasks:
         found.append(Problem("eval.tasks", [], f"scoring the run {run} needs downstream tasks, and neither eval.tasks nor the run's config names any", "add eval.tasks=[<lm-eval task>,...] (eval.include=[<folder>] for local ones)"))
     if not run_checkpoints(run):
@@ -58,6 +65,7 @@ def tokens_at(run: Path, step: int) -> int | str:
 def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     """Score each checkpoint missing from run/evals.csv with `score(cfg, ev, saved, out_dir)` ->
     lm-eval's results; append its rows; plot."""
+    from tinytrain.cluster import eval_jobs
     from tinytrain.plan import eval_tasks
     from tinytrain.train.plot import plot_evals
 
@@ -67,7 +75,9 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     leaves = {t.name for t in eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include)).leaves}
     scored = evals_csv.scored_tasks(csv_path)
     done = {step for step, tasks in scored.items() if leaves <= tasks}
-    todo = [(step, path) for step, path in checkpoints if step not in done]
+    todo = [(step, path) for step, path in checkpoints if step not in done and ev_step(cfg) in (None, step)]
+    for step, why, folder in eval_jobs.failures(run):
+        print(f"eval job for step {step} failed ({why}); its log is in {folder}", flush=True)
     print(f"evals of {run}: {len(checkpoints) - len(todo)} of {len(checkpoints)} checkpoints already in evals.csv; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
     for step, path in todo:
         saved = saved_run.load(str(path), out_dir)

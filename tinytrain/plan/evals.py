@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tinytrain.config.schema import EvalAt, EvalWhere, Mode
+from tinytrain.config.schema import PLANNING_MODES, EvalAt, EvalWhere, Mode
 from tinytrain.errors import Problem
 from tinytrain.plan import eval_tasks
 
@@ -52,15 +52,33 @@ def problems(cfg, e=None) -> list[Problem]:
         found += include_problems(f"eval.include[{i}]", folder)
     if not e.tasks:
         return found
+    inline = cfg.mode != Mode.eval and EvalWhere(e.where) == EvalWhere.inline
     if cfg.mode != Mode.eval and EvalWhere(e.where) == EvalWhere.slurm:
-        found.append(Problem("eval.where", "slurm", "the per-checkpoint Slurm eval jobs are not built yet", "use eval.where=inline, or score the checkpoints afterwards with mode=eval"))
-    if cfg.mode != Mode.eval and cfg.parallel.cp not in (None, 1):
-        found.append(Problem("eval.tasks", list(e.tasks), f"inline scoring does not split sequences over parallel.cp={cfg.parallel.cp}", "score the checkpoints with mode=eval, or train with parallel.cp=1"))
+        found += slurm_problems(cfg)
+    if inline and cfg.parallel.cp not in (None, 1):
+        found.append(Problem("eval.tasks", list(e.tasks), f"inline scoring does not split sequences over parallel.cp={cfg.parallel.cp}", "use eval.where=slurm, score the checkpoints with mode=eval, or train with parallel.cp=1"))
     if not eval_tasks.installed():
         return found + [Problem("eval.tasks", list(e.tasks), "lm-eval (lm-evaluation-harness) is not installed", "pip install 'tinytrain-llm[eval]', or leave eval.tasks empty")]
     if found:
         return found  # the folders must be right before lm-eval indexes them
-    return found + task_problems(e, inline=cfg.mode != Mode.eval)
+    return found + task_problems(e, inline=inline)
+
+
+def slurm_problems(cfg) -> list[Problem]:
+    """eval.where=slurm: rank 0 submits a job per checkpoint with sbatch, from a script of checked values."""
+    import shutil
+
+    from tinytrain.cluster import eval_jobs
+    from tinytrain.cluster.sbatch import hydra_context
+
+    found = []
+    if cfg.mode not in PLANNING_MODES and shutil.which("sbatch") is None:
+        found.append(Problem("eval.where", "slurm", "sbatch is not on PATH here, and the training's rank 0 submits each checkpoint's eval job with it", "use eval.where=inline, or train where Slurm's client commands are installed"))
+    e, every = cfg.eval, cfg.trainer.checkpoint_every_n_steps
+    if e.every_n_steps is not None and e.every_n_steps % every:
+        found.append(Problem("eval.every_n_steps", e.every_n_steps, f"eval.where=slurm scores saved checkpoints, and a checkpoint is saved every trainer.checkpoint_every_n_steps={every} steps", f"use a multiple of {every}, or leave eval.every_n_steps=null (every checkpoint)"))
+    _, run_dir = hydra_context()
+    return found + eval_jobs.value_problems(cfg, str(run_dir.resolve()) if run_dir else "", str(Path.cwd()))
 
 
 def include_problems(key: str, folder: str) -> list[Problem]:
@@ -108,5 +126,6 @@ def render(ev: dict, max_steps: int) -> str:
     times = len([s for s in range(1, max_steps + 1) if s == max_steps or (ev["every_n_steps"] and s % ev["every_n_steps"] == 0)])
     when = f"at {ev['cadence']}" + (f" (every {ev['every_n_steps']} steps)" if ev["cadence"] == "every step checkpoint" else "") + (" and the final weights" if ev["every_n_steps"] else "")
     limit = f"limit {ev['limit']} documents per task" if ev["limit"] else "every document"
-    where = f"inline on the training ranks (requests split over {ev['shards']} data-parallel rank(s))" if ev["where"] == "inline" else ev["where"]
-    return f"evals      {names}{leaves}: {where}, {when}: {times} scoring(s); {limit} -> evals.csv, eval/<task>/<metric> in the loggers"
+    where = f"inline on the training ranks (requests split over {ev['shards']} data-parallel rank(s))" if ev["where"] == "inline" else "a one-GPU Slurm job per checkpoint (lm-eval's hf model on its export; training does not wait)"
+    outputs = "evals.csv, eval/<task>/<metric> in the loggers" if ev["where"] == "inline" else "evals.csv (appended by each job)"
+    return f"evals      {names}{leaves}: {where}, {when}: {times} scoring(s); {limit} -> {outputs}"

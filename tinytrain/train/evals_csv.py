@@ -55,14 +55,17 @@ def scored_tasks(path: Path) -> dict[int, set[str]]:
 def append(path: Path, rows: list[dict]) -> None:
     """Add one scoring's rows, replacing those of the same step and task (a step trained again after
     a resume, or rescored); the step's other tasks stay."""
+    from filelock import FileLock
+
     keys = {(int(r["step"]), r["task"]) for r in rows}
-    kept = [r for r in read(path) if (int(r["step"]), r["task"]) not in keys]
-    tmp = temp_path(path)
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(sorted(kept + rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
+    with FileLock(str(path) + ".lock"):  # eval.where=slurm: jobs of several checkpoints append at once
+        kept = [r for r in read(path) if (int(r["step"]), r["task"]) not in keys]
+        tmp = temp_path(path)
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(sorted(kept + rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_directory(path.parent)

@@ -38,6 +38,7 @@ from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
+from tinytrain.train.callbacks.slurm_evals import SlurmEvals, slurm_eval_callback
 from tinytrain.train.consolidate import model_weights
 from tinytrain.train.plot import plot_evals, plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
@@ -125,7 +126,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
     preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + eval_callback(plan, run_dir, tokenizer)
+    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + eval_callback(plan, run_dir, tokenizer) + slurm_eval_callback(plan, cfg, run_dir)
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
@@ -157,8 +158,13 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         "val_loss": float(val_loss) if val_loss is not None else None,
         "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
         "evals": next((c.summary() for c in trainer.callbacks if isinstance(c, DownstreamEvals)), None),
+        "eval_jobs": None,
         **throughput.summary(),
     }
+    slurm_evals = next((c for c in trainer.callbacks if isinstance(c, SlurmEvals)), None)
+    if slurm_evals is not None and trainer.is_global_zero:
+        slurm_evals.submit_final(trainer.global_step)  # final.ckpt is on disk: its job may start
+        result["eval_jobs"] = slurm_evals.summary()
     if trainer.is_global_zero:
         finish(cfg, plan, run_dir=run_dir, final_checkpoint=final, tokenizer=tokenizer, result=result)
     return result
@@ -240,6 +246,8 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
     if result["profile"]:
         print(result["profile"])
+    if result["eval_jobs"]:
+        print(result["eval_jobs"])
     if result["evals"]:
         ev = result["evals"]
         share = f", {100 * ev['eval_share']:.1f}% of the run's training time" if ev["eval_share"] is not None else ""

@@ -21,3 +21,9 @@ def test_plan_line_says_which_tasks_where_when_and_the_limit():
         "at every step checkpoint (every 100 steps) and the final weights: 3 scoring(s); limit 50 documents per task -> evals.csv, eval/<task>/<metric> in the loggers"
     )
     assert "at the final weights: 1 scoring(s); every document" in render(plan(None, "the final weights").to_dict(), 250)
+
+
+def test_plan_line_of_slurm_jobs():
+    ev = {**plan(100, "every step checkpoint").to_dict(), "where": "slurm"}
+    assert "mmlu, tiny (3 tasks): a one-GPU Slurm job per checkpoint (lm-eval's hf model on its export; training does not wait), at every step checkpoint" in render(ev, 250)
+    assert render(ev, 250).endswith("-> evals.csv (appended by each job)")

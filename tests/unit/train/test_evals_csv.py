@@ -32,4 +32,4 @@ def test_append_keeps_other_steps_and_tasks_and_replaces_a_rescored_task(tmp_pat
     ]
     assert evals_csv.scored_steps(path) == {4, 8}
     assert evals_csv.scored_tasks(path) == {4: {"tiny_gen", "tiny_mc"}, 8: {"tiny_gen", "tiny_mc"}}
-    assert [p.name for p in tmp_path.iterdir()] == ["evals.csv"]  # no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evals.csv", "evals.csv.lock"]  # no temporary file left behind (the lock file stays)
