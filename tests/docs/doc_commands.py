@@ -66,3 +66,26 @@ def parse(line: str) -> tuple[tuple[str, ...], str] | None:
         if tuple(words[: len(prefix)]) == prefix:
             return tuple(words[len(prefix) :]), comment
     return None
+
+
+SETUP_COMMANDS = ("mkdir ", "cat > ", "cat >> ")
+
+
+def setup_blocks() -> list[tuple[str, str]]:
+    """(page, block) for shell blocks that only write files later commands of the page read
+    (mkdir and `cat > file <<'EOF'` here-documents, e.g. docs/evaluation.md's local tasks)."""
+    found = []
+    for path in doc_files():
+        for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", path.read_text(), re.S):
+            commands, ending = [], None
+            for line in block.splitlines():
+                if ending is not None:
+                    ending = None if line.strip() == ending else ending
+                    continue
+                if line.strip() and not line.lstrip().startswith("#"):
+                    commands.append(line.strip())
+                    heredoc = re.search(r"<<-?\s*'?(\w+)'?", line)
+                    ending = heredoc.group(1) if heredoc else None
+            if commands and all(c.startswith(SETUP_COMMANDS) for c in commands):
+                found.append((str(path.relative_to(REPO)), block))
+    return found

@@ -2,9 +2,11 @@
 cannot drift from the code. Commands run in this process (tests/cli_in_process.py), from a
 workspace laid out as the docs assume (the repository's examples/ and the shared data beside it):
 
+- a page's set-up blocks (only mkdir and here-documents: files its commands read, as
+  docs/evaluation.md's local tasks) run first, in the workspace;
 - a training command is planned (`mode=plan` added): what it would train is decided and checked,
-  nothing is trained, except `experiment=smoke`, which trains for real (seconds) and leaves the
-  run (`runs/<run>`) the export, average, generate and eval commands then read;
+  nothing is trained, except `experiment=smoke` runs, which train for real (seconds): the
+  README's leaves the run (`runs/<run>`) the export, average, generate and eval commands read;
 - `mode=sbatch` writes its script; `mode=export|average|generate|eval` run for real;
 - a multirun (`-m`) is planned for its first combination, without the Slurm launcher;
 - a command whose comment says `exits N` must exit N (a refusal shown on purpose).
@@ -13,12 +15,13 @@ workspace laid out as the docs assume (the repository's examples/ and the shared
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.cli_in_process import run_in_process
-from tests.docs.doc_commands import REPO, DocCommand, doc_commands
+from tests.docs.doc_commands import REPO, DocCommand, doc_commands, setup_blocks
 
 RUN = "docs-run"  # what `<run>` stands for
 COMMANDS = doc_commands()
@@ -40,11 +43,11 @@ def runnable(command: DocCommand) -> list[str]:
     if "-m" in args:
         args.remove("-m")
         args = [a for a in args if not a.startswith(("hydra/launcher=", "hydra.launcher."))]
-        args = [a.split(",")[0] if "=" in a and "[" not in a else a for a in args]
+        return [a.split(",")[0] if "=" in a and "[" not in a else a for a in args] + ["mode=plan"]
     modes = [a for a in args if a.startswith("mode=")]
     if (not modes or modes == ["mode=train"]) and not args[0].startswith("--") and "experiment=smoke" not in args:
         args = [a for a in args if a != "mode=train"] + ["mode=plan"]
-    if "experiment=smoke" in args and not modes:
+    if args == ["experiment=smoke"]:  # the README's first run: the run the output modes read
         args.append(f"run.name={RUN}")
     return args
 
@@ -60,6 +63,8 @@ def workspace(tmp_path_factory):
     if (REPO.parent / "shared").exists():
         (root / "shared").symlink_to(REPO.parent / "shared")
     shutil.copy(REPO / "examples" / "data" / "preference_tiny.jsonl", ws / "pairs.jsonl")
+    for page, block in setup_blocks():
+        subprocess.run(["bash", "-e", "-c", block], cwd=ws, check=True, timeout=60)
     (ws / "held_out.txt").write_text("\n\n".join(f"A held-out paragraph number {i} about dictionaries and lists." for i in range(3000)))
     return ws
 
@@ -115,6 +120,7 @@ def test_a_documented_command_runs(command, workspace, smoke_run, monkeypatch, t
     for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK", "SLURM_JOB_ID", "SLURM_PROCID", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # local files only: a page's command may not need the hub
     monkeypatch.chdir(workspace)
     args = runnable(command)
     if f"run.name={RUN}" in args:  # the smoke run: the fixture trained it, as the page says

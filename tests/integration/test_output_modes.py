@@ -107,7 +107,7 @@ def test_lm_eval_local_task_on_the_export(chat_run, tmp_path):
     (tmp_path / "tasks" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "tasks" / "tinytrain_local.yaml").write_text(LM_EVAL_TASK.format(data=tmp_path / "tasks" / "data.jsonl"))
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    args = ["mode=eval", "checkpoint=final", "eval.lm_eval_tasks=[tinytrain_local]", f"eval.lm_eval_include={tmp_path / 'tasks'}", "eval.batches=1"]
+    args = ["mode=eval", "checkpoint=final", "eval.tasks=[tinytrain_local]", f"eval.include=[{tmp_path / 'tasks'}]", "eval.batches=1"]
     r = run_cli(args, chat_run, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((chat_run / "eval.json").read_text())["lm_eval"]["tinytrain_local"]

@@ -25,6 +25,7 @@ ZERO2 = ["parallel=zero2", "hardware.gpu=A100"]
 # name: (arguments, strings the message must contain: the key with its value first, then the fix)
 CP2 = ["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=2"]
 LONG = ["mode=plan", "model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1"]
+EVALS = ["mode=plan", "eval.tasks=[tiny_mc]", "eval.include=[{F}/evals/tasks]"]
 CASES = {
     # long context (parallel.cp, plan/context.py)
     "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
@@ -336,8 +337,25 @@ CASES = {
     "lora alpha infinite": (["mode=plan", "finetune=lora", "finetune.alpha=inf"], ["finetune.alpha=inf", "positive and finite"]),
     "too_long skip drops every preference pair": (["mode=prepare", "experiment=dpo_smoke", "data.path={F}/long_pairs.jsonl", "data.seq_len=16", "data.too_long=skip", "data.cache_dir={F}/cache"], ["no usable preference pairs", "20 skipped as longer than 16", "raise data.seq_len (now 16; the longest pair skipped has", "keeps every pair", "data.too_long=truncate"]),
     "unknown finetune option": (["mode=plan", "finetune=dora"], ["finetune=dora", "full, lora, qlora"]),
+    # downstream evaluation (eval.tasks, issue 36): lm-eval resolves the names before any weights
+    "eval task unknown": ([*EVALS, "eval.tasks=[tiny_mcq]"], ["eval.tasks='tiny_mcq'", "is no lm-eval task, group or tag", "did you mean 'tiny_mc'?"]),
+    "eval include folder empty": ([*EVALS[:2], "eval.include=[{F}/evals/empty]"], ["eval.include[0]='{F}/evals/empty'", "holds no task YAML", "Fix: write the task's YAML there"]),
+    "eval include folder missing": ([*EVALS[:2], "eval.include=[{F}/evals/none]"], ["eval.include[0]='{F}/evals/none'", "no such folder"]),
+    "eval task data file missing": ([*EVALS, "eval.tasks=[tiny_missing]"], ["eval.tasks='tiny_missing'", "its data file", "does not exist", "Fix: give it local data"]),
+    "eval task data on an unreachable hub": ([*EVALS, "eval.tasks=[tiny_hub]"], ["eval.tasks='tiny_hub'", "hub dataset 'nobody/no_such_dataset'", "the hub is not reachable", "Fix:"]),
+    "eval generation task inline": ([*EVALS, "eval.tasks=[tiny_gen]"], ["eval.tasks='tiny_gen'", "is a generate_until task", "inline scoring serves log-likelihood", "Fix: drop it from eval.tasks"]),
+    "eval limit zero": ([*EVALS, "eval.limit=0"], ["eval.limit=0", "must be >= 1"]),
+    "eval every zero steps": ([*EVALS, "eval.every_n_steps=0"], ["eval.every_n_steps=0", "must be >= 1"]),
+    "eval every steps at the end only": ([*EVALS, "eval.every_n_steps=10", "eval.at=end"], ["eval.every_n_steps=10", "contradicts eval.at=end", "Fix:"]),
+    "eval job account with a newline": ([*EVALS, "eval.where=slurm", "cluster.account='acct\n#SBATCH --nodes=64'"], ["cluster.account='acct\\n#SBATCH --nodes=64'", "holds a newline or other control character", "Fix: use the account's name"]),
+    "eval every steps off the checkpoints on slurm": ([*EVALS, "eval.where=slurm", "eval.every_n_steps=30"], ["eval.every_n_steps=30", "eval.where=slurm scores saved checkpoints", "Fix: use a multiple of 100"]),
+    "eval job account with a space": ([*EVALS, "eval.where=slurm", "cluster.account='acct --nodes=64'"], ["cluster.account='acct --nodes=64'", "holds whitespace", "Fix: use the account's name"]),
+    "eval with context parallelism": ([*EVALS, "parallel=zero2", "cluster.devices=2", "parallel.cp=2", "parallel.deepspeed_on_cpu=true"], ["eval.tasks=['tiny_mc']", "does not split sequences over parallel.cp=2"]),
+    "eval of a run without checkpoints": (["mode=eval", "checkpoint.path={F}/evals/empty_run", *EVALS[1:]], ["checkpoint.path='{F}/evals/empty_run'", "holds no checkpoint to score", "Fix: train the run first"]),
+    "eval of a run without tasks": (["mode=eval", "checkpoint.path={F}/evals/empty_run"], ["eval.tasks=[]", "neither eval.tasks nor the run's config names any", "Fix: add eval.tasks="]),
+    "eval old key": (["mode=plan", "eval.lm_eval_tasks=[tiny_mc]"], ["eval.lm_eval_tasks=['tiny_mc']", "is renamed eval.tasks", "Fix: use eval.tasks="]),
 }
-ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}}
+ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}, "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"}}
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +421,22 @@ def bad(tmp_path_factory):
     meta = torch.load(f / "small_model.ckpt", weights_only=True)["tinytrain"]
     torch.save({"global_step": 4, "tinytrain": meta, "dp_world_size": 2, "mp_world_size": 1}, f / "ds_missing.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
     torch.save({}, f / "ds_missing.ckpt" / "checkpoint" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    eval_tasks(f / "evals")
     return f
+
+
+def eval_tasks(f: Path) -> None:
+    """`{F}/evals/tasks`: lm-eval task YAMLs (one good, one whose data file is gone, one on the hub,
+    one generation task); `{F}/evals/empty`: a folder without any; `{F}/evals/empty_run`: a run
+    folder without checkpoints."""
+    (f / "tasks").mkdir(parents=True)
+    (f / "empty").mkdir()
+    (f / "empty_run" / "checkpoints").mkdir(parents=True)  # a run folder that saved nothing
+    (f / "empty_run" / "config_resolved.yaml").write_text("{}\n")
+    (f / "tasks" / "mc.jsonl").write_text(json.dumps({"q": "a", "choices": [" b", " c"], "answer": 0}) + "\n")
+    body = "doc_to_text: '{{{{q}}}}'\ndoc_to_target: '{{{{answer}}}}'\n"
+    for name, data, output in (("tiny_mc", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_missing", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'gone.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_hub", "nobody/no_such_dataset", "loglikelihood"), ("tiny_gen", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "generate_until")):
+        (f / "tasks" / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: {data}\ntest_split: test\noutput_type: {output}\n" + body.format())
 
 
 def parted_store(f: Path) -> None:

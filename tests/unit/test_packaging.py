@@ -68,7 +68,7 @@ def test_extras_hold_the_optional_stacks():
     }
     assert PROJECT["optional-dependencies"]["gpu"] == ["liger-kernel>=0.8"]
     # make setup installs .[dev]: every extra that runs on a CPU comes with it.
-    assert "tinytrain-llm[deepspeed,wandb,tensorboard,lora,fp8,docs]" in PROJECT["optional-dependencies"]["dev"]
+    assert "tinytrain-llm[deepspeed,wandb,tensorboard,lora,fp8,eval,docs]" in PROJECT["optional-dependencies"]["dev"]
 
 
 def test_dependencies_are_ranges_and_constraints_pin_them():

@@ -30,6 +30,16 @@ class Mode(Enum):
 PLANNING_MODES = (Mode.plan, Mode.sbatch)
 
 
+class EvalAt(Enum):
+    checkpoints = "checkpoints"  # every step checkpoint and the final weights
+    end = "end"  # the final weights only
+
+
+class EvalWhere(Enum):
+    inline = "inline"  # on the training ranks, at the step
+    slurm = "slurm"  # a separate one-GPU Slurm job per checkpoint
+
+
 class Arch(Enum):
     """Model families: each value is transformers' model_type, whose *Config / *ForCausalLM classes build it."""
 
@@ -496,8 +506,22 @@ class EvalConfig:
     # trainer.val_batches, so the checkpoint's val_loss is reproduced), or all of a data config named
     # on the command line.
     batches: Optional[int] = None
-    # lm-evaluation-harness tasks run on the export when lm-eval is installed; lm_eval_include: a
-    # folder of local task YAMLs (no hub needed).
+    # Downstream tasks (docs/evaluation.md): lm-evaluation-harness task, group or tag names, scored while
+    # training and by mode=eval; empty: none.
+    tasks: list[str] = field(default_factory=list)
+    # Folders of local lm-eval task YAMLs (offline tasks), searched before lm-eval's own.
+    include: list[str] = field(default_factory=list)
+    # When training scores them: checkpoints (every step checkpoint and the final weights) | end (the final weights).
+    at: EvalAt = EvalAt.checkpoints
+    # Score every N optimizer steps (and the final weights) instead of at checkpoints; null: eval.at decides.
+    every_n_steps: Optional[int] = None
+    # inline (on the training ranks, at the step) | slurm (a one-GPU Slurm job per checkpoint, submitted by rank 0).
+    where: EvalWhere = EvalWhere.inline
+    # Documents per task (lm-eval's limit); null: all of them.
+    limit: Optional[int] = None
+    # mode=eval on a run folder: score this step's checkpoint only (what each eval.where=slurm job runs); null: every one not yet scored.
+    step: Optional[int] = None
+    # Renamed (eval.tasks, eval.include, eval.limit): set, they stop the run with the new key's name.
     lm_eval_tasks: list[str] = field(default_factory=list)
     lm_eval_include: Optional[str] = None
     lm_eval_limit: Optional[int] = None

@@ -3,6 +3,7 @@
     python -m tinytrain mode=export checkpoint=runs/x/checkpoints/step0000100.ckpt [export.dir=...]
     python -m tinytrain mode=generate checkpoint=runs/x/hf_export 'generate.prompts=["Once upon"]'
     python -m tinytrain mode=eval checkpoint=runs/x/checkpoints/final.ckpt [data=... data.path=...]
+    python -m tinytrain mode=eval checkpoint=runs/x [eval.tasks=[...]]   # every checkpoint not yet in evals.csv
 
 The model, tokenizer, chat template and precision are the checkpoint's run's (saved_run.py);
 generate appends to generations-<checkpoint>.jsonl beside the checkpoint it read; eval writes to
@@ -30,7 +31,7 @@ from tinytrain.data.datamodule import DataModule
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.model.generation import Sampling, read_prompts
 from tinytrain.model.generation import generate as generate_texts
-from tinytrain.outputs import saved_run, validate_modes
+from tinytrain.outputs import backfill, saved_run, validate_modes
 from tinytrain.plan import micro_batch
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     data config given on the command line) -> eval.json."""
     from tinytrain.model.module import causal_lm_loss
 
+    if cfg.checkpoint.path and backfill.is_run_folder(Path(cfg.checkpoint.path)):
+        return backfill.backfill(cfg, Path(cfg.checkpoint.path), run_dir, lm_eval)
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.train_cfg is None and not data_overridden:
         raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (its held-out split is evaluated)"))
@@ -157,8 +160,8 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         "loss": loss,
         "perplexity": math.exp(loss),
     }
-    if cfg.eval.lm_eval_tasks:
-        result["lm_eval"] = lm_eval(cfg, saved, run_dir)
+    if cfg.eval.tasks:
+        result["lm_eval"] = lm_eval(cfg, cfg.eval, saved, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of {per_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
@@ -182,23 +185,24 @@ def eval_batches(cfg, train_cfg) -> tuple[int, int | None, str]:
     return per_batch, None, "all of it: the run did not validate"
 
 
-def lm_eval(cfg, saved, run_dir: Path) -> dict:
-    """lm-evaluation-harness tasks on the export (local task YAMLs through eval.lm_eval_include)."""
-    import importlib.util
-
-    if importlib.util.find_spec("lm_eval") is None:
-        raise ConfigError(Problem("eval.lm_eval_tasks", list(cfg.eval.lm_eval_tasks), "lm-eval (lm-evaluation-harness) is not installed", "pip install lm-eval, or leave eval.lm_eval_tasks empty"))
+def lm_eval(cfg, ev, saved, run_dir: Path) -> dict:
+    """lm-evaluation-harness tasks (ev: eval.tasks, eval.include, eval.limit) on the export through
+    lm-eval's own hf model (a checkpoint is exported to <run_dir>/lm_eval_export first)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
+
+    from tinytrain.plan import eval_tasks
+    from tinytrain.train.callbacks.evals import BOOTSTRAP_ITERS
 
     folder = saved.checkpoint
     if not saved.is_hf_folder:
         folder = run_dir / "lm_eval_export"
         export_cfg = cfg.copy()
         export_cfg.export.dir = str(folder)
+        export_cfg.checkpoint.path = str(saved.checkpoint)
         export(export_cfg, run_dir)
-    tasks = TaskManager(include_path=cfg.eval.lm_eval_include) if cfg.eval.lm_eval_include else TaskManager()
-    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(cfg.eval.lm_eval_tasks), task_manager=tasks, limit=cfg.eval.lm_eval_limit, device="cpu")
+    resolved = eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include))
+    tasks = eval_tasks.task_manager(tuple(ev.include), resolved.builtin)
+    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(ev.tasks), task_manager=tasks, limit=ev.limit, device="cpu", bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False)
     return out["results"]
 
 

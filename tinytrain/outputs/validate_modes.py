@@ -11,7 +11,8 @@ from tinytrain.config.generate_checks import sampling_problems
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.model.generation import read_prompts
-from tinytrain.outputs import saved_run
+from tinytrain.outputs import backfill, saved_run
+from tinytrain.plan import evals
 
 KEY = saved_run.KEY
 
@@ -21,6 +22,8 @@ def problems(cfg, run_dir: Path, data_overridden: bool = False) -> list[Problem]
     found = [] if cfg.mode == Mode.average else source_problems(cfg, run_dir)
     if cfg.mode == Mode.generate:
         found += sampling_problems(cfg.generate) + prompt_problems(cfg.generate)
+    if cfg.mode == Mode.eval and cfg.checkpoint.path and backfill.is_run_folder(Path(cfg.checkpoint.path)):
+        return backfill.problems(cfg, Path(cfg.checkpoint.path)) + evals.problems(cfg, backfill.eval_settings(cfg, Path(cfg.checkpoint.path)))
     if cfg.mode == Mode.eval:
         found += eval_problems(cfg, data_overridden)
     if cfg.mode in (Mode.export, Mode.average) and cfg.export.dir:
@@ -56,11 +59,9 @@ def prompt_problems(g) -> list[Problem]:
 def eval_problems(cfg, data_overridden: bool) -> list[Problem]:
     e = cfg.eval
     found = []
-    for key, null in (("batches", "the run's own validation batches"), ("lm_eval_limit", "all")):
-        if getattr(e, key) is not None and getattr(e, key) < 1:
-            found.append(Problem(f"eval.{key}", getattr(e, key), f"must be >= 1, or null for {null}", f"use eval.{key}=null, or a positive count"))
-    if e.lm_eval_include and not Path(e.lm_eval_include).is_dir():
-        found.append(Problem("eval.lm_eval_include", e.lm_eval_include, "no such folder", "point it at a folder of lm-eval task YAMLs, or null"))
+    if e.batches is not None and e.batches < 1:
+        found.append(Problem("eval.batches", e.batches, "must be >= 1, or null for the run's own validation batches", "use eval.batches=null, or a positive count"))
+    found += evals.problems(cfg)  # eval.tasks, eval.include, eval.limit (plan/evals.py)
     path = cfg.data.path
     if data_overridden and path and not Path(path).exists():
         found.append(Problem("data.path", path, "no such file or folder", "give the data to evaluate on (its held-out split is used), or leave data unset to use the run's"))

@@ -19,6 +19,7 @@ from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
+from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
@@ -107,6 +108,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
         checkpoint=checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir),
         optimizer=state.optimizer,
+        evals=evals_plan.make(cfg, data_parallel=fit.batch.data_parallel),
     )
 
 

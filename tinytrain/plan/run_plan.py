@@ -22,6 +22,8 @@ from tinytrain.plan.checkpointing import CheckpointingPlan
 from tinytrain.plan.checkpointing import render as render_checkpointing
 from tinytrain.plan.context import ContextPlan
 from tinytrain.plan.context import render as render_context
+from tinytrain.plan.evals import EvalPlan
+from tinytrain.plan.evals import render as render_evals
 from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.fp8 import Fp8Plan
@@ -107,6 +109,7 @@ class RunPlan:
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
     model_note: str | None = None  # a preset of a published model's shape trained with another tokenizer (plan/published.py)
+    evals: EvalPlan | None = None  # eval.tasks: downstream tasks scored while training (plan/evals.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -174,6 +177,7 @@ class RunPlan:
             "optimizer": self.optimizer and self.optimizer.to_dict(),
             "activation_checkpointing": self.checkpointing and self.checkpointing.to_dict(),
             "fp8": self.fp8.to_dict(),
+            "evals": self.evals and self.evals.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -306,6 +310,8 @@ def fit_lines(plan: dict) -> list[str]:
     f = plan["fast_paths"]
     on = [k for k in ("fused_adamw", "liger") if f[k]] + [f"{k} {f[k]}" for k in ("compile", "activation_checkpointing") if f[k] != "none"] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
+    if plan.get("evals"):
+        lines.append(render_evals(plan["evals"], plan["max_steps"]))
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

@@ -5,7 +5,7 @@ than one key to see (tp vs heads, batch arithmetic, paths that must exist) are c
 module that owns the values: config/checks.py, data/checks.py (with data/sources.py,
 data/mixture.py, data/chat_templates.py), data/tokenizer.py, checkpoint/, plan/families.py,
 plan/parallel.py (the strategy table), plan/layout.py, plan/precision.py, plan/schedule.py, plan/hardware.py,
-plan/extras.py, plan/levers.py, plan/micro_batch.py, plan/fp8.py, plan/finetune.py, plan/optimizer.py, plan/preference.py and plan/input_safety.py. This module only gathers them, so a user sees every problem
+plan/extras.py, plan/levers.py, plan/micro_batch.py, plan/fp8.py, plan/finetune.py, plan/optimizer.py, plan/preference.py, plan/input_safety.py and plan/evals.py. This module only gathers them, so a user sees every problem
 at once.
 """
 
@@ -23,7 +23,7 @@ from tinytrain.config.checks import (
 from tinytrain.data.checks import data_problems
 from tinytrain.data.tokenizer import special_token_problems, tokenizer_problems
 from tinytrain.errors import raise_if_any
-from tinytrain.plan import context, finetune, fp8, input_safety, levers, micro_batch, optimizer, parallel, preference, resolve
+from tinytrain.plan import context, evals, finetune, fp8, input_safety, levers, micro_batch, optimizer, parallel, preference, resolve
 from tinytrain.plan.extras import missing_extra_problems, wandb_problems
 from tinytrain.plan.families import model_problems
 from tinytrain.plan.hardware import hardware_problems
@@ -67,5 +67,6 @@ def validate(cfg) -> None:
         + finetune.problems(cfg)
         + preference.problems(cfg)
         + input_safety.problems(cfg)
+        + evals.problems(cfg)  # last: it may index lm-eval's tasks (seconds)
     )
     raise_if_any(problems)

@@ -32,13 +32,15 @@ from tinytrain.plan.run_plan import RunPlan
 from tinytrain.preflight.checks import data_findings, report
 from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_tables
 from tinytrain.train.callbacks.dead_rank import DeadRank
+from tinytrain.train.callbacks.evals import DownstreamEvals, eval_callback
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
+from tinytrain.train.callbacks.slurm_evals import SlurmEvals, slurm_eval_callback
 from tinytrain.train.consolidate import model_weights
-from tinytrain.train.plot import plot_loss
+from tinytrain.train.plot import plot_evals, plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
     preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute
+    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + eval_callback(plan, run_dir, tokenizer) + slurm_eval_callback(plan, cfg, run_dir)
     trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
@@ -155,8 +157,14 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
         "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
+        "evals": next((c.summary() for c in trainer.callbacks if isinstance(c, DownstreamEvals)), None),
+        "eval_jobs": None,
         **throughput.summary(),
     }
+    slurm_evals = next((c for c in trainer.callbacks if isinstance(c, SlurmEvals)), None)
+    if slurm_evals is not None and trainer.is_global_zero:
+        slurm_evals.submit_final(trainer.global_step)  # final.ckpt is on disk: its job may start
+        result["eval_jobs"] = slurm_evals.summary()
     if trainer.is_global_zero:
         finish(cfg, plan, run_dir=run_dir, final_checkpoint=final, tokenizer=tokenizer, result=result)
     return result
@@ -209,6 +217,8 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
 def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
         plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
+    if cfg.trainer.plot:
+        plot_evals(run_dir / "evals.csv", run_dir / "evals.png", f"{cfg.model.name}: downstream tasks")
     if cfg.trainer.export:
         adapters = plan.finetune and plan.finetune.to_dict()
         config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
@@ -236,4 +246,10 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
     if result["profile"]:
         print(result["profile"])
+    if result["eval_jobs"]:
+        print(result["eval_jobs"])
+    if result["evals"]:
+        ev = result["evals"]
+        share = f", {100 * ev['eval_share']:.1f}% of the run's training time" if ev["eval_share"] is not None else ""
+        print(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share} -> {run_dir / 'evals.csv'}")
     print(f"run directory: {run_dir}")

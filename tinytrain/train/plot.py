@@ -58,3 +58,35 @@ def plot_loss(metrics_csv: Path, out_png: Path, title: str) -> Path:
     fig.savefig(out_png)
     plt.close(fig)
     return out_png
+
+
+def plot_evals(evals_csv: Path, out_png: Path, title: str) -> Path | None:
+    """Each downstream metric (evals.csv) against the tokens seen, one panel each."""
+    rows = list(csv.DictReader(evals_csv.open())) if evals_csv.exists() else []
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["tokens"]:  # a backfilled run with a batch warm-up has none
+            series.setdefault((r["task"], r["metric"]), []).append((int(r["tokens"]), float(r["value"])))
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(series))
+    n_rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(4 * cols, 3 * n_rows), dpi=110, squeeze=False)
+    for ax, ((task, metric), points) in zip(axes.flat, sorted(series.items())):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", markersize=4)
+        ax.set_title(f"{task} {metric}", fontsize=9)
+        ax.set_xlabel("tokens seen")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png

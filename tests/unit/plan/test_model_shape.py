@@ -23,8 +23,9 @@ def test_analytic_count_matches_meta_model(model, vocab, bundled_tokenizer):
 
 
 def test_plan_imports_no_training_stack(tmp_path):
-    """mode=plan stays lean: no Lightning, DeepSpeed, wandb or transformers modeling code, and no
-    torch._dynamo or sympy (~1.1 s, once pulled in by the varlen kernel's probe)."""
+    """mode=plan stays lean: no Lightning, DeepSpeed, wandb or transformers modeling code, no
+    torch._dynamo or sympy (~1.1 s, once pulled in by the varlen kernel's probe), and no lm_eval
+    without eval.tasks (its import and task index take seconds)."""
     import subprocess
     import sys
 
@@ -33,7 +34,7 @@ def test_plan_imports_no_training_stack(tmp_path):
     code = (
         "import runpy, sys; sys.argv = ['tinytrain', 'mode=plan', 'model=llama3_8b', 'hydra.run.dir=" + str(tmp_path) + "'];\n"
         "try:\n    runpy.run_module('tinytrain', run_name='__main__')\nfinally:\n"
-        "    print('MODULES', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'deepspeed', 'wandb') or m in ('transformers.modeling_utils', 'transformers.models.llama.modeling_llama', 'torch._dynamo', 'sympy'))))"
+        "    print('MODULES', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'deepspeed', 'wandb', 'lm_eval') or m in ('transformers.modeling_utils', 'transformers.models.llama.modeling_llama', 'torch._dynamo', 'sympy'))))"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     line = next(row for row in r.stdout.splitlines() if row.startswith("MODULES"))

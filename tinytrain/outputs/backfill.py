@@ -1,0 +1,88 @@
+"""mode=eval on a run folder (checkpoint.path=<run dir>): every checkpoint of the run not yet scored
+on all the tasks in its evals.csv is exported and scored by lm-eval's own hf model, oldest first.
+
+Idempotent: a step with rows for every task is not scored again, so a second run computes nothing.
+Each checkpoint's rows are appended at once (train/evals_csv.py): killed midway, the next run
+starts from the first checkpoint still missing. The tasks are eval.tasks (with eval.include and
+eval.limit) as given, else the run's own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.resume import read_state
+from tinytrain.errors import Problem
+from tinytrain.outputs import saved_run
+from tinytrain.train import evals_csv
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "checkpoints").is_dir() and (path / saved_run.RUN_CONFIG).is_file()
+
+
+def run_checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """(step, checkpoint) of the run, oldest first: its step checkpoints and final.ckpt (unless a
+    step checkpoint holds the same step)."""
+    found = {step: path for step, path in step_checkpoints(run / "checkpoints")}
+    final = run / "checkpoints" / "final.ckpt"
+    if final.exists():
+        found.setdefault(int(read_state(final, saved_run.KEY).get("global_step", 0)), final)
+    return sorted(found.items())
+
+
+def eval_settings(cfg, run: Path):
+    """eval.* as given when it names tasks, else the run's own."""
+    return cfg.eval if cfg.eval.tasks else saved_run.run_config(run / saved_run.RUN_CONFIG).eval
+
+
+def ev_step(cfg) -> int | None:
+    return cfg.eval.step
+
+
+def problems(cfg, run: Path) -> list[Problem]:
+    found = []
+    step = ev_step(cfg)
+    if step is not None and step not in dict(run_checkpoints(run)):
+        found.append(Problem("eval.step", step, f"the run {run} holds no checkpoint of that step (it has {', '.join(str(s) for s, _ in run_checkpoints(run)) or 'none'}; step checkpoints beyond checkpoint.keep_last are deleted)", "name a step it holds, or leave eval.step=null to score every checkpoint not yet scored"))
+    if not eval_settings(cfg, run).tasks:
+        found.append(Problem("eval.tasks", [], f"scoring the run {run} needs downstream tasks, and neither eval.tasks nor the run's config names any", "add eval.tasks=[<lm-eval task>,...] (eval.include=[<folder>] for local ones)"))
+    if not run_checkpoints(run):
+        found.append(Problem(saved_run.KEY, str(run), "holds no checkpoint to score (no checkpoints/step<N>.ckpt, no final.ckpt)", "train the run first (trainer.checkpoint_every_n_steps sets how often it saves), or name a run that saved checkpoints"))
+    return found
+
+
+def tokens_at(run: Path, step: int) -> int | str:
+    """Tokens seen by `step`, from the run's plan.json ('' under a batch warm-up, whose steps differ)."""
+    plan = json.loads((run / "plan.json").read_text()) if (run / "plan.json").is_file() else {}
+    if not plan.get("tokens_per_step") or plan.get("batch_size_warmup"):
+        return ""
+    return plan["tokens_per_step"] * step
+
+
+def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
+    """Score each checkpoint missing from run/evals.csv with `score(cfg, ev, saved, out_dir)` ->
+    lm-eval's results; append its rows; plot."""
+    from tinytrain.cluster import eval_jobs
+    from tinytrain.plan import eval_tasks
+    from tinytrain.train.plot import plot_evals
+
+    ev = eval_settings(cfg, run)
+    csv_path = run / "evals.csv"
+    checkpoints = run_checkpoints(run)
+    leaves = {t.name for t in eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include)).leaves}
+    scored = evals_csv.scored_tasks(csv_path)
+    done = {step for step, tasks in scored.items() if leaves <= tasks}
+    todo = [(step, path) for step, path in checkpoints if step not in done and ev_step(cfg) in (None, step)]
+    for step, why, folder in eval_jobs.failures(run):
+        print(f"eval job for step {step} failed ({why}); its log is in {folder}", flush=True)
+    print(f"evals of {run}: {len(checkpoints) - len(todo)} of {len(checkpoints)} checkpoints already in evals.csv; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
+    for step, path in todo:
+        saved = saved_run.load(str(path), out_dir)
+        rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step))
+        evals_csv.append(csv_path, rows)
+        print(f"scored step {step} ({path.name}): {len(rows)} metrics appended to {csv_path}", flush=True)
+    plot_evals(csv_path, run / "evals.png", f"{run.name}: downstream tasks")
+    return {"run": str(run), "scored": [s for s, _ in todo], "already": sorted(done)}

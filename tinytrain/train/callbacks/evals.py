@@ -1,0 +1,159 @@
+"""Downstream tasks scored while training (eval.tasks, eval.where=inline): at every step the plan
+names (each step checkpoint, or every eval.every_n_steps) and on the final weights, lm-eval scores
+its tasks on the model in memory (train/eval_lm.py), on every rank together (ZeRO-3 and FSDP gather
+weights inside the forward), in eval mode without gradients, and training goes on from the same
+state: no RNG is reseeded (lm-eval's seeding is turned off) and the module is put back in train mode.
+
+Rank 0 appends the scores to evals.csv (step, tokens, task, metric, value, stderr), logs them to
+every logger but the CSV one (evals.csv is the CSV view) under eval/<task>/<metric>, and the run's
+end plots each metric against tokens seen (evals.png). The time spent is reported as a share of
+the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from tinytrain.train import evals_csv
+
+log = logging.getLogger(__name__)
+
+
+class DownstreamEvals(pl.Callback):
+    def __init__(self, plan, run_dir: Path, *, tokenizer, true_vocab: int, tp: int, batch_size: int, max_steps: int, tokens_at):
+        self.evals = plan  # plan/evals.py's EvalPlan
+        self.csv = Path(run_dir) / "evals.csv"
+        self.tokenizer = tokenizer
+        self.true_vocab = true_vocab
+        self.tp = tp
+        self.batch_size = batch_size
+        self.max_steps = max_steps
+        self.tokens_at = tokens_at  # step -> tokens seen by then
+        self.scored: set[int] = set()
+        self.seconds = 0.0
+        self.scorings = 0
+        self.started: float | None = None
+        self.run_seconds = 0.0
+        self.manager = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.started = time.perf_counter()
+        # Every rank decides alike: rank 0's reading of the file (a resumed run's earlier scores).
+        self.scored = trainer.strategy.broadcast(evals_csv.scored_steps(self.csv) if trainer.is_global_zero else None)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step not in self.scored and self.evals.scores_at(step, self.max_steps) and step != self.max_steps:
+            self.score(trainer, pl_module, step)
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.global_step not in self.scored:  # the final weights (a resumed run's already scored: not again)
+            self.score(trainer, pl_module, trainer.global_step)
+        self.run_seconds = time.perf_counter() - (self.started or time.perf_counter())
+
+    def score(self, trainer, pl_module, step: int) -> None:
+        import torch
+
+        start = time.perf_counter()
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            with torch.inference_mode(False), torch.no_grad(), torch.compiler.set_stance("force_eager"), quiet_lm_eval():
+                results = self.run_tasks(trainer, pl_module)
+        finally:
+            pl_module.train(was_training)
+        self.scored.add(step)
+        self.scorings += 1
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        if not trainer.is_global_zero:
+            return
+        rows = evals_csv.rows_of(results, step, self.tokens_at(step))
+        evals_csv.append(self.csv, rows)
+        for logger in trainer.loggers:
+            if type(logger).__name__ != "ResumableCSVLogger":  # evals.csv is the CSV view
+                # Lightning logs optimizer step k as k - 1: the scores sit in the same row.
+                logger.log_metrics({f"eval/{r['task']}/{r['metric']}": r["value"] for r in rows}, step=max(step - 1, 0))
+        shown = ", ".join(f"{r['task']} {r['metric']} {r['value']:.4f}" for r in rows if r["metric"] in ("acc", "acc_norm", "word_perplexity", "bits_per_byte", "perplexity"))
+        log.info("evals at step %d (%.1f s): %s", step, seconds, shown or f"{len(rows)} metrics in evals.csv")
+
+    def run_tasks(self, trainer, pl_module) -> dict:
+        from lm_eval import simple_evaluate
+        from lm_eval.models.utils import resolve_max_length
+
+        from tinytrain.plan import eval_tasks
+        from tinytrain.train.eval_lm import TrainingModuleLM
+
+        if self.manager is None:
+            self.manager = eval_tasks.task_manager(self.evals.include, self.evals.builtin)
+        lm = TrainingModuleLM(
+            pl_module,
+            self.tokenizer,
+            true_vocab=self.true_vocab,
+            max_length=resolve_max_length(pl_module.model.config, self.tokenizer),
+            batch_size=self.batch_size,
+            dp_rank=trainer.global_rank // self.tp,
+            dp_size=max(trainer.world_size // self.tp, 1),
+            forward_context=trainer.precision_plugin.forward_context,
+        )
+        # No seeding: the training RNG streams go on as they were (lm-eval seeds python, numpy and torch by default).
+        out = simple_evaluate(model=lm, tasks=list(self.evals.tasks), task_manager=self.manager, limit=self.evals.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False, random_seed=None, numpy_random_seed=None, torch_random_seed=None)
+        return out["results"]
+
+    def summary(self) -> dict:
+        return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None}
+
+
+# Resamples for the stderr of the metrics that have no closed form (perplexities); lm-eval's default
+# (100,000) takes longer than the scoring. Serial: a pool forked from a training rank is unsafe.
+BOOTSTRAP_ITERS = 1000
+
+
+@contextmanager
+def quiet_lm_eval():
+    """lm-eval's per-task lines, its progress bars and its bootstrap pool off for the scoring (and
+    every rank its own rank 0)."""
+    logger = logging.getLogger("lm_eval")
+    level, before = logger.level, {k: os.environ.get(k) for k in QUIET}
+    logger.setLevel(logging.ERROR)
+    os.environ.update(QUIET)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# LOCAL_RANK 0: simple_evaluate returns its results only where LOCAL_RANK is 0 (it reads it for
+# tensor-parallel models); every rank here needs them (each is rank 0 of 1 to lm-eval).
+QUIET = {"DISABLE_MULTIPROC": "1", "TQDM_DISABLE": "1", "LOCAL_RANK": "0"}
+
+
+def eval_callback(plan, run_dir: Path, tokenizer) -> list:
+    """The callback for this run ([] without eval.tasks)."""
+    if plan.evals is None or plan.evals.where != "inline":
+        return []
+    from tinytrain.checkpoint.export import served_tokenizer
+
+    return [
+        DownstreamEvals(
+            plan.evals,
+            run_dir,
+            tokenizer=served_tokenizer(tokenizer, plan.export),
+            true_vocab=plan.vocab.true,
+            tp=plan.parallel.tp,
+            batch_size=plan.batch.micro_batch_size,
+            max_steps=plan.max_steps,
+            tokens_at=plan.batch.tokens_over,
+        )
+    ]
