@@ -69,8 +69,23 @@ def run_stages(cfg: DictConfig, run_dir: Path):
 
     from tinytrain.train.fit import fit
 
+    watched = watch(plan, run_dir)
     # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
-    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=data.build(plan.batch))
+    if watched is not None:
+        watched.beat(phase="data")
+    built = data.build(plan.batch)
+    if watched is not None:
+        watched.beat(phase="startup")
+    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched)
+
+
+def watch(plan, run_dir: Path):
+    """This rank's hang watchdog (cluster/watchdog.py), from before the data build until training ends."""
+    if plan.watchdog is None or not plan.watchdog.enabled:
+        return None
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    return WatchedRank(run_dir, rank_logging.process_rank(), plan.world_size, plan.watchdog.limits())
 
 
 def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:

@@ -27,6 +27,12 @@ ZERO2 = ["parallel=zero2", "hardware.gpu=A100"]
 CP2 = ["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=2"]
 LONG = ["mode=plan", "model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1"]
 CASES = {
+    # the hang watchdog (plan/watchdog.py)
+    "hang timeout zero": (["mode=plan", "cluster.hang_timeout_s=0"], ["cluster.hang_timeout_s=0", "must be a positive number of seconds", "cluster.hang_timeout_s=300", "cluster.watchdog=false"]),
+    "startup timeout negative": (["mode=plan", "cluster.startup_timeout_s=-5"], ["cluster.startup_timeout_s=-5", "must be a positive number of seconds"]),
+    "slow phase timeout zero": (["mode=plan", "cluster.slow_phase_timeout_s=0"], ["cluster.slow_phase_timeout_s=0", "must be a positive number of seconds"]),
+    "startup shorter than a step": (["mode=plan", "cluster.hang_timeout_s=600", "cluster.startup_timeout_s=60"], ["cluster.startup_timeout_s=60", "shorter than cluster.hang_timeout_s(600)", "cluster.startup_timeout_s >= 600"]),
+    "hang timeout a word": (["mode=plan", "cluster.hang_timeout_s=soon"], ["cluster.hang_timeout_s=soon", "Fix:"]),
     # long context (parallel.cp, plan/context.py)
     "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
     "cp negative": (["mode=plan", "parallel.cp=-2"], ["parallel.cp=-2", "must be >= 1"]),

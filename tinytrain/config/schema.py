@@ -596,6 +596,14 @@ class ClusterConfig:
     cpus_per_task: Optional[int] = None
     # --signal=USR1@N: tinytrain checkpoints and requeues the job this long before the time limit.
     signal_delay_s: int = 300
+    # Hang watchdog (cluster/watchdog.py): a separate process per rank stops the run with hang_report.txt
+    # (exit 76) when no rank makes progress for this long during training steps.
+    watchdog: bool = True  # false: no heartbeats, no watchdog process, the backend's own timeout only
+    hang_timeout_s: int = 300
+    # The limit before the first training step: data build, op builds, rendezvous, model build.
+    startup_timeout_s: int = 1800
+    # The limit while any rank saves a checkpoint, validates, or runs its first step (compile, warm-up).
+    slow_phase_timeout_s: int = 1800
 
 
 @dataclass

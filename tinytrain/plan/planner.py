@@ -38,6 +38,7 @@ from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
 from tinytrain.plan.torch_varlen import installed_support
+from tinytrain.plan.watchdog import watchdog_plan
 from tinytrain.preflight import pretrained_tokenizer
 from tinytrain.preflight.checks import run as run_preflight
 
@@ -173,7 +174,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         finetune=adapters,
         preference=preference,
         export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
-        checkpoint=checkpoint_plan(
+        checkpoint=(checkpoint := checkpoint_plan(
             cfg,
             params=params,
             trainable=adapters.trainable_params if adapters else params,
@@ -184,7 +185,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             step_seconds=base_step,
             run_dir=run_dir,
             muon_params=optimizer.muon_params,
-        ),
+        )),
+        watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         optimizer=optimizer,
     )
 

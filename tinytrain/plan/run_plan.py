@@ -41,6 +41,7 @@ from tinytrain.plan.schedule import Schedule
 from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
 from tinytrain.plan.vocab import VocabPlan
+from tinytrain.plan.watchdog import WatchdogPlan
 from tinytrain.preflight.checks import PreflightReport
 from tinytrain.preflight.pretrained_tokenizer import TokenizerMatch
 
@@ -106,6 +107,7 @@ class RunPlan:
     optimizer: OptimizerPlan | None = None  # trainer.optimizer: which parameters Muon takes, the state it holds
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
+    watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -173,6 +175,7 @@ class RunPlan:
             "optimizer": self.optimizer and self.optimizer.to_dict(),
             "activation_checkpointing": self.checkpointing and self.checkpointing.to_dict(),
             "fp8": self.fp8.to_dict(),
+            "watchdog": self.watchdog and self.watchdog.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -282,6 +285,8 @@ def render(plan: dict) -> str:
     f = plan["fast_paths"]
     on = [k for k in ("fused_adamw", "liger") if f[k]] + [f"{k} {f[k]}" for k in ("compile", "activation_checkpointing") if f[k] != "none"] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
+    if plan.get("watchdog"):
+        lines.append(f"watchdog   {plan['watchdog']['reason']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

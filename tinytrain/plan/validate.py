@@ -31,6 +31,7 @@ from tinytrain.plan.layout import cluster_problems, slurm_problems
 from tinytrain.plan.parallel import parallel_problems, tp_model_problems
 from tinytrain.plan.precision import precision_problems
 from tinytrain.plan.schedule import schedule_problems
+from tinytrain.plan.watchdog import watchdog_problems
 
 
 def validate(cfg) -> None:
@@ -48,6 +49,7 @@ def validate(cfg) -> None:
         + (parallel_problems(cfg) if not cluster else [])
         + context.problems(cfg)
         + slurm_problems(cfg)
+        + watchdog_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
         + levers.problems(cfg)

@@ -109,10 +109,10 @@ def preference_layout_check(plan: RunPlan, data: DataModule) -> None:
         raise ConfigError(Problem("finetune.objective", "kto", "kto trains on unpaired {prompt, completion, label} records and these are pairs", "set finetune.objective=dpo (or ipo, simpo, orpo), or give TRL's unpaired layout"))
 
 
-def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> dict:
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watched=None) -> dict:
     """Build the module and the trainer for the plan, train on `data` (the run's DataModule, built
     for the plan's batch), save the final checkpoint and (rank 0) export. A plan with a resume
-    point continues from it."""
+    point continues from it. `watched`: this rank's hang watchdog (cluster/watched_rank.py), or None."""
     import lightning.pytorch as pl
 
     preemption = Preemption(run_dir)
@@ -125,7 +125,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute
-    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
+    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption, watched=watched)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
@@ -145,6 +145,8 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
             raise
         raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
     finally:
+        if watched is not None:
+            watched.finish()  # a stop every rank agreed on (or the end): its watchdog does not act on it
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
     result = {

@@ -15,6 +15,7 @@ from tinytrain.train.callbacks.context_parallel import ContextParallel
 from tinytrain.train.callbacks.data_position import DataPosition
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
+from tinytrain.train.callbacks.heartbeat import Heartbeat
 from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 from tinytrain.train.callbacks.loss_summary import LossSummary
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
@@ -151,9 +152,10 @@ def mixture_callbacks(plan: RunPlan, train_sampler) -> list:
     return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
 
 
-def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None):
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None, watched=None):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
-    A resumed run's metrics.csv keeps the rows before the step it resumes from."""
+    A resumed run's metrics.csv keeps the rows before the step it resumes from. `watched`: this
+    rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on."""
     import lightning.pytorch as pl
 
     t = cfg.trainer
@@ -164,6 +166,8 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
     bar = bar_on_terminal(t.progress_bar)
     callbacks = [
+        # First: a batch's beat is written before any other callback's work on it.
+        *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
         throughput,
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
