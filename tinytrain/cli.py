@@ -70,6 +70,9 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     from tinytrain.train.fit import fit
 
     watched = watch(plan, run_dir)
+    from tinytrain.cluster import extension_locks
+
+    extension_locks.clear_stale()  # before DeepSpeed builds an op: a lock a killed build left would stall it for ever
     # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
     if watched is not None:
         watched.beat(phase="data")
