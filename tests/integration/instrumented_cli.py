@@ -16,6 +16,9 @@ Environment:
   TT_TEST_STALL_RANK=<rank>:<step>:<s>[:busy]  rank <rank> stops for <s> seconds at the start of
                             training step <step> (once): asleep, or with `busy` spinning in a Python
                             loop (a rank stuck in its own code while the others wait in a collective)
+  TT_TEST_SLOW_RANK=<rank>:<factor>  rank <rank>'s every training step takes <factor> times as long
+                            (it spins for (factor - 1) x its own forward's CPU time after it): a
+                            straggler, as a slower core would make it
   TT_TEST_SLOW_SAVE=<s>     every checkpoint file this process writes waits <s> seconds first (a
                             slow disk: a save longer than the hang watchdog's step limit)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
@@ -145,6 +148,25 @@ def stall_rank(rank: int, step: int, seconds: float, busy: bool) -> None:
     CausalLMModule.training_step = training_step
 
 
+def slow_rank(rank: int, factor: float) -> None:
+    from tinytrain.cluster.rank_logging import process_rank
+    from tinytrain.model.module import CausalLMModule
+
+    if process_rank() != rank:
+        return
+    train = CausalLMModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        started = time.thread_time()
+        loss = train(self, batch, batch_idx)
+        until = time.thread_time() + (factor - 1) * (time.thread_time() - started)
+        while time.thread_time() < until:
+            pass
+        return loss
+
+    CausalLMModule.training_step = training_step
+
+
 def slow_save(seconds: float) -> None:
     from tinytrain.train.atomic_io import AtomicCheckpointIO
 
@@ -179,6 +201,9 @@ if __name__ == "__main__":
     if os.environ.get("TT_TEST_STALL_RANK"):
         rank, step, seconds, *busy = os.environ["TT_TEST_STALL_RANK"].split(":")
         stall_rank(int(rank), int(step), float(seconds), busy == ["busy"])
+    if os.environ.get("TT_TEST_SLOW_RANK"):
+        rank, factor = os.environ["TT_TEST_SLOW_RANK"].split(":")
+        slow_rank(int(rank), float(factor))
     if os.environ.get("TT_TEST_SLOW_SAVE"):
         slow_save(float(os.environ["TT_TEST_SLOW_SAVE"]))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):

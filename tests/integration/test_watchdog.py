@@ -1,7 +1,8 @@
-"""The hang watchdog in real 2-rank DDP runs on CPU (gloo): a rank frozen with SIGSTOP is named in
+"""Operations at scale in real 2-rank DDP runs on CPU (gloo): a rank frozen with SIGSTOP is named in
 hang_report.txt within the limit and the run exits 76, after a checkpoint save longer than the
-step limit went through untouched; and when rank 0 is killed, rank 1 (asleep in its step, where a
-collective would wait for rank 0) leaves within the limit instead of outliving it.
+step limit went through untouched; when rank 0 is killed, rank 1 (asleep in its step, where a
+collective would wait for rank 0) leaves within the limit instead of outliving it; a rank slowed
+by 50% is named as a straggler and one slowed by 5% is not.
 
 The watchdog's decisions and stand-in ranks (a Python loop, a dead peer): tests/unit/cluster/test_watchdog.py.
 """
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from tests.conftest import metrics_rows
 from tests.integration.test_kill_during_save import child_ranks
 from tests.integration.test_resume import MODEL, batches, finish, start, wait_for
 from tinytrain.cluster import heartbeat
@@ -108,3 +110,20 @@ def test_when_rank_0_is_killed_rank_1_leaves_within_the_hang_limit(tmp_path):
     proc.wait()
     out = (run_dir / "out.log").read_text()
     assert f"tinytrain: stopping rank 1 (pid {rank_1}): the process that launched rank 1 (pid {proc.pid}) is gone; exit 76" in out, out[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_50_percent_slower_is_named_as_the_straggler_and_5_percent_is_not(tmp_path):
+    """Both runs at once (a CPU's noise hits both alike); rank 1 spins 1.5x / 1.05x its forward's CPU time."""
+    args = [*RUN, "trainer.max_steps=16", "trainer.log_every_n_steps=1", "cluster.straggler_every_n_steps=4"]
+    runs = {factor: start(tmp_path / factor, args, env={"TT_TEST_SLOW_RANK": f"1:{factor}"}) for factor in ("1.5", "1.05")}
+    outs = {factor: finish(proc, tmp_path / factor) for factor, proc in runs.items()}
+    for factor, proc in runs.items():
+        assert proc.returncode == 0, outs[factor][-3000:]
+    slow = outs["1.5"]
+    assert "straggler: rank 1 is " in slow and "slower than the other ranks' median in forward compute" in slow
+    assert "stragglers: rank 1 " in slow  # the end-of-run summary
+    rows = [r for r in metrics_rows(tmp_path / "1.5") if r.get("straggler/rank")]
+    assert rows and {r["straggler/rank"] for r in rows} == {"1.0"} and max(float(r["straggler/slowdown"]) for r in rows) > 0.2
+    assert "straggler: rank" not in outs["1.05"]
+    assert "stragglers: none above 20% in 4 checks" in outs["1.05"]

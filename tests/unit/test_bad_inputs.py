@@ -33,6 +33,9 @@ CASES = {
     "slow phase timeout zero": (["mode=plan", "cluster.slow_phase_timeout_s=0"], ["cluster.slow_phase_timeout_s=0", "must be a positive number of seconds"]),
     "startup shorter than a step": (["mode=plan", "cluster.hang_timeout_s=600", "cluster.startup_timeout_s=60"], ["cluster.startup_timeout_s=60", "shorter than cluster.hang_timeout_s(600)", "cluster.startup_timeout_s >= 600"]),
     "hang timeout a word": (["mode=plan", "cluster.hang_timeout_s=soon"], ["cluster.hang_timeout_s=soon", "Fix:"]),
+    "straggler threshold zero": (["mode=plan", "cluster.straggler_threshold=0"], ["cluster.straggler_threshold=0.0", "must be above 0 and at most 10", "cluster.straggler_threshold=0.2"]),
+    "straggler threshold huge": (["mode=plan", "cluster.straggler_threshold=50"], ["cluster.straggler_threshold=50.0", "must be above 0 and at most 10"]),
+    "straggler interval zero": (["mode=plan", "cluster.straggler_every_n_steps=0"], ["cluster.straggler_every_n_steps=0", "must be >= 1"]),
     # long context (parallel.cp, plan/context.py)
     "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
     "cp negative": (["mode=plan", "parallel.cp=-2"], ["parallel.cp=-2", "must be >= 1"]),

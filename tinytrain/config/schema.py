@@ -604,6 +604,11 @@ class ClusterConfig:
     startup_timeout_s: int = 1800
     # The limit while any rank saves a checkpoint, validates, or runs its first step (compile, warm-up).
     slow_phase_timeout_s: int = 1800
+    # Stragglers (cluster/stragglers.py): every this many steps the ranks' forward times are compared
+    # (one all_gather of a number); a rank slower than the others' median by more than the threshold
+    # (0.2: 20%) in 2 checks running is named in the log, the metrics and the summary.
+    straggler_every_n_steps: int = 50
+    straggler_threshold: float = 0.2
 
 
 @dataclass

@@ -37,6 +37,7 @@ from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.plan.watchdog import watchdog_plan
 from tinytrain.preflight import pretrained_tokenizer
@@ -187,6 +188,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
             muon_params=optimizer.muon_params,
         )),
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
+        stragglers=straggler_plan(cfg.cluster, world),
         optimizer=optimizer,
     )
 

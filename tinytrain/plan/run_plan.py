@@ -40,6 +40,7 @@ from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
 from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
+from tinytrain.plan.stragglers import StragglerPlan
 from tinytrain.plan.vocab import VocabPlan
 from tinytrain.plan.watchdog import WatchdogPlan
 from tinytrain.preflight.checks import PreflightReport
@@ -108,6 +109,7 @@ class RunPlan:
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
     watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
+    stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -176,6 +178,7 @@ class RunPlan:
             "activation_checkpointing": self.checkpointing and self.checkpointing.to_dict(),
             "fp8": self.fp8.to_dict(),
             "watchdog": self.watchdog and self.watchdog.to_dict(),
+            "stragglers": self.stragglers and self.stragglers.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -287,6 +290,8 @@ def render(plan: dict) -> str:
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
     if plan.get("watchdog"):
         lines.append(f"watchdog   {plan['watchdog']['reason']}")
+    if plan.get("stragglers"):
+        lines.append(f"stragglers {plan['stragglers']['reason']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

@@ -31,6 +31,7 @@ from tinytrain.plan.layout import cluster_problems, slurm_problems
 from tinytrain.plan.parallel import parallel_problems, tp_model_problems
 from tinytrain.plan.precision import precision_problems
 from tinytrain.plan.schedule import schedule_problems
+from tinytrain.plan.stragglers import straggler_problems
 from tinytrain.plan.watchdog import watchdog_problems
 
 
@@ -50,6 +51,7 @@ def validate(cfg) -> None:
         + context.problems(cfg)
         + slurm_problems(cfg)
         + watchdog_problems(cfg)
+        + straggler_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
         + levers.problems(cfg)

@@ -37,6 +37,7 @@ from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
+from tinytrain.train.callbacks.stragglers import Stragglers
 from tinytrain.train.consolidate import model_weights
 from tinytrain.train.plot import plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
@@ -157,6 +158,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
         "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
+        "stragglers": next((c.summary() for c in trainer.callbacks if isinstance(c, Stragglers)), None),
         **throughput.summary(),
     }
     if trainer.is_global_zero:
@@ -238,4 +240,6 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
     if result["profile"]:
         print(result["profile"])
+    if result["stragglers"]:
+        print(result["stragglers"])
     print(f"run directory: {run_dir}")

@@ -25,6 +25,7 @@ from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
 from tinytrain.train.callbacks.rng_state import RNGState
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
+from tinytrain.train.callbacks.stragglers import Stragglers
 from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
 from tinytrain.train.metrics_csv import ResumableCSVLogger
 from tinytrain.train.strategy import build_trainer_hardware
@@ -170,6 +171,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
         throughput,
+        *([Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold)] if plan.stragglers and plan.stragglers.enabled else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),
