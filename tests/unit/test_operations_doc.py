@@ -1,5 +1,5 @@
-"""Every `python -m tinytrain ...` command docs/operations.md shows plans on this machine
-(in-process, as `mode=plan` runs them), and the plan lines it quotes are the plan's."""
+"""Every `python -m tinytrain ...` command docs/operations.md shows runs on this machine
+(in-process: `mode=plan` plans, `mode=doctor` reports), and the plan lines it quotes are the plan's."""
 
 import shlex
 
@@ -24,6 +24,11 @@ def test_the_page_shows_commands():
 def test_each_command_plans(args, tmp_path):
     from tinytrain.cli import run_stages
 
+    if "mode=doctor" in args:
+        from tinytrain.outputs import modes
+
+        assert "## distributed variables" in modes.run(compose(args), tmp_path)["report"]
+        return
     assert "mode=plan" in args
     plan = run_stages(compose(args), tmp_path).to_dict()
     printed = render(plan)

@@ -24,6 +24,7 @@ class Mode(Enum):
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
     average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
+    doctor = "doctor"  # one report for a bug report: versions, GPUs, the Slurm allocation, network, NCCL variables -> doctor.txt
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
