@@ -7,7 +7,8 @@ its flight-recorder dump on request, and its exit when its watchdog says so.
   TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE for older torch) is set before the process
   group is made: set here, before training. Only the rank's own process can read it, so a thread
   dumps it when the watchdog asks.
-- The same thread ends the process with exit 76 when the watchdog writes stop-rank<N>: a signal
+- The same thread writes the heartbeat's held-back beats each second (cluster/heartbeat.py), and
+  ends the process with exit 76 when the watchdog writes stop-rank<N>: a signal
   handler would run only once the main thread is back in Python, which a rank in a collective is not.
 """
 
@@ -63,6 +64,7 @@ class WatchedRank:
         dumped = False
         stop = self.where / f"stop-rank{self.rank}"
         while not self.finished.wait(POLL_S):
+            self.heartbeat.flush()
             if not dumped and (self.where / "dump").exists():
                 dumped = True
                 hang_report.write(self.where / f"fr-rank{self.rank}.json", json.dumps(flight_recorder()))
