@@ -18,7 +18,7 @@ Environment:
                             loop (a rank stuck in its own code while the others wait in a collective)
   TT_TEST_SLOW_RANK=<rank>:<factor>  rank <rank>'s every training step takes <factor> times as long
                             (it spins for (factor - 1) x its own forward's CPU time after it): a
-                            straggler, as a slower core would make it
+                            straggler, as a slower core would make it; the health check's matmul too
   TT_TEST_SLOW_SAVE=<s>     every checkpoint file this process writes waits <s> seconds first (a
                             slow disk: a save longer than the hang watchdog's step limit)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
@@ -165,6 +165,20 @@ def slow_rank(rank: int, factor: float) -> None:
         return loss
 
     CausalLMModule.training_step = training_step
+    # and the health check's matmul (mode=health, cluster.health_check), the same way
+    from tinytrain.cluster import health
+
+    matmul = health.one_matmul
+
+    def slow_matmul(a, b):
+        started = time.thread_time()
+        out = matmul(a, b)
+        until = time.thread_time() + (factor - 1) * (time.thread_time() - started)
+        while time.thread_time() < until:
+            pass
+        return out
+
+    health.one_matmul = slow_matmul
 
 
 def slow_save(seconds: float) -> None:

@@ -2,13 +2,15 @@
 hang_report.txt within the limit and the run exits 76, after a checkpoint save longer than the
 step limit went through untouched; when rank 0 is killed, rank 1 (asleep in its step, where a
 collective would wait for rank 0) leaves within the limit instead of outliving it; a rank slowed
-by 50% is named as a straggler and one slowed by 5% is not.
+by 50% is named as a straggler and one slowed by 5% is not; mode=health passes a healthy world and
+names a rank slowed by the test hook.
 
 The watchdog's decisions and stand-in ranks (a Python loop, a dead peer): tests/unit/cluster/test_watchdog.py.
 """
 
 import contextlib
 import os
+import re
 import signal
 import time
 
@@ -80,9 +82,9 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
     assert lines[1].startswith(f"no rank made progress for {HANG_S} s (limit {HANG_S} s, phase train)"), report[:2000]
     assert lines[2] == "did not arrive: rank 1 (stopped (SIGSTOP or a debugger): it cannot run code)", report[:2000]
     rank_0_row = next(line for line in lines if line.startswith("0  "))
-    assert "gloo:all_reduce" in rank_0_row and "scheduled" in rank_0_row  # its collective in flight, from the flight recorder
+    assert re.search(r"last #\d+ gloo:(all_reduce|barrier|broadcast) .*scheduled\)$", rank_0_row), rank_0_row  # its collective in flight, from the flight recorder
     stack_0 = report.split("--- rank 0: Python stack")[1].split("--- rank 1")[0]
-    assert "in all_reduce" in stack_0 or "in _engine_run_backward" in stack_0, stack_0  # waiting for rank 1 (a step's all-reduce, or DDP's in backward)
+    assert any(f"in {where}" in stack_0 for where in ("all_reduce", "barrier", "broadcast", "_engine_run_backward")), stack_0  # waiting for rank 1 (a step's all-reduce, or DDP's in backward)
     assert "tinytrain: hang: no rank made progress for 5 s (phase train); did not arrive: rank 1" in out
     assert "Traceback" not in out, out[-3000:]
 
@@ -127,3 +129,20 @@ def test_a_rank_50_percent_slower_is_named_as_the_straggler_and_5_percent_is_not
     assert rows and {r["straggler/rank"] for r in rows} == {"1.0"} and max(float(r["straggler/slowdown"]) for r in rows) > 0.2
     assert "straggler: rank" not in outs["1.05"]
     assert "stragglers: none above 20% in 4 checks" in outs["1.05"]
+
+
+@pytest.mark.timeout(300)
+def test_mode_health_passes_a_healthy_world_and_names_a_slowed_rank(tmp_path):
+    """One after the other (the matmuls of two runs at once on 2 cores would be judged on noise)."""
+    from tests.conftest import run_cli
+
+    args = ["mode=health", "cluster.devices=2", "cluster.health_budget_s=4"]
+    healthy = run_cli(args, tmp_path / "healthy", env={"OMP_NUM_THREADS": "1"}, timeout=240)
+    assert healthy.returncode == 0, healthy.stderr[-3000:]
+    assert "health     ok: every rank and the all-reduce within the thresholds" in healthy.stdout
+    assert "matmul (384^3): at least 75% of the other ranks' median" in healthy.stdout  # the thresholds are printed
+    assert (tmp_path / "healthy" / "health.json").exists()
+    slowed = run_cli(args, tmp_path / "slowed", env={"OMP_NUM_THREADS": "1", "TT_TEST_SLOW_RANK": "1:3"}, timeout=240, module="tests.integration.instrumented_cli")
+    assert slowed.returncode == 3, slowed.stdout[-2000:] + slowed.stderr[-3000:]
+    assert re.search(r"health check failed before training: rank 1 on \S+: matmul [\d.e-]+ TFLOP/s, \d+% of the other ranks' median", slowed.stderr), slowed.stderr[-3000:]
+    assert "Fix: resubmit with sbatch --exclude=" in slowed.stderr

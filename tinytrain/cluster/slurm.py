@@ -47,6 +47,20 @@ def requeue(job: str) -> tuple[bool, str]:
     return True, f"Slurm job {job} requeued"
 
 
+def requeue_excluding(job: str, nodes: list[str]) -> tuple[bool, str]:
+    """Add `nodes` to the job's excluded nodes (`scontrol update ExcNodeList`, as `sbatch --exclude`
+    would), then requeue it: the requeued job is scheduled without them."""
+    listed = ",".join(nodes)
+    try:
+        done = subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={listed}"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"scontrol update JobId={job} ExcNodeList={listed} failed: {e}"
+    if done.returncode != 0:
+        return False, f"scontrol update JobId={job} ExcNodeList={listed} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+    requeued, outcome = requeue(job)
+    return requeued, f"{outcome} with --exclude={listed}" if requeued else outcome
+
+
 def run_name(env: Mapping[str, str] = os.environ) -> str | None:
     """`slurm-<job>`: the same for every task of the job and again after a requeue."""
     job = job_id(env)

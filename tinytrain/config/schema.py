@@ -24,7 +24,16 @@ class Mode(Enum):
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
     average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
+    health = "health"  # the health check alone (cluster.health_check's: matmul, memory, all-reduce on every rank), then stop
     doctor = "doctor"  # one report for a bug report: versions, GPUs, the Slurm allocation, network, NCCL variables -> doctor.txt
+
+
+class BadNode(Enum):
+    """cluster.on_bad_node: what a failed health check does."""
+
+    stop = "stop"
+    warn = "warn"
+    exclude = "exclude"
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -610,6 +619,11 @@ class ClusterConfig:
     # (0.2: 20%) in 2 checks running is named in the log, the metrics and the summary.
     straggler_every_n_steps: int = 50
     straggler_threshold: float = 0.2
+    # Health check before training (cluster/health.py): auto (on for GPU runs of 2+ ranks), true, false;
+    # mode=health runs it alone. A matmul, a memory allocation and an all-reduce per rank.
+    health_check: str = "auto"
+    on_bad_node: BadNode = BadNode.stop  # stop (exit 3 naming the nodes), warn, exclude (Slurm: requeue without them)
+    health_budget_s: int = 60  # the whole check's time
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """mode=export | generate | eval: from a saved checkpoint (or an export), without retraining; and
-mode=doctor, a report of the machine for a bug report.
+mode=doctor, a report of the machine for a bug report; mode=health, the health check alone.
 
     python -m tinytrain mode=export checkpoint=runs/x/checkpoints/step0000100.ckpt [export.dir=...]
     python -m tinytrain mode=generate checkpoint=runs/x/hf_export 'generate.prompts=["Once upon"]'
@@ -206,6 +206,13 @@ def doctor(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     return {"report": text}
 
 
+def health(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
+    """The health check alone on every rank of the configured world (train/health_check.py) -> health.json."""
+    from tinytrain.train.health_check import run_health
+
+    return run_health(cfg, run_dir)
+
+
 # The output modes, one function each: (cfg, run_dir, whether the command line names data; only
 # eval reads it). A new output mode is a Mode member and a row here (the cli dispatches through it).
 MODES: dict[Mode, Callable[[DictConfig, Path, bool], dict]] = {
@@ -214,4 +221,5 @@ MODES: dict[Mode, Callable[[DictConfig, Path, bool], dict]] = {
     Mode.eval: evaluate,
     Mode.average: average,
     Mode.doctor: doctor,
+    Mode.health: health,
 }

@@ -27,6 +27,7 @@ from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_f
 from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
+from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
@@ -189,6 +190,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         )),
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         stragglers=straggler_plan(cfg.cluster, world),
+        health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
         optimizer=optimizer,
     )
 

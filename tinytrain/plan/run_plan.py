@@ -26,6 +26,7 @@ from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.fp8 import Fp8Plan
 from tinytrain.plan.hardware import Hardware
+from tinytrain.plan.health import HealthPlan
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
@@ -109,6 +110,7 @@ class RunPlan:
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
     watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
+    health: HealthPlan | None = None  # the health check before training, and what a bad node does (plan/health.py)
     stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
 
     @property
@@ -179,6 +181,7 @@ class RunPlan:
             "fp8": self.fp8.to_dict(),
             "watchdog": self.watchdog and self.watchdog.to_dict(),
             "stragglers": self.stragglers and self.stragglers.to_dict(),
+            "health": self.health and self.health.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -292,6 +295,8 @@ def render(plan: dict) -> str:
         lines.append(f"watchdog   {plan['watchdog']['reason']}")
     if plan.get("stragglers"):
         lines.append(f"stragglers {plan['stragglers']['reason']}")
+    if plan.get("health"):
+        lines.append(f"health     {plan['health']['reason']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

@@ -27,6 +27,7 @@ from tinytrain.plan import context, finetune, fp8, input_safety, levers, micro_b
 from tinytrain.plan.extras import missing_extra_problems, wandb_problems
 from tinytrain.plan.families import model_problems
 from tinytrain.plan.hardware import hardware_problems
+from tinytrain.plan.health import health_problems
 from tinytrain.plan.layout import cluster_problems, slurm_problems
 from tinytrain.plan.parallel import parallel_problems, tp_model_problems
 from tinytrain.plan.precision import precision_problems
@@ -52,6 +53,7 @@ def validate(cfg) -> None:
         + slurm_problems(cfg)
         + watchdog_problems(cfg)
         + straggler_problems(cfg)
+        + health_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
         + levers.problems(cfg)

@@ -27,6 +27,7 @@ from tinytrain.train.callbacks.rng_state import RNGState
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 from tinytrain.train.callbacks.stragglers import Stragglers
 from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
+from tinytrain.train.health_check import HealthCheck
 from tinytrain.train.metrics_csv import ResumableCSVLogger
 from tinytrain.train.strategy import build_trainer_hardware
 
@@ -167,6 +168,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
     bar = bar_on_terminal(t.progress_bar)
     callbacks = [
+        *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
         # First: a batch's beat is written before any other callback's work on it.
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
