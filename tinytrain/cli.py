@@ -67,19 +67,22 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if is_rank_zero():
         clean_up_after_interrupted_saves(cfg, plan, run_dir)
 
+    from tinytrain.cluster import extension_locks
     from tinytrain.train.fit import fit
 
-    watched = watch(plan, run_dir)
-    from tinytrain.cluster import extension_locks
-
     extension_locks.clear_stale()  # before DeepSpeed builds an op: a lock a killed build left would stall it for ever
-    # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
-    if watched is not None:
-        watched.beat(phase="data")
-    built = data.build(plan.batch)
-    if watched is not None:
-        watched.beat(phase="startup")
-    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched)
+    watched = watch(plan, run_dir)
+    try:
+        # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
+        if watched is not None:
+            watched.beat(phase="data")
+        built = data.build(plan.batch)
+        if watched is not None:
+            watched.beat(phase="startup")
+        return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched)
+    finally:
+        if watched is not None:
+            watched.finish()  # however this ends (an error in the data, a multirun's next job in this process)
 
 
 def watch(plan, run_dir: Path):

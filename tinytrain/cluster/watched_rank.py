@@ -56,9 +56,12 @@ class WatchedRank:
 
     def finish(self) -> None:
         """Training is over on this rank: its watchdog stops (the export after it is not watched)."""
+        if self.finished.is_set():
+            return
         self.heartbeat.beat(phase="done")
         self.finished.set()
         faulthandler.unregister(STACK_SIGNAL)
+        self.stacks.close()
 
     def _listen(self) -> None:
         dumped = False

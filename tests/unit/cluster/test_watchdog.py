@@ -150,3 +150,16 @@ def test_ranks_stop_soon_after_a_peer_on_their_host_dies(tmp_path):
             r.kill()
     assert f"rank 1 (pid {ranks[1].pid}) died at step" in ranks[0].stderr.read()
     assert not (tmp_path / "hang_report.txt").exists()  # not a hang: a death, said in one line
+
+
+def test_a_finished_rank_s_watchdog_exits(tmp_path):
+    """finish() is called however training ends (cli.py): a watchdog left behind would later stop
+    the process it watched (a multirun's next job, a test runner)."""
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    watched = WatchedRank(tmp_path, 0, 1, dict.fromkeys(["startup", "data", "first_step", "compile", "train", "validation", "checkpoint"], 60))
+    watched.beat(1, "train")
+    watched.finish()
+    watched.finish()  # twice is harmless (fit's and the cli's)
+    assert watched.process.wait(timeout=10) == 0
+    assert heartbeat.read(watched.where)[0]["phase"] == "done"
