@@ -89,9 +89,10 @@ def watch(plan, run_dir: Path):
     """This rank's hang watchdog (cluster/watchdog.py), from before the data build until training ends."""
     if plan.watchdog is None or not plan.watchdog.enabled:
         return None
+    from tinytrain.cluster.heartbeat import global_rank
     from tinytrain.cluster.watched_rank import WatchedRank
 
-    return WatchedRank(run_dir, rank_logging.process_rank(), plan.world_size, plan.watchdog.limits())
+    return WatchedRank(run_dir, global_rank(plan.cluster.devices_per_node), plan.world_size, plan.watchdog.limits())
 
 
 def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:

@@ -40,6 +40,16 @@ def attempt_id(env=os.environ) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
+def global_rank(devices_per_node: int, env=os.environ) -> int:
+    """This process's rank in the world, before any process group: torchrun and srun say it
+    (RANK, SLURM_PROCID); Lightning's own launcher says only LOCAL_RANK (absent in the process it
+    starts from) and the node's NODE_RANK."""
+    for variable in ("RANK", "SLURM_PROCID"):
+        if variable in env:
+            return int(env[variable])
+    return int(env.get("NODE_RANK", 0)) * devices_per_node + int(env.get("LOCAL_RANK", 0))
+
+
 def folder(run_dir: Path, attempt: str) -> Path:
     return Path(run_dir) / "watchdog" / attempt
 
