@@ -12,6 +12,7 @@ device kind. Runs inside an initialized torch.distributed process group, or alon
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
@@ -105,7 +106,9 @@ def check_world(device, dtype, budget_s: float, peak_tflops: float | None) -> di
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     started = time.perf_counter()
     memory_ok, memory_note = memory_check(device)
-    mine = {"rank": rank, "host": socket.gethostname(), "tflops": matmul_tflops(device, dtype, budget_s / 4), "memory_ok": memory_ok, "memory": memory_note}
+    # Slurm's node name where there is one: what --exclude takes (it can differ from the hostname).
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    mine = {"rank": rank, "host": host, "tflops": matmul_tflops(device, dtype, budget_s / 4), "memory_ok": memory_ok, "memory": memory_note}
     everyone = [None] * world
     if distributed:
         dist.all_gather_object(everyone, mine)
@@ -162,9 +165,10 @@ def render(verdict: dict) -> str:
     return "\n".join(lines)
 
 
-def act(verdict: dict, on_bad_node: str, job: str | None) -> str:
+def act(verdict: dict, on_bad_node: str, job: str | None, requeues: bool = True) -> str:
     """What cluster.on_bad_node does with bad ranks: warn (the line), stop (TrainingStopped: exit 3)
-    or, on Slurm, exclude their nodes and requeue the job (Preempted: exit 75)."""
+    or, on Slurm, exclude their nodes and requeue the job (Preempted: exit 75). Every rank reaches
+    the same verdict; only the one that `requeues` (rank 0) asks Slurm."""
     from tinytrain.cluster import slurm
     from tinytrain.errors import Preempted, TrainingStopped
 
@@ -175,6 +179,8 @@ def act(verdict: dict, on_bad_node: str, job: str | None) -> str:
     if on_bad_node == "warn":
         return f"health check: {named} (cluster.on_bad_node=warn: training anyway)"
     if on_bad_node == "exclude" and job and nodes:
+        if not requeues:
+            raise Preempted(f"tinytrain: health check: {named}; rank 0 requeues the job without {','.join(nodes)}")
         done, outcome = slurm.requeue_excluding(job, nodes)
         if done:
             raise Preempted(f"tinytrain: health check: {named}; {outcome}: the job runs again without {','.join(nodes)} (exit 75)")

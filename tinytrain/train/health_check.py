@@ -44,7 +44,7 @@ def run_health(cfg, run_dir: Path) -> dict:
         print(health.render(verdict), flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "health.json").write_text(json.dumps({k: v for k, v in verdict.items()}, indent=2, default=str) + "\n")
-    outcome = health.act(verdict, cfg.cluster.on_bad_node.value, slurm.job_id())  # raises for stop and exclude
+    outcome = health.act(verdict, cfg.cluster.on_bad_node.value, slurm.job_id(), requeues=fabric.global_rank == 0)  # raises for stop and exclude
     if fabric.global_rank == 0 and verdict["bad"]:
         print(outcome, flush=True)
     return verdict
@@ -63,6 +63,6 @@ class HealthCheck(pl.Callback):
         verdict = health.check_world(device, dtype, self.budget_s, peak)
         if trainer.is_global_zero:
             log.info("%s", health.render(verdict))
-        outcome = health.act(verdict, self.on_bad_node, slurm.job_id())
+        outcome = health.act(verdict, self.on_bad_node, slurm.job_id(), requeues=trainer.is_global_zero)
         if verdict["bad"] and trainer.is_global_zero:
             log.warning("%s", outcome)
