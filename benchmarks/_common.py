@@ -88,8 +88,9 @@ def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmu
     return times[warmup:]
 
 
-def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int) -> list[float]:
-    """The real tinytrain path (build_module + build_trainer) over `loader`; seconds per step."""
+def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int, extra_callbacks=(), watched: bool = False) -> list[float]:
+    """The real tinytrain path (build_module + build_trainer) over `loader`; seconds per step.
+    `watched`: with this rank's hang watchdog (its process, heartbeats) as `mode=train` runs it."""
     import tempfile
     import time
 
@@ -115,6 +116,13 @@ def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int) -> list[float]:
     module = build_module(cfg, plan, tokenizer)
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer, _, _ = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[timer])
+        watch = None
+        if watched:
+            from tinytrain.cluster.watched_rank import WatchedRank
+
+            watch = WatchedRank(Path(run_dir), 0, 1, plan.watchdog.limits())
+        trainer, _, _ = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[*extra_callbacks, timer], watched=watch)
         trainer.fit(module, train_dataloaders=loader)
+        if watch is not None:
+            watch.finish()
     return timer.times[warmup:]

@@ -67,10 +67,32 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if is_rank_zero():
         clean_up_after_interrupted_saves(cfg, plan, run_dir)
 
+    from tinytrain.cluster import extension_locks
     from tinytrain.train.fit import fit
 
-    # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
-    return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=data.build(plan.batch))
+    extension_locks.clear_stale()  # before DeepSpeed builds an op: a lock a killed build left would stall it for ever
+    watched = watch(plan, run_dir)
+    try:
+        # Data first: bad data is reported before weights are allocated (a mixture's was built to plan).
+        if watched is not None:
+            watched.beat(phase="data")
+        built = data.build(plan.batch)
+        if watched is not None:
+            watched.beat(phase="startup")
+        return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched)
+    finally:
+        if watched is not None:
+            watched.finish()  # however this ends (an error in the data, a multirun's next job in this process)
+
+
+def watch(plan, run_dir: Path):
+    """This rank's hang watchdog (cluster/watchdog.py), from before the data build until training ends."""
+    if plan.watchdog is None or not plan.watchdog.enabled:
+        return None
+    from tinytrain.cluster.heartbeat import global_rank
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    return WatchedRank(run_dir, global_rank(plan.cluster.devices_per_node), plan.world_size, plan.watchdog.limits())
 
 
 def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:

@@ -42,6 +42,11 @@ class TrainingStopped(Exception):
 PREEMPTED_EXIT_CODE = 75
 
 
+# EX_PROTOCOL (sysexits.h): the hang watchdog stopped a run no rank of which made progress within
+# its limit (hang_report.txt in the run directory says where); running again resumes.
+HANG_EXIT_CODE = 76
+
+
 class Preempted(Exception):
     """SIGUSR1 / SIGTERM / SIGINT: a checkpoint was saved and the run stopped (callbacks/preemption.py)."""
 

@@ -13,6 +13,14 @@ Environment:
                             thread) starts <s> seconds late: the next optimizer step must wait for it
   TT_TEST_NO_LOSS_SCALE_GUARD=1  the loss-scale guard watches but never stops the run (what
                             happens without it)
+  TT_TEST_STALL_RANK=<rank>:<step>:<s>[:busy]  rank <rank> stops for <s> seconds at the start of
+                            training step <step> (once): asleep, or with `busy` spinning in a Python
+                            loop (a rank stuck in its own code while the others wait in a collective)
+  TT_TEST_SLOW_RANK=<rank>:<factor>  rank <rank>'s every training step takes <factor> times as long
+                            (it spins for (factor - 1) x its own forward's CPU time after it): a
+                            straggler, as a slower core would make it; the health check's matmul too
+  TT_TEST_SLOW_SAVE=<s>     every checkpoint file this process writes waits <s> seconds first (a
+                            slow disk: a save longer than the hang watchdog's step limit)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
                             before_rename (the temp file written, not renamed), after_rename (in
                             place, older ones not yet pruned) or after_prune (the save complete)
@@ -119,6 +127,72 @@ def slow_staging(seconds: float) -> None:
     DefaultStager._stage = wait_then_stage
 
 
+def stall_rank(rank: int, step: int, seconds: float, busy: bool) -> None:
+    from tinytrain.cluster.rank_logging import process_rank
+    from tinytrain.model.module import CausalLMModule
+
+    if process_rank() != rank:
+        return
+    train = CausalLMModule.training_step
+    stalled = []
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step + 1 == step and not stalled:
+            stalled.append(1)
+            until = time.monotonic() + seconds
+            while busy and time.monotonic() < until:
+                pass
+            time.sleep(max(0.0, until - time.monotonic()))
+        return train(self, batch, batch_idx)
+
+    CausalLMModule.training_step = training_step
+
+
+def slow_rank(rank: int, factor: float) -> None:
+    from tinytrain.cluster.rank_logging import process_rank
+    from tinytrain.model.module import CausalLMModule
+
+    if process_rank() != rank:
+        return
+    train = CausalLMModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        started = time.thread_time()
+        loss = train(self, batch, batch_idx)
+        until = time.thread_time() + (factor - 1) * (time.thread_time() - started)
+        while time.thread_time() < until:
+            pass
+        return loss
+
+    CausalLMModule.training_step = training_step
+    # and the health check's matmul (mode=health, cluster.health_check), the same way
+    from tinytrain.cluster import health
+
+    matmul = health.one_matmul
+
+    def slow_matmul(a, b):
+        started = time.thread_time()
+        out = matmul(a, b)
+        until = time.thread_time() + (factor - 1) * (time.thread_time() - started)
+        while time.thread_time() < until:
+            pass
+        return out
+
+    health.one_matmul = slow_matmul
+
+
+def slow_save(seconds: float) -> None:
+    from tinytrain.train.atomic_io import AtomicCheckpointIO
+
+    write = AtomicCheckpointIO.write
+
+    def wait_then_write(self, checkpoint, f):
+        time.sleep(seconds)
+        return write(self, checkpoint, f)
+
+    AtomicCheckpointIO.write = wait_then_write
+
+
 def disarm_loss_scale_guard() -> None:
     from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
@@ -138,6 +212,14 @@ if __name__ == "__main__":
         slow_sharded_save(int(n), float(seconds))
     if os.environ.get("TT_TEST_SLOW_STAGING"):
         slow_staging(float(os.environ["TT_TEST_SLOW_STAGING"]))
+    if os.environ.get("TT_TEST_STALL_RANK"):
+        rank, step, seconds, *busy = os.environ["TT_TEST_STALL_RANK"].split(":")
+        stall_rank(int(rank), int(step), float(seconds), busy == ["busy"])
+    if os.environ.get("TT_TEST_SLOW_RANK"):
+        rank, factor = os.environ["TT_TEST_SLOW_RANK"].split(":")
+        slow_rank(int(rank), float(factor))
+    if os.environ.get("TT_TEST_SLOW_SAVE"):
+        slow_save(float(os.environ["TT_TEST_SLOW_SAVE"]))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
         disarm_loss_scale_guard()
     from tinytrain.cli import main

@@ -27,6 +27,20 @@ CP2 = ["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=2"]
 LONG = ["mode=plan", "model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1"]
 EVALS = ["mode=plan", "eval.tasks=[tiny_mc]", "eval.include=[{F}/evals/tasks]"]
 CASES = {
+    # the hang watchdog (plan/watchdog.py)
+    "hang timeout zero": (["mode=plan", "cluster.hang_timeout_s=0"], ["cluster.hang_timeout_s=0", "must be a positive number of seconds", "cluster.hang_timeout_s=300", "cluster.watchdog=false"]),
+    "startup timeout negative": (["mode=plan", "cluster.startup_timeout_s=-5"], ["cluster.startup_timeout_s=-5", "must be a positive number of seconds"]),
+    "slow phase timeout zero": (["mode=plan", "cluster.slow_phase_timeout_s=0"], ["cluster.slow_phase_timeout_s=0", "must be a positive number of seconds"]),
+    "startup shorter than a step": (["mode=plan", "cluster.hang_timeout_s=600", "cluster.startup_timeout_s=60"], ["cluster.startup_timeout_s=60", "shorter than cluster.hang_timeout_s(600)", "cluster.startup_timeout_s >= 600"]),
+    "hang timeout a word": (["mode=plan", "cluster.hang_timeout_s=soon"], ["cluster.hang_timeout_s=soon", "Fix:"]),
+    "straggler threshold zero": (["mode=plan", "cluster.straggler_threshold=0"], ["cluster.straggler_threshold=0.0", "must be above 0 and at most 10", "cluster.straggler_threshold=0.2"]),
+    "straggler threshold huge": (["mode=plan", "cluster.straggler_threshold=50"], ["cluster.straggler_threshold=50.0", "must be above 0 and at most 10"]),
+    "exclude outside slurm": (["mode=train", "cluster.on_bad_node=exclude"], ["cluster.on_bad_node='exclude'", "this is not a Slurm job", "cluster.on_bad_node=stop"]),
+    "exclude outside slurm, mode=health": (["mode=health", "cluster.on_bad_node=exclude"], ["cluster.on_bad_node='exclude'", "this is not a Slurm job"]),
+    "health check a word": (["mode=plan", "cluster.health_check=maybe"], ["cluster.health_check='maybe'", "must be auto, true or false"]),
+    "health budget zero": (["mode=plan", "cluster.health_budget_s=0"], ["cluster.health_budget_s=0", "must be a positive number of seconds"]),
+    "on bad node unknown": (["mode=plan", "cluster.on_bad_node=reboot"], ["cluster.on_bad_node=reboot", "stop, warn, exclude"]),
+    "straggler interval zero": (["mode=plan", "cluster.straggler_every_n_steps=0"], ["cluster.straggler_every_n_steps=0", "must be >= 1"]),
     # long context (parallel.cp, plan/context.py)
     "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
     "cp negative": (["mode=plan", "parallel.cp=-2"], ["parallel.cp=-2", "must be >= 1"]),
@@ -238,7 +252,7 @@ CASES = {
     "misspelled key in a mixture source": (["mode=plan", "data=mixture", "data.sources=[{path:{F}/good.txt,wieght:1}]"], ["'wieght' is not a key of a data.sources entry", "Did you mean 'weight'", "Valid keys there: path, weight, source, text_field, name"]),
     "unknown logger in a list": (["mode=plan", "logger=[csv,mlflow]"], ["logger=mlflow", "Available: csv, tensorboard, wandb"]),
     "unknown experiment": (["mode=plan", "experiment=smok"], ["experiment='smok'", "available: dpo_smoke, long_context, smoke, tinyllama_pretrain"]),
-    "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
+    "unknown mode": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average, health, doctor]"]),
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     # special tokens
     "special token empty": (["mode=plan", 'tokenizer.add_special_tokens=[""]'], ["tokenizer.add_special_tokens=['']", "blank token"]),

@@ -8,7 +8,7 @@ CASES = {
     "unknown group option": (["model=tinylama_1b"], ["model=tinylama_1b", "Did you mean 'tinyllama_1b'", "Available:"]),
     "misspelled key": (["model.hiden_size=128"], ["model.hiden_size", "Did you mean 'hidden_size'"]),
     "wrong type": (["model.hidden_size=big"], ["model.hidden_size", "big", "Integer"]),
-    "bad enum value": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average]"]),
+    "bad enum value": (["mode=plna"], ["mode=plna", "expected one of [train, plan, prepare, sbatch, export, generate, eval, average, health, doctor]"]),
     "tp not dividing heads": (["mode=plan", "model=qwen2_0_5b", "parallel.tp=4"], ["parallel.tp=4", "tp(4) must divide num_heads(14)"]),
     "missing tokenizer file": (["mode=plan", "tokenizer.path=missing/tokenizer.model"], ["tokenizer.path='missing/tokenizer.model'", "no such file"]),
     "unreadable data path": (["mode=plan", "data=text", "data.path=missing/corpus.txt"], ["data.path='missing/corpus.txt'", "no such file"]),

@@ -47,6 +47,32 @@ def requeue(job: str) -> tuple[bool, str]:
     return True, f"Slurm job {job} requeued"
 
 
+def requeue_excluding(job: str, nodes: list[str]) -> tuple[bool, str]:
+    """Requeue the job so that it runs again without `nodes`. Slurm changes a job's excluded nodes
+    only while it is pending: `scontrol requeuehold` (pending, held), `scontrol update
+    ExcNodeList` (as `sbatch --exclude` would), `scontrol release`. The requeue sends this process
+    SIGTERM; it is ignored until the job is released."""
+    import signal
+    import threading
+
+    listed = ",".join(nodes)
+    steps = [["requeuehold", job], ["update", f"JobId={job}", f"ExcNodeList={listed}"], ["release", job]]
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
+    try:
+        for step in steps:
+            try:
+                done = subprocess.run(["scontrol", *step], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return False, f"scontrol {' '.join(step)} failed: {e}"
+            if done.returncode != 0:
+                return False, f"scontrol {' '.join(step)} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
+    return True, f"Slurm job {job} requeued with --exclude={listed}"
+
+
 def run_name(env: Mapping[str, str] = os.environ) -> str | None:
     """`slurm-<job>`: the same for every task of the job and again after a requeue."""
     job = job_id(env)

@@ -37,6 +37,8 @@ MODES = {
     Mode.generate: "text from checkpoint=<path> for generate.prompts",
     Mode.eval: "loss and perplexity of checkpoint=<path> -> eval.json",
     Mode.average: "the mean weights of checkpoints=[a,b,...] (or checkpoint.average_last=<k>) -> a checkpoint and its export",
+    Mode.health: "the health check alone on every rank (matmul, memory, all-reduce) -> health.json",
+    Mode.doctor: "versions, GPUs, Slurm allocation, network and NCCL variables in one report for a bug report -> doctor.txt",
 }
 
 # The reference pages in the repository's docs/ (`mkdocs serve` shows them as a site).

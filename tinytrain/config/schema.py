@@ -24,6 +24,16 @@ class Mode(Enum):
     generate = "generate"  # text from checkpoint.path (a checkpoint or an export) for generate.prompts
     eval = "eval"  # loss and perplexity of checkpoint.path on a data config's held-out split -> eval.json
     average = "average"  # the mean weights of checkpoint.average (or the run's last checkpoint.average_last) -> a checkpoint and its export
+    health = "health"  # the health check alone (cluster.health_check's: matmul, memory, all-reduce on every rank), then stop
+    doctor = "doctor"  # one report for a bug report: versions, GPUs, the Slurm allocation, network, NCCL variables -> doctor.txt
+
+
+class BadNode(Enum):
+    """cluster.on_bad_node: what a failed health check does."""
+
+    stop = "stop"
+    warn = "warn"
+    exclude = "exclude"
 
 
 # Modes that resolve for the cluster (hardware.gpu, cluster.*) instead of this machine.
@@ -624,6 +634,24 @@ class ClusterConfig:
     cpus_per_task: Optional[int] = None
     # --signal=USR1@N: tinytrain checkpoints and requeues the job this long before the time limit.
     signal_delay_s: int = 300
+    # Hang watchdog (cluster/watchdog.py): a separate process per rank stops the run with hang_report.txt
+    # (exit 76) when no rank makes progress for this long during training steps.
+    watchdog: bool = True  # false: no heartbeats, no watchdog process, the backend's own timeout only
+    hang_timeout_s: int = 300
+    # The limit before the first training step: data build, op builds, rendezvous, model build.
+    startup_timeout_s: int = 1800
+    # The limit while any rank saves a checkpoint, validates, or runs its first step (compile, warm-up).
+    slow_phase_timeout_s: int = 1800
+    # Stragglers (cluster/stragglers.py): every this many steps the ranks' forward times are compared
+    # (one all_gather of a number); a rank slower than the others' median by more than the threshold
+    # (0.2: 20%) in 2 checks running is named in the log, the metrics and the summary.
+    straggler_every_n_steps: int = 50
+    straggler_threshold: float = 0.2
+    # Health check before training (cluster/health.py): auto (on for GPU runs of 2+ ranks), true, false;
+    # mode=health runs it alone. A matmul, a memory allocation and an all-reduce per rank.
+    health_check: str = "auto"
+    on_bad_node: BadNode = BadNode.stop  # stop (exit 3 naming the nodes), warn, exclude (Slurm: requeue without them)
+    health_budget_s: int = 60  # the whole check's time
 
 
 @dataclass

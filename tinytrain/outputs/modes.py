@@ -1,4 +1,5 @@
-"""mode=export | generate | eval: from a saved checkpoint (or an export), without retraining.
+"""mode=export | generate | eval: from a saved checkpoint (or an export), without retraining; and
+mode=doctor, a report of the machine for a bug report; mode=health, the health check alone.
 
     python -m tinytrain mode=export checkpoint=runs/x/checkpoints/step0000100.ckpt [export.dir=...]
     python -m tinytrain mode=generate checkpoint=runs/x/hf_export 'generate.prompts=["Once upon"]'
@@ -206,6 +207,24 @@ def lm_eval(cfg, ev, saved, run_dir: Path) -> dict:
     return out["results"]
 
 
+def doctor(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
+    """Versions, devices, the Slurm allocation, network and distributed variables (cluster/doctor.py) -> doctor.txt."""
+    from tinytrain.cluster import doctor as checkup
+
+    text = checkup.report()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "doctor.txt").write_text(text)
+    print(text + f"\nwritten to {run_dir / 'doctor.txt'}")
+    return {"report": text}
+
+
+def health(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
+    """The health check alone on every rank of the configured world (train/health_check.py) -> health.json."""
+    from tinytrain.train.health_check import run_health
+
+    return run_health(cfg, run_dir)
+
+
 # The output modes, one function each: (cfg, run_dir, whether the command line names data; only
 # eval reads it). A new output mode is a Mode member and a row here (the cli dispatches through it).
 MODES: dict[Mode, Callable[[DictConfig, Path, bool], dict]] = {
@@ -213,4 +232,6 @@ MODES: dict[Mode, Callable[[DictConfig, Path, bool], dict]] = {
     Mode.generate: generate,
     Mode.eval: evaluate,
     Mode.average: average,
+    Mode.doctor: doctor,
+    Mode.health: health,
 }

@@ -18,6 +18,13 @@ KEY = saved_run.KEY
 
 
 def problems(cfg, run_dir: Path, data_overridden: bool = False) -> list[Problem]:
+    if cfg.mode == Mode.doctor:
+        return []  # reads nothing of a run
+    if cfg.mode == Mode.health:
+        from tinytrain.plan.health import health_problems
+        from tinytrain.plan.layout import cluster_problems
+
+        return cluster_problems(cfg) + health_problems(cfg)
     # mode=average names its checkpoints in checkpoint.average (outputs/average.py checks them).
     found = [] if cfg.mode == Mode.average else source_problems(cfg, run_dir)
     if cfg.mode == Mode.generate:

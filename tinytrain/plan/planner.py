@@ -29,6 +29,7 @@ from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_f
 from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import Family, family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
+from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
@@ -40,7 +41,9 @@ from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
+from tinytrain.plan.watchdog import watchdog_plan
 from tinytrain.preflight import pretrained_tokenizer
 from tinytrain.preflight.checks import run as run_preflight
 
@@ -106,7 +109,10 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         finetune=state.adapters,
         preference=state.preference,
         export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
-        checkpoint=checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir),
+        checkpoint=(checkpoint := checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir)),
+        watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
+        stragglers=straggler_plan(cfg.cluster, world),
+        health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
         optimizer=state.optimizer,
         evals=evals_plan.make(cfg, data_parallel=fit.batch.data_parallel),
     )

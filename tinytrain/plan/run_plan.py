@@ -28,6 +28,7 @@ from tinytrain.plan.fast_paths import FastPaths
 from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.fp8 import Fp8Plan
 from tinytrain.plan.hardware import Hardware
+from tinytrain.plan.health import HealthPlan
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
@@ -42,7 +43,9 @@ from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
 from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
+from tinytrain.plan.stragglers import StragglerPlan
 from tinytrain.plan.vocab import VocabPlan
+from tinytrain.plan.watchdog import WatchdogPlan
 from tinytrain.preflight.checks import PreflightReport
 from tinytrain.preflight.pretrained_tokenizer import TokenizerMatch
 
@@ -110,6 +113,9 @@ class RunPlan:
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
     model_note: str | None = None  # a preset of a published model's shape trained with another tokenizer (plan/published.py)
     evals: EvalPlan | None = None  # eval.tasks: downstream tasks scored while training (plan/evals.py)
+    watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
+    health: HealthPlan | None = None  # the health check before training, and what a bad node does (plan/health.py)
+    stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -178,6 +184,9 @@ class RunPlan:
             "activation_checkpointing": self.checkpointing and self.checkpointing.to_dict(),
             "fp8": self.fp8.to_dict(),
             "evals": self.evals and self.evals.to_dict(),
+            "watchdog": self.watchdog and self.watchdog.to_dict(),
+            "stragglers": self.stragglers and self.stragglers.to_dict(),
+            "health": self.health and self.health.to_dict(),
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -312,6 +321,12 @@ def fit_lines(plan: dict) -> list[str]:
     lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
     if plan.get("evals"):
         lines.append(render_evals(plan["evals"], plan["max_steps"]))
+    if plan.get("watchdog"):
+        lines.append(f"watchdog   {plan['watchdog']['reason']}")
+    if plan.get("stragglers"):
+        lines.append(f"stragglers {plan['stragglers']['reason']}")
+    if plan.get("health"):
+        lines.append(f"health     {plan['health']['reason']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

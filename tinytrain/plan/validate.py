@@ -27,10 +27,13 @@ from tinytrain.plan import context, evals, finetune, fp8, input_safety, levers, 
 from tinytrain.plan.extras import missing_extra_problems, wandb_problems
 from tinytrain.plan.families import model_problems
 from tinytrain.plan.hardware import hardware_problems
+from tinytrain.plan.health import health_problems
 from tinytrain.plan.layout import cluster_problems, slurm_problems
 from tinytrain.plan.parallel import parallel_problems, tp_model_problems
 from tinytrain.plan.precision import precision_problems
 from tinytrain.plan.schedule import schedule_problems
+from tinytrain.plan.stragglers import straggler_problems
+from tinytrain.plan.watchdog import watchdog_problems
 
 
 def validate(cfg) -> None:
@@ -48,6 +51,9 @@ def validate(cfg) -> None:
         + (parallel_problems(cfg) if not cluster else [])
         + context.problems(cfg)
         + slurm_problems(cfg)
+        + watchdog_problems(cfg)
+        + straggler_problems(cfg)
+        + health_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
         + levers.problems(cfg)

@@ -39,6 +39,7 @@ from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.callbacks.slurm_evals import SlurmEvals, slurm_eval_callback
+from tinytrain.train.callbacks.stragglers import Stragglers
 from tinytrain.train.consolidate import model_weights
 from tinytrain.train.plot import plot_evals, plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
@@ -111,10 +112,10 @@ def preference_layout_check(plan: RunPlan, data: DataModule) -> None:
         raise ConfigError(Problem("finetune.objective", "kto", "kto trains on unpaired {prompt, completion, label} records and these are pairs", "set finetune.objective=dpo (or ipo, simpo, orpo), or give TRL's unpaired layout"))
 
 
-def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> dict:
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watched=None) -> dict:
     """Build the module and the trainer for the plan, train on `data` (the run's DataModule, built
     for the plan's batch), save the final checkpoint and (rank 0) export. A plan with a resume
-    point continues from it."""
+    point continues from it. `watched`: this rank's hang watchdog (cluster/watched_rank.py), or None."""
     import lightning.pytorch as pl
 
     preemption = Preemption(run_dir)
@@ -127,7 +128,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + eval_callback(plan, run_dir, tokenizer) + slurm_eval_callback(plan, cfg, run_dir)
-    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption)
+    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption, watched=watched)
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
@@ -147,6 +148,8 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
             raise
         raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
     finally:
+        if watched is not None:
+            watched.finish()  # a stop every rank agreed on (or the end): its watchdog does not act on it
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
     result = {
@@ -159,6 +162,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule) -> di
         "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
         "evals": next((c.summary() for c in trainer.callbacks if isinstance(c, DownstreamEvals)), None),
         "eval_jobs": None,
+        "stragglers": next((c.summary() for c in trainer.callbacks if isinstance(c, Stragglers)), None),
         **throughput.summary(),
     }
     slurm_evals = next((c for c in trainer.callbacks if isinstance(c, SlurmEvals)), None)
@@ -252,4 +256,6 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         ev = result["evals"]
         share = f", {100 * ev['eval_share']:.1f}% of the run's training time" if ev["eval_share"] is not None else ""
         print(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share} -> {run_dir / 'evals.csv'}")
+    if result["stragglers"]:
+        print(result["stragglers"])
     print(f"run directory: {run_dir}")

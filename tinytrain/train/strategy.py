@@ -45,27 +45,28 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, loss_scale_i
     return MixedPrecision("16-mixed", device, scaler=scaler)
 
 
-def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
     from lightning.pytorch.strategies import DDPStrategy
 
-    return DDPStrategy(process_group_backend=backend)
+    return DDPStrategy(process_group_backend=backend, **pg_timeout(timeout))
 
 
-def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
     cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
-    return cls(config=for_lightning(deepspeed_config), process_group_backend=backend)
+    return cls(config=for_lightning(deepspeed_config), process_group_backend=backend, **pg_timeout(timeout))
 
 
-def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
     # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
     return sharded_model_parallel_strategy(async_save)(
         data_parallel_size=parallel.dp * parallel.cp,  # FSDP shards over the cp ranks too (Ulysses: tp 1)
         tensor_parallel_size=parallel.tp,
         process_group_backend=backend,
+        **pg_timeout(timeout),
     )
 
 
-def one_process(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool):
+def one_process(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
     return "auto"
 
 
@@ -78,8 +79,16 @@ BUILDERS = {
 }
 
 
-def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None, async_save: bool = False):
-    return BUILDERS[parallel.strategy](parallel, backend="nccl" if on_gpu else "gloo", deepspeed_config=deepspeed_config, async_save=async_save)
+def build_strategy(parallel: ParallelLayout, on_gpu: bool, deepspeed_config: dict | None, async_save: bool = False, timeout_s: int | None = None):
+    """`timeout_s`: the collective timeout (plan/watchdog.py), None for the backend's default (30 min)."""
+    from datetime import timedelta
+
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    return BUILDERS[parallel.strategy](parallel, backend="nccl" if on_gpu else "gloo", deepspeed_config=deepspeed_config, async_save=async_save, timeout=timeout)
+
+
+def pg_timeout(timeout) -> dict:
+    return {"timeout": timeout} if timeout is not None else {}
 
 
 def atomic_deepspeed_strategy(on_cpu: bool = False):
@@ -179,7 +188,7 @@ def build_trainer_hardware(plan: RunPlan) -> TrainerHardware:
         accelerator,
         plan.cluster.devices_per_node,
         plan.cluster.nodes,
-        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed, plan.checkpoint.async_save),
+        build_strategy(plan.parallel, plan.on_gpu, plan.deepspeed, plan.checkpoint.async_save, plan.watchdog and plan.watchdog.enabled and plan.watchdog.process_group_timeout_s),
         plan.precision.lightning,
         precision_plugin(plan.precision, accelerator, loss_scale_in_engine=plan.parallel.row.deepspeed),
     )

@@ -15,6 +15,7 @@ from tinytrain.train.callbacks.context_parallel import ContextParallel
 from tinytrain.train.callbacks.data_position import DataPosition
 from tinytrain.train.callbacks.dead_rank import DeadRank
 from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
+from tinytrain.train.callbacks.heartbeat import Heartbeat
 from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 from tinytrain.train.callbacks.loss_summary import LossSummary
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
@@ -24,7 +25,9 @@ from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
 from tinytrain.train.callbacks.rng_state import RNGState
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
+from tinytrain.train.callbacks.stragglers import Stragglers
 from tinytrain.train.callbacks.throughput import ThroughputMonitor, peak_tflops
+from tinytrain.train.health_check import HealthCheck
 from tinytrain.train.metrics_csv import ResumableCSVLogger
 from tinytrain.train.strategy import build_trainer_hardware
 
@@ -147,9 +150,10 @@ def mixture_callbacks(plan: RunPlan, train_sampler) -> list:
     return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
 
 
-def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None):
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None, watched=None):
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
-    A resumed run's metrics.csv keeps the rows before the step it resumes from."""
+    A resumed run's metrics.csv keeps the rows before the step it resumes from. `watched`: this
+    rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on."""
     import lightning.pytorch as pl
 
     t = cfg.trainer
@@ -160,8 +164,12 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
     bar = bar_on_terminal(t.progress_bar)
     callbacks = [
+        *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
+        # First: a batch's beat is written before any other callback's work on it.
+        *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
         throughput,
+        *([Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold)] if plan.stragglers and plan.stragglers.enabled else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),

@@ -1,0 +1,173 @@
+"""The hang watchdog's decisions (tinytrain/cluster/watchdog.py, hang_report.py, heartbeat.py), and
+the watchdog process against real stand-in ranks: small Python processes that beat through
+cluster/watched_rank.py as a training rank does, without torch. The 2-rank training runs (a rank
+frozen with SIGSTOP, a slow checkpoint save, rank 0 killed) are in
+tests/integration/test_watchdog.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tinytrain.cluster import hang_report, heartbeat
+from tinytrain.cluster.watchdog import stalled
+
+LIMITS = {"startup": 100, "data": 100, "first_step": 50, "compile": 50, "train": 10, "validation": 50, "checkpoint": 60}
+
+
+def beat(rank, step, phase, seq, host="h", pid=1):
+    return {"rank": rank, "pid": pid, "host": host, "step": step, "phase": phase, "seq": seq, "time": 0.0}
+
+
+def test_a_hang_is_declared_only_when_no_rank_progressed_for_the_slowest_phase_limit():
+    seen = {}
+    beats = {0: beat(0, 5, "train", 1), 1: beat(1, 5, "train", 1)}
+    assert stalled(beats, seen, now=0.0, started=0.0, limits=LIMITS, world=2) is None
+    assert stalled(beats, seen, now=10.0, started=0.0, limits=LIMITS, world=2) is None  # at the limit, not past it
+    beats[1] = beat(1, 6, "train", 2)  # one rank's progress counts for all
+    assert stalled(beats, seen, now=15.0, started=0.0, limits=LIMITS, world=2) is None
+    assert stalled(beats, seen, now=25.5, started=0.0, limits=LIMITS, world=2) == "hang:10:10:train"
+
+
+def test_a_checkpoint_save_on_one_rank_lends_its_limit_to_the_ranks_waiting_for_it():
+    seen = {}
+    beats = {0: beat(0, 4, "checkpoint", 1), 1: beat(1, 5, "train", 1)}
+    assert stalled(beats, seen, now=0.0, started=0.0, limits=LIMITS, world=2) is None
+    assert stalled(beats, seen, now=59.0, started=0.0, limits=LIMITS, world=2) is None
+    assert stalled(beats, seen, now=61.0, started=0.0, limits=LIMITS, world=2) == "hang:61:60:checkpoint"
+
+
+def test_ranks_not_yet_beating_are_starting_up_and_finished_ranks_are_not_watched():
+    seen = {}
+    assert stalled({0: beat(0, 0, "train", 1)}, seen, now=50.0, started=0.0, limits=LIMITS, world=2) is None  # rank 1 still starting
+    assert stalled({0: beat(0, 8, "done", 1), 1: beat(1, 8, "done", 1)}, {}, now=1e6, started=0.0, limits=LIMITS, world=2) is None
+
+
+def test_the_rank_that_did_not_arrive_is_named_by_state_step_or_collective():
+    beats = {0: beat(0, 5, "train", 1), 1: beat(1, 5, "train", 1), 2: beat(2, 4, "train", 1), 3: beat(3, 5, "train", 1)}
+    states = {0: {"state": "S"}, 1: {"state": "T"}, 2: {"state": "S"}, 3: {"state": "R"}}
+    fr = {0: {"seq": 71, "entries": 5}, 1: {"seq": 0, "entries": 0}, 2: {"seq": 70, "entries": 5}, 3: {"seq": 70, "entries": 5}}
+    named = hang_report.did_not_arrive(beats, states, fr, world=5)
+    assert list(named) == [1, 2, 3, 4]
+    assert "stopped" in named[1] and "behind" in named[2] and "collective #70, the others #71" in named[3] and "never wrote" in named[4]
+    alike = {r: beat(r, 5, "train", 1) for r in range(2)}
+    assert hang_report.did_not_arrive(alike, {0: {"state": "S"}, 1: {"state": "S"}}, {}, world=2) == {}
+
+
+def test_flight_recorder_entries_are_summarized_by_their_newest_collective():
+    trace = {"entries": [
+        {"collective_seq_id": 70, "profiling_name": "gloo:all_reduce", "process_group": ("0", "default_pg"), "input_sizes": [[4]], "state": "completed"},
+        {"collective_seq_id": 71, "profiling_name": "nccl:all_reduce", "process_group": ("0", "default_pg"), "input_sizes": [[336192]], "state": "scheduled"},
+    ]}
+    summary = hang_report.summarize_fr(trace)
+    assert summary["seq"] == 71 and summary["entries"] == 2
+    assert summary["last"] == "#71 nccl:all_reduce (process group 0, sizes [[336192]], scheduled)"
+
+
+def test_a_new_phase_is_written_at_once_steps_when_flushed_and_read_back(tmp_path):
+    hb = heartbeat.Heartbeat(tmp_path, rank=3)
+    hb.beat(1, "train")
+    assert heartbeat.read(tmp_path)[3]["step"] == 1
+    hb.beat(2)  # within MIN_INTERVAL_S: counted, not written (a write costs ~0.7 ms on some file systems)
+    assert heartbeat.read(tmp_path)[3]["seq"] == 1
+    hb.flush()  # the rank's watchdog thread, each second
+    assert heartbeat.read(tmp_path)[3]["step"] == 2
+    hb.beat(phase="checkpoint")
+    assert heartbeat.read(tmp_path)[3] | {"time": 0, "host": "h", "pid": 1} == beat(3, 2, "checkpoint", 3)
+
+
+def test_the_attempt_is_named_by_slurm_or_torchrun_or_made_up_once():
+    assert heartbeat.attempt_id({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "1"}) == "slurm-12-0-1"
+    assert heartbeat.attempt_id({"TORCHELASTIC_RUN_ID": "abc"}) == "torchrun-abc-0"
+    assert heartbeat.attempt_id({heartbeat.ATTEMPT_VARIABLE: "x"}) == "x"
+    assert heartbeat.attempt_id({}) != heartbeat.attempt_id({})
+
+
+def test_each_process_knows_its_rank_in_the_world_before_any_process_group():
+    assert heartbeat.global_rank(8, {"RANK": "13", "LOCAL_RANK": "5"}) == 13  # torchrun
+    assert heartbeat.global_rank(8, {"SLURM_PROCID": "9"}) == 9  # srun
+    assert heartbeat.global_rank(8, {"NODE_RANK": "1", "LOCAL_RANK": "3"}) == 11  # Lightning's launcher, second node
+    assert heartbeat.global_rank(8, {"NODE_RANK": "1"}) == 8  # the process that launches that node's ranks
+    assert heartbeat.global_rank(8, {}) == 0
+
+
+# A stand-in rank: beats through steps like a training rank, then at `stop_at` gets stuck in a
+# Python loop (`spin`) or sleeps; rank/world/limits from argv.
+STAND_IN = """
+import sys, time
+from pathlib import Path
+from tinytrain.cluster.watched_rank import WatchedRank
+
+run_dir, rank, world, train_limit, stop_at, how = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+limits = dict.fromkeys(["startup", "data", "first_step", "compile", "validation", "checkpoint"], 60) | {"train": train_limit}
+watched = WatchedRank(Path(run_dir), rank, world, limits)
+
+def stuck_in_a_python_loop():
+    x = 0
+    while True:
+        x += 1
+
+for step in range(1, 1000):
+    watched.beat(step, "train")
+    if step == stop_at:
+        stuck_in_a_python_loop() if how == "spin" else time.sleep(600)
+    time.sleep(0.1)
+"""
+
+
+def stand_in(run_dir, rank, world, train_limit, stop_at, how="spin"):
+    env = {**os.environ, heartbeat.ATTEMPT_VARIABLE: "test"}
+    return subprocess.Popen([sys.executable, "-c", STAND_IN, str(run_dir), str(rank), str(world), str(train_limit), str(stop_at), how], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_stuck_in_a_python_loop_is_reported_with_its_stack_and_exits_76(tmp_path):
+    rank = stand_in(tmp_path, 0, 1, train_limit=2, stop_at=3)
+    try:
+        assert rank.wait(timeout=40) == 76
+    finally:
+        rank.kill()
+    report = (tmp_path / "hang_report.txt").read_text()
+    assert "no rank made progress for" in report and "(limit 2 s, phase train); step 3" in report
+    assert 'in stuck_in_a_python_loop' in report  # faulthandler answered from inside the loop
+    assert "no process group yet" in report  # the flight recorder has nothing before rendezvous
+    stderr = rank.stderr.read()
+    assert "tinytrain: hang: no rank made progress for 2 s (phase train)" in stderr and "exit 76" in stderr
+
+
+@pytest.mark.timeout(60)
+def test_ranks_stop_soon_after_a_peer_on_their_host_dies(tmp_path):
+    """Started side by side (as torchrun or srun start ranks): rank 1 dies (SIGKILL) while rank 0
+    sleeps where a collective would wait for it; rank 0 stops well within the hang limit."""
+    ranks = [stand_in(tmp_path, 0, 2, train_limit=10, stop_at=3, how="sleep"), stand_in(tmp_path, 1, 2, train_limit=10, stop_at=1000)]
+    try:
+        deadline = time.monotonic() + 20
+        while heartbeat.read(tmp_path / "watchdog" / "test").get(1, {}).get("step", 0) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        ranks[1].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        assert ranks[0].wait(timeout=40) == 76
+        assert time.monotonic() - started < 25  # within the hang limit, with room (the grace is 5 s here)
+    finally:
+        for r in ranks:
+            r.kill()
+    assert f"rank 1 (pid {ranks[1].pid}) died at step" in ranks[0].stderr.read()
+    assert not (tmp_path / "hang_report.txt").exists()  # not a hang: a death, said in one line
+
+
+def test_a_finished_rank_s_watchdog_exits(tmp_path):
+    """finish() is called however training ends (cli.py): a watchdog left behind would later stop
+    the process it watched (a multirun's next job, a test runner)."""
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    watched = WatchedRank(tmp_path, 0, 1, dict.fromkeys(["startup", "data", "first_step", "compile", "train", "validation", "checkpoint"], 60))
+    watched.beat(1, "train")
+    watched.finish()
+    watched.finish()  # twice is harmless (fit's and the cli's)
+    assert watched.process.wait(timeout=10) == 0
+    assert heartbeat.read(watched.where)[0]["phase"] == "done"
