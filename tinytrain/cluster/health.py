@@ -79,10 +79,18 @@ def allreduce_busbw(device, seconds: float) -> float:
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dist.all_reduce(x)  # warm-up: connections
     sync(device)
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds or count < 2:
+    # Every rank must run the same number of all-reduces (a rank leaving a time-bounded loop early
+    # leaves the others waiting in one): two timed, then as many as fit the budget, agreed by MAX.
+    started = time.perf_counter()
+    for _ in range(2):
         dist.all_reduce(x)
-        count += 1
+    sync(device)
+    per_call = (time.perf_counter() - started) / 2
+    agreed = torch.tensor([max(2, int(seconds / max(per_call, 1e-6)))], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    count, started = int(agreed), time.perf_counter()
+    for _ in range(count):
+        dist.all_reduce(x)
     sync(device)
     elapsed = time.perf_counter() - started
     # every rank's clock differs: the slowest rank's time is the world's
