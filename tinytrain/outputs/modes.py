@@ -22,8 +22,7 @@ from omegaconf import DictConfig
 
 from tinytrain.checkpoint.average import average_checkpoints, output_path, resolve_paths
 from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
-from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict, served_tokenizer
-from tinytrain.checkpoint.sharded import is_sharded
+from tinytrain.checkpoint.export import export_checkpoint, export_spec, export_state_dict, served_tokenizer
 from tinytrain.config.schema import Mode
 from tinytrain.data.bos_policy import resolve_add_bos, with_bos
 from tinytrain.data.datamodule import DataModule
@@ -47,10 +46,8 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
     spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    if is_sharded(saved.checkpoint) and not saved.finetune:  # fsdp_tp: streamed from the shards, one tensor at a time
-        export_sharded(saved.checkpoint, model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec)
-    else:
-        export_state_dict(saved_run.state_dict(saved), model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec, adapters=saved.finetune)
+    # fsdp_tp's shards stream, one tensor at a time (the checkpoint's format says: checkpoint/formats.py)
+    export_checkpoint(saved.checkpoint, model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec, adapters=saved.finetune)
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tinytrain.checkpoint.export import model_from_state_dict
+from tinytrain.checkpoint.export import checkpoint_state_dict, model_from_state_dict
 from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.checkpoint.remote_code import announce
@@ -28,7 +29,6 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
-from tinytrain.train.consolidate import model_weights
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -75,7 +75,7 @@ def locate(value: str | None, run_dir: Path) -> Path:
 def load(value: str | None, run_dir: Path) -> SavedRun:
     """The checkpoint with its run's config and tokenizer (checked against the checkpoint's)."""
     path = locate(value, run_dir)
-    if path.is_dir() and (path / "config.json").is_file():
+    if format_of(path).format is CheckpointFormat.hf_export:
         return _hf_folder(path)
     source_run = path.parent.parent if path.parent.name == "checkpoints" else None
     if source_run is None or not (source_run / RUN_CONFIG).is_file():
@@ -129,7 +129,7 @@ def model_config(saved: SavedRun):
 
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
-    return model_weights(saved.checkpoint)
+    return checkpoint_state_dict(saved.checkpoint)
 
 
 def hf_model(saved: SavedRun, trust_remote_code: bool = False):

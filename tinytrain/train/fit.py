@@ -11,9 +11,8 @@ from pathlib import Path
 
 from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_path
 from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
-from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
+from tinytrain.checkpoint.export import export_checkpoint
 from tinytrain.checkpoint.format import vocab_param_names
-from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
@@ -37,7 +36,6 @@ from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
-from tinytrain.train.consolidate import model_weights
 from tinytrain.train.plot import plot_loss
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
 
@@ -212,12 +210,10 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if cfg.trainer.export:
         adapters = plan.finetune and plan.finetune.to_dict()
         config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
-        if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
-            export_checkpoint(final_checkpoint, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
-        else:
-            # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
-            weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
-            export_state_dict(weights, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
+        # fsdp_tp's shards stream, one tensor at a time; a DeepSpeed run's folder of partitions is
+        # consolidated once and kept (final.consolidated.ckpt).
+        keep_at = final_checkpoint.with_suffix(".consolidated.ckpt")
+        export_checkpoint(final_checkpoint, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters, keep_at=keep_at)
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

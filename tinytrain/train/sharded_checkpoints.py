@@ -31,7 +31,8 @@ import torch
 from tinytrain.checkpoint.disk_space import out_of_space
 from tinytrain.checkpoint.files import fsync_directory, publish_directory, temp_path
 from tinytrain.checkpoint.format import repad_rows
-from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, is_sharded, rank_id_key, tensor_shapes
+from tinytrain.checkpoint.formats import CheckpointFormat, format_of
+from tinytrain.checkpoint.sharded import META_FILE, SAVE_ID_KEY, SafeLoadPlanner, check_folder, id_tensor, rank_id_key, tensor_shapes
 from tinytrain.errors import TrainingStopped
 from tinytrain.train.atomic_io import disk_full, disk_full_message
 
@@ -212,7 +213,7 @@ def sharded_model_parallel_strategy(async_save: bool = False):
 
         def load_checkpoint(self, checkpoint_path, weights_only=None):
             path = Path(self.broadcast(str(checkpoint_path)))
-            if is_sharded(path):
+            if format_of(path).format is CheckpointFormat.sharded:
                 return self.load_sharded(path)
             return self.load_full_file(path, weights_only)
 
