@@ -115,6 +115,6 @@ def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int) -> list[float]:
     module = build_module(cfg, plan, tokenizer)
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer, _, _ = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[timer])
+        trainer = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[timer]).trainer
         trainer.fit(module, train_dataloaders=loader)
     return timer.times[warmup:]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tinytrain.checkpoint.export import checkpoint_state_dict, model_from_state_dict
+from tinytrain.checkpoint.export import checkpoint_state_dict, export_spec, model_from_state_dict
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
@@ -29,6 +29,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
+from tinytrain.train.run_end import RunModel, export_dir_for
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -45,8 +46,7 @@ class SavedRun:
 
 
     def default_export_dir(self) -> Path:
-        name = self.checkpoint.name.removesuffix(".ckpt")
-        return self.run_dir / ("hf_export" if name == "final" else f"hf_export-{name}")
+        return export_dir_for(self.checkpoint, self.run_dir)
 
     @property
     def is_sft(self) -> bool:
@@ -125,6 +125,12 @@ def model_config(saved: SavedRun):
     """The transformers config the run trained (model/build.py's, the one training and the
     end-of-run export use; vocab rows set by the export to len(tokenizer))."""
     return build.model_config(saved.train_cfg.model, len(saved.tokenizer), saved.tokenizer)
+
+
+def run_model(saved: SavedRun, dtype: str = "auto") -> RunModel:
+    """What the export needs, from the run's saved config (its precision and template; `dtype`:
+    export.dtype)."""
+    return RunModel(model_config(saved), saved.tokenizer, len(saved.tokenizer), export_spec(saved.train_cfg, saved.tokenizer, dtype), saved.finetune)
 
 
 def state_dict(saved: SavedRun) -> dict:
