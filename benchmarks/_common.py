@@ -121,7 +121,7 @@ def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int, extra_callbacks=(
             from tinytrain.cluster.watched_rank import WatchedRank
 
             watch = WatchedRank(Path(run_dir), 0, 1, plan.watchdog.limits())
-        trainer, _, _ = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[*extra_callbacks, timer], watched=watch)
+        trainer = build_trainer(cfg, plan, Path(run_dir), extra_callbacks=[*extra_callbacks, timer], watched=watch).trainer
         trainer.fit(module, train_dataloaders=loader)
         if watch is not None:
             watch.finish()

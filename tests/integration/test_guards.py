@@ -34,7 +34,7 @@ def train(overrides, run_dir, corrupt=None, steps=8):
     g = torch.Generator().manual_seed(0)
     rows = torch.randint(0, 4000, (steps * 2, 33), generator=g)
     loader = torch.utils.data.DataLoader([{"input_ids": r[:-1], "labels": r[1:]} for r in rows], batch_size=2)
-    trainer, _, _ = build_trainer(cfg, plan, run_dir)
+    trainer = build_trainer(cfg, plan, run_dir).trainer
     trainer.fit(module, train_dataloaders=loader)
     return module, trainer
 

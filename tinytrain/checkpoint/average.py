@@ -93,18 +93,19 @@ def unpad(name: str, tensor: torch.Tensor, true_vocab: int | None) -> torch.Tens
 
 
 def open_sources(paths: list[Path], stack: contextlib.ExitStack, consolidate) -> list[Source]:
-    """Each checkpoint as a Source; DeepSpeed folders consolidated (one at a time, by
-    `consolidate(folder, file)`) into temp files that `stack` removes."""
-    from tinytrain.checkpoint.sharded import is_sharded
+    """Each checkpoint as a Source, as its format reads (formats.py): a file memory-mapped, a
+    format read one tensor at a time (fsdp_tp's shards) tensor by tensor, any other folder
+    (DeepSpeed's) consolidated one at a time, by `consolidate(folder, file)`, into a temp file
+    that `stack` removes."""
+    from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 
     sources = []
     for path in paths:
-        if is_sharded(path):
+        row = format_of(path)
+        if row.streams_export:
             sources.append(sharded_source(path))
-        elif path.is_dir():
-            from tinytrain.checkpoint.resume import read_state
-
-            state = read_state(path, KEY)  # checked for pickled code before DeepSpeed loads the folder
+        elif row.format is not CheckpointFormat.file:
+            state = row.read_state(path, KEY)  # checked for pickled code before DeepSpeed loads the folder
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tinytrain-average-"))) / "consolidated.ckpt"
             log.info("consolidating the DeepSpeed checkpoint %s", path)
             consolidate(str(path), str(tmp))

@@ -17,9 +17,8 @@ import torch
 from tinytrain.checkpoint.disk_space import free_space, out_of_space
 from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
 from tinytrain.checkpoint.files import publish_directory, temp_path
-from tinytrain.checkpoint.format import module_weights, unpad_vocab, vocab_param_names
-from tinytrain.checkpoint.safe_load import load_file
-from tinytrain.checkpoint.sharded import consolidated_weights, is_sharded
+from tinytrain.checkpoint.format import unpad_vocab, vocab_param_names
+from tinytrain.checkpoint.formats import format_of
 from tinytrain.config.dtype import Dtype
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 
@@ -209,22 +208,21 @@ def readable(out_dir: Path) -> None:
     """transformers writes model.safetensors through a private temp file (0600); an export is for
     others (a serving user, a shared model folder) to read."""
     out_dir.chmod(0o755)
-    for path in out_dir.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    for entry in out_dir.rglob("*"):
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
 
 
-def checkpoint_state_dict(ckpt_path: Path) -> dict:
-    """The HF-model weights of a tinytrain checkpoint file (Lightning's `model.` prefix removed);
-    of a sharded (fsdp_tp) folder, read one tensor at a time without the optimizer state."""
-    if is_sharded(Path(ckpt_path)):
-        return consolidated_weights(Path(ckpt_path), "export")
-    ckpt = load_file(ckpt_path, "export")
-    return module_weights(ckpt["state_dict"])
+def checkpoint_state_dict(ckpt_path: Path, keep_at: Path | None = None) -> dict:
+    """The HF-model weights of a tinytrain checkpoint (Lightning's `model.` prefix removed), as its
+    format reads them (formats.py): a sharded (fsdp_tp) folder one tensor at a time without the
+    optimizer state, a DeepSpeed folder consolidated first (kept at `keep_at` when given)."""
+    return format_of(ckpt_path).read_weights(Path(ckpt_path), "export", keep_at)
 
 
-def export_checkpoint(ckpt_path: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None) -> Path:
-    """A sharded folder streams (export_sharded) unless LoRA adapters are to be merged (each merged
-    weight needs its base and adapter tensors together: the whole-weights path)."""
-    if is_sharded(Path(ckpt_path)) and not adapters:
+def export_checkpoint(ckpt_path: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None, keep_at: Path | None = None) -> Path:
+    """A format whose weights read one tensor at a time streams (export_sharded) unless LoRA
+    adapters are to be merged (each merged weight needs its base and adapter tensors together: the
+    whole-weights path). `keep_at`: where a DeepSpeed folder's consolidated file is kept."""
+    if format_of(ckpt_path).streams_export and not adapters:
         return export_sharded(Path(ckpt_path), model_config=model_config, tokenizer=tokenizer, true_vocab=true_vocab, out_dir=out_dir, spec=spec)
-    return export_state_dict(checkpoint_state_dict(ckpt_path), model_config=model_config, tokenizer=tokenizer, true_vocab=true_vocab, out_dir=out_dir, spec=spec, adapters=adapters)
+    return export_state_dict(checkpoint_state_dict(ckpt_path, keep_at), model_config=model_config, tokenizer=tokenizer, true_vocab=true_vocab, out_dir=out_dir, spec=spec, adapters=adapters)

@@ -4,7 +4,7 @@ A checkpoint is written under a temp name in its own folder (`<name>.tmp-<pid>`)
 its final name when complete (`os.replace` is atomic within one filesystem), then the folder is
 fsynced so the rename survives a crash. A file with a final name is therefore complete; a killed
 writer leaves only a temp file, which resume ignores and removes. Step checkpoints are named
-`step<N:07d>.ckpt` (a file, or a folder of shards under DeepSpeed).
+`step<N:07d>.ckpt` (a file, or a folder: formats.py knows each format).
 
 No Lightning here: `mode=plan` lists checkpoints to show what it would resume from.
 """
@@ -67,18 +67,13 @@ def step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def remove(path: Path) -> None:
-    if path.is_dir():  # DeepSpeed: a folder of shards
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def prune(directory: Path, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` step checkpoints (and a universal copy made of one to
     resume from); returns what was deleted."""
+    from tinytrain.checkpoint.formats import format_of  # (it imports torch: listing and naming need not)
+
     removed = [path for _, path in step_checkpoints(directory)[keep_last:]]
     for path in removed:
-        remove(path)
-        remove(universal_path(path))
+        for gone in (path, universal_path(path)):
+            format_of(gone).remove(gone)
     return removed

@@ -51,20 +51,11 @@ def module_weights(state_dict: dict) -> dict:
     return {k.removeprefix(MODULE_PREFIX): v for k, v in state_dict.items() if k.startswith(MODULE_PREFIX)}
 
 
-def read(path: str, key: str = "checkpoint.init_from", weights: bool = True) -> dict:
-    """The checkpoint, memory-mapped (tensors are read when touched), loaded without running code
-    from it (safe_load.py). `key` names the setting that pointed at it in the error. A sharded
-    (fsdp_tp) folder: its model weights consolidated one tensor at a time, or with
-    `weights=False` meta tensors of their shapes (what a plan check needs)."""
-    from pathlib import Path
-
-    from tinytrain.checkpoint.sharded import check_folder, consolidated_weights, is_sharded, shape_stand_ins
-
-    if not is_sharded(Path(path)):
-        return load_file(path, key)
-    meta = check_folder(Path(path), key)
-    state = consolidated_weights(Path(path), key) if weights else shape_stand_ins(Path(path), key)
-    return {**meta, "state_dict": {MODULE_PREFIX + k: v for k, v in state.items()}}
+def read(path: str, key: str = "checkpoint.init_from") -> dict:
+    """A checkpoint file, memory-mapped (tensors are read when touched), loaded without running code
+    from it (safe_load.py). `key` names the setting that pointed at it in the error. Other formats:
+    formats.py's rows."""
+    return load_file(path, key)
 
 
 def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:

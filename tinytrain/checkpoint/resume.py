@@ -7,52 +7,22 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tinytrain.checkpoint.deepspeed_shards import check_shards
-from tinytrain.checkpoint.files import is_temp, remove, step_checkpoints
-from tinytrain.checkpoint.format import MODULE_PREFIX, read
-from tinytrain.checkpoint.safe_load import (
-    check_deepspeed_folder,
-    deepspeed_globals,
-    load_file,
-)
-from tinytrain.checkpoint.sharded import check_folder, is_sharded, shape_stand_ins
+from tinytrain.checkpoint.files import is_temp, step_checkpoints
+from tinytrain.checkpoint.formats import format_of, is_checkpoint
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
 AUTO, NEVER = "auto", "never"
-# DeepSpeed saves a folder (Lightning's tag "checkpoint"); its client state (step, tinytrain
-# metadata) is in rank 0's model-states file: one per model-parallel rank under ZeRO-1/2, one
-# per data-parallel rank under ZeRO-3.
-DEEPSPEED_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 
 
 def read_state(path: Path, key: str = "resume") -> dict:
     """The checkpoint's top-level dict (global_step, tinytrain metadata, ...), memory-mapped and
-    read without running code from it; a DeepSpeed folder has each file checked first, since
-    DeepSpeed's own loader unpickles anything. A sharded (fsdp_tp) folder is checked for every
-    rank's shard file of this save; its `state_dict` holds meta tensors of the saved shapes."""
-    if is_sharded(path):
-        return {**check_folder(path, key), "state_dict": {MODULE_PREFIX + k: v for k, v in shape_stand_ins(path, key).items()}}
-    if path.is_dir():
-        check_deepspeed_folder(path, key)
-        state_file = deepspeed_state_file(path)
-        state = load_file(state_file, key, deepspeed_globals())
-        check_shards(path, state, state_file, key)  # every rank's partition, before DeepSpeed reads them
-        return state
-    return read(str(path), key)
-
-
-def deepspeed_state_file(folder: Path) -> Path:
-    """The file of a DeepSpeed checkpoint folder that holds its client state (the first
-    candidate when none exists, so the error names a file that should be there)."""
-    candidates = [folder / "checkpoint" / name for name in DEEPSPEED_STATE_FILES]
-    return next((c for c in candidates if c.is_file()), candidates[0])
-
-
-def is_deepspeed_folder(path: Path) -> bool:
-    return path.is_dir() and deepspeed_state_file(path).is_file()
+    read without running code from it, as its format reads it (formats.py): a DeepSpeed folder has
+    each file checked first; a sharded (fsdp_tp) folder every rank's shard file of this save, its
+    `state_dict` meta tensors of the saved shapes."""
+    return format_of(path).read_state(Path(path), key)
 
 
 def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]] | None:
@@ -96,7 +66,7 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
         return []
     removed = []
     for path in sorted(p for p in checkpoint_dir.iterdir() if is_temp(p)):
-        remove(path)
+        format_of(path).remove(path)
         removed.append(path)
     return removed
 
@@ -104,7 +74,7 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not (Path(path).is_file() or is_sharded(Path(path)) or is_deepspeed_folder(Path(path))):
+    if path and not is_checkpoint(path):
         problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp or DeepSpeed run's .ckpt folder) from a tinytrain run's checkpoints/ folder"))
     last = cfg.checkpoint.average_last
     if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):

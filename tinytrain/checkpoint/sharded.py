@@ -34,11 +34,6 @@ def rank_id_key(rank: int) -> str:
     return f"{SAVE_ID_KEY}.rank{rank}"
 
 
-def is_sharded(path: Path) -> bool:
-    """A folder of DCP shards (as opposed to a DeepSpeed folder or a .ckpt file)."""
-    return path.is_dir() and ((path / META_FILE).exists() or (path / INDEX_FILE).exists())
-
-
 def holds_shards(state_dict: dict) -> bool:
     """A state dict of DTensor shards (fsdp_tp's, saved sharded) rather than full tensors."""
     from torch.distributed.tensor import DTensor

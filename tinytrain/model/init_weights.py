@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from tinytrain.checkpoint.deepspeed_weights import deepspeed_checkpoint
-from tinytrain.checkpoint.format import module_weights, read, repad_vocab, unpad_vocab
-from tinytrain.checkpoint.resume import is_deepspeed_folder
+from tinytrain.checkpoint.format import repad_vocab, unpad_vocab
+from tinytrain.checkpoint.formats import format_of
 from tinytrain.plan.start_points import InitPoint
 from tinytrain.plan.vocab import VocabPlan
 
@@ -20,8 +19,7 @@ def weights_for_run(init: InitPoint, names: list[str], vocab: VocabPlan, tokeniz
     """The init_from checkpoint's HF-model state dict (checked by the plan), resized to this
     run's tokenizer and re-padded for its tp."""
     path, meta = init.path, init.saved
-    ckpt = deepspeed_checkpoint(path, "checkpoint.init_from") if is_deepspeed_folder(Path(path)) else read(path)
-    state = module_weights(ckpt["state_dict"])
+    state = format_of(path).read_weights(Path(path), "checkpoint.init_from")
     if meta.get("finetune"):  # a LoRA run's checkpoint: its adapters merged into the base
         from tinytrain.checkpoint.lora_weights import merge_adapters
 

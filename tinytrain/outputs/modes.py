@@ -22,10 +22,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from tinytrain.checkpoint.average import average_checkpoints, output_path, resolve_paths
-from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
-from tinytrain.checkpoint.export import export_sharded, export_spec, export_state_dict, served_tokenizer
-from tinytrain.checkpoint.sharded import is_sharded
+from tinytrain.checkpoint.average import resolve_paths
+from tinytrain.checkpoint.export import export_spec, served_tokenizer
 from tinytrain.config.schema import Mode
 from tinytrain.data.bos_policy import resolve_add_bos, with_bos
 from tinytrain.data.datamodule import DataModule
@@ -34,6 +32,7 @@ from tinytrain.model.generation import Sampling, read_prompts
 from tinytrain.model.generation import generate as generate_texts
 from tinytrain.outputs import backfill, saved_run, validate_modes
 from tinytrain.plan import micro_batch
+from tinytrain.train import run_end
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +46,10 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
-    spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
+    model = saved_run.run_model(saved, cfg.export.dtype.value)
+    spec = model.spec
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    if is_sharded(saved.checkpoint) and not saved.finetune:  # fsdp_tp: streamed from the shards, one tensor at a time
-        export_sharded(saved.checkpoint, model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec)
-    else:
-        export_state_dict(saved_run.state_dict(saved), model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=out, spec=spec, adapters=saved.finetune)
+    run_end.export(saved.checkpoint, model, out)  # as the end of training does
     print(f"exported {saved.checkpoint} -> {out} ({len(saved.tokenizer)} vocab rows, {spec.dtype.value}, stops at {', '.join(spec.turn_end)}{', chat template ' + str(saved.train_cfg.data.chat_template.value) if spec.chat_template else ''})")
     return {"export_dir": str(out)}
 
@@ -62,11 +59,10 @@ def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     checkpoints) as a checkpoint beside them, exported as mode=export would (checkpoint/average.py)."""
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
-    out, _ = average_checkpoints(paths, output_path(paths, paths[0].parent), consolidate_deepspeed)
+    out = run_end.average(paths, paths[0].parent)  # as checkpoint.average_last at the end of training
     saved = saved_run.load(str(out), run_dir)
-    spec = export_spec(saved.train_cfg, saved.tokenizer, cfg.export.dtype.value)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
-    export_state_dict(saved_run.state_dict(saved), model_config=saved_run.model_config(saved), tokenizer=saved.tokenizer, true_vocab=len(saved.tokenizer), out_dir=export_dir, spec=spec)
+    run_end.export(out, saved_run.run_model(saved, cfg.export.dtype.value), export_dir)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out} and {export_dir}")
     return {"checkpoint": str(out), "export_dir": str(export_dir), "averaged": [str(p) for p in paths]}
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tinytrain.checkpoint.export import model_from_state_dict
+from tinytrain.checkpoint.export import checkpoint_state_dict, export_spec, model_from_state_dict
 from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.checkpoint.remote_code import announce
@@ -28,7 +29,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
-from tinytrain.train.consolidate import model_weights
+from tinytrain.train.run_end import RunModel, export_dir_for
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -45,8 +46,7 @@ class SavedRun:
 
 
     def default_export_dir(self) -> Path:
-        name = self.checkpoint.name.removesuffix(".ckpt")
-        return self.run_dir / ("hf_export" if name == "final" else f"hf_export-{name}")
+        return export_dir_for(self.checkpoint, self.run_dir)
 
     @property
     def is_sft(self) -> bool:
@@ -75,7 +75,7 @@ def locate(value: str | None, run_dir: Path) -> Path:
 def load(value: str | None, run_dir: Path) -> SavedRun:
     """The checkpoint with its run's config and tokenizer (checked against the checkpoint's)."""
     path = locate(value, run_dir)
-    if path.is_dir() and (path / "config.json").is_file():
+    if format_of(path).format is CheckpointFormat.hf_export:
         return _hf_folder(path)
     source_run = path.parent.parent if path.parent.name == "checkpoints" else None
     if source_run is None or not (source_run / RUN_CONFIG).is_file():
@@ -127,9 +127,15 @@ def model_config(saved: SavedRun):
     return build.model_config(saved.train_cfg.model, len(saved.tokenizer), saved.tokenizer)
 
 
+def run_model(saved: SavedRun, dtype: str = "auto") -> RunModel:
+    """What the export needs, from the run's saved config (its precision and template; `dtype`:
+    export.dtype)."""
+    return RunModel(model_config(saved), saved.tokenizer, len(saved.tokenizer), export_spec(saved.train_cfg, saved.tokenizer, dtype), saved.finetune)
+
+
 def state_dict(saved: SavedRun) -> dict:
     """The HF model's weights from the checkpoint (a DeepSpeed folder consolidated first)."""
-    return model_weights(saved.checkpoint)
+    return checkpoint_state_dict(saved.checkpoint)
 
 
 def hf_model(saved: SavedRun, trust_remote_code: bool = False):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tinytrain.checkpoint.export_target import export_dir_problems, export_folder_problems
+from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.remote_code import remote_code_problems
 from tinytrain.config.generate_checks import sampling_problems
 from tinytrain.config.schema import Mode
@@ -49,7 +50,7 @@ def source_problems(cfg, run_dir: Path) -> list[Problem]:
         path = saved_run.locate(value, run_dir)
     except ConfigError as e:
         return e.problems
-    if not (path.is_dir() and (path / "config.json").is_file()):
+    if format_of(path).format is not CheckpointFormat.hf_export:
         return []  # a checkpoint: read, with its run's config, by saved_run.load
     return remote_code_problems(KEY, path, bool(cfg.model.trust_remote_code)) + export_folder_problems(KEY, path)
 

@@ -108,8 +108,7 @@ def existing_bytes(checkpoint_dir: Path) -> int:
     """Bytes this run's step checkpoints already take (a resumed run replaces them as it goes)."""
     total = 0
     for _, path in step_checkpoints(checkpoint_dir):
-        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        total += sum(p.stat().st_size for p in files)
+        total += sum(p.stat().st_size for p in (path, *path.rglob("*")) if p.is_file())  # a file, or a folder's files
     return total
 
 

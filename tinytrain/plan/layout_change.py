@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tinytrain.checkpoint import formats
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.parallel import STRATEGIES, CheckpointFormat, strategy_row
 
@@ -56,21 +57,9 @@ def run_layout(strategy: str, world: int, dp: int, tp: int, zero_stage: int, cp:
 
 
 def saved_layout(path: Path, state: dict) -> Layout:
-    """The layout a checkpoint was saved under: its metadata's, else read from the disk."""
-    meta = state.get("tinytrain") or {}
-    if "layout" in meta:
-        return Layout(**meta["layout"])
-    tp = int(meta.get("tp", 1))
-    from tinytrain.checkpoint.sharded import SAVE_ID_KEY, is_sharded
-
-    if is_sharded(path):
-        world = int(state.get(SAVE_ID_KEY, {}).get("ranks", tp))
-        return Layout("sharded", "fsdp_tp", world, world // tp, tp)
-    if path.is_dir():
-        partitions = len(list(path.glob("checkpoint/*optim_states.pt")))
-        stage = 3 if list(path.glob("checkpoint/zero_pp_rank_*_model_states.pt")) else 2  # 1 and 2 save alike
-        return Layout("deepspeed", "deepspeed", partitions, partitions, 1, stage)
-    return Layout("file", "unknown", 1, 1, tp)
+    """The layout a checkpoint was saved under: its metadata's, else read from the disk by its
+    format's row (checkpoint/formats.py)."""
+    return Layout(**formats.saved_layout(path, state))
 
 
 def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:

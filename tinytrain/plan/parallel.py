@@ -12,9 +12,9 @@ fails while one of them is missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Callable
 
+from tinytrain.checkpoint.formats import CheckpointFormat  # the format table: how each is read, on disk
 from tinytrain.config.schema import Mode, Strategy
 from tinytrain.errors import Problem
 from tinytrain.plan import deepspeed_config
@@ -33,14 +33,6 @@ from tinytrain.plan.memory import (
     sharded_frozen_copy,
     sharded_states,
 )
-
-
-class CheckpointFormat(Enum):
-    """What a strategy's checkpoint is on disk (checkpoint/resume.py reads both)."""
-
-    file = "file"  # one full .ckpt file, vocab rows unpadded (fsdp_tp's before sharded checkpoints)
-    sharded = "sharded"  # a torch.distributed.checkpoint folder, every rank its own shards (checkpoint/sharded.py); async saves possible
-    deepspeed = "deepspeed"  # DeepSpeed's folder of ZeRO partitions, published atomically
 
 
 def no_problems(cfg, world: int) -> list[Problem]:

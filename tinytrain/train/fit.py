@@ -9,11 +9,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tinytrain.checkpoint.average import average_checkpoints, newest_step_checkpoints, output_path
-from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed
-from tinytrain.checkpoint.export import export_checkpoint, export_state_dict
+from tinytrain.checkpoint.average import newest_step_checkpoints
 from tinytrain.checkpoint.format import vocab_param_names
-from tinytrain.checkpoint.sharded import is_sharded
 from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
@@ -31,17 +28,13 @@ from tinytrain.model.reference import FrozenReference
 from tinytrain.plan.run_plan import RunPlan
 from tinytrain.preflight.checks import data_findings, report
 from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_tables
-from tinytrain.train.callbacks.dead_rank import DeadRank
-from tinytrain.train.callbacks.evals import DownstreamEvals, eval_callback
-from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
+from tinytrain.train.callbacks.evals import eval_callback
 from tinytrain.train.callbacks.preemption import Preemption
-from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
-from tinytrain.train.callbacks.slurm_evals import SlurmEvals, slurm_eval_callback
-from tinytrain.train.callbacks.stragglers import Stragglers
-from tinytrain.train.consolidate import model_weights
+from tinytrain.train.callbacks.slurm_evals import slurm_eval_callback
 from tinytrain.train.plot import plot_evals, plot_loss
+from tinytrain.train.run_end import RunModel, average, export, export_dir_for
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
 
 log = logging.getLogger(__name__)
@@ -127,8 +120,10 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
     preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + eval_callback(plan, run_dir, tokenizer) + slurm_eval_callback(plan, cfg, run_dir)
-    trainer, throughput, summary = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption, watched=watched)
+    evals, slurm_evals = eval_callback(plan, run_dir, tokenizer), slurm_eval_callback(plan, cfg, run_dir)
+    samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + evals + slurm_evals
+    built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption, watched=watched)
+    trainer, summary = built.trainer, built.summary
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"
     failed = True
@@ -143,7 +138,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
             wait_for_checkpoint()
         failed = False
     except Exception as e:
-        dead = next((c.message for c in trainer.callbacks if isinstance(c, DeadRank) and c.message), None)
+        dead = built.dead_rank.message
         if dead is None:
             raise
         raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
@@ -153,22 +148,21 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         end_wandb_run(cfg, failed)
     val_loss = trainer.callback_metrics.get("val_loss")
     result = {
-        "data_ran_out": next((c.message for c in trainer.callbacks if isinstance(c, MixtureExhaustion) and c.message), None),
+        "data_ran_out": built.mixture.message if built.mixture else None,
         "first_loss": summary.first,
         "last_loss": summary.last,
         "loss_means": summary.means(),  # (first, last) `loss_window` steps
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
-        "profile": next((c.summary() for c in trainer.callbacks if isinstance(c, Profiler)), None),
-        "evals": next((c.summary() for c in trainer.callbacks if isinstance(c, DownstreamEvals)), None),
+        "profile": built.profiler.summary() if built.profiler else None,
+        "evals": evals[0].summary() if evals else None,
         "eval_jobs": None,
-        "stragglers": next((c.summary() for c in trainer.callbacks if isinstance(c, Stragglers)), None),
-        **throughput.summary(),
+        "stragglers": built.stragglers.summary() if built.stragglers else None,
+        **built.throughput.summary(),
     }
-    slurm_evals = next((c for c in trainer.callbacks if isinstance(c, SlurmEvals)), None)
-    if slurm_evals is not None and trainer.is_global_zero:
-        slurm_evals.submit_final(trainer.global_step)  # final.ckpt is on disk: its job may start
-        result["eval_jobs"] = slurm_evals.summary()
+    if slurm_evals and trainer.is_global_zero:
+        slurm_evals[0].submit_final(trainer.global_step)  # final.ckpt is on disk: its job may start
+        result["eval_jobs"] = slurm_evals[0].summary()
     if trainer.is_global_zero:
         finish(cfg, plan, run_dir=run_dir, final_checkpoint=final, tokenizer=tokenizer, result=result)
     return result
@@ -211,10 +205,10 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     if len(paths) < 2:
         log.warning("checkpoint.average_last=%d: the run saved %d step checkpoint(s), nothing to average", cfg.checkpoint.average_last, len(paths))
         return
-    out, _ = average_checkpoints(paths, output_path(paths, run_dir / "checkpoints"), consolidate_deepspeed)
-    export_dir = run_dir / ("hf_export-" + out.name.removesuffix(".ckpt"))
+    out = average(paths, run_dir / "checkpoints")
+    export_dir = export_dir_for(out, run_dir)
     if cfg.trainer.export:
-        export_checkpoint(out, model_config=model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export)
+        export(out, RunModel(model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, plan.export), export_dir)
     print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
@@ -224,14 +218,10 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if cfg.trainer.plot:
         plot_evals(run_dir / "evals.csv", run_dir / "evals.png", f"{cfg.model.name}: downstream tasks")
     if cfg.trainer.export:
-        adapters = plan.finetune and plan.finetune.to_dict()
-        config, export_dir = model_config(cfg.model, plan.vocab.padded, tokenizer), Path(cfg.export.dir or run_dir / "hf_export")
-        if is_sharded(final_checkpoint):  # fsdp_tp: streamed from the shards, one tensor at a time
-            export_checkpoint(final_checkpoint, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
-        else:
-            # A DeepSpeed run's folder of partitions is consolidated once and kept (final.consolidated.ckpt).
-            weights = model_weights(final_checkpoint, keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
-            export_state_dict(weights, model_config=config, tokenizer=tokenizer, true_vocab=plan.vocab.true, out_dir=export_dir, spec=plan.export, adapters=adapters)
+        model = RunModel(model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, plan.export, plan.finetune and plan.finetune.to_dict())
+        # fsdp_tp's shards stream, one tensor at a time; a DeepSpeed run's folder of partitions is
+        # consolidated once and kept (final.consolidated.ckpt).
+        export(final_checkpoint, model, Path(cfg.export.dir or export_dir_for(final_checkpoint, run_dir)), keep_at=final_checkpoint.with_suffix(".consolidated.ckpt"))
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies.ddp import DDPStrategy
 
 from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.universal import convert, universal_path
@@ -13,7 +18,7 @@ from tinytrain.errors import TrainingStopped
 from tinytrain.plan.deepspeed_config import for_lightning
 from tinytrain.plan.precision import PrecisionDecision
 from tinytrain.plan.run_plan import ParallelLayout, RunPlan
-from tinytrain.train.sharded_checkpoints import sharded_model_parallel_strategy
+from tinytrain.train.sharded_checkpoints import ShardedModelParallelStrategy
 
 if TYPE_CHECKING:
     from lightning.pytorch.plugins.precision import MixedPrecision
@@ -46,19 +51,18 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, loss_scale_i
 
 
 def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
-    from lightning.pytorch.strategies import DDPStrategy
-
     return DDPStrategy(process_group_backend=backend, **pg_timeout(timeout))
 
 
 def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
-    cls = atomic_deepspeed_strategy(on_cpu=parallel.deepspeed_on_cpu)
+    cls = CPUDeepSpeedStrategy if parallel.deepspeed_on_cpu else AtomicDeepSpeedStrategy
     return cls(config=for_lightning(deepspeed_config), process_group_backend=backend, **pg_timeout(timeout))
 
 
 def model_parallel_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
     # Every rank saves its own shards (train/sharded_checkpoints.py): no rank gathers the state.
-    return sharded_model_parallel_strategy(async_save)(
+    return ShardedModelParallelStrategy(
+        async_save=async_save,
         data_parallel_size=parallel.dp * parallel.cp,  # FSDP shards over the cp ranks too (Ulysses: tp 1)
         tensor_parallel_size=parallel.tp,
         process_group_backend=backend,
@@ -91,87 +95,70 @@ def pg_timeout(timeout) -> dict:
     return {"timeout": timeout} if timeout is not None else {}
 
 
-def atomic_deepspeed_strategy(on_cpu: bool = False):
+class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy whose checkpoint folder appears only when every rank has
-    written its shards: saved under a temp name, renamed by rank 0 after a barrier.
+    written its shards: saved under a temp name, renamed by rank 0 after a barrier."""
 
-    `on_cpu` (parallel.deepspeed_on_cpu, for tests): the same strategy with Lightning's three
-    CUDA-only checks lifted, so CI runs the code a GPU run uses on DeepSpeed's CPU accelerator
-    over gloo. Not for real training: it is slow, and says nothing about NCCL or GPU memory."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank
+        tmp = Path(self.broadcast(str(temp_path(final))))
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("tinytrain.atomic_deepspeed_save")
+        if self.is_global_zero:
+            publish_directory(tmp, final)
+        self.barrier("tinytrain.atomic_deepspeed_published")
 
-    class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
-        def save_checkpoint(self, checkpoint, filepath, storage_options=None):
-            final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank
-            tmp = Path(self.broadcast(str(temp_path(final))))
-            super().save_checkpoint(checkpoint, tmp, storage_options)
-            self.barrier("tinytrain.atomic_deepspeed_save")
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        # The plan saw another data-parallel size and set DeepSpeed's load_universal
+        # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
+        if self.config.get("checkpoint", {}).get("load_universal"):
+            failed = None
             if self.is_global_zero:
-                publish_directory(tmp, final)
-            self.barrier("tinytrain.atomic_deepspeed_published")
-
-        def load_checkpoint(self, checkpoint_path, weights_only=None):
-            # The plan saw another data-parallel size and set DeepSpeed's load_universal
-            # (plan/deepspeed_config.py): rank 0 converts, the others wait, all load the copy.
-            if self.config.get("checkpoint", {}).get("load_universal"):
-                failed = None
-                if self.is_global_zero:
-                    try:
-                        convert(Path(checkpoint_path))
-                    except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
-                        failed = f"{type(e).__name__}: {e}"
-                failed = self.broadcast(failed)  # also the barrier: the others wait for rank 0
-                if failed:
-                    raise TrainingStopped(
-                        f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another data-parallel size) failed: {failed}. "
-                        f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
-                    )
-                checkpoint_path = universal_path(Path(checkpoint_path))
-            return super().load_checkpoint(checkpoint_path, weights_only)
-
-    if not on_cpu:
-        return AtomicDeepSpeedStrategy
-    return cpu_deepspeed_strategy(AtomicDeepSpeedStrategy)
+                try:
+                    convert(Path(checkpoint_path))
+                except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait forever
+                    failed = f"{type(e).__name__}: {e}"
+            failed = self.broadcast(failed)  # also the barrier: the others wait for rank 0
+            if failed:
+                raise TrainingStopped(
+                    f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another data-parallel size) failed: {failed}. "
+                    f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
+                )
+            checkpoint_path = universal_path(Path(checkpoint_path))
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
 
-def cpu_deepspeed_strategy(base):
-    """`base` without Lightning 2.6's refusals of CPU (the three places it assumes CUDA)."""
-    import argparse
+class CPUDeepSpeedStrategy(AtomicDeepSpeedStrategy):
+    """parallel.deepspeed_on_cpu (for tests): the same strategy without Lightning 2.6's refusals of
+    CPU (the three places it assumes CUDA), so CI runs the code a GPU run uses on DeepSpeed's CPU
+    accelerator over gloo. Not for real training: it is slow, and says nothing about NCCL or GPU memory."""
 
-    from lightning.fabric.utilities.seed import reset_seed
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-    from lightning.pytorch.strategies.ddp import DDPStrategy
+    def setup_environment(self):
+        # DeepSpeedStrategy.setup_environment refuses any accelerator but CUDAAccelerator.
+        if self.precision_plugin.precision == "16-mixed":
+            allow_fp16_on_cpu()
+        DDPStrategy.setup_environment(self)
 
-    class CPUDeepSpeedStrategy(base):
-        def setup_environment(self):
-            # DeepSpeedStrategy.setup_environment refuses any accelerator but CUDAAccelerator.
-            if self.precision_plugin.precision == "16-mixed":
-                allow_fp16_on_cpu()
-            DDPStrategy.setup_environment(self)
+    def setup_distributed(self):
+        # DeepSpeedStrategy's version first checks device index == local rank; CPU devices have none.
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
 
-        def setup_distributed(self):
-            # DeepSpeedStrategy's version first checks device index == local rank; CPU devices have none.
-            reset_seed()
-            self.set_world_ranks()
-            self._init_deepspeed_distributed()
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        # Lightning passes device_rank=root_device.index (None on CPU), which DeepSpeed compares with >= 0.
+        import deepspeed
 
-        def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
-            # Lightning passes device_rank=root_device.index (None on CPU), which DeepSpeed compares with >= 0.
-            import deepspeed
-
-            engine, ds_optimizer, _, _ = deepspeed.initialize(
-                args=argparse.Namespace(device_rank=self.local_rank),
-                config=self.config,
-                model=model,
-                model_parameters=[p for p in model.parameters() if p.requires_grad],
-                optimizer=optimizer,
-                lr_scheduler=lr_scheduler,
-                dist_init_required=False,
-            )
-            return engine, ds_optimizer
-
-    assert issubclass(CPUDeepSpeedStrategy, DeepSpeedStrategy)
-    return CPUDeepSpeedStrategy
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
 
 
 def allow_fp16_on_cpu() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import Exhaustion
@@ -141,16 +142,28 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
 
 
-def mixture_callbacks(plan: RunPlan, train_sampler) -> list:
+def mixture_callback(plan: RunPlan, train_sampler) -> MixtureExhaustion | None:
     """data.exhaustion=stop over a mixture: the callback that ends the run before a source repeats."""
     mixture = plan.mixture
     if not (mixture and mixture.exhaustion == Exhaustion.stop.value and train_sampler is not None):
-        return []
+        return None
     keys = [f"data.sources[{i}].path" for i in range(len(mixture.sources))]
-    return [MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)]
+    return MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)
 
 
-def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None, watched=None):
+class BuiltTrainer(NamedTuple):
+    """The trainer, and the callbacks whose findings are the run's result (fit reads them here)."""
+
+    trainer: object
+    throughput: ThroughputMonitor
+    summary: LossSummary
+    dead_rank: DeadRank  # why a rank's collective failed, when one did
+    mixture: MixtureExhaustion | None  # data.exhaustion=stop over a mixture: which source ran out
+    profiler: Profiler | None  # trainer.profile
+    stragglers: Stragglers | None  # cluster.straggler_*: the ranks named slow
+
+
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None, watched=None) -> BuiltTrainer:
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
     A resumed run's metrics.csv keeps the rows before the step it resumes from. `watched`: this
     rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on."""
@@ -163,27 +176,31 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     cp = plan.parallel.cp
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
     bar = bar_on_terminal(t.progress_bar)
+    dead_rank = DeadRank(run_dir)
+    mixture = mixture_callback(plan, train_sampler)
+    profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
+    stragglers = Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold) if plan.stragglers and plan.stragglers.enabled else None
     callbacks = [
         *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
         # First: a batch's beat is written before any other callback's work on it.
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
         throughput,
-        *([Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold)] if plan.stragglers and plan.stragglers.enabled else []),
+        *([stragglers] if stragglers else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler, context_parallel=cp)] if train_sampler is not None else []),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
-        *mixture_callbacks(plan, train_sampler),
+        *([mixture] if mixture else []),
         RNGState(cfg.seed),
-        DeadRank(run_dir),
+        dead_rank,
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).
         StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, t.val_every_n_steps if t.val_batches else 0),
         *extra_callbacks,
-        *([Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict())] if t.profile else []),
+        *([profiler] if profiler else []),
     ]
     plugins = [*cluster_plugins(), AtomicCheckpointIO(), *([hw.precision_plugin] if hw.precision_plugin else [])]
     trainer = pl.Trainer(
@@ -209,4 +226,4 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.
         use_distributed_sampler=False,
     )
-    return trainer, throughput, summary
+    return BuiltTrainer(trainer, throughput, summary, dead_rank, mixture, profiler, stragglers)
