@@ -19,8 +19,10 @@ from tinytrain.outputs import saved_run
 from tinytrain.train import evals_csv
 
 
-def is_run_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "checkpoints").is_dir() and (path / saved_run.RUN_CONFIG).is_file()
+def is_run_folder(run: Path) -> bool:
+    """A run's folder (its checkpoints and saved config), which no checkpoint format is."""
+    checkpoints_dir = run / "checkpoints"
+    return run.is_dir() and checkpoints_dir.is_dir() and (run / saved_run.RUN_CONFIG).is_file()
 
 
 def run_checkpoints(run: Path) -> list[tuple[int, Path]]:

@@ -137,7 +137,8 @@ def flatten(files) -> list[str]:
 def in_datasets_cache(path: str) -> bool:
     from datasets import config
 
-    return (Path(config.HF_DATASETS_CACHE) / path.replace("/", "___")).is_dir()
+    cached = Path(config.HF_DATASETS_CACHE) / path.replace("/", "___")
+    return cached.is_dir()
 
 
 @functools.lru_cache(maxsize=1)

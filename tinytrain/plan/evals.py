@@ -82,10 +82,10 @@ def slurm_problems(cfg) -> list[Problem]:
 
 
 def include_problems(key: str, folder: str) -> list[Problem]:
-    path = Path(folder)
-    if not path.is_dir():
+    tasks = Path(folder)
+    if not tasks.is_dir():
         return [Problem(key, folder, "no such folder", "point it at a folder of lm-eval task YAMLs")]
-    if not any(path.rglob("*.yaml")) and not any(path.rglob("*.yml")):
+    if not any(tasks.rglob("*.yaml")) and not any(tasks.rglob("*.yml")):
         return [Problem(key, folder, "holds no task YAML (*.yaml)", "write the task's YAML there (docs/evaluation.md has one), or drop the folder from eval.include")]
     return []
 
