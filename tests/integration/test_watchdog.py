@@ -140,7 +140,7 @@ def test_mode_health_passes_a_healthy_world_and_names_a_slowed_rank(tmp_path):
     healthy = run_cli(args, tmp_path / "healthy", env={"OMP_NUM_THREADS": "1"}, timeout=240)
     assert healthy.returncode == 0, healthy.stderr[-3000:]
     assert "health     ok: every rank and the all-reduce within the thresholds" in healthy.stdout
-    assert "matmul (384^3): at least 75% of the other ranks' median" in healthy.stdout  # the thresholds are printed
+    assert "matmul (384^3): at least 50% of the other ranks' median" in healthy.stdout  # the thresholds are printed (CPU's)
     assert (tmp_path / "healthy" / "health.json").exists()
     slowed = run_cli(args, tmp_path / "slowed", env={"OMP_NUM_THREADS": "1", "TT_TEST_SLOW_RANK": "1:3"}, timeout=240, module="tests.integration.instrumented_cli")
     assert slowed.returncode == 3, slowed.stdout[-2000:] + slowed.stderr[-3000:]

@@ -17,7 +17,10 @@ import socket
 import statistics
 import time
 
-MIN_OF_OTHERS = 0.75  # a rank below 75% of the other ranks' median matmul throughput is named
+# A rank below this share of the other ranks' median matmul throughput is named. CPUs are shared
+# with whatever else the machine runs (a CI worker beside another saw a healthy rank at 68%), so
+# their bar is lower; a degraded GPU is slower by far more than 25%.
+MIN_OF_OTHERS = {"cuda": 0.75, "cpu": 0.5}
 GPU_MIN_OF_PEAK = 0.4  # and on a GPU below 40% of the table's dense bf16/fp16 peak
 BUSBW_FLOOR_GBPS = {"cuda": 10.0, "cpu": 0.01}  # PCIe gen3 x16 is ~12 GB/s; gloo over loopback ~1 GB/s
 MATMUL_N = {"cuda": 8192, "cpu": 384}
@@ -132,10 +135,11 @@ def judge(results: list[dict], busbw: float | None, *, device_type: str, peak_tf
     """{"ranks", "busbw", "bad": [(rank, host, why)], "thresholds": [lines]}."""
     bad = []
     floor = GPU_MIN_OF_PEAK * peak_tflops if device_type == "cuda" and peak_tflops else None
+    least = MIN_OF_OTHERS.get(device_type, MIN_OF_OTHERS["cuda"])
     for r in results:
         others = [o["tflops"] for o in results if o["rank"] != r["rank"]]
         reference = statistics.median(others) if others else None
-        if reference and r["tflops"] < MIN_OF_OTHERS * reference:
+        if reference and r["tflops"] < least * reference:
             bad.append((r["rank"], r["host"], f"matmul {r['tflops']:.3g} TFLOP/s, {100 * r['tflops'] / reference:.0f}% of the other ranks' median {reference:.3g}"))
         elif floor and r["tflops"] < floor:
             bad.append((r["rank"], r["host"], f"matmul {r['tflops']:.3g} TFLOP/s, below {floor:.3g} ({100 * GPU_MIN_OF_PEAK:.0f}% of the {peak_tflops:g} peak)"))
@@ -143,7 +147,7 @@ def judge(results: list[dict], busbw: float | None, *, device_type: str, peak_tf
             bad.append((r["rank"], r["host"], f"memory: {r['memory']}"))
     bus_floor = BUSBW_FLOOR_GBPS[device_type]
     thresholds = [
-        f"matmul ({MATMUL_N[device_type]}^3): at least {100 * MIN_OF_OTHERS:.0f}% of the other ranks' median"
+        f"matmul ({MATMUL_N[device_type]}^3): at least {100 * least:.0f}% of the other ranks' median"
         + (f", and at least {floor:.3g} TFLOP/s ({100 * GPU_MIN_OF_PEAK:.0f}% of the {peak_tflops:g} TFLOP/s dense peak in the hardware table)" if floor else ""),
         f"memory: {'80% of the free GPU memory allocated and written' if device_type == 'cuda' else '256 MB allocated and written'}",
         f"all-reduce ({ALLREDUCE_BYTES[device_type] // 2**20} MB): bus bandwidth at least {bus_floor:g} GB/s",

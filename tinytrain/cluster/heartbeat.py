@@ -13,12 +13,15 @@ the watchdog process imports this without torch.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
 import time
 import uuid
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # Every phase a rank can be in; plan/watchdog.py gives each its limit. "done": finished, not watched.
 PHASES = ("startup", "data", "first_step", "compile", "train", "validation", "checkpoint", "done")
@@ -61,6 +64,7 @@ class Heartbeat:
         self.step, self.phase, self.seq = 0, "startup", 0
         self.written_at, self.written_seq = 0.0, -1
         self.lock = threading.Lock()  # the training thread and the flushing thread both write
+        self.write_failed = False  # said once
 
     def beat(self, step: int | None = None, phase: str | None = None) -> None:
         self.seq += 1
@@ -84,8 +88,16 @@ class Heartbeat:
             record = {"rank": self.rank, "pid": self.pid, "host": self.host, "step": self.step, "phase": self.phase, "seq": self.seq, "time": time.time()}
             self.written_seq = record["seq"]
             temp = self.path.with_name(self.path.name + ".tmp")
-            temp.write_text(json.dumps(record))
-            os.replace(temp, self.path)
+            try:
+                temp.write_text(json.dumps(record))
+                os.replace(temp, self.path)
+            except OSError as e:
+                # A full disk (or a run folder gone): the run's own save names it; a beat not written
+                # must not end this rank with a traceback of its own. The next beat tries again.
+                self.written_seq = -1
+                if not self.write_failed:
+                    log.warning("heartbeat %s not written (%s): the hang watchdog sees this rank's older beat until one is", self.path, e.strerror or e)
+                self.write_failed = True
 
 
 def read(where: Path) -> dict[int, dict]:

@@ -39,8 +39,7 @@ class WatchedRank:
         self.where = heartbeat.folder(run_dir, attempt)
         self.where.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-            os.environ.setdefault(variable, FLIGHT_RECORDER_ENTRIES)
+        os.environ.setdefault(flight_recorder_variable(), FLIGHT_RECORDER_ENTRIES)
         self.stacks = (self.where / f"stack-rank{rank}.txt").open("w")
         faulthandler.register(STACK_SIGNAL, file=self.stacks, all_threads=True, chain=False)
         self.heartbeat = heartbeat.Heartbeat(self.where, rank)
@@ -93,3 +92,12 @@ def flight_recorder() -> dict:
     summary = hang_report.summarize_fr(trace)
     summary["note"] = f"dumped in {time.monotonic() - started:.2f} s"
     return summary
+
+
+def flight_recorder_variable() -> str:
+    """TORCH_FR_BUFFER_SIZE (torch >= 2.7); older torch reads TORCH_NCCL_TRACE_BUFFER_SIZE, which
+    newer torch still reads but warns about on every rank."""
+    from importlib.metadata import version
+
+    major, minor = (int(p) for p in version("torch").split(".")[:2])
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 7) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
