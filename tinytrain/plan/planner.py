@@ -215,7 +215,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+        return block_activations(shape, par.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -292,9 +292,16 @@ def activation_estimate(cfg, shape, attention, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=cfg.parallel.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+        return block_activations(shape, cfg.parallel.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     return at
+
+
+def block_activations(shape, tp: int, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
+    """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
+    checkpointing mode (with its every-k-block fallback): what both the cp sizing and the plan's
+    memory line estimate, so they agree."""
+    return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
 
 
 def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
