@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.zygote import Zygote
+
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "tinytrain" / "conf"
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -59,11 +61,16 @@ def plan(overrides: list[str] | tuple[str, ...], run_dir: Path) -> dict:
     return run_stages(compose(["mode=plan", *overrides]), run_dir).to_dict()
 
 
+ZYGOTE = Zygote()
+
+
 def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
     """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
     with test instruments, tests.integration.instrumented_cli)."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
     full_env.update(env or {})
+    if ZYGOTE.serves(full_env):  # forked from a process that imported torch and Lightning once
+        return ZYGOTE.run(module, [*args, f"hydra.run.dir={run_dir}"], REPO, full_env, timeout)
     return subprocess.run(
         [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -72,6 +79,21 @@ def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: in
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: str = "tinytrain", new_session: bool = False):
+    """`python -m module args...` started in the background from the repo root, writing into run_dir,
+    its output appended to run_dir/out.log: a subprocess.Popen, or its stand-in for a child of the
+    zygote (pid, poll, wait, send_signal, kill; tests/zygote.py). new_session: a session of its own,
+    so a killpg reaches the ranks it starts."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    full_env.update(env or {})
+    argv = [*args, f"hydra.run.dir={run_dir}"]
+    if ZYGOTE.serves(full_env):
+        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session)
+    with (run_dir / "out.log").open("a") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
 
 
 def free_port() -> int:

@@ -17,14 +17,13 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 import torch
 
-from tests.conftest import DEEPSPEED_ON_CPU, REPO, compose, metrics_rows
+from tests.conftest import DEEPSPEED_ON_CPU, compose, metrics_rows, start_cli
 from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
@@ -73,11 +72,7 @@ FIRST_HALF, SECOND_HALF = ["trainer.activation_checkpointing=selective"], ["trai
 
 
 def start(run_dir, args, env=None) -> subprocess.Popen:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    full_env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})})
-    with (run_dir / "out.log").open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "tests.integration.instrumented_cli", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    return start_cli(args, run_dir, {"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})}, module="tests.integration.instrumented_cli")
 
 
 def finish(proc: subprocess.Popen, run_dir, timeout=420) -> str:

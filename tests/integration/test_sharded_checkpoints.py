@@ -13,12 +13,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_checkpoint_size_estimated, metrics_rows
+from tests.conftest import assert_checkpoint_size_estimated, metrics_rows, start_cli
 from tests.integration.test_resume import MODEL, batches, metrics, wait_for
 from tinytrain.checkpoint.files import is_temp
 from tinytrain.checkpoint.resume import newest_loadable, read_state
@@ -46,13 +45,7 @@ ASYNC = [*RUN, "checkpoint.keep_last=2", "checkpoint.async_save=true"]
 
 def start(run_dir, args, env=None) -> subprocess.Popen:
     """The instrumented CLI in a session of its own: a SIGKILL reaches both ranks (killpg)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    full_env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})})
-    with (run_dir / "out.log").open("a") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.instrumented_cli", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    return start_cli(args, run_dir, {"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})}, module="tests.integration.instrumented_cli", new_session=True)
 
 
 def finish(proc, run_dir, timeout=420) -> str:

@@ -1,0 +1,235 @@
+"""`python -m tinytrain ...` for the tests without paying its imports each time: a process per test
+worker imports torch, Lightning, transformers and tinytrain's training modules once (~5 s), then
+forks a child for every command. The child is a real process (its own pid, exit status, signals,
+working directory, environment and output files), started where a fresh interpreter would be after
+those imports, so what a test checks about the command is what `python -m tinytrain` does. The
+ranks Lightning starts beside it are fresh interpreters, as for a user.
+
+A command whose environment differs from the zygote's in a variable that a preloaded module reads at
+import (HF_*, TORCH*, OMP_*, ...) gets a fresh interpreter instead, as does every command when
+TINYTRAIN_TEST_FRESH_PROCESS=1 (to rule the zygote out of a failure).
+
+Protocol on the zygote's stdin/stdout, one JSON line each: a request {id, module, args, cwd, env,
+stdout, stderr, append, new_session} is answered {id, pid} at the fork and {id, status} (the
+child's returncode as subprocess gives it) when the child ends; several children may run at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# What a training command imports (transformers' accelerate integration imports DeepSpeed where it is
+# installed, as it is for the tests), and the output modes.
+PRELOAD = (
+    "torch", "transformers", "transformers.integrations.accelerate", "transformers.models.llama.modeling_llama", "deepspeed", "lightning.pytorch",
+    "tinytrain.cli", "tinytrain.train.fit", "tinytrain.train.trainer", "tinytrain.model.module", "tinytrain.outputs.modes",
+)  # fmt: skip
+# Prefixes of the environment variables the preloaded modules read when imported: a command that sets
+# one of these otherwise than the zygote had it gets a fresh interpreter.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
+
+
+class ZygoteProcess:
+    """What the tests use of subprocess.Popen, for a child of the zygote."""
+
+    def __init__(self, zygote: Zygote, request_id: int, args: list[str]) -> None:
+        self._zygote, self._id, self.args = zygote, request_id, args
+        self._done = threading.Event()
+        self.pid: int = zygote._await(request_id, "pid")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _ended(self, status: int) -> None:
+        self.returncode = status
+        self._done.set()
+
+
+class Zygote:
+    """The test worker's side: started on first use, one per worker process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._env: dict = {}
+        self._added_env: dict = {}
+        self._next_id = 0
+        self._replies: dict[tuple[int, str], int] = {}
+        self._replied = threading.Condition(self._lock)
+        self._children: dict[int, ZygoteProcess] = {}
+
+    def serves(self, env: dict) -> bool:
+        """Whether a command with this environment starts from the zygote as a fresh interpreter would."""
+        if os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") == "1":
+            return False
+        started_with = self._env if self._proc is not None else os.environ
+
+        def relevant(e):
+            return {k: v for k, v in e.items() if k.startswith(READ_AT_IMPORT) and k not in self._added_env}
+
+        return relevant(env) == relevant(started_with)
+
+    def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False) -> ZygoteProcess:
+        """`python -m module args` in cwd; stdout (and stderr, or both into stdout) to files."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            self._next_id += 1
+            request_id = self._next_id
+            request = {"id": request_id, "module": module, "args": args, "cwd": str(cwd), "env": {**self._added_env, **env}, "stdout": str(stdout), "stderr": str(stderr or stdout), "append": append, "new_session": new_session}
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+        child = ZygoteProcess(self, request_id, [sys.executable, "-m", module, *args])
+        with self._lock:
+            self._children[request_id] = child
+            if (request_id, "status") in self._replies:
+                child._ended(self._replies.pop((request_id, "status")))
+        return child
+
+    def run(self, module: str, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """subprocess.run(capture_output=True, text=True, timeout=timeout) of `python -m module args`."""
+        out_dir = Path(tempfile.mkdtemp(prefix="zygote-"))
+        out, err = out_dir / "stdout", out_dir / "stderr"
+        child = self.popen(module, args, cwd, env, out, err)
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired(child.args, timeout, output=out.read_text(errors="replace"), stderr=err.read_text(errors="replace")) from None
+        result = subprocess.CompletedProcess(child.args, child.returncode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+        out.unlink()
+        err.unlink()
+        out_dir.rmdir()
+        return result
+
+    def _start(self) -> None:
+        self._env = dict(os.environ)
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=REPO, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        ready = json.loads(self._proc.stdout.readline() or "{}")
+        if "added_env" not in ready:
+            raise RuntimeError(f"the test zygote did not start (exit {self._proc.wait()}); run with TINYTRAIN_TEST_FRESH_PROCESS=1 to do without it")
+        self._added_env = ready["added_env"]
+        threading.Thread(target=self._read_replies, args=(self._proc,), daemon=True).start()
+
+    def _read_replies(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            reply = json.loads(line)
+            with self._lock:
+                if "status" in reply and reply["id"] in self._children:
+                    self._children.pop(reply["id"])._ended(reply["status"])
+                else:
+                    self._replies[(reply["id"], "pid" if "pid" in reply else "status")] = reply.get("pid", reply.get("status"))
+                self._replied.notify_all()
+
+    def _await(self, request_id: int, what: str) -> int:
+        with self._lock:
+            while (request_id, what) not in self._replies:
+                if not self._replied.wait(timeout=60):
+                    raise RuntimeError("the test zygote did not answer within 60 s")
+            return self._replies.pop((request_id, what))
+
+
+def _child(request: dict) -> None:
+    """In the forked child: become `python -m <module> <args>` in the request's folder and environment."""
+    import runpy
+
+    if request["new_session"]:
+        os.setsid()
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(os.open(request["stdout"], flags, 0o644), 1)
+    os.dup2(os.open(request["stderr"], flags, 0o644) if request["stderr"] != request["stdout"] else 1, 2)
+    # The interpreter's own streams on the new descriptors, buffered as a fresh process's are with
+    # its output in a file.
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [request["module"], *request["args"]]
+    code = 0
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    # The interpreter's own exit: atexit handlers, buffered output, non-daemon threads, as `python -m`.
+    sys.exit(code)
+
+
+def _serve() -> None:
+    # Replies go out on a copy of stdout; what the preloaded modules print (DeepSpeed's accelerator
+    # notice) goes nowhere, as the zygote's stderr does.
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    before = dict(os.environ)
+    # A fresh `python -m tinytrain` with its stderr not on a terminal sets this before transformers
+    # is imported (tinytrain/cluster/library_notices.py); the preload comes first here.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:  # a fork copies only this thread: the others' locks could hang a child
+        raise SystemExit(f"a preloaded module started a thread: {threading.enumerate()}")
+    print(json.dumps({"added_env": {k: v for k, v in os.environ.items() if before.get(k) != v}}), file=replies)
+    children: dict[int, int] = {}  # pid -> request id
+    stdin = sys.stdin.fileno()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([stdin], [], [], 0.05 if children else None)
+        if ready:
+            data = os.read(stdin, 1 << 16)
+            if not data:  # the test worker is gone; its children's owners too
+                return
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()  # nothing buffered here may reach a child's output
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    replies.close()
+                    _child(request)
+                children[pid] = request["id"]
+                print(json.dumps({"id": request["id"], "pid": pid}), file=replies)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            print(json.dumps({"id": children.pop(pid), "status": os.waitstatus_to_exitcode(status)}), file=replies)
+
+
+if __name__ == "__main__":
+    _serve()
