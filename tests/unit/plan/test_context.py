@@ -82,3 +82,29 @@ def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
     p = plan(["experiment=long_context", f"hardware.gpu={gpu}", "cluster.devices=8"], tmp_path / gpu)
     assert p["parallel"]["cp"] == cp and p["batch"]["seq_len"] == 32768
     assert p["preflight"]["findings"] == [] or all(f["severity"] != "error" for f in p["preflight"]["findings"])
+
+
+@pytest.mark.parametrize(
+    "args, cp, kind, why",
+    [
+        (["parallel=zero2"], 2, "ulysses", "auto: parallel=zero2 runs ulysses"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"], 4, "ulysses", "auto: ulysses, since tp 1 and cp(4) splits whole heads (ring where they do not)"),
+        (["parallel=fsdp_tp", "parallel.tp=2"], 2, "ring", "auto: ring, since Ulysses cannot: tp 2 takes the consecutive ranks its groups need under parallel=fsdp_tp"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=6", "model.num_kv_heads=3"], 4, "ring", "auto: ring, since Ulysses cannot: cp(4) does not divide num_heads(6); cp(4) and num_kv_heads(3) do not divide one another"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "parallel.cp_kind=ring"], 2, "ring", "as configured (parallel.cp_kind=ring)"),
+    ],
+)
+def test_auto_picks_ulysses_where_it_splits_and_ring_where_it_cannot(args, cp, kind, why):
+    """cp_kind=auto per strategy and heads: DeepSpeed runs Ulysses only; fsdp_tp runs Ulysses with
+    tp 1 and whole heads per rank, ring otherwise (refused for training until proven: the reason says so)."""
+    from tinytrain.plan.context import choose_kind
+
+    assert choose_kind(compose(args), cp) == (kind, why)
+
+
+def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
+    """Ring does not train yet, so parallel.cp=null never lands on a cp only ring could split."""
+    from tinytrain.plan.context import allowed_cps
+
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1, 2, 4]
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1]
