@@ -6,8 +6,8 @@ Usage: RANK=r WORLD_SIZE=w MASTER_ADDR=... MASTER_PORT=... python -m tests.integ
 Each data-parallel group trains its own packed batch (cp_worker.packed_batch: documents of several
 lengths, position ids restarting per document); every rank takes torch's load-balanced share of it
 and the group's mean loss. On CPU only the forward runs (torch 2.13 has no flex-attention backward
-on CPU): rank 0 saves each group's loss against the whole-sequence loss, and the error the backward
-raises. On GPUs (one per rank, nccl) the backward runs too, and every gradient, averaged over the
+on CPU): rank 0 saves each rank's loss and gathered logits against the whole sequences', and the
+error the backward raises. On GPUs (one per rank, nccl) the backward runs too, and every gradient, averaged over the
 ranks as FSDP does over dp x cp, is compared with the whole-sequence mean over the groups.
 """
 
@@ -49,7 +49,7 @@ def main(cp: int, out_dir: Path) -> None:
     groups = world // cp
     training = device.type == "cuda"
 
-    whole = []
+    whole, whole_logits = [], []
     for g in range(groups):
         batch = {k: v.to(device) for k, v in packed_batch(g, vocab, SEQ)[0].items()}
         with torch.set_grad_enabled(training):
@@ -58,6 +58,7 @@ def main(cp: int, out_dir: Path) -> None:
         if training:
             (loss / groups).backward()
         whole.append(float(loss))
+        whole_logits.append(logits.detach())
 
     mesh = build_mesh(device.type, world, cp=cp, tp=1)
     ring = enable_ring(model, mesh["cp"])
@@ -65,8 +66,12 @@ def main(cp: int, out_dir: Path) -> None:
     local = ring.shard(batch)
     inputs = {"input_ids": local["input_ids"], "position_ids": local["position_ids"], "attention_mask": local["attention_mask"], "use_cache": False}
     with torch.set_grad_enabled(training):
-        loss = ring.mean_loss(causal_lm_loss(model(**inputs).logits, local["labels"], vocab), local["labels"])
-    result = {"loss_gap": abs(float(loss) - whole[rank // cp]) / whole[rank // cp], "local_tokens": int(local["input_ids"].shape[1])}
+        logits = model(**inputs).logits
+        loss = ring.mean_loss(causal_lm_loss(logits, local["labels"], vocab), local["labels"])
+    # Every token's logits, gathered back into order: stricter than the loss (a random model's loss barely moves).
+    want = whole_logits[rank // cp]
+    logits_gap = float((ring.unshard(logits.detach()) - want).abs().max() / want.abs().max())
+    result = {"loss_gap": abs(float(loss) - whole[rank // cp]) / whole[rank // cp], "logits_gap": logits_gap, "local_tokens": int(local["input_ids"].shape[1])}
     if training:
         loss.backward()
         worst = 0.0

@@ -112,6 +112,14 @@ class RingGroup:
     def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return group_mean_loss(local_mean, labels, self.group)
 
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        """A (rows, local seq, ...) tensor of this group, gathered back into whole-sequence order
+        (no gradient: for checks and evaluation)."""
+        from torch.distributed.tensor.experimental._attention import _HeadTailLoadBalancer, context_parallel_unshard
+
+        balancer = _HeadTailLoadBalancer(local.shape[1] * self.cp, self.cp, local.device)
+        return context_parallel_unshard(self.mesh, [local], [1], load_balancer=balancer)[0]
+
 
 def enable_ring(model, cp_mesh) -> RingGroup:
     """Route `model`'s attention through torch's context parallel on `cp_mesh` (the cp sub-mesh)."""
