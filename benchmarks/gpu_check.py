@@ -7,10 +7,11 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
   c  benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16, tinytrain vs the raw loop on the same attention
      kernel: plain, --compile, --liger
   d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
-  e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) on 2 GPUs, one rank
-     each over nccl: the loss and every gradient against whole sequences (tests/integration/ring_worker.py).
-     Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py RING_OFF): torch 2.13
-     has no flex-attention backward on CPU. With one GPU it is reported as skipped.
+  e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) at cp 2: the loss,
+     every token's logits and every gradient against whole sequences (tests/integration/ring_worker.py),
+     one rank per GPU over nccl on 2 GPUs, or both ranks on one GPU over gloo (nccl refuses two ranks
+     on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
+     RING_OFF): torch 2.13 has no flex-attention backward on CPU.
 Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
 device, date and versions per part) from all rows there, so a later part or a later lease continues
 the table; a part run again replaces its own rows. Each training run records its peak GPU memory
@@ -176,21 +177,19 @@ def part_e(part: Part) -> None:
     import torch
 
     gpus = torch.cuda.device_count() if part.gpu else 0
-    if part.gpu and gpus < 2:
-        part.add({"check": "ring cp 2", "status": f"skipped (needs 2 GPUs, one rank each over nccl; this machine has {gpus})"})
-        return
     if not part.gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the dry run: two CPU ranks over gloo, forward only
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tests.integration.ring_worker", "2", str(part.work)]
     rc = part.run(cmd, "ring_cp2.log")
-    row = {"check": "ring cp 2", "status": status(rc, "part_e/ring_cp2.log")}
+    how = "2 GPUs, nccl" if gpus >= 2 else "both ranks on one GPU, gloo" if gpus else "2 CPU ranks, gloo"
+    row = {"check": f"ring cp 2 ({how})", "status": status(rc, "part_e/ring_cp2.log")}
     result = part.work / "ring_cp2_world2.pt"
     if result.exists():
         ranks = torch.load(result, weights_only=False)["ranks"]
-        loss_gap = max(r["loss_gap"] for r in ranks)
+        loss_gap, logits_gap = max(r["loss_gap"] for r in ranks), max(r["logits_gap"] for r in ranks)
         grads = [r["grad_gap"] for r in ranks if "grad_gap" in r]
-        row["note"] = f"loss vs whole sequences {loss_gap:.2g}" + (f"; worst gradient {max(grads):.2g} (relative)" if grads else f"; backward: {ranks[0].get('backward', '')}")
-        if rc == 0 and (loss_gap > 1e-5 or (grads and max(grads) > 1e-4)):
+        row["note"] = f"vs whole sequences: loss {loss_gap:.2g}, logits {logits_gap:.2g}" + (f"; worst gradient {max(grads):.2g} (relative)" if grads else f"; backward: {ranks[0].get('backward', '')}")
+        if rc == 0 and (loss_gap > 1e-5 or logits_gap > 1e-4 or (grads and max(grads) > 1e-4)):
             row["status"] = "FAILED (ring differs from whole sequences)"
     part.add(row)
 
@@ -242,7 +241,7 @@ def main() -> None:
         print(f"gpu_check: --out {args.out} is a file; it names the folder the parts share (gpu_check.json, gpu_check.md, the runs' logs). Fix: give a folder path, new or from an earlier part (e.g. --out {args.out}.d), or move the file away", file=sys.stderr)
         sys.exit(2)
     if args.part not in PARTS:
-        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring on 2 GPUs)")
+        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring)")
     # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.
     needed = {"hydra": "hydra-core", "omegaconf": "omegaconf"} | ({"deepspeed": "deepspeed"} if args.part in "bd" else {})
     missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]

@@ -143,7 +143,7 @@ RING_OFF = (
     "ring does not train yet: torch 2.13 has no CPU backward to prove its gradients on (SDPA's ring: "
     "'aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered'; "
     "the flex-attention path: 'FlexAttention does not support backward on CPU'), and benchmarks/gpu_check.py "
-    "part e (2 GPUs) has not run; its forward equals cp=1 on CPU (tests/integration/test_ring_attention.py)"
+    "part e (GPU) has not run; its forward equals cp=1 on CPU (tests/integration/test_ring_attention.py)"
 )
 
 # FSDP2 gathers and frees each block's weights in hooks around it; torch compiles an FSDP2 model
