@@ -116,9 +116,6 @@ def problems(cfg) -> list[Problem]:
     if seq % par.cp:
         found.append(Problem("data.seq_len", seq, f"must be a multiple of parallel.cp({par.cp}): each of the {par.cp} ranks holds an equal share of every sequence", f"use data.seq_len={seq - seq % par.cp or par.cp}"))
     found += shared_problems(cfg, par.cp)
-    seq = cfg.data.seq_len
-    if seq % par.cp:
-        found.append(Problem("data.seq_len", seq, f"must be a multiple of parallel.cp({par.cp}): each of the {par.cp} ranks holds an equal share of every sequence", f"use data.seq_len={seq - seq % par.cp or par.cp}"))
     if cfg.trainer.batch_size_warmup.start is not None:
         found.append(Problem("trainer.batch_size_warmup.start", cfg.trainer.batch_size_warmup.start, f"a batch warm-up grows the micro batch, and Ulysses' attention is built for one micro batch size (parallel.cp={par.cp})", "drop the warm-up (trainer.batch_size_warmup.start=null) for a context-parallel run, or parallel.cp=1"))
     if m.attention == Attention.eager:
@@ -130,12 +127,11 @@ def shared_problems(cfg, cp: int) -> list[Problem]:
     """What every kind of split needs: padded fine-tuning rows that cp divides, an objective whose
     loss is a mean over tokens."""
     found, d = [], cfg.data
-    par = cfg.parallel
-    if d.format != DataFormat.text and not d.sources and d.pad_to_multiple_of % par.cp:
+    if d.format != DataFormat.text and not d.sources and d.pad_to_multiple_of % cp:
         # Fine-tuning batches are padded to their longest row, rounded up to this multiple.
-        found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({par.cp}): fine-tuning rows are padded to a multiple of it, and each of the {par.cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={par.cp * max(1, d.pad_to_multiple_of // par.cp)}"))
+        found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({cp}): fine-tuning rows are padded to a multiple of it, and each of the {cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={cp * max(1, d.pad_to_multiple_of // cp)}"))
     if cfg.finetune.objective != Objective.sft:
-        found.append(Problem("finetune.objective", cfg.finetune.objective.value, f"is not built for parallel.cp={par.cp}: a pair's log-probabilities would need summing across the cp group", "use parallel.cp=1 for preference tuning (pairs are rarely long), or finetune.objective=sft"))
+        found.append(Problem("finetune.objective", cfg.finetune.objective.value, f"is not built for parallel.cp={cp}: a pair's log-probabilities would need summing across the cp group", "use parallel.cp=1 for preference tuning (pairs are rarely long), or finetune.objective=sft"))
     return found
 
 

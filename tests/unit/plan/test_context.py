@@ -108,3 +108,12 @@ def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
 
     assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1, 2, 4]
     assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1]
+
+
+def test_each_problem_is_named_once():
+    from tinytrain.plan.context import problems
+
+    found = problems(compose(["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "data.seq_len=255"]))
+    assert [p.key for p in found] == ["data.seq_len"]
+    ring = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data.seq_len=384"]))
+    assert [p.key for p in ring] == ["parallel.cp_kind", "data.seq_len"]
