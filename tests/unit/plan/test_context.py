@@ -117,3 +117,14 @@ def test_each_problem_is_named_once():
     assert [p.key for p in found] == ["data.seq_len"]
     ring = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data.seq_len=384"]))
     assert [p.key for p in ring] == ["parallel.cp_kind", "data.seq_len"]
+
+
+def test_the_plan_line_for_ring_names_torch_s_engine_and_its_proof():
+    """What mode=plan prints once ring trains (today the plan refuses it before this line)."""
+    from tinytrain.plan.context import choose, render
+
+    cfg = compose(["parallel=fsdp_tp", "parallel.tp=2", "data.seq_len=4096"])
+    lines = render(choose(cfg, 2).to_dict(), 4096)
+    assert lines[0].startswith("context    cp 2 (ring, torch's context parallel, flex-attention path")
+    assert "auto: ring, since Ulysses cannot: tp 2" in lines[0] and "each rank holds 2048 of 4096 tokens" in lines[0]
+    assert lines[1] == "           proven: forward equal to cp=1 on CPU over gloo with packed documents (tests/integration/test_ring_attention.py); gradients not yet"
