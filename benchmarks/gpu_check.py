@@ -7,6 +7,11 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
   c  benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16, tinytrain vs the raw loop on the same attention
      kernel: plain, --compile, --liger
   d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
+  e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) at cp 2: the loss,
+     every token's logits and every gradient against whole sequences (tests/integration/ring_worker.py),
+     one rank per GPU over nccl on 2 GPUs, or both ranks on one GPU over gloo (nccl refuses two ranks
+     on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
+     RING_OFF): torch 2.13 has no flex-attention backward on CPU.
 Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
 device, date and versions per part) from all rows there, so a later part or a later lease continues
 the table; a part run again replaces its own rows. Each training run records its peak GPU memory
@@ -33,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("a", "b", "c", "d")
+PARTS = ("a", "b", "c", "d", "e")
 COLUMNS = ["part", "check", "status", "loss", "tokens/s", "MFU", "peak GiB", "plan GiB", "note"]
 RESULTS = "gpu_check.json"
 BUDGET_S = 450  # of the 8 minutes a part may take on one H100: the rest is imports and the wheels' install
@@ -168,6 +173,27 @@ def part_d(part: Part) -> None:
         part.add({"check": "train memory_zero2_mb8 / memory_zero3_mb8", "status": "skipped (dry run: no GPU memory to measure)"})
 
 
+def part_e(part: Part) -> None:
+    import torch
+
+    gpus = torch.cuda.device_count() if part.gpu else 0
+    if not part.gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the dry run: two CPU ranks over gloo, forward only
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tests.integration.ring_worker", "2", str(part.work)]
+    rc = part.run(cmd, "ring_cp2.log")
+    how = "2 GPUs, nccl" if gpus >= 2 else "both ranks on one GPU, gloo" if gpus else "2 CPU ranks, gloo"
+    row = {"check": f"ring cp 2 ({how})", "status": status(rc, "part_e/ring_cp2.log")}
+    result = part.work / "ring_cp2_world2.pt"
+    if result.exists():
+        ranks = torch.load(result, weights_only=False)["ranks"]
+        loss_gap, logits_gap = max(r["loss_gap"] for r in ranks), max(r["logits_gap"] for r in ranks)
+        grads = [r["grad_gap"] for r in ranks if "grad_gap" in r]
+        row["note"] = f"vs whole sequences: loss {loss_gap:.2g}, logits {logits_gap:.2g}" + (f"; worst gradient {max(grads):.2g} (relative)" if grads else f"; backward: {ranks[0].get('backward', '')}")
+        if rc == 0 and (loss_gap > 1e-5 or logits_gap > 1e-4 or (grads and max(grads) > 1e-4)):
+            row["status"] = "FAILED (ring differs from whole sequences)"
+    part.add(row)
+
+
 def versions() -> str:
     found = []
     for dist in ("torch", "transformers", "lightning", "deepspeed", "liger-kernel", "flash-attn"):
@@ -206,7 +232,7 @@ def save(out: Path, part: Part, header: dict) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the GPU path in parts (benchmarks/gpu_check.sh)")
-    parser.add_argument("--part", required=True, help="a, b, c or d (see this file's docstring)")
+    parser.add_argument("--part", required=True, help="a, b, c, d or e (see this file's docstring)")
     parser.add_argument("--out", required=True, help="folder of the results file the parts share (gpu_check.json / .md) and the runs' logs")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, a few steps, on a CPU")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the part's runs may take in all")
@@ -215,7 +241,7 @@ def main() -> None:
         print(f"gpu_check: --out {args.out} is a file; it names the folder the parts share (gpu_check.json, gpu_check.md, the runs' logs). Fix: give a folder path, new or from an earlier part (e.g. --out {args.out}.d), or move the file away", file=sys.stderr)
         sys.exit(2)
     if args.part not in PARTS:
-        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory)")
+        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring)")
     # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.
     needed = {"hydra": "hydra-core", "omegaconf": "omegaconf"} | ({"deepspeed": "deepspeed"} if args.part in "bd" else {})
     missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
@@ -233,7 +259,7 @@ def main() -> None:
     part = Part(args.part, out, gpu, args.budget)
     header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device(gpu), "versions": versions()}
     print(f"gpu_check part {args.part} ({header['device']}; {header['versions']})", flush=True)
-    {"a": part_a, "b": part_b, "c": part_c, "d": part_d}[args.part](part)
+    {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[args.part](part)
     rows = save(out, part, header)
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in COLUMNS}
     print(f"\ngpu_check ({'dry run on CPU' if not gpu else 'GPU'}; results in {out / RESULTS}, table in {out / 'gpu_check.md'})")

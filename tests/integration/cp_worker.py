@@ -20,20 +20,20 @@ SEQ = 64
 ROWS = 2
 
 
-def packed_batch(group: int, vocab: int):
-    """ROWS rows of SEQ tokens, each row documents of random lengths; labels pre-shifted (the next
+def packed_batch(group: int, vocab: int, seq: int = SEQ):
+    """ROWS rows of `seq` tokens, each row documents of random lengths; labels pre-shifted (the next
     token of the same document, -100 on each document's last token), as the data stage makes them."""
     import torch
 
     g = torch.Generator().manual_seed(100 + group)
-    ids = torch.randint(0, vocab, (ROWS, SEQ), generator=g)
-    positions = torch.empty(ROWS, SEQ, dtype=torch.long)
-    labels = torch.full((ROWS, SEQ), -100, dtype=torch.long)
+    ids = torch.randint(0, vocab, (ROWS, seq), generator=g)
+    positions = torch.empty(ROWS, seq, dtype=torch.long)
+    labels = torch.full((ROWS, seq), -100, dtype=torch.long)
     documents = []
     for row in range(ROWS):
         start = 0
-        while start < SEQ:
-            n = min(int(torch.randint(5, 30, (1,), generator=g)), SEQ - start)
+        while start < seq:
+            n = min(int(torch.randint(5, 30, (1,), generator=g)), seq - start)
             positions[row, start : start + n] = torch.arange(n)
             labels[row, start : start + n - 1] = ids[row, start + 1 : start + n]
             documents.append((row, start, n))

@@ -39,8 +39,8 @@ def test_parts_append_to_one_results_table(tmp_path):
 
 
 def test_an_unknown_part_names_the_parts(tmp_path):
-    result = gpu_check("--part", "e", "--out", str(tmp_path), timeout=30)
-    assert result.returncode == 2 and "--part 'e' is not a part: use a (isolation + bf16 run), b (DeepSpeed), c (mfu.py) or d (memory)" in result.stderr
+    result = gpu_check("--part", "f", "--out", str(tmp_path), timeout=30)
+    assert result.returncode == 2 and "--part 'f' is not a part: use a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring)" in result.stderr
     assert not any(tmp_path.iterdir())
 
 

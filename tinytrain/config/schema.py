@@ -106,7 +106,7 @@ class ContextParallelKind(Enum):
 
     auto = "auto"
     ulysses = "ulysses"  # all-to-all of heads: DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel)
-    ring = "ring"  # key/value blocks passed round the ranks: torch's context_parallel (not built yet: refused)
+    ring = "ring"  # torch's context parallel (flex path: keys/values gathered over cp); refused for training until its gradients are proven on GPUs
 
 
 class CheckLevel(Enum):

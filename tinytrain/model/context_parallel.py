@@ -86,18 +86,22 @@ class ContextGroup:
         return torch.arange(start, start + chunk, device=input_ids.device).expand_as(input_ids)
 
     def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The mean token loss over the whole sequence from each rank's mean over its slice: the
-        sums of token losses reduced over the group differentiably (its backward sums the group's
-        gradients into every rank's share), the counts of labelled tokens as plain numbers."""
-        import torch.distributed as dist
-        from torch.distributed.nn.functional import all_reduce
+        return group_mean_loss(local_mean, labels, self.group)
 
-        count = (labels != -100).sum()
-        local_sum = local_mean.float() * count if count > 0 else local_mean.float().nan_to_num(0.0) * 0.0
-        total = all_reduce(local_sum, group=self.group)
-        tokens = count.to(torch.float32).reshape(1)
-        dist.all_reduce(tokens, group=self.group)
-        return total / tokens.clamp(min=1.0)[0]
+
+def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group) -> torch.Tensor:
+    """The mean token loss over the whole sequence from each rank's mean over its slice: the sums of
+    token losses reduced over the cp group differentiably (its backward sums the group's gradients
+    into every rank's share), the counts of labelled tokens as plain numbers."""
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_reduce
+
+    count = (labels != -100).sum()
+    local_sum = local_mean.float() * count if count > 0 else local_mean.float().nan_to_num(0.0) * 0.0
+    total = all_reduce(local_sum, group=group)
+    tokens = count.to(torch.float32).reshape(1)
+    dist.all_reduce(tokens, group=group)
+    return total / tokens.clamp(min=1.0)[0]
 
 
 def documents_attention(core: str) -> str:

@@ -20,15 +20,32 @@ from dataclasses import asdict, dataclass
 from tinytrain.config.schema import Attention, ContextParallelKind, DataFormat, Objective
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.memory import GIB
-from tinytrain.plan.parallel import STRATEGIES, strategy_row
+from tinytrain.plan.parallel import RING_OFF, STRATEGIES, strategy_row
 
-# What each kind runs on, and where it was proven (printed in the plan and docs/parallelism.md, "Long context").
-ENGINES = {
-    "ulysses": "DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp)",
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of sequence split: what runs it, where it was proven, and why it cannot train (None: it can)."""
+
+    engine: str
+    proven: str
+    off: str | None = None
+
+
+# Printed in the plan and docs/parallelism.md, "Long context".
+KINDS = {
+    "ulysses": Kind(
+        "DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel.ulysses_sp)",
+        "equal to cp=1 in loss and gradients on CPU over gloo (tests/integration/test_context_parallel.py); not yet on GPUs",
+    ),
+    "ring": Kind(
+        "torch's context parallel, flex-attention path (torch.distributed.tensor.experimental: head-tail load balancing, keys and values all-gathered over cp)",
+        "forward equal to cp=1 on CPU over gloo with packed documents (tests/integration/test_ring_attention.py); gradients not yet",
+        RING_OFF,
+    ),
 }
-PROVEN = {
-    "ulysses": "equal to cp=1 in loss and gradients on CPU over gloo (tests/integration/test_context_parallel.py); not yet on GPUs",
-}
+# torch's cp block mask splits the sequence in blocks of this many tokens per rank (flex attention's).
+RING_BLOCK = 128
 # The longest context is searched in steps of this many tokens per cp rank.
 CONTEXT_STEP = 1024
 LONGEST_SEARCHED = 1 << 24  # 16M tokens
@@ -40,7 +57,7 @@ AUTO_MARGIN = 0.9
 @dataclass(frozen=True)
 class ContextPlan:
     cp: int
-    kind: str  # "none" (cp 1), "ulysses"
+    kind: str  # "none" (cp 1), "ulysses", "ring"
     reason: str
     local_seq_len: int  # the tokens of one sequence a rank holds between attention calls
     engine: str = ""
@@ -79,26 +96,42 @@ def problems(cfg) -> list[Problem]:
     row = strategy_row(par.strategy)
     if not row.cp_kinds:
         return [Problem("parallel.cp", par.cp, f"parallel={par.name} has no context parallelism: {row.cp_off}", f"use {kinds_that_run()} with parallel.cp={par.cp}, or parallel.cp=1")]
+    kind, why = choose_kind(cfg, par.cp)
     found = []
-    if par.cp_kind != ContextParallelKind.auto and par.cp_kind.value not in row.cp_kinds:
-        reason = row.cp_off or f"parallel={par.name} runs {', '.join(row.cp_kinds)}"
-        found.append(Problem("parallel.cp_kind", par.cp_kind.value, f"does not run under parallel={par.name}: {reason}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)"))
+    if kind not in row.cp_kinds:
+        found.append(Problem("parallel.cp_kind", kind, f"does not run under parallel={par.name}: parallel={par.name} runs {', '.join(row.cp_kinds)}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)"))
+    elif KINDS[kind].off:
+        found.append(Problem("parallel.cp_kind", par.cp_kind.value, f"{why}; {KINDS[kind].off}", ulysses_fix(cfg, par.cp)))
+    if kind == "ring":
+        if cfg.data.seq_len % (par.cp * RING_BLOCK):
+            found.append(Problem("data.seq_len", cfg.data.seq_len, f"must be a multiple of parallel.cp({par.cp}) x {RING_BLOCK} for ring: torch's context parallel splits flex attention's {RING_BLOCK}-token blocks over the cp ranks", f"use data.seq_len={max(1, cfg.data.seq_len // (par.cp * RING_BLOCK)) * par.cp * RING_BLOCK}"))
+        return found + shared_problems(cfg, par.cp)
     found += head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
+    if not row.deepspeed and par.tp > 1:
+        # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
+        found.append(Problem("parallel.cp", par.cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
     if not row.deepspeed and importlib.util.find_spec("deepspeed") is None:
         found.append(Problem("parallel.cp", par.cp, f"Ulysses is DeepSpeed's (deepspeed.runtime.sequence_parallel), also under parallel={par.name}, and DeepSpeed is not installed", "pip install 'tinytrain-llm[deepspeed]'"))
     seq = cfg.data.seq_len
     if seq % par.cp:
         found.append(Problem("data.seq_len", seq, f"must be a multiple of parallel.cp({par.cp}): each of the {par.cp} ranks holds an equal share of every sequence", f"use data.seq_len={seq - seq % par.cp or par.cp}"))
-    d = cfg.data
-    if d.format != DataFormat.text and not d.sources and d.pad_to_multiple_of % par.cp:
-        # Fine-tuning batches are padded to their longest row, rounded up to this multiple.
-        found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({par.cp}): fine-tuning rows are padded to a multiple of it, and each of the {par.cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={par.cp * max(1, d.pad_to_multiple_of // par.cp)}"))
-    if cfg.finetune.objective != Objective.sft:
-        found.append(Problem("finetune.objective", cfg.finetune.objective.value, f"is not built for parallel.cp={par.cp}: a pair's log-probabilities would need summing across the cp group", "use parallel.cp=1 for preference tuning (pairs are rarely long), or finetune.objective=sft"))
+    found += shared_problems(cfg, par.cp)
     if cfg.trainer.batch_size_warmup.start is not None:
         found.append(Problem("trainer.batch_size_warmup.start", cfg.trainer.batch_size_warmup.start, f"a batch warm-up grows the micro batch, and Ulysses' attention is built for one micro batch size (parallel.cp={par.cp})", "drop the warm-up (trainer.batch_size_warmup.start=null) for a context-parallel run, or parallel.cp=1"))
     if m.attention == Attention.eager:
         found.append(Problem("model.attention", "eager", f"cannot run under parallel.cp={par.cp}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel)"))
+    return found
+
+
+def shared_problems(cfg, cp: int) -> list[Problem]:
+    """What every kind of split needs: padded fine-tuning rows that cp divides, an objective whose
+    loss is a mean over tokens."""
+    found, d = [], cfg.data
+    if d.format != DataFormat.text and not d.sources and d.pad_to_multiple_of % cp:
+        # Fine-tuning batches are padded to their longest row, rounded up to this multiple.
+        found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({cp}): fine-tuning rows are padded to a multiple of it, and each of the {cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={cp * max(1, d.pad_to_multiple_of // cp)}"))
+    if cfg.finetune.objective != Objective.sft:
+        found.append(Problem("finetune.objective", cfg.finetune.objective.value, f"is not built for parallel.cp={cp}: a pair's log-probabilities would need summing across the cp group", "use parallel.cp=1 for preference tuning (pairs are rarely long), or finetune.objective=sft"))
     return found
 
 
@@ -116,18 +149,60 @@ def head_problems(cp: int, heads: int, kv_heads: int, model_name: str, *, pretra
     return found
 
 
+def ulysses_blockers(cfg, cp: int) -> list[str]:
+    """Why Ulysses cannot split this run's sequences over `cp` ranks ([]: it can)."""
+    par = cfg.parallel
+    tp = [f"tp {par.tp} takes the consecutive ranks its groups need under parallel={par.name}"] if not strategy_row(par.strategy).deepspeed and par.tp > 1 else []
+    return tp + head_blockers(cfg.model, cp)
+
+
+def head_blockers(m, cp: int) -> list[str]:
+    found = []
+    if m.num_heads % cp:
+        found.append(f"cp({cp}) does not divide num_heads({m.num_heads})")
+    if m.num_kv_heads % cp and cp % m.num_kv_heads:
+        found.append(f"cp({cp}) and num_kv_heads({m.num_kv_heads}) do not divide one another")
+    return found
+
+
+def choose_kind(cfg, cp: int) -> tuple[str, str]:
+    """(kind, why) for cp > 1: as configured, or for auto the strategy's first kind (Ulysses) unless
+    it cannot split this run, then ring where the strategy runs it."""
+    par = cfg.parallel
+    if par.cp_kind != ContextParallelKind.auto:
+        return par.cp_kind.value, f"as configured (parallel.cp_kind={par.cp_kind.value})"
+    kinds = strategy_row(par.strategy).cp_kinds
+    blockers = ulysses_blockers(cfg, cp)
+    if blockers and "ring" in kinds:
+        return "ring", "auto: ring, since Ulysses cannot: " + "; ".join(blockers)
+    if len(kinds) > 1:
+        return kinds[0], f"auto: {kinds[0]}, since tp {par.tp} and cp({cp}) splits whole heads (ring where they do not)"
+    return kinds[0], f"auto: parallel={par.name} runs {kinds[0]}"
+
+
+def ulysses_fix(cfg, cp: int) -> str:
+    """What makes a run that wanted ring train with Ulysses today."""
+    par, m = cfg.parallel, cfg.model
+    steps = ["parallel.cp_kind=auto"] if par.cp_kind != ContextParallelKind.auto else []
+    if par.tp > 1:
+        steps.append("parallel.tp=1")
+    if head_blockers(m, cp):
+        steps.append(f"a parallel.cp that divides num_heads({m.num_heads}) and num_kv_heads({m.num_kv_heads}) (or that they divide)")
+    return f"use {' with '.join(steps)} (Ulysses), or parallel=zero3 with parallel.cp" if steps else "use parallel=zero3 with parallel.cp (Ulysses)"
+
+
 def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
     """The kind of split for the plan's `cp` (`cp_reason`: why that cp, when the plan chose it)."""
-    par, seq = cfg.parallel, cfg.data.seq_len
+    seq = cfg.data.seq_len
     chosen = f"{cp_reason}; " if cp_reason else ""
     if cp == 1:
         return ContextPlan(1, "none", chosen + "every rank holds whole sequences", seq)
-    row = strategy_row(par.strategy)
-    kind = row.cp_kinds[0] if par.cp_kind == ContextParallelKind.auto else par.cp_kind.value
-    why = f"as configured (parallel.cp_kind={kind})" if par.cp_kind != ContextParallelKind.auto else f"auto: parallel={par.name} runs {kind}"
+    kind, why = choose_kind(cfg, cp)
     if kind == "ulysses":
         why += f"; all-to-all of heads: each rank attends over all {seq} tokens with {cfg.model.num_heads // cp} of {cfg.model.num_heads} heads"
-    return ContextPlan(cp, kind, chosen + why, seq // cp, ENGINES[kind], PROVEN[kind])
+    else:
+        why += f"; each rank's queries attend over all {seq} tokens, keys and values gathered over the cp group"
+    return ContextPlan(cp, kind, chosen + why, seq // cp, KINDS[kind].engine, KINDS[kind].proven)
 
 
 def allowed_cps(cfg, world: int) -> list[int]:
@@ -143,12 +218,12 @@ def allowed_cps(cfg, world: int) -> list[int]:
 
 def ulysses_splits(cfg, cp: int) -> bool:
     """Ulysses' rules for a cp, the world aside: whole heads per rank (query heads divisible by cp;
-    kv heads divisible by cp, or replicated when cp is a multiple of them), and a sequence (and a
-    fine-tuning batch's padding) that cp divides."""
-    m, d = cfg.model, cfg.data
-    heads = m.num_heads % cp == 0 and (m.num_kv_heads % cp == 0 or cp % m.num_kv_heads == 0)
+    kv heads divisible by cp, or replicated when cp is a multiple of them), tp 1 under fsdp_tp, and a
+    sequence (and a fine-tuning batch's padding) that cp divides. Ulysses is the kind that trains
+    today (ring waits for its GPU proof), so these are the cps the plan may choose or suggest."""
+    d = cfg.data
     padded = d.format == DataFormat.text or d.sources or d.pad_to_multiple_of % cp == 0
-    return heads and d.seq_len % cp == 0 and bool(padded)
+    return (cp == 1 or not ulysses_blockers(cfg, cp)) and d.seq_len % cp == 0 and bool(padded)
 
 
 def decide_cp(cfg, world: int, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> tuple[int, str]:

@@ -83,9 +83,6 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
     cp = par.cp or 1
     if par.dp is not None and par.dp * par.tp * cp != world:
         problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) x cp({cp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
-    if cp > 1 and par.tp > 1:
-        # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
-        problems.append(Problem("parallel.cp", cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
     if cfg.model.tie_word_embeddings:
         problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
     if not cfg.model.pretrained:  # a pretrained model's family is checked on the built model
@@ -140,7 +137,14 @@ SINGLE = StrategyRow(
 # Ulysses runs inside DeepSpeed's engine (deepspeed.runtime.sequence_parallel): its attention's
 # all-to-all needs deepspeed.comm, which torch DDP does not start.
 DDP_CP_OFF = "DeepSpeed's Ulysses attention runs under its own engine, and ddp is torch's DistributedDataParallel; parallel=zero1 is the same data parallelism (optimizer states sharded) with Ulysses"
-RING_OFF = "ring attention through torch's context_parallel is not built yet (on CPU its SDPA has no sharding strategy in torch 2.13, so it cannot be proven here)"
+# Ring (torch's context parallel) runs forward on CPU but cannot train there in torch 2.13: its
+# gradients wait for the GPU check (plan/context.py KINDS, docs/parallelism.md "Long context").
+RING_OFF = (
+    "ring does not train yet: torch 2.13 has no CPU backward to prove its gradients on (SDPA's ring: "
+    "'aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered'; "
+    "the flex-attention path: 'FlexAttention does not support backward on CPU'), and benchmarks/gpu_check.py "
+    "part e (GPU) has not run; its forward equals cp=1 on CPU (tests/integration/test_ring_attention.py)"
+)
 
 # FSDP2 gathers and frees each block's weights in hooks around it; torch compiles an FSDP2 model
 # block by block (as torchtitan does), not as one graph.
@@ -189,9 +193,9 @@ STRATEGIES = {
         liger_off="fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights",
         lora_off=LORA_TP,
         qlora=False,
-        # Ulysses with tp 1 (FSDP shards over the cp ranks too); ring is not built yet.
-        cp_kinds=("ulysses",),
-        cp_off=RING_OFF,
+        # Ulysses with tp 1 (FSDP shards over the cp ranks too); ring (dp x cp x tp) where Ulysses
+        # cannot, refused for training until its gradients are proven (plan/context.py KINDS).
+        cp_kinds=("ulysses", "ring"),
         compile_model_off=FSDP_WHOLE_GRAPH,
         fp8_off="tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use",
     ),

@@ -82,3 +82,49 @@ def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
     p = plan(["experiment=long_context", f"hardware.gpu={gpu}", "cluster.devices=8"], tmp_path / gpu)
     assert p["parallel"]["cp"] == cp and p["batch"]["seq_len"] == 32768
     assert p["preflight"]["findings"] == [] or all(f["severity"] != "error" for f in p["preflight"]["findings"])
+
+
+@pytest.mark.parametrize(
+    "args, cp, kind, why",
+    [
+        (["parallel=zero2"], 2, "ulysses", "auto: parallel=zero2 runs ulysses"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"], 4, "ulysses", "auto: ulysses, since tp 1 and cp(4) splits whole heads (ring where they do not)"),
+        (["parallel=fsdp_tp", "parallel.tp=2"], 2, "ring", "auto: ring, since Ulysses cannot: tp 2 takes the consecutive ranks its groups need under parallel=fsdp_tp"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=6", "model.num_kv_heads=3"], 4, "ring", "auto: ring, since Ulysses cannot: cp(4) does not divide num_heads(6); cp(4) and num_kv_heads(3) do not divide one another"),
+        (["parallel=fsdp_tp", "parallel.tp=1", "parallel.cp_kind=ring"], 2, "ring", "as configured (parallel.cp_kind=ring)"),
+    ],
+)
+def test_auto_picks_ulysses_where_it_splits_and_ring_where_it_cannot(args, cp, kind, why):
+    """cp_kind=auto per strategy and heads: DeepSpeed runs Ulysses only; fsdp_tp runs Ulysses with
+    tp 1 and whole heads per rank, ring otherwise (refused for training until proven: the reason says so)."""
+    from tinytrain.plan.context import choose_kind
+
+    assert choose_kind(compose(args), cp) == (kind, why)
+
+
+def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
+    """Ring does not train yet, so parallel.cp=null never lands on a cp only ring could split."""
+    from tinytrain.plan.context import allowed_cps
+
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1, 2, 4]
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1]
+
+
+def test_each_problem_is_named_once():
+    from tinytrain.plan.context import problems
+
+    found = problems(compose(["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "data.seq_len=255"]))
+    assert [p.key for p in found] == ["data.seq_len"]
+    ring = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data.seq_len=384"]))
+    assert [p.key for p in ring] == ["parallel.cp_kind", "data.seq_len"]
+
+
+def test_the_plan_line_for_ring_names_torch_s_engine_and_its_proof():
+    """What mode=plan prints once ring trains (today the plan refuses it before this line)."""
+    from tinytrain.plan.context import choose, render
+
+    cfg = compose(["parallel=fsdp_tp", "parallel.tp=2", "data.seq_len=4096"])
+    lines = render(choose(cfg, 2).to_dict(), 4096)
+    assert lines[0].startswith("context    cp 2 (ring, torch's context parallel, flex-attention path")
+    assert "auto: ring, since Ulysses cannot: tp 2" in lines[0] and "each rank holds 2048 of 4096 tokens" in lines[0]
+    assert lines[1] == "           proven: forward equal to cp=1 on CPU over gloo with packed documents (tests/integration/test_ring_attention.py); gradients not yet"

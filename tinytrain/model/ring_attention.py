@@ -1,0 +1,140 @@
+"""Ring-style context parallelism on a Hugging Face model through PyTorch's own engine
+(`torch.distributed.tensor.experimental`), its flex-attention path, on the cp dimension of a
+dp x cp x tp device mesh.
+
+Why the flex path and not `context_parallel()` around SDPA: SDPA's ring has handlers for the CUDA
+kernels only (flash, efficient, cudnn); CPU SDPA fails with "Operator
+aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy
+registered" (torch 2.13, gloo), and its ring takes no mask, so packed documents would attend to
+each other. The flex path carries a document mask: the block mask is built from the whole rows'
+position ids (documents restart at 0, data/collate.py) and torch rewrites it for each rank's slice.
+
+What torch does, per attention call: each rank holds seq / cp query tokens (head-tail load
+balanced: rank r holds chunk r and chunk 2cp-1-r of the causal sequence, so every rank has the same
+share of the causal triangle); keys and values are all-gathered over the cp group (their gradients
+reduce-scattered back), and flex attention runs the local queries against the whole sequence under
+the rewritten block mask.
+
+What does not run (torch 2.13): flex attention's backward on CPU ("FlexAttention does not support
+backward on CPU"), eager or compiled. So on CPU this path is proven forward only (the loss equals
+cp=1's, tests/integration/test_ring_attention.py) and the plan refuses parallel.cp_kind=ring for
+training until the GPU check (benchmarks/gpu_check.py part e) proves the gradients.
+
+The batch, labels and loss follow the Ulysses path (model/context_parallel.py): every rank of a cp
+group receives the same micro batch; the labels are already shifted by the data stage, so the
+shard of labels is taken with the same load-balancing order as the tokens; the loss is the mean over
+the whole sequence from each rank's sum and count (`group_mean_loss`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tinytrain.model.context_parallel import group_mean_loss
+
+ATTENTION = "tinytrain_ring_flex"
+MESH_DIMS = ("dp", "cp", "tp")
+
+
+def mesh_shape(world: int, *, cp: int, tp: int) -> tuple[int, int, int]:
+    """(dp, cp, tp): tp innermost (consecutive ranks, one node's fast links), cp next, dp outermost,
+    as torchtitan lays them out; FSDP shards over dp x cp (the cp ranks hold the same weights)."""
+    if world % (cp * tp):
+        raise ValueError(f"cp({cp}) x tp({tp}) must divide the world size {world}")
+    return (world // (cp * tp), cp, tp)
+
+
+def build_mesh(device_type: str, world: int, *, cp: int, tp: int):
+    """The dp x cp x tp device mesh (after the process group is up)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, mesh_shape(world, cp=cp, tp=tp), mesh_dim_names=MESH_DIMS)
+
+
+class _FlexCore(torch.nn.Module):
+    """The module torch's `_ContextParallel` hooks: its pre-hook all-gathers key and value."""
+
+    def __init__(self, compiled: bool):
+        super().__init__()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # Eager flex attention materialises the scores; on GPUs the compiled kernel is the real one.
+        self.attend = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+    def forward(self, query, key, value, *, block_mask, scale, enable_gqa):
+        return self.attend(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def _document_mask(position_ids: torch.Tensor):
+    """mask_mod over the whole rows: causal, and within one document (position ids restart at 0)."""
+    starts = position_ids == 0
+    starts[:, 0] = True
+    documents = starts.cumsum(-1)
+
+    def mask(b, h, q, kv):
+        return (q >= kv) & (documents[b, q] == documents[b, kv])
+
+    return mask
+
+
+@dataclass
+class RingGroup:
+    """This rank's place on the cp dimension of the mesh, and the batch split torch makes for it."""
+
+    mesh: object  # the cp sub-mesh (DeviceMesh)
+    cp: int
+    rank: int
+
+    @property
+    def group(self):
+        return self.mesh.get_group()
+
+    def shard(self, batch: dict) -> dict:
+        """This rank's load-balanced share of input ids, labels and position ids, and the block
+        mask of its queries against the whole sequence (BlockMask: handed to the model as its
+        attention mask, which Hugging Face passes through untouched)."""
+        from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _HeadTailLoadBalancer
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        ids = batch["input_ids"]
+        rows, seq = ids.shape
+        positions = batch.get("position_ids")
+        if positions is None:
+            positions = torch.arange(seq, device=ids.device).expand(rows, seq)
+        block_mask = create_block_mask(_document_mask(positions), rows, None, seq, seq, device=ids.device.type)
+        balancer = _HeadTailLoadBalancer(seq, self.cp, ids.device)
+        names = ("input_ids", "labels", "position_ids")
+        parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions, block_mask], [1, 1, 1, 2], load_balancer=balancer)
+        return {**dict(zip(names, parts[:3], strict=True)), "attention_mask": parts[3]}
+
+    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return group_mean_loss(local_mean, labels, self.group)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        """A (rows, local seq, ...) tensor of this group, gathered back into whole-sequence order
+        (no gradient: for checks and evaluation)."""
+        from torch.distributed.tensor.experimental._attention import _HeadTailLoadBalancer, context_parallel_unshard
+
+        balancer = _HeadTailLoadBalancer(local.shape[1] * self.cp, self.cp, local.device)
+        return context_parallel_unshard(self.mesh, [local], [1], load_balancer=balancer)[0]
+
+
+def enable_ring(model, cp_mesh) -> RingGroup:
+    """Route `model`'s attention through torch's context parallel on `cp_mesh` (the cp sub-mesh)."""
+    from torch.distributed.tensor.experimental._attention import _ContextParallel
+    from torch.distributed.tensor.parallel import parallelize_module
+    from transformers import AttentionInterface
+
+    core = _FlexCore(compiled=cp_mesh.device_type == "cuda")
+    parallelize_module(core, cp_mesh, _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX))
+
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        # (rows, heads, local seq, dim) in; Hugging Face expects (rows, local seq, heads, dim) out.
+        out = core(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(ATTENTION, forward)
+    model.set_attn_implementation(ATTENTION)
+    return RingGroup(cp_mesh, cp_mesh.size(), cp_mesh.get_local_rank())
