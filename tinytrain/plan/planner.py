@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
+from tinytrain.config.dtype import Dtype
 from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
@@ -69,6 +70,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
@@ -183,8 +185,8 @@ def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, 
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
         states = row.model_states(params, layout)
-    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params)
-    states = optimizer_plan.states(states, optimizer, layout, deepspeed=row.deepspeed)
+    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params, fp32=precision.dtype is Dtype.fp32)
+    states = optimizer_plan.states(states, optimizer, layout, partitioned=row.deepspeed or row.tensor_parallel)
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
