@@ -44,6 +44,28 @@ def test_muon_under_zero2_on_two_ranks_equals_one_rank(tmp_path):
     assert r.returncode == 2 and "not Muon's momentum_buffer" in r.stderr and "resume on the data-parallel size it was saved on" in r.stderr, (r.stdout + r.stderr)[-3000:]
 
 
+def test_gathered_muon_on_uneven_shards_is_the_whole_matrix_update(tmp_path):
+    """Two gloo processes, no training: matrices sharded by rows and by columns with an odd size
+    step three times under GatheredMuon and end equal to torch.optim.Muon on the whole matrices
+    (bf16 Newton-Schulz, what a GPU run uses: to the bit) and to one process's fp32 iteration;
+    the momentum stays a shard like its weight."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, free_port
+
+    out = tmp_path / "muon.json"
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.muon_worker", str(out)], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    result = json.loads(out.read_text())
+    assert result["bfloat16"] == 0 and result["float32"] <= 1e-6, result
+    assert all(result[f"{d} {what}"] for d in ("bfloat16", "float32") for what in ("placements kept", "momentum sharded")), result
+
+
 def test_muon_under_fsdp_tp_equals_one_rank_and_resumes_across_a_dp_change(tmp_path):
     """Four steps of a global batch of 8 (micro 4: the data position counts micro batches) under
     trainer.optimizer=muon, three ways: one process (accumulating 2); fsdp_tp as tp 1 x dp 2 (each
