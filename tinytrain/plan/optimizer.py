@@ -5,10 +5,11 @@ buffer (4 B) for the hidden matrices, AdamW's 8 B for the rest. Under ZeRO the M
 partitioned with the rest of the optimizer state (each rank holds 1/dp of it, and saves that
 much); the orthogonalisation gathers one whole matrix's gradient and momentum at a time
 (DeepSpeed caps that buffer at 64 MiB, batching matrices under it), so the transient cost is
-one matrix, not the model. Under fsdp_tp the momentum is a shard like the weights (1/(dp x tp) per
-rank); each step all-gathers one matrix's update at a time for Newton-Schulz (model/gathered_muon.py),
-so the transient is the largest matrix in fp32. Single and ddp hold the whole state on every rank,
-as AdamW's.
+one matrix, not the model; under zero2_offload the partitions (momentum and AdamW's moments)
+are on the CPU, orthogonalised by DeepSpeed and stepped by MuonWithAuxAdam there. Under fsdp_tp
+the momentum is a shard like the weights (1/(dp x tp) per rank); each step all-gathers one
+matrix's update at a time for Newton-Schulz (model/gathered_muon.py), so the transient is the
+largest matrix in fp32. Single and ddp hold the whole state on every rank, as AdamW's.
 """
 
 from __future__ import annotations
@@ -68,10 +69,13 @@ def states(memory: ModelStateMemory, plan: OptimizerPlan, layout: StateLayout, *
     return replace(memory, optimizer=memory.optimizer - 4.0 * plan.muon_params / (layout.world if partitioned else 1))
 
 
-def engine(plan: dict, parallel: dict, deepspeed: bool) -> str:
+def engine(plan: dict, parallel: dict, deepspeed: dict | None) -> str:
     """How Muon runs under the strategy, and what its state costs per rank."""
     if deepspeed:
-        return "DeepSpeed's MuonWithAuxAdam: ZeRO gathers each matrix's gradient and momentum to orthogonalise it, the momentum stays partitioned"
+        held = "the momentum stays partitioned"
+        if "offload_optimizer" in deepspeed["zero_optimization"]:
+            held = "the momentum and AdamW's moments stay partitioned on the CPU, stepped by MuonWithAuxAdam's torch code (DeepSpeedCPUAdam is AdamW only)"
+        return f"DeepSpeed's MuonWithAuxAdam: ZeRO gathers each matrix's gradient and momentum to orthogonalise it, {held}"
     ns = "bf16" if plan["ns_dtype"] == "bfloat16" else "fp32 (training runs in fp32; torch's Muon has bf16 only)"
     if not strategy_row(parallel["strategy"]).tensor_parallel:
         muon = "torch.optim.Muon" if plan["ns_dtype"] == "bfloat16" else "torch.optim.Muon's update"
@@ -85,8 +89,8 @@ def engine(plan: dict, parallel: dict, deepspeed: bool) -> str:
     )
 
 
-def line(plan: dict, parallel: dict, deepspeed: bool) -> str:
-    """The printed plan's optimizer line (from plan.json's `optimizer` and `parallel`)."""
+def line(plan: dict, parallel: dict, deepspeed: dict | None) -> str:
+    """The printed plan's optimizer line (from plan.json's `optimizer`, `parallel` and `deepspeed`)."""
     state = f"{plan['state_bytes'] / 2**20:.1f} MiB fp32 state"
     if plan["name"] != OptimizerName.muon.value:
         return f"optimizer  adamw: two fp32 moments per trainable parameter, {state}"
@@ -107,16 +111,15 @@ def problems(cfg) -> list[Problem]:
     if cfg.finetune.method != FinetuneMethod.full:
         found.append(Problem("trainer.optimizer", t.optimizer.value, f"Muon steps the model's 2-D hidden weight matrices, and finetune={cfg.finetune.method.value} trains none of them (only low-rank adapters on a frozen base)", "use trainer.optimizer=adamw with LoRA, or finetune=full to train the hidden weights with Muon"))
     row = strategy_row(cfg.parallel.strategy)
-    if row.deepspeed and cfg.parallel.offload_optimizer:
-        # DeepSpeed 0.19 has a Muon path for offloaded partitions (_apply_muon_updates_cpu_offload),
-        # but its AdamW half would then be MuonWithAuxAdam's torch code on the CPU, which DeepSpeed
-        # refuses unless zero_force_ds_cpu_optimizer=false: not built nor checked here.
+    if row.deepspeed and cfg.parallel.offload_optimizer and cfg.parallel.zero_stage == 3:
+        # DeepSpeed 0.19 has the path (stage3.py _apply_muon_updates_cpu_offload); only ZeRO-2's
+        # offload was run against one rank here (tests/integration/test_recipes.py).
         found.append(
             Problem(
                 "parallel.offload_optimizer",
                 True,
-                "Muon with optimizer offload is not built here: offload steps the CPU partitions with DeepSpeedCPUAdam, which is AdamW only, and DeepSpeed runs MuonWithAuxAdam on offloaded partitions only as plain torch code (zero_force_ds_cpu_optimizer=false), which tinytrain does not set up",
-                f"use parallel=zero{cfg.parallel.zero_stage} without offload (parallel.offload_optimizer=false), or parallel=fsdp_tp, or trainer.optimizer=adamw to keep the offload",
+                "Muon with ZeRO-3's optimizer offload is not checked here (ZeRO-2's is: DeepSpeed orthogonalises the offloaded partitions and MuonWithAuxAdam steps them on the CPU)",
+                "use parallel=zero2_offload, or parallel=zero3 without offload (parallel.offload_optimizer=false), or trainer.optimizer=adamw",
             )
         )
     return found

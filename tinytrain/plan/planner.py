@@ -14,7 +14,7 @@ from pathlib import Path
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
-from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -245,7 +245,7 @@ def deepspeed_for(cfg, fit: FitStage, precision, cp: int, resume) -> dict | None
     """The generated DeepSpeed config (a zero* strategy), resumed through a universal copy when the layout changed."""
     if not fit.row.deepspeed:
         return None
-    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp)
+    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp, muon=cfg.trainer.optimizer is OptimizerName.muon)
     return deepspeed_config.load_universal(deepspeed) if resume is not None and resume.universal else deepspeed
 
 
