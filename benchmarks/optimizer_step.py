@@ -10,8 +10,8 @@ a GPU the peak allocated during a step beyond the weights, gradients and state.
     python benchmarks/optimizer_step.py [--steps 3] [--warmup 2] [--device cpu|cuda]
 Expected: state ratio ~0.5-0.8 (Muon keeps one buffer per hidden matrix, AdamW two; the embedding
 and head, on AdamW, dominate small models); the step costs Newton-Schulz (5 iterations of matmuls per
-matrix, in bf16 as torch's Muon runs it): on a CPU without bf16 matrix units that is slow, and the
-time ratio there grows steeply with width (the GPU sizes are the ones to read for a real run).
+matrix, in bf16 as torch's Muon runs it on a GPU; in fp32 on CPU, as a 32-true run's plan picks it):
+the GPU sizes are the ones to read for a real run.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 from _common import _sync, median
 
-# (hidden, layers, intermediate); on CPU smaller ones (torch's Newton-Schulz runs in bf16, slow there).
+# (hidden, layers, intermediate); on CPU smaller ones.
 SIZES = {"cuda": {"h1024 x 8": (1024, 8, 2752), "h2048 x 8": (2048, 8, 5504), "h4096 x 4": (4096, 4, 11008)}, "cpu": {"h64 x 4": (64, 4, 176), "h128 x 4": (128, 4, 352), "h256 x 4": (256, 4, 704)}}
 
 
@@ -35,11 +35,13 @@ def model_of(hidden: int, layers: int, intermediate: int, device):
     return LlamaForCausalLM(config).to(device)
 
 
-def optimizer_for(model, name: str):
+def optimizer_for(model, name: str, device):
     from tinytrain.config.schema import OptimizerName
     from tinytrain.model import optimizers
 
-    t = SimpleNamespace(optimizer=OptimizerName(name), lr=3e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, muon_momentum=0.95)
+    # Newton-Schulz's dtype as a run's plan picks it: fp32 under 32-true (CPU), bf16 under bf16-mixed.
+    ns_dtype = "float32" if device.type == "cpu" else "bfloat16"
+    t = SimpleNamespace(optimizer=OptimizerName(name), lr=3e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, muon_momentum=0.95, muon_ns_dtype=ns_dtype)
     return optimizers.build(optimizers.optimizer_groups(model, t), t, cpu_adam=False, fused_adamw=False, deepspeed=False)
 
 
@@ -73,7 +75,7 @@ def main() -> None:
             model = model_of(hidden, layers, intermediate, device)
             for p in model.parameters():
                 p.grad = torch.randn_like(p)
-            opt = optimizer_for(model, name)
+            opt = optimizer_for(model, name, device)
             timed_steps(model, opt, args.warmup, device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()

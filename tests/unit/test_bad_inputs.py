@@ -76,8 +76,8 @@ CASES = {
     # optimizers and objectives (issue 37)
     "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),
     "muon with lora trains no hidden matrix": (["mode=plan", "finetune=lora", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "trains none of them", "trainer.optimizer=adamw with LoRA"]),
-    "muon under fsdp_tp": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "Newton-Schulz needs each whole matrix", "parallel=zero2"]),
-    "muon with optimizer offload": (["mode=plan", "parallel=zero2_offload", "hardware.gpu=A100", "trainer.optimizer=muon"], ["parallel.offload_optimizer=True", "Muon with optimizer offload", "without offload"]),
+    "muon with zero3 optimizer offload": (["mode=plan", "parallel=zero3_offload", "hardware.gpu=A100", "trainer.optimizer=muon"], ["parallel.offload_optimizer=True", "ZeRO-3's optimizer offload is not checked", "parallel=zero2_offload"]),
+    "muon resuming a deepspeed folder of another dp": (["mode=plan", "parallel=zero2", "hardware.gpu=A100", "trainer.optimizer=muon", "resume={F}/ds_two_ranks.ckpt"], ["resume='{F}/ds_two_ranks.ckpt'", "not Muon's momentum_buffer", "resume on the data-parallel size it was saved on"]),
     "muon momentum one": (["mode=plan", "trainer.optimizer=muon", "trainer.muon_momentum=1"], ["trainer.muon_momentum=1.0", "[0, 1)", "trainer.muon_momentum=0.95"]),
     "batch warm-up start above the final batch": (["mode=plan", "trainer.batch_size_warmup.start=64", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=64", "below the final global batch (8 = micro 8", "raise trainer.global_batch_size"]),
     "batch warm-up start not divisible by dp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=3", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=3", "not a multiple of data_parallel(2) x accumulate_grad_batches(2) = 4", "trainer.batch_size_warmup.start=4"]),
@@ -439,6 +439,11 @@ def bad(tmp_path_factory):
     meta = torch.load(f / "small_model.ckpt", weights_only=True)["tinytrain"]
     torch.save({"global_step": 4, "tinytrain": meta, "dp_world_size": 2, "mp_world_size": 1}, f / "ds_missing.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
     torch.save({}, f / "ds_missing.ckpt" / "checkpoint" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    # The same folder whole, its metadata saying so: a ZeRO-2 save over 2 data-parallel ranks.
+    shutil.copytree(f / "ds_missing.ckpt", f / "ds_two_ranks.ckpt")
+    layout = {"format": "deepspeed", "strategy": "deepspeed", "world": 2, "dp": 2, "tp": 1, "zero_stage": 2}
+    torch.save({"global_step": 4, "tinytrain": {**meta, "layout": layout}, "dp_world_size": 2, "mp_world_size": 1}, f / "ds_two_ranks.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+    torch.save({}, f / "ds_two_ranks.ckpt" / "checkpoint" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
     eval_tasks(f / "evals")
     return f
 

@@ -24,10 +24,11 @@ class OptimizerSettings:
     weight_decay: float
     muon_momentum: float
     grad_clip: float
+    muon_ns_dtype: str = "bfloat16"  # the plan's (plan/optimizer.py): torch dtype name of Newton-Schulz
 
     @classmethod
-    def from_trainer(cls, t) -> OptimizerSettings:
-        return cls(OptimizerName(t.optimizer), float(t.lr), tuple(t.betas), float(t.eps), float(t.weight_decay), float(t.muon_momentum), float(t.grad_clip))
+    def from_trainer(cls, t, muon_ns_dtype: str = "bfloat16") -> OptimizerSettings:
+        return cls(OptimizerName(t.optimizer), float(t.lr), tuple(t.betas), float(t.eps), float(t.weight_decay), float(t.muon_momentum), float(t.grad_clip), muon_ns_dtype)
 
 
 @dataclass(frozen=True)
@@ -62,5 +63,5 @@ class ModuleSpec:
             schedule=plan.schedule,
             objective=pref and PreferenceObjective(pref.name, pref.beta, pref.label_smoothing, pref.simpo_gamma, pref.desirable_weight, pref.undesirable_weight),
             deepspeed_config=plan.deepspeed,
-            optimizer=OptimizerSettings.from_trainer(trainer_cfg),
+            optimizer=OptimizerSettings.from_trainer(trainer_cfg, plan.optimizer.ns_dtype if plan.optimizer else "bfloat16"),
         )

@@ -6,8 +6,11 @@ on AdamW, as both recipes split them. Its rate is adjusted per matrix to 0.2 x s
 x lr (Moonshot's "match_rms_adamw"): the update's RMS then matches AdamW's, so trainer.lr and
 weight_decay tuned for AdamW carry over, and the decay is lr x weight_decay as AdamW's.
 
-Two engines, one update rule:
+Three engines, one update rule:
 - single / ddp: PyTorch's own `torch.optim.Muon` (gradients are whole and identical on every rank).
+- fsdp_tp: `GatheredMuon` (model/gathered_muon.py): torch's Muon with each sharded matrix's update
+  gathered for Newton-Schulz and the rank's shard of the result applied; momentum stays sharded.
+  It also runs single / ddp under 32-true, whose Newton-Schulz is fp32 (torch's is bf16 only).
 - DeepSpeed ZeRO 1/2/3: DeepSpeed's `MuonWithAuxAdam`. ZeRO holds flat partitions, so the
   orthogonalisation needs each whole matrix: ZeRO gathers each Muon matrix's gradient and momentum
   (stage_1_and_2.py `get_flat_partition`, stage3.py per sub-group), orthogonalises it and writes the
@@ -86,13 +89,26 @@ def optimizer_groups(model: torch.nn.Module, t, *, vocab_tables_decay: bool = Tr
     return [g for g in groups if g["params"]]
 
 
+def muon_optimizer(groups: list[dict], ns_dtype: str, options: dict) -> torch.optim.Muon:
+    """PyTorch's own torch.optim.Muon for whole tensors with bf16 Newton-Schulz (its only kind);
+    GatheredMuon for DTensor shards (fsdp_tp) or fp32 Newton-Schulz (32-true, model/gathered_muon.py)."""
+    from torch.distributed.tensor import DTensor
+
+    if ns_dtype == "bfloat16" and not any(isinstance(p, DTensor) for g in groups for p in g["params"]):
+        return torch.optim.Muon(groups, **options)
+    from tinytrain.model.gathered_muon import GatheredMuon
+
+    return GatheredMuon(groups, ns_dtype=getattr(torch, ns_dtype), **options)
+
+
 class MuonWithAdamW(torch.optim.Optimizer):
     """One optimizer (Lightning and checkpoints see one) over groups flagged `use_muon`: those step
     with torch.optim.Muon, the rest with torch.optim.AdamW. The inner optimizers share this one's
     group dicts and state, so the schedule's rates, state_dict and load_state_dict are this one's."""
 
-    def __init__(self, groups: list[dict], *, lr: float, betas, eps: float, momentum: float, fused: bool | None = None):
+    def __init__(self, groups: list[dict], *, lr: float, betas, eps: float, momentum: float, ns_dtype: str = "bfloat16", fused: bool | None = None):
         super().__init__(groups, {"lr": lr})
+        self.ns_dtype = ns_dtype
         self.muon_options = {"lr": lr, "momentum": momentum, "nesterov": True, "adjust_lr_fn": "match_rms_adamw"}
         self.adamw_options = {"lr": lr, "betas": betas, "eps": eps, "fused": fused}
         self.inner = self._link()
@@ -102,7 +118,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         adam = [g for g in self.param_groups if not g["use_muon"]]
         inner = []
         if muon:
-            inner.append(torch.optim.Muon(muon, **self.muon_options))
+            inner.append(muon_optimizer(muon, self.ns_dtype, self.muon_options))
         if adam:
             inner.append(torch.optim.AdamW(adam, **self.adamw_options))
         for opt in inner:
@@ -136,7 +152,7 @@ def build(groups: list[dict], t, *, cpu_adam: bool, fused_adamw: bool, deepspeed
                 # the accelerator has it, else fp32; torch's Muon runs the plain iteration in bf16).
                 g.update(lr=t.lr * g["lr_scale"], betas=betas, eps=t.eps, momentum=t.muon_momentum, ns_method="gram")
             return MuonWithAuxAdam(groups)
-        return MuonWithAdamW(groups, lr=t.lr, betas=betas, eps=t.eps, momentum=t.muon_momentum, fused=fused_adamw or None)
+        return MuonWithAdamW(groups, lr=t.lr, betas=betas, eps=t.eps, momentum=t.muon_momentum, ns_dtype=t.muon_ns_dtype, fused=fused_adamw or None)
     if cpu_adam:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 

@@ -73,7 +73,7 @@ def finetune_problems(par, finetune_cfg) -> list[Problem]:
     return []
 
 
-def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1) -> dict:
+def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False) -> dict:
     zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
     if parallel_cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -100,7 +100,9 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
     if parallel_cfg.offload_optimizer:
         # Lightning builds the optimizer from configure_optimizers; with offload it must be
         # DeepSpeed's CPU Adam (the module picks it), which DeepSpeed otherwise insists on too.
-        ds["zero_force_ds_cpu_optimizer"] = True
+        # Under muon it is MuonWithAuxAdam, whose offloaded partitions DeepSpeed orthogonalises
+        # itself (_apply_muon_updates_cpu_offload) and steps as torch code: allowed by this flag only.
+        ds["zero_force_ds_cpu_optimizer"] = not muon
     return ds
 
 
@@ -193,9 +195,10 @@ def deepspeed_problem(ds: dict, data_parallel: int) -> tuple[str, str] | None:
     return None
 
 
-def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1) -> dict:
-    """The validated DeepSpeed config for this run, overrides applied; `cp`: the plan's context-parallel size."""
-    base = generate(parallel_cfg, batch, precision, grad_clip, cp)
+def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False) -> dict:
+    """The validated DeepSpeed config for this run, overrides applied; `cp`: the plan's context-parallel
+    size; `muon`: trainer.optimizer=muon (MuonWithAuxAdam, also on offloaded partitions)."""
+    base = generate(parallel_cfg, batch, precision, grad_clip, cp, muon)
     ranks = batch.data_parallel * cp  # what DeepSpeed sees as its data-parallel world
     if (problem := deepspeed_problem(base, ranks)) is not None:
         raise ConfigError(Problem("parallel", parallel_cfg.name, f"generated DeepSpeed config rejected: {problem[1]}", "report this as a tinytrain bug"))

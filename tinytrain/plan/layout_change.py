@@ -11,7 +11,8 @@ its ranks). What resumes:
   and moments are re-padded when the padding changed);
 - a DeepSpeed folder under DeepSpeed with the same ZeRO family (1 <-> 2, or 3); on another
   data-parallel size it is first converted to DeepSpeed's universal checkpoint (`converts`,
-  checkpoint/universal.py) and loaded with `load_universal`.
+  checkpoint/universal.py) and loaded with `load_universal` (not under trainer.optimizer=muon:
+  DeepSpeed's conversion has no Muon momentum, refused by plan/optimizer.py `resume_problem`).
 
 Everything else is refused, naming both layouts and the fix: DeepSpeed <-> the others, a sharded folder under single/ddp, a ZeRO stage change. Weights alone cross any layout:
 `checkpoint.init_from=` starts a new run from them.

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
-from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective
+from tinytrain.config.dtype import Dtype
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -69,6 +70,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
@@ -183,8 +185,8 @@ def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, 
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
         states = row.model_states(params, layout)
-    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params)
-    states = optimizer_plan.states(states, optimizer, layout, deepspeed=row.deepspeed)
+    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params, fp32=precision.dtype is Dtype.fp32)
+    states = optimizer_plan.states(states, optimizer, layout, partitioned=row.deepspeed or row.tensor_parallel)
     preference = preference_plan.make(cfg, params, world)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
@@ -243,7 +245,7 @@ def deepspeed_for(cfg, fit: FitStage, precision, cp: int, resume) -> dict | None
     """The generated DeepSpeed config (a zero* strategy), resumed through a universal copy when the layout changed."""
     if not fit.row.deepspeed:
         return None
-    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp)
+    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp, muon=cfg.trainer.optimizer is OptimizerName.muon)
     return deepspeed_config.load_universal(deepspeed) if resume is not None and resume.universal else deepspeed
 
 

@@ -295,7 +295,7 @@ def training_lines(plan: dict) -> list[str]:
         settings = f"beta {pr['beta']:g}" + (f", label smoothing {pr['label_smoothing']:g}" if pr["label_smoothing"] else "") + (f", gamma {pr['simpo_gamma']:g}" if pr["name"] == "simpo" else "")
         lines.append(f"objective  {pr['name']}: {settings}; reference: {pr['reference']}")
     if plan.get("optimizer"):
-        lines.append(optimizer_line(plan["optimizer"], plan["parallel"]["strategy"], deepspeed=bool(plan["deepspeed"])))
+        lines.append(optimizer_line(plan["optimizer"], plan["parallel"], deepspeed=plan["deepspeed"]))
     return lines
 
 

@@ -17,8 +17,8 @@ def tiny_llama():
     return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
 
 
-def trainer(name=OptimizerName.muon, lr=1e-2):
-    return SimpleNamespace(optimizer=name, lr=lr, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, muon_momentum=0.95)
+def trainer(name=OptimizerName.muon, lr=1e-2, ns_dtype="bfloat16"):
+    return SimpleNamespace(optimizer=name, lr=lr, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, muon_momentum=0.95, muon_ns_dtype=ns_dtype)
 
 
 def fill_grads(model, seed):
@@ -110,3 +110,39 @@ def test_deepspeed_muon_update_has_torchs_direction():
         # both in bf16: agreement to bf16's precision, not to the last bit
         assert (ds - ref).abs().max() < 0.05
         assert torch.nn.functional.cosine_similarity(ds.flatten(), ref.flatten(), dim=0) > 0.999
+
+
+def test_newton_schulz_in_bf16_is_torchs_to_the_bit():
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from tinytrain.model.gathered_muon import newton_schulz
+
+    g = torch.Generator().manual_seed(0)
+    for shape in ((48, 32), (32, 48), (40, 40)):
+        x = torch.randn(shape, generator=g)
+        kept = x.clone()
+        ours = newton_schulz(x, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.bfloat16)
+        assert torch.equal(ours, _zeropower_via_newtonschulz(x, (3.4445, -4.775, 2.0315), 5, 1e-7))
+        assert torch.equal(x, kept)  # the input (a momentum buffer without Nesterov) is left alone
+        assert newton_schulz(x, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32).dtype == torch.float32
+        assert torch.equal(x, kept)
+
+
+def test_fp32_newton_schulz_is_gathered_muon_with_torchs_state():
+    """Under 32-true (ns_dtype float32) the Muon half is GatheredMuon: torch's update with fp32
+    Newton-Schulz, close to torch's bf16 one, with the same state names (checkpoints load either way)."""
+    from tinytrain.model.gathered_muon import GatheredMuon
+
+    fp32, bf16 = tiny_llama(), tiny_llama()
+    opts = {}
+    for model, dtype in ((fp32, "float32"), (bf16, "bfloat16")):
+        t = trainer(ns_dtype=dtype)
+        opts[dtype] = optimizers.build(optimizers.optimizer_groups(model, t), t, cpu_adam=False, fused_adamw=False, deepspeed=False)
+        for step in range(2):
+            fill_grads(model, step)
+            opts[dtype].step()
+    assert isinstance(opts["float32"].inner[0], GatheredMuon) and type(opts["bfloat16"].inner[0]) is torch.optim.Muon
+    a, b = fp32.model.layers[0].mlp.up_proj.weight, bf16.model.layers[0].mlp.up_proj.weight
+    assert 0 < (a - b).abs().max() < 1e-3  # bf16's rounding, on updates of ~0.2 sqrt(48) x 1e-2
+    assert opts["float32"].state_dict()["state"].keys() == opts["bfloat16"].state_dict()["state"].keys()
+    assert {k for s in opts["float32"].state.values() for k in s} == {k for s in opts["bfloat16"].state.values() for k in s}
