@@ -33,6 +33,22 @@ from tests.conftest import free_port
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "scancel", "squeue")
 APT_INSTALL = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
+# Job ids: test worker gw<N> draws from its own block of JOB_ID_BLOCK ids, each cluster after the
+# last one's (JOB_IDS_PER_CLUSTER apart), starting at a random offset (two suites side by side).
+JOB_ID_BLOCK, JOB_IDS_PER_CLUSTER = 2000, 150
+_next_job_id: list[int] = []
+
+
+def next_first_job_id() -> int:
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    start = 1000 + (worker % 4) * JOB_ID_BLOCK
+    if not _next_job_id:
+        _next_job_id.append(start + random.randrange(0, JOB_ID_BLOCK // 2))
+    first = _next_job_id[0]
+    _next_job_id[0] = start + (first - start + JOB_IDS_PER_CLUSTER) % (JOB_ID_BLOCK - JOB_IDS_PER_CLUSTER)
+    return first
+
+
 FAKE_GPUS = 8
 FAKE_CPUS = 64
 # A job finished this long ago is still answered by `scontrol show job` (there is no accounting).
@@ -112,9 +128,10 @@ class SlurmCluster:
             "SlurmctldHost": "localhost",
             "SlurmctldPort": free_port(),
             "SlurmdPort": free_port(),  # the default; each node below names its own
-            # Job ids from a random start: Lightning's MASTER_PORT is 15000 + a job id's last 4 digits,
-            # so jobs of test clusters running at the same time (job 1 in each) would share it.
-            "FirstJobId": random.randrange(1000, 9900),
+            # Lightning's MASTER_PORT is 15000 + a job id's last 4 digits, so two clusters must never
+            # hand out the same id: not two test workers' at the same time (each worker its own
+            # range), nor two clusters one after the other in a worker (a port of the first may linger).
+            "FirstJobId": next_first_job_id(),
             "SlurmUser": "root",
             "SlurmdUser": "root",
             "AuthType": "auth/none",

@@ -168,7 +168,7 @@ def _child(request: dict) -> None:
     # its output in a file.
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
