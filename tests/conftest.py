@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,6 +95,36 @@ def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: s
         return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session)
     with (run_dir / "out.log").open("a") as out:
         return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
+
+
+def run_ranks(module: str, args: list[str], world: int, env: dict | None = None, timeout: int = 600, local_rank: bool = False) -> list[tuple[int, str]]:
+    """`python -m module args` as ranks 0..world-1 of one gloo world on this host, all at once
+    (forked from the zygote where the environment allows): each rank's exit status and its output
+    (stdout and stderr together). local_rank: LOCAL_RANK set beside RANK."""
+    import tempfile
+
+    base = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
+    logs = Path(tempfile.mkdtemp(prefix="ranks-"))
+    procs = []
+    for rank in range(world):
+        rank_env = {**base, "RANK": str(rank), **({"LOCAL_RANK": str(rank)} if local_rank else {})}
+        log = logs / f"rank{rank}.log"
+        if ZYGOTE.serves(rank_env):
+            procs.append(ZYGOTE.popen(module, args, REPO, rank_env, log))
+        else:
+            with log.open("w") as out:
+                procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=rank_env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results = [(proc.returncode, (logs / f"rank{rank}.log").read_text(errors="replace")) for rank, proc in enumerate(procs)]
+    shutil.rmtree(logs, ignore_errors=True)
+    return results
 
 
 def free_port() -> int:

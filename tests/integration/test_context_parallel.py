@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import logged, run_cli
+from tests.conftest import logged, run_cli, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -109,19 +109,11 @@ def test_a_cp_run_resumes_on_one_rank(tmp_path, runs):
 def four_ranks(tmp_path_factory):
     """tests/integration/cp_worker.py on 4 processes: dp 1 x cp 4 (kv heads replicated: 2 kv heads
     over 4 ranks) and dp 2 x cp 2, each against whole sequences."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, free_port
-
     out = tmp_path_factory.mktemp("cp_worker")
     results = {}
     for cp in (4, 2):
-        env = {**os.environ, "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.cp_worker", str(cp), str(out)], cwd=REPO, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
-        outputs = [p.communicate(timeout=600)[0] for p in procs]
-        assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+        ranks = run_ranks("tests.integration.cp_worker", [str(cp), str(out)], 4, {"OMP_NUM_THREADS": "1"}, local_rank=True)
+        assert all(code == 0 for code, _ in ranks), "\n".join(o[-3000:] for _, o in ranks)
         results[cp] = torch.load(out / f"cp{cp}_world4.pt", weights_only=False)
     return results
 

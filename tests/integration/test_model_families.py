@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import compose, logged
+from tests.conftest import compose, logged, run_ranks
 from tinytrain.cli import run_stages
 
 pytestmark = pytest.mark.slow
@@ -74,20 +74,9 @@ def test_tensor_parallel_shards_other_families_exactly(tmp_path):
     unsharded one, and so does every gradient (Qwen2's q/k/v biases split with
     their columns; Gemma-2's 4 heads of 32 on 64; Qwen3's and Gemma-3's q/k head norms replicated,
     their gradients summed over the ranks)."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, free_port
-
     presets = ["qwen2_5_7b", "gemma2_2b", "qwen3_8b", "gemma3_1b"]
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.integration.tp_families_worker", str(tmp_path), *presets], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    ranks = run_ranks("tests.integration.tp_families_worker", [str(tmp_path), *presets], 2)
+    assert all(code == 0 for code, _ in ranks), "\n".join(o[-3000:] for _, o in ranks)
     results = json.loads((tmp_path / "tp_families.json").read_text())
     for preset in presets:
         r = results[preset]

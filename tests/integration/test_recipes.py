@@ -6,7 +6,7 @@ LoRA, ddp and fsdp_tp."""
 import pytest
 import torch
 
-from tests.conftest import logged, metrics_rows, run_cli
+from tests.conftest import logged, metrics_rows, run_cli, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -50,17 +50,10 @@ def test_gathered_muon_on_uneven_shards_is_the_whole_matrix_update(tmp_path):
     (bf16 Newton-Schulz, what a GPU run uses: to the bit) and to one process's fp32 iteration;
     the momentum stays a shard like its weight."""
     import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, free_port
 
     out = tmp_path / "muon.json"
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.muon_worker", str(out)], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    ranks = run_ranks("tests.integration.muon_worker", [str(out)], 2, {"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert all(code == 0 for code, _ in ranks), "\n".join(o[-3000:] for _, o in ranks)
     result = json.loads(out.read_text())
     assert result["bfloat16"] == 0 and result["float32"] <= 1e-6, result
     assert all(result[f"{d} {what}"] for d in ("bfloat16", "float32") for what in ("placements kept", "momentum sharded")), result

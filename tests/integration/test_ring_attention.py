@@ -8,14 +8,10 @@ refuses cp_kind=ring for training; the test records torch's error so it fails th
 the backward, and the gradients can be compared here (benchmarks/gpu_check.py part e does on GPUs).
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.conftest import REPO, free_port
+from tests.conftest import run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +21,8 @@ NO_CPU_BACKWARD = "FlexAttention does not support backward on CPU"
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ring")
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.ring_worker", "2", str(out)], cwd=REPO, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    ranks = run_ranks("tests.integration.ring_worker", ["2", str(out)], 2, {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}, local_rank=True)
+    assert all(code == 0 for code, _ in ranks), "\n".join(o[-3000:] for _, o in ranks)
     return torch.load(out / "ring_cp2_world2.pt", weights_only=False)
 
 

@@ -5,14 +5,11 @@ The field bug: a 65535-row vocab could not be reloaded under another tp. Here th
 with 4097 rows, re-padded to 4160 for tp=1 and 4352 for a tp=4 plan.
 """
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import LEVERS, REPO, compose, free_port, run_cli
+from tests.conftest import LEVERS, compose, run_cli, run_ranks
 from tests.integration.tp_worker import MODEL_OVERRIDES, ODD_TOKEN, fixed_batch
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.cli import run_stages
@@ -30,13 +27,8 @@ TOKENS = f'tokenizer.add_special_tokens=["{ODD_TOKEN}"]'
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp2")
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.integration.tp_worker", str(out)], cwd=REPO, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    ranks = run_ranks("tests.integration.tp_worker", [str(out)], 2)
+    assert all(code == 0 for code, _ in ranks), "\n".join(o[-3000:] for _, o in ranks)
     return out, torch.load(out / "tp2_result.pt", weights_only=False)
 
 

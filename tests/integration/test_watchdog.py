@@ -1,5 +1,5 @@
 """Operations at scale in real 2-rank DDP runs on CPU (gloo): a rank frozen with SIGSTOP is named in
-hang_report.txt within the limit and the run exits 76, after a checkpoint save longer than the
+hang_report.txt within the limit and the run exits 76 (also rank 2 of 4), after a checkpoint save longer than the
 step limit went through untouched; when rank 0 is killed, rank 1 (asleep in its step, where a
 collective would wait for rank 0) leaves within the limit instead of outliving it; a rank slowed
 by 50% is named as a straggler and one slowed by 5% is not; mode=health passes a healthy world and
@@ -53,39 +53,50 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
+def rank_pids(run_dir) -> dict[int, int]:
+    """Each rank's pid, from its heartbeat."""
+    beats = {}
+    for attempt in (run_dir / "watchdog").glob("*") if (run_dir / "watchdog").exists() else []:
+        beats.update({rank: beat["pid"] for rank, beat in heartbeat.read(attempt).items() if beat})
+    return beats
+
+
 @pytest.mark.timeout(300)
-def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path):
+@pytest.mark.parametrize("world, frozen", [(2, 1), (4, 2)])
+def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path, world, frozen):
     run_dir = tmp_path / "run"
     # Every save waits 2 x the step limit first: the step-4 save must not look like a hang.
-    proc = start(run_dir, [*RUN, "trainer.checkpoint_every_n_steps=4"], env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)})
-    rank_1 = None
+    args = [*RUN, f"cluster.devices={world}", "trainer.checkpoint_every_n_steps=4"]
+    proc = start(run_dir, args, env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)})
+    pid = None
     try:
-        wait_for(lambda: sum(line.startswith("6 ") for line in batches(run_dir)) == 2 and child_ranks(proc.pid), proc, "step 6 on both ranks", timeout=240)
-        (rank_1,) = child_ranks(proc.pid)
-        os.kill(rank_1, signal.SIGSTOP)
+        wait_for(lambda: sum(line.startswith("6 ") for line in batches(run_dir)) == world and len(rank_pids(run_dir)) == world, proc, f"step 6 on all {world} ranks", timeout=240)
+        pid = rank_pids(run_dir)[frozen]
+        assert pid in child_ranks(proc.pid)
+        os.kill(pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         out = finish(proc, run_dir, timeout=HANG_S + 60)
         assert time.monotonic() - frozen_at < HANG_S + 30
         assert proc.returncode == 76, out[-3000:]
         wait_for_gone = time.monotonic() + 20
-        while not gone(rank_1):  # its watchdog kills it (it cannot run code to exit)
+        while not gone(pid):  # its watchdog kills it (it cannot run code to exit)
             assert time.monotonic() < wait_for_gone, "the frozen rank was left behind"
             time.sleep(0.2)
     finally:
         proc.kill()
-        if rank_1 is not None:
+        if pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(rank_1, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
     assert (run_dir / "checkpoints" / "step0000004.ckpt").exists()  # the slow save finished
     report = (run_dir / "hang_report.txt").read_text()
     lines = report.splitlines()
     assert lines[1].startswith(f"no rank made progress for {HANG_S} s (limit {HANG_S} s, phase train)"), report[:2000]
-    assert lines[2] == "did not arrive: rank 1 (stopped (SIGSTOP or a debugger): it cannot run code)", report[:2000]
+    assert lines[2] == f"did not arrive: rank {frozen} (stopped (SIGSTOP or a debugger): it cannot run code)", report[:2000]
     rank_0_row = next(line for line in lines if line.startswith("0  "))
     assert re.search(r"last #\d+ gloo:(all_reduce|barrier|broadcast) .*scheduled\)$", rank_0_row), rank_0_row  # its collective in flight, from the flight recorder
     stack_0 = report.split("--- rank 0: Python stack")[1].split("--- rank 1")[0]
-    assert any(f"in {where}" in stack_0 for where in ("all_reduce", "barrier", "broadcast", "_engine_run_backward")), stack_0  # waiting for rank 1 (a step's all-reduce, or DDP's in backward)
-    assert "tinytrain: hang: no rank made progress for 5 s (phase train); did not arrive: rank 1" in out
+    assert any(f"in {where}" in stack_0 for where in ("all_reduce", "barrier", "broadcast", "_engine_run_backward")), stack_0  # waiting for the frozen rank (a step's all-reduce, or DDP's in backward)
+    assert f"tinytrain: hang: no rank made progress for 5 s (phase train); did not arrive: rank {frozen}" in out
     assert "Traceback" not in out, out[-3000:]
 
 

@@ -7,7 +7,8 @@ its flight-recorder summary (fr-rank<N>.txt: PyTorch's record of the rank's coll
 a thread inside the rank; gloo and NCCL both record in torch >= 2.7).
 
 A rank "did not arrive" when it is frozen or gone, when it is steps behind the others, or when it
-has entered fewer collectives than the others (the flight recorder's sequence numbers).
+has entered fewer collectives than the others (the flight recorder's sequence numbers). Where a
+rank is frozen or gone, the live ones behind are listed apart, as likely waiting on it.
 """
 
 from __future__ import annotations
@@ -74,16 +75,27 @@ def did_not_arrive(beats: dict[int, dict], states: dict[int, dict], fr: dict[int
     return dict(sorted(named.items()))
 
 
+def causes_first(named: dict[int, str], states: dict[int, dict], beats: dict[int, dict]) -> tuple[dict[int, str], dict[int, str]]:
+    """(causes, waiting): ranks frozen, gone or never started are the causes; where there is one, a
+    live rank merely behind in steps or collectives is most likely waiting on it (with 4 gloo ranks
+    and one frozen, rank 0 sat in an earlier collective than ranks 1 and 3), so it is said apart."""
+    causes = {r: why for r, why in named.items() if r not in beats or states.get(r, {}).get("state") in FROZEN}
+    if not causes:
+        return named, {}
+    return causes, {r: why for r, why in named.items() if r not in causes}
+
+
 def render(*, where: Path, world: int, stalled_s: float, limit_s: int, limit_phase: str, beats: dict[int, dict]) -> str:
     states = read_json(where, "state")
     fr = read_json(where, "fr")
-    named = did_not_arrive(beats, states, fr, world)
+    named, waiting = causes_first(did_not_arrive(beats, states, fr, world), states, beats)
     live = [b for b in beats.values() if b["phase"] != "done"]
     step = max((b["step"] for b in live), default=0)
     lines = [
         f"tinytrain hang report, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
         f"no rank made progress for {stalled_s:.0f} s (limit {limit_s} s, phase {limit_phase}); step {step}",
         "did not arrive: " + ("; ".join(f"rank {r} ({why})" for r, why in named.items()) if named else "not decided: every rank is at the same step and collective; compare the stacks below"),
+        *(["behind, likely waiting on it: " + "; ".join(f"rank {r} ({why})" for r, why in waiting.items())] if waiting else []),
         "",
         "rank  host  pid  step  phase  process  collectives (flight recorder)",
     ]

@@ -56,6 +56,11 @@ def test_the_rank_that_did_not_arrive_is_named_by_state_step_or_collective():
     assert "stopped" in named[1] and "behind" in named[2] and "collective #70, the others #71" in named[3] and "never wrote" in named[4]
     alike = {r: beat(r, 5, "train", 1) for r in range(2)}
     assert hang_report.did_not_arrive(alike, {0: {"state": "S"}, 1: {"state": "S"}}, {}, world=2) == {}
+    # The frozen rank and the one that never started are the causes; ranks behind are waiting on them.
+    causes, waiting = hang_report.causes_first(named, states, beats)
+    assert list(causes) == [1, 4] and list(waiting) == [2, 3]
+    live_only = {2: named[2], 3: named[3]}
+    assert hang_report.causes_first(live_only, states, beats) == (live_only, {})
 
 
 def test_flight_recorder_entries_are_summarized_by_their_newest_collective():
