@@ -1,0 +1,52 @@
+"""What the tests' zygote (tests/zygote.py) saves per command: the same `python -m tinytrain`
+command (a 2-step smoke run of a tiny Llama, or `mode=plan`) run by the tests' `run_cli` forked from
+the zygote vs in a fresh interpreter (TINYTRAIN_TEST_FRESH_PROCESS=1), alternating fresh / zygote
+in each round; the zygote's own start (once per test worker) is left out of its side.
+
+    python benchmarks/zygote_start.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+COMMANDS = {
+    "smoke run (2 steps)": ["experiment=smoke", "model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"],
+    "mode=plan": ["mode=plan", "model=llama3_8b", "hardware.gpu=H100", "cluster.devices=8", "parallel=zero3"],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    rounds = parser.parse_args().rounds
+    from tests import conftest
+
+    tmp = Path(tempfile.mkdtemp(prefix="zygote-bench-"))
+    conftest.ZYGOTE.popen("tinytrain", ["--version"], REPO, dict(os.environ), tmp / "warm.log").wait(120)  # its start, not timed
+    for name, args in COMMANDS.items():
+        times = {"fresh": [], "zygote": []}
+        for i in range(rounds):
+            for way in ("fresh", "zygote"):
+                os.environ["TINYTRAIN_TEST_FRESH_PROCESS"] = "1" if way == "fresh" else "0"
+                start = time.perf_counter()
+                result = conftest.run_cli(args, tmp / f"{name[:5]}-{way}{i}")
+                times[way].append(time.perf_counter() - start)
+                if result.returncode != 0:
+                    raise SystemExit(f"{name} ({way}) exited {result.returncode}:\n{result.stderr[-2000:]}")
+        fresh, forked = statistics.median(times["fresh"]), statistics.median(times["zygote"])
+        print(f"{name}: fresh interpreter {fresh:.2f} s, forked from the zygote {forked:.2f} s (medians of {rounds}); ratio {forked / fresh:.2f}")
+
+
+if __name__ == "__main__":
+    main()
