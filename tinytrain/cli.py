@@ -176,7 +176,7 @@ def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted, TrainingStopped
+    from tinytrain.errors import HANG_EXIT_CODE, PREEMPTED_EXIT_CODE, HangStopped, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
@@ -213,7 +213,7 @@ def hydra_main(cfg: DictConfig):
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
             # raises the first failure again and main() exits with its code.
             raise
-        sys.exit(2 if isinstance(e, ConfigError) else 3)
+        sys.exit(2 if isinstance(e, ConfigError) else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
     except Preempted as e:
         if is_rank_zero():
             print(str(e), file=sys.stderr)

@@ -47,6 +47,11 @@ PREEMPTED_EXIT_CODE = 75
 HANG_EXIT_CODE = 76
 
 
+class HangStopped(TrainingStopped):
+    """Another local rank was stopped by the hang watchdog before this one's own watchdog acted:
+    this rank stops the same way, with HANG_EXIT_CODE (a Slurm job requeues on it)."""
+
+
 class Preempted(Exception):
     """SIGUSR1 / SIGTERM / SIGINT: a checkpoint was saved and the run stopped (callbacks/preemption.py)."""
 

@@ -15,7 +15,7 @@ from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
 from tinytrain.data.unpaired import UnpairedDataset
-from tinytrain.errors import ConfigError, Problem, TrainingStopped
+from tinytrain.errors import ConfigError, HangStopped, Problem, TrainingStopped
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.build import build_model, model_config
 from tinytrain.model.compile import apply_compile
@@ -141,7 +141,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         dead = built.dead_rank.message
         if dead is None:
             raise
-        raise TrainingStopped(dead) from e  # one line instead of the collective's traceback
+        raise (HangStopped if built.dead_rank.hang else TrainingStopped)(dead) from e  # one line instead of the collective's traceback
     finally:
         if watched is not None:
             watched.finish()  # a stop every rank agreed on (or the end): its watchdog does not act on it

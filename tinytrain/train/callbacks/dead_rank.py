@@ -18,7 +18,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.errors import ConfigError, Preempted, TrainingStopped
+from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, TrainingStopped
 
 OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
 
@@ -27,6 +27,7 @@ class DeadRank(pl.Callback):
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.message: str | None = None
+        self.hang = False  # the rank that ended was stopped by the hang watchdog: this one exits as it did
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, OWN_STOPS):
@@ -49,7 +50,13 @@ class DeadRank(pl.Callback):
         rank, proc = dead
         then = self.resume_hint()
         step = trainer.global_step + 1
-        if proc.returncode < 0:  # killed from outside (OOM killer, kill -9): rerunning is the fix
+        if proc.returncode == HANG_EXIT_CODE:  # its watchdog stopped it a moment before this rank's did
+            self.hang = True
+            self.message = (
+                f"tinytrain: rank {rank} (pid {proc.pid}) was stopped by the hang watchdog during step {step} (exit {HANG_EXIT_CODE}); "
+                f"{self.run_dir / 'hang_report.txt'} says which rank did not arrive. Run the same command again in {self.run_dir}: {then}."
+            )
+        elif proc.returncode < 0:  # killed from outside (OOM killer, kill -9): rerunning is the fix
             self.message = (
                 f"tinytrain: rank {rank} (pid {proc.pid}) died (killed by {signal.Signals(-proc.returncode).name}) during step {step}; "
                 f"the other ranks stopped. Run the same command again in {self.run_dir}: {then}."

@@ -1,0 +1,34 @@
+"""Rank 0's reading of a local rank that ended first (train/callbacks/dead_rank.py), on real child
+processes: one stopped by the hang watchdog makes rank 0 stop as a hang (exit 76, so a Slurm job
+requeues), not as a failed rank (exit 3), which a 4-rank run with one rank frozen showed."""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from tinytrain.errors import HANG_EXIT_CODE
+from tinytrain.train.callbacks.dead_rank import DeadRank
+
+
+def ended_child(code: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({code})"])
+    proc.wait(timeout=60)
+    return proc
+
+
+def trainer_with(procs) -> SimpleNamespace:
+    return SimpleNamespace(strategy=SimpleNamespace(launcher=SimpleNamespace(procs=procs)), global_step=5, world_size=len(procs) + 1, global_rank=0)
+
+
+def test_a_rank_stopped_by_the_hang_watchdog_stops_rank_0_as_a_hang(tmp_path):
+    callback = DeadRank(tmp_path)
+    callback.on_exception(trainer_with([ended_child(0), ended_child(HANG_EXIT_CODE)]), None, RuntimeError("Connection closed by peer"))
+    assert callback.hang
+    assert "rank 2 (pid " in callback.message and f"was stopped by the hang watchdog during step 6 (exit {HANG_EXIT_CODE})" in callback.message
+    assert "hang_report.txt says which rank did not arrive" in callback.message
+
+
+def test_a_rank_that_failed_is_named_as_failed_not_as_a_hang(tmp_path):
+    callback = DeadRank(tmp_path)
+    callback.on_exception(trainer_with([ended_child(1)]), None, RuntimeError("Connection closed by peer"))
+    assert not callback.hang and "rank 1 (pid " in callback.message and "failed (exit status 1) during step 6" in callback.message
