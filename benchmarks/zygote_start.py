@@ -40,7 +40,7 @@ def main() -> None:
             for way in ("fresh", "zygote"):
                 os.environ["TINYTRAIN_TEST_FRESH_PROCESS"] = "1" if way == "fresh" else "0"
                 start = time.perf_counter()
-                result = conftest.run_cli(args, tmp / f"{name[:5]}-{way}{i}")
+                result = conftest.run_cli(args, tmp / f"command{list(COMMANDS).index(name)}-{way}{i}")
                 times[way].append(time.perf_counter() - start)
                 if result.returncode != 0:
                     raise SystemExit(f"{name} ({way}) exited {result.returncode}:\n{result.stderr[-2000:]}")
