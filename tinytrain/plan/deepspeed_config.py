@@ -82,6 +82,8 @@ def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_
     if parallel_cfg.zero_stage == 3:
         # Lets a stage-3 checkpoint be turned into one full state dict (export, TP-free reload).
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if muon:  # DeepSpeed 0.19's stage 3 refuses MuonWithAuxAdam with reduce_scatter (its default)
+            zero["reduce_scatter"] = False
     ds = {
         "train_micro_batch_size_per_gpu": batch.micro_batch_size,
         "gradient_accumulation_steps": batch.accumulate_grad_batches,
