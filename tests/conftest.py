@@ -65,11 +65,17 @@ def plan(overrides: list[str] | tuple[str, ...], run_dir: Path) -> dict:
 ZYGOTE = Zygote()
 
 
+def cli_env(env: dict | None) -> dict:
+    """This process's environment for a CLI run, without the traceback switches main() sets in it
+    (a test's own in-process runs leave them), with `env` on top."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    return {**full_env, **(env or {})}
+
+
 def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
     """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
     with test instruments, tests.integration.instrumented_cli)."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    full_env.update(env or {})
+    full_env = cli_env(env)
     if ZYGOTE.serves(full_env):  # forked from a process that imported torch and Lightning once
         return ZYGOTE.run(module, [*args, f"hydra.run.dir={run_dir}"], REPO, full_env, timeout)
     return subprocess.run(
@@ -88,8 +94,7 @@ def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: s
     zygote (pid, poll, wait, send_signal, kill; tests/zygote.py). new_session: a session of its own,
     so a killpg reaches the ranks it starts."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    full_env.update(env or {})
+    full_env = cli_env(env)
     argv = [*args, f"hydra.run.dir={run_dir}"]
     if ZYGOTE.serves(full_env):
         return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session)

@@ -41,7 +41,7 @@ class ZygoteProcess:
     """What the tests use of subprocess.Popen, for a child of the zygote."""
 
     def __init__(self, zygote: Zygote, request_id: int, args: list[str]) -> None:
-        self._zygote, self._id, self.args = zygote, request_id, args
+        self.args = args
         self._done = threading.Event()
         self.pid: int = zygote._await(request_id, "pid")
         self.returncode: int | None = None

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import REPO, mounted_tmpfs
+from tests.conftest import REPO, cli_env, mounted_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +127,7 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
     assert child.exitcode == 1
 def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
     """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
+    env = cli_env(None)
     proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not (run_dir / "checkpoints" / "step0000004.ckpt").exists():

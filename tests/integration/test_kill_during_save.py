@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, cli_env, free_port
 from tests.integration.test_resume import (
     MODEL,
     batches,
@@ -153,8 +153,7 @@ def test_a_rank_killed_under_torchrun_is_explained_by_the_other_in_one_line(tmp_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40", f"hydra.run.dir={run_dir}"]
-    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    env.update({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1"})
+    env = cli_env({"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1"})
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}", "--redirects=3", f"--log-dir={tmp_path / 'logs'}"]
     with (run_dir / "out.log").open("w") as out:
         proc = subprocess.Popen([*torchrun, "-m", "tests.integration.instrumented_cli", *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
