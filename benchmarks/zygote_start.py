@@ -1,6 +1,6 @@
 """What the tests' zygote (tests/zygote.py) saves per command: the same `python -m tinytrain`
 command (a 2-step smoke run of a tiny Llama, or `mode=plan`) run by the tests' `run_cli` forked from
-the zygote vs in a fresh interpreter (TINYTRAIN_TEST_FRESH_PROCESS=1), alternating fresh / zygote
+the zygote vs in a fresh interpreter, alternating fresh / zygote
 in each round; the zygote's own start (once per test worker) is left out of its side.
 
     python benchmarks/zygote_start.py [--rounds 3]
@@ -9,15 +9,16 @@ in each round; the zygote's own start (once per test worker) is left out of its 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 COMMANDS = {
@@ -26,21 +27,36 @@ COMMANDS = {
 }
 
 
+def load_zygote():
+    """tests/zygote.py as a module of its own (it imports nothing from the tests package), so the
+    benchmark runs as a script without the repository on PYTHONPATH."""
+    spec = importlib.util.spec_from_file_location("test_zygote", REPO / "tests" / "zygote.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Zygote()
+
+
+def run(zygote, way: str, args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """The command as the tests' run_cli runs it: forked from the zygote, or a fresh interpreter."""
+    argv = [*args, f"hydra.run.dir={run_dir}"]
+    if way == "zygote":
+        return zygote.run("tinytrain", argv, REPO, dict(os.environ), 600)
+    return subprocess.run([sys.executable, "-m", "tinytrain", *argv], cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=600)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args().rounds
-    from tests import conftest
-
+    zygote = load_zygote()
     tmp = Path(tempfile.mkdtemp(prefix="zygote-bench-"))
-    conftest.ZYGOTE.popen("tinytrain", ["--version"], REPO, dict(os.environ), tmp / "warm.log").wait(120)  # its start, not timed
+    zygote.popen("tinytrain", ["--version"], REPO, dict(os.environ), tmp / "warm.log").wait(120)  # its start, not timed
     for name, args in COMMANDS.items():
         times = {"fresh": [], "zygote": []}
         for i in range(rounds):
             for way in ("fresh", "zygote"):
-                os.environ["TINYTRAIN_TEST_FRESH_PROCESS"] = "1" if way == "fresh" else "0"
                 start = time.perf_counter()
-                result = conftest.run_cli(args, tmp / f"command{list(COMMANDS).index(name)}-{way}{i}")
+                result = run(zygote, way, args, tmp / f"command{list(COMMANDS).index(name)}-{way}{i}")
                 times[way].append(time.perf_counter() - start)
                 if result.returncode != 0:
                     raise SystemExit(f"{name} ({way}) exited {result.returncode}:\n{result.stderr[-2000:]}")
