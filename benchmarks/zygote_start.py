@@ -1,6 +1,7 @@
 """What the tests' zygote (tests/zygote.py) saves per command: the same `python -m tinytrain`
-command (a 2-step smoke run of a tiny Llama, or `mode=plan`) run by the tests' `run_cli` forked from
-the zygote vs in a fresh interpreter, alternating fresh / zygote
+command (a 2-step smoke run of a tiny Llama, the same on 2 ddp ranks, `mode=plan`) run as the tests'
+`run_cli` runs it, forked from the zygote (the ddp run's second rank a spare forked from its first)
+vs in a fresh interpreter (its second rank too, as Lightning starts it), alternating fresh / zygote
 in each round; the zygote's own start (once per test worker) is left out of its side.
 
     python benchmarks/zygote_start.py [--rounds 3]
@@ -21,8 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+SMOKE = ["experiment=smoke", "model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"]
 COMMANDS = {
-    "smoke run (2 steps)": ["experiment=smoke", "model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"],
+    "smoke run (2 steps)": SMOKE,
+    "ddp smoke run (2 ranks, 2 steps)": [*SMOKE, "parallel=ddp", "cluster.devices=2"],
     "mode=plan": ["mode=plan", "model=llama3_8b", "hardware.gpu=H100", "cluster.devices=8", "parallel=zero3"],
 }
 
@@ -40,7 +43,8 @@ def run(zygote, way: str, args: list[str], run_dir: Path) -> subprocess.Complete
     """The command as the tests' run_cli runs it: forked from the zygote, or a fresh interpreter."""
     argv = [*args, f"hydra.run.dir={run_dir}"]
     if way == "zygote":
-        return zygote.run("tinytrain", argv, REPO, dict(os.environ), 600)
+        devices = [a.split("=", 1)[1] for a in args if a.startswith("cluster.devices=")]
+        return zygote.run("tinytrain", argv, REPO, dict(os.environ), 600, spare_ranks=int(devices[-1]) - 1 if devices else 0)
     return subprocess.run([sys.executable, "-m", "tinytrain", *argv], cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=600)
 
 

@@ -72,12 +72,18 @@ def cli_env(env: dict | None) -> dict:
     return {**full_env, **(env or {})}
 
 
+def local_ranks(args: list[str]) -> int:
+    """The processes a command's cluster.devices starts on this host (1 where the args leave it to a preset)."""
+    devices = [a.split("=", 1)[1] for a in args if a.startswith("cluster.devices=")]
+    return int(devices[-1]) if devices and devices[-1].isdigit() else 1
+
+
 def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
     """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
     with test instruments, tests.integration.instrumented_cli)."""
     full_env = cli_env(env)
-    if ZYGOTE.serves(full_env):  # forked from a process that imported torch and Lightning once
-        return ZYGOTE.run(module, [*args, f"hydra.run.dir={run_dir}"], REPO, full_env, timeout)
+    if ZYGOTE.serves(full_env):  # forked from a process that imported torch and Lightning once, as are the ranks it starts
+        return ZYGOTE.run(module, [*args, f"hydra.run.dir={run_dir}"], REPO, full_env, timeout, spare_ranks=local_ranks(args) - 1)
     return subprocess.run(
         [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -97,7 +103,7 @@ def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: s
     full_env = cli_env(env)
     argv = [*args, f"hydra.run.dir={run_dir}"]
     if ZYGOTE.serves(full_env):
-        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session)
+        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session, spare_ranks=local_ranks(args) - 1)
     with (run_dir / "out.log").open("a") as out:
         return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
 

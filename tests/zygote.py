@@ -2,15 +2,23 @@
 worker imports torch, Lightning, transformers and tinytrain's training modules once (~5 s), then
 forks a child for every command. The child is a real process (its own pid, exit status, signals,
 working directory, environment and output files), started where a fresh interpreter would be after
-those imports, so what a test checks about the command is what `python -m tinytrain` does. The
-ranks Lightning starts beside it are fresh interpreters, as for a user.
+those imports, so what a test checks about the command is what `python -m tinytrain` does.
+
+The ranks Lightning starts beside a command (local ranks 1..N-1 of `cluster.devices=N`) are asked
+for with `spare_ranks`: before the command runs anything, its child forks that many spares, each
+waiting on a socket. Lightning's `subprocess.Popen(python -m tinytrain ..., env, cwd)` for a rank
+hands its command, environment, folder and standard streams to a spare, which becomes that rank:
+a child of rank 0 as Lightning's would be (its parent, process group and session; rank 0 polls,
+signals and reaps it; a killpg of its session reaches it), only without paying the imports again.
+A spare not asked for exits when rank 0 does. Its command line stays the zygote's: tests that find
+ranks by theirs start the run with subprocess.Popen, whose ranks are fresh interpreters.
 
 A command whose environment differs from the zygote's in a variable that a preloaded module reads at
 import (HF_*, TORCH*, OMP_*, ...) gets a fresh interpreter instead, as does every command when
 TINYTRAIN_TEST_FRESH_PROCESS=1 (to rule the zygote out of a failure).
 
 Protocol on the zygote's stdin/stdout, one JSON line each: a request {id, module, args, cwd, env,
-stdout, stderr, append, new_session} is answered {id, pid} at the fork and {id, status} (the
+stdout, stderr, append, new_session, spare_ranks} is answered {id, pid} at the fork and {id, status} (the
 child's returncode as subprocess gives it) when the child ends; several children may run at once."""
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +43,10 @@ PRELOAD = (
 )  # fmt: skip
 # Prefixes of the environment variables the preloaded modules read when imported: a command that sets
 # one of these otherwise than the zygote had it gets a fresh interpreter.
+# Set by rank 0 before Lightning starts the other ranks, read later than import (Lightning's seeding,
+# the flight recorder's buffer when a process group is made): a spare that imported before they
+# were set starts as a fresh rank would.
+SET_BEFORE_RANKS_START = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TORCH_FR_BUFFER_SIZE")
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
 
 
@@ -93,14 +106,14 @@ class Zygote:
 
         return relevant(env) == relevant(started_with)
 
-    def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False) -> ZygoteProcess:
+    def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False, spare_ranks: int = 0) -> ZygoteProcess:
         """`python -m module args` in cwd; stdout (and stderr, or both into stdout) to files."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
             self._next_id += 1
             request_id = self._next_id
-            request = {"id": request_id, "module": module, "args": args, "cwd": str(cwd), "env": {**self._added_env, **env}, "stdout": str(stdout), "stderr": str(stderr or stdout), "append": append, "new_session": new_session}
+            request = {"id": request_id, "module": module, "args": args, "cwd": str(cwd), "env": {**self._added_env, **env}, "stdout": str(stdout), "stderr": str(stderr or stdout), "append": append, "new_session": new_session, "spare_ranks": spare_ranks}
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
         child = ZygoteProcess(self, request_id, [sys.executable, "-m", module, *args])
@@ -110,11 +123,11 @@ class Zygote:
                 child._ended(self._replies.pop((request_id, "status")))
         return child
 
-    def run(self, module: str, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, module: str, args: list[str], cwd: Path, env: dict, timeout: float, spare_ranks: int = 0) -> subprocess.CompletedProcess:
         """subprocess.run(capture_output=True, text=True, timeout=timeout) of `python -m module args`."""
         out_dir = Path(tempfile.mkdtemp(prefix="zygote-"))
         out, err = out_dir / "stdout", out_dir / "stderr"
-        child = self.popen(module, args, cwd, env, out, err)
+        child = self.popen(module, args, cwd, env, out, err, spare_ranks=spare_ranks)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -156,8 +169,6 @@ class Zygote:
 
 def _child(request: dict) -> None:
     """In the forked child: become `python -m <module> <args>` in the request's folder and environment."""
-    import runpy
-
     if request["new_session"]:
         os.setsid()
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
@@ -172,10 +183,19 @@ def _child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = [request["module"], *request["args"]]
+    if request.get("spare_ranks"):
+        _route_lightning_ranks([_fork_spare_rank() for _ in range(request["spare_ranks"])])
+    _run_module(request["module"], request["args"])
+
+
+def _run_module(module: str, args: list[str]) -> None:
+    """`python -m module args` from here on, ending as the interpreter does."""
+    import runpy
+
+    sys.argv = [module, *args]
     code = 0
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code
     except BaseException:
@@ -185,6 +205,108 @@ def _child(request: dict) -> None:
         code = 1
     # The interpreter's own exit: atexit handlers, buffered output, non-daemon threads, as `python -m`.
     sys.exit(code)
+
+
+class SpareRank:
+    """Rank 0's handle on a spare it handed a rank to: what Lightning uses of subprocess.Popen."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self.sock, self.args = pid, sock, []
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # Lightning's observer thread polls beside the main thread
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_SPARE_ENDS: list[socket.socket] = []  # this command's ends of its spares' sockets
+
+
+def _fork_spare_rank() -> SpareRank:
+    """A child of this command, forked before it imports or starts anything more, waiting to become a rank."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        for end in (*_SPARE_ENDS, ours):  # so a spare sees EOF once the command has ended
+            end.close()
+        _become_rank(theirs)
+    theirs.close()
+    _SPARE_ENDS.append(ours)
+    return SpareRank(pid, ours)
+
+
+def _become_rank(sock: socket.socket) -> None:
+    message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+    sock.close()
+    if not message:  # the command ended without starting this rank
+        os._exit(0)
+    request = json.loads(message)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _run_module(request["module"], request["args"])
+
+
+def _route_lightning_ranks(spares: list[SpareRank]) -> None:
+    """Lightning's launchers start each local rank with subprocess.Popen(command, env=, cwd=): give
+    that command to a spare where it is `python -m` of a module and its environment reads at import
+    what this command's did; anything else still gets a fresh process."""
+    import types
+
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
+
+    def read_at_import(env: dict) -> dict:
+        return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and k not in SET_BEFORE_RANKS_START}
+
+    started_with = read_at_import(os.environ)
+
+    def popen(command, env=None, cwd=None, **kwargs):
+        env = dict(os.environ if env is None else env)
+        same_imports = read_at_import(env) == started_with
+        if kwargs or not spares or not same_imports or list(command[:2]) != [sys.executable, "-m"]:
+            return subprocess.Popen(command, env=env, cwd=cwd, **kwargs)
+        spare = spares.pop(0)
+        spare.args = list(command)
+        request = {"module": command[2], "args": list(command[3:]), "env": env, "cwd": cwd or os.getcwd()}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        socket.send_fds(spare.sock, [json.dumps(request).encode()], [0, 1, 2])
+        return spare
+
+    for launcher in (fabric_launcher, trainer_launcher):
+        launcher.subprocess = types.SimpleNamespace(Popen=popen)
 
 
 def _serve() -> None:

@@ -1,0 +1,47 @@
+"""The tests' zygote hands the local ranks Lightning starts to spares forked from rank 0
+(tests/zygote.py): each is rank 0's child in its process group, with the command's arguments,
+environment, folder and output, and exits as a rank would; a rank whose environment reads otherwise
+at import is a fresh process; a spare nobody asked for does not outlive its command."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, ZYGOTE, cli_env
+
+pytestmark = pytest.mark.skipif(os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") == "1", reason="the zygote is off")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_spares_become_rank_zeros_children_and_exit_as_ranks(tmp_path):
+    spares = 3  # ranks 1 and 2 take one each, rank 3 (another OMP_NUM_THREADS) none: one is left over
+    env = cli_env(None)
+    if not ZYGOTE.serves(env):
+        pytest.skip("this environment gets fresh interpreters")
+    r = ZYGOTE.run("tests.unit.harness.rank_probe", ["launch", str(tmp_path)], REPO, env, 120, spare_ranks=spares)
+    assert r.returncode == 0, r.stderr[-3000:]
+    launcher = json.loads((tmp_path / "launcher.json").read_text())
+    ranks = {n: json.loads((tmp_path / f"rank{n}.json").read_text()) for n in (1, 2, 3)}
+    assert len(launcher["spares"]) == spares
+    for n, report in ranks.items():
+        assert report["ppid"] == launcher["pid"] and report["pgid"] == launcher["pgid"], (n, report, launcher)
+        assert report["local_rank"] == str(n) and report["cwd"] == str(REPO) and report["argv"][-2] == str(n)
+        assert launcher["ended"][str(n)]["pid"] == report["pid"]
+    assert ranks[1]["preloaded"] and ranks[2]["preloaded"] and not ranks[3]["preloaded"]
+    assert {ranks[1]["pid"], ranks[2]["pid"]} < set(launcher["spares"]) and ranks[3]["pid"] not in launcher["spares"]
+    assert {n: launcher["ended"][str(n)]["returncode"] for n in (1, 2, 3)} == {1: 7, 2: -9, 3: 0}
+    assert all(f"rank {n} says hello" in r.stdout for n in (1, 3))
+    left_over = set(launcher["spares"]) - {ranks[1]["pid"], ranks[2]["pid"]}
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in left_over) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in left_over)
