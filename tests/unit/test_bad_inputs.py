@@ -76,7 +76,6 @@ CASES = {
     # optimizers and objectives (issue 37)
     "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),
     "muon with lora trains no hidden matrix": (["mode=plan", "finetune=lora", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "trains none of them", "trainer.optimizer=adamw with LoRA"]),
-    "muon with zero3 optimizer offload": (["mode=plan", "parallel=zero3_offload", "hardware.gpu=A100", "trainer.optimizer=muon"], ["parallel.offload_optimizer=True", "ZeRO-3's optimizer offload is not checked", "parallel=zero2_offload"]),
     "muon resuming a deepspeed folder of another dp": (["mode=plan", "parallel=zero2", "hardware.gpu=A100", "trainer.optimizer=muon", "resume={F}/ds_two_ranks.ckpt"], ["resume='{F}/ds_two_ranks.ckpt'", "not Muon's momentum_buffer", "resume on the data-parallel size it was saved on"]),
     "muon momentum one": (["mode=plan", "trainer.optimizer=muon", "trainer.muon_momentum=1"], ["trainer.muon_momentum=1.0", "[0, 1)", "trainer.muon_momentum=0.95"]),
     "batch warm-up start above the final batch": (["mode=plan", "trainer.batch_size_warmup.start=64", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=64", "below the final global batch (8 = micro 8", "raise trainer.global_batch_size"]),

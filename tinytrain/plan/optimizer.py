@@ -110,18 +110,6 @@ def problems(cfg) -> list[Problem]:
         return found
     if cfg.finetune.method != FinetuneMethod.full:
         found.append(Problem("trainer.optimizer", t.optimizer.value, f"Muon steps the model's 2-D hidden weight matrices, and finetune={cfg.finetune.method.value} trains none of them (only low-rank adapters on a frozen base)", "use trainer.optimizer=adamw with LoRA, or finetune=full to train the hidden weights with Muon"))
-    row = strategy_row(cfg.parallel.strategy)
-    if row.deepspeed and cfg.parallel.offload_optimizer and cfg.parallel.zero_stage == 3:
-        # DeepSpeed 0.19 has the path (stage3.py _apply_muon_updates_cpu_offload); only ZeRO-2's
-        # offload was run against one rank here (tests/integration/test_recipes.py).
-        found.append(
-            Problem(
-                "parallel.offload_optimizer",
-                True,
-                "Muon with ZeRO-3's optimizer offload is not checked here (ZeRO-2's is: DeepSpeed orthogonalises the offloaded partitions and MuonWithAuxAdam steps them on the CPU)",
-                "use parallel=zero2_offload, or parallel=zero3 without offload (parallel.offload_optimizer=false), or trainer.optimizer=adamw",
-            )
-        )
     return found
 
 
