@@ -67,7 +67,7 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
     run_dir = tmp_path / "run"
     # Every save waits 2 x the step limit first: the step-4 save must not look like a hang.
     args = [*RUN, f"cluster.devices={world}", "trainer.checkpoint_every_n_steps=4"]
-    proc = start(run_dir, args, env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)})
+    proc = start(run_dir, args, env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)}, fresh_ranks=True)  # found by their command line
     pid = None
     try:
         wait_for(lambda: sum(line.startswith("6 ") for line in batches(run_dir)) == world and len(rank_pids(run_dir)) == world, proc, f"step 6 on all {world} ranks", timeout=240)
@@ -104,7 +104,7 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
 def test_when_rank_0_is_killed_rank_1_leaves_within_the_hang_limit(tmp_path):
     run_dir = tmp_path / "run"
     # Rank 1 sleeps 10 minutes in step 3: without the watchdog it would outlive rank 0 by as much.
-    proc = start(run_dir, RUN, env={"TT_TEST_STALL_RANK": "1:3:600"})
+    proc = start(run_dir, RUN, env={"TT_TEST_STALL_RANK": "1:3:600"}, fresh_ranks=True)
     rank_1 = None
     try:
         wait_for(lambda: rank_1_step(run_dir) == 3 and child_ranks(proc.pid), proc, "rank 1 in step 3", timeout=240)

@@ -86,11 +86,11 @@ PRIVATE_NAMES = [
     ("lightning", "_LoggerConnector.log_metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "log_metrics")),
     ("lightning", "csv_logs.ExperimentWriter._check_log_dir_exists", "train/metrics_csv.py (keeps metrics.csv on resume)", class_attr("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_check_log_dir_exists")),
     ("lightning", "CSVLogger._experiment", "train/metrics_csv.py", assigned_in_init("lightning.pytorch.loggers", "CSVLogger", "_experiment")),
-    ("lightning", "_ChildProcessObserver._finished", "train/callbacks/dead_rank.py (holds off the observer's SIGKILL)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_finished")),
+    ("lightning", "_ChildProcessObserver._finished", "cluster/watched_rank.py hold_off_lightning_observer (a dead rank's message, a hang verdict's exit 76)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_finished")),
     (
         "lightning",
         "_ChildProcessObserver's thread name child-process-observer",
-        "train/callbacks/dead_rank.py (finds the thread by it)",
+        "cluster/watched_rank.py hold_off_lightning_observer (finds the thread by it)",
         source_mentions(module_attr("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver"), '"child-process-observer"'),
     ),
     ("torch", "ParallelStyle._apply", "model/tensor_parallel.py (head_norm_parallel, a style of its own)", class_attr("torch.distributed.tensor.parallel", "ParallelStyle", "_apply")),

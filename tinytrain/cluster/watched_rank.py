@@ -67,13 +67,24 @@ class WatchedRank:
         stop = self.where / f"stop-rank{self.rank}"
         while not self.finished.wait(POLL_S):
             self.heartbeat.flush()
-            if not dumped and (self.where / "dump").exists():
+            if not dumped and (self.where / "dump").exists():  # a hang verdict: stop files follow in >= 3 s
                 dumped = True
+                hold_off_lightning_observer()
                 hang_report.write(self.where / f"fr-rank{self.rank}.json", json.dumps(flight_recorder()))
             if stop.exists():
                 print(f"tinytrain: rank {self.rank} stopped by its watchdog: {stop.read_text()} (exit {HANG_EXIT_CODE})", file=sys.stderr, flush=True)
                 self.stacks.flush()
                 os._exit(HANG_EXIT_CODE)
+
+
+def hold_off_lightning_observer() -> None:
+    """On local rank 0, Lightning's child-process observer SIGKILLs this process (exit -9) within 5 s
+    of seeing a rank it started exit non-zero. Once a hang verdict is reached every rank exits 76
+    and rank 0 must too (a Slurm job requeues on it), and a rank that died needs rank 0's one-line
+    message (train/callbacks/dead_rank.py): either way this process ends the run itself."""
+    for thread in threading.enumerate():
+        if thread.name == "child-process-observer":
+            thread._finished = True
 
 
 def flight_recorder() -> dict:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 
 from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.cluster.watched_rank import hold_off_lightning_observer
 from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, TrainingStopped
 
 OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
@@ -42,11 +42,7 @@ class DeadRank(pl.Callback):
                     f"its log says which (under Slurm, `sacct -j <job id>` names the failed task). Once that is fixed, run the same command again in {self.run_dir}: {self.resume_hint()}."
                 )
             return
-        # Lightning's observer SIGKILLs this process within 5 s of seeing a child die; the
-        # message needs those seconds.
-        for thread in threading.enumerate():
-            if thread.name == "child-process-observer":
-                thread._finished = True
+        hold_off_lightning_observer()  # its SIGKILL would come within 5 s; the message needs them
         rank, proc = dead
         then = self.resume_hint()
         step = trainer.global_step + 1
