@@ -175,17 +175,21 @@ def _child(request: dict) -> None:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(os.open(request["stdout"], flags, 0o644), 1)
     os.dup2(os.open(request["stderr"], flags, 0o644) if request["stderr"] != request["stdout"] else 1, 2)
-    # The interpreter's own streams on the new descriptors, buffered as a fresh process's are with
-    # its output in a file.
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    _settle(request["cwd"], request["env"])
     if request.get("spare_ranks"):
         _route_lightning_ranks([_fork_spare_rank() for _ in range(request["spare_ranks"])])
     _run_module(request["module"], request["args"])
+
+
+def _settle(cwd: str, env: dict) -> None:
+    """The interpreter's own streams on descriptors 0-2 (buffered as a fresh process's are with its
+    output in a file), in the command's folder and environment."""
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def _run_module(module: str, args: list[str]) -> None:
@@ -269,12 +273,7 @@ def _become_rank(sock: socket.socket) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    _settle(request["cwd"], request["env"])
     _run_module(request["module"], request["args"])
 
 
