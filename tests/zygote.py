@@ -94,17 +94,19 @@ class Zygote:
         self._replies: dict[tuple[int, str], int] = {}
         self._replied = threading.Condition(self._lock)
         self._children: dict[int, ZygoteProcess] = {}
+        # The worker's environment as the session began: the zygote starts with it whichever test
+        # first asks (one that patched a variable for its own command gets a fresh interpreter).
+        self._session_env = dict(os.environ)
 
     def serves(self, env: dict) -> bool:
         """Whether a command with this environment starts from the zygote as a fresh interpreter would."""
-        if os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") == "1":
-            return False
-        started_with = self._env if self._proc is not None else os.environ
+        return os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") != "1" and not self.differs(env)
 
-        def relevant(e):
-            return {k: v for k, v in e.items() if k.startswith(READ_AT_IMPORT) and k not in self._added_env}
-
-        return relevant(env) == relevant(started_with)
+    def differs(self, env: dict) -> list[str]:
+        """The variables read at import that `env` sets otherwise than the zygote's start did."""
+        started_with = self._env if self._proc is not None else self._session_env
+        keys = {k for k in (*env, *started_with) if k.startswith(READ_AT_IMPORT) and k not in self._added_env}
+        return sorted(k for k in keys if env.get(k) != started_with.get(k))
 
     def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False, spare_ranks: int = 0) -> ZygoteProcess:
         """`python -m module args` in cwd; stdout (and stderr, or both into stdout) to files."""
@@ -141,7 +143,7 @@ class Zygote:
         return result
 
     def _start(self) -> None:
-        self._env = dict(os.environ)
+        self._env = dict(self._session_env)
         self._proc = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=REPO, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         ready = json.loads(self._proc.stdout.readline() or "{}")
         if "added_env" not in ready:

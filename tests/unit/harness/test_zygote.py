@@ -25,8 +25,8 @@ def alive(pid: int) -> bool:
 def test_spares_become_rank_zeros_children_and_exit_as_ranks(tmp_path):
     spares = 3  # ranks 1 and 2 take one each, rank 3 (another OMP_NUM_THREADS) none: one is left over
     env = cli_env(None)
-    if not ZYGOTE.serves(env):
-        pytest.skip("this environment gets fresh interpreters")
+    if not ZYGOTE.serves(env):  # a test before this one left these changed in this worker
+        pytest.skip(f"this worker's environment differs from its zygote's in {ZYGOTE.differs(env)}")
     r = ZYGOTE.run("tests.unit.harness.rank_probe", ["launch", str(tmp_path)], REPO, env, 120, spare_ranks=spares)
     assert r.returncode == 0, r.stderr[-3000:]
     launcher = json.loads((tmp_path / "launcher.json").read_text())
@@ -45,3 +45,16 @@ def test_spares_become_rank_zeros_children_and_exit_as_ranks(tmp_path):
     while any(alive(pid) for pid in left_over) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in left_over)
+
+
+def test_the_zygote_keeps_the_sessions_environment_whichever_test_starts_it(monkeypatch):
+    """A test that patched a variable read at import (its command gets a fresh interpreter) must not
+    start the zygote with it: every later command with the session's environment would go fresh."""
+    from tests.zygote import Zygote
+
+    zygote = Zygote()
+    session = cli_env(None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
+    patched = cli_env(None)
+    assert zygote.differs(patched) == ["HF_HUB_OFFLINE"] and not zygote.serves(patched)
+    assert zygote.serves(session)
