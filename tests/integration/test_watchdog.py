@@ -127,24 +127,27 @@ def test_when_rank_0_is_killed_rank_1_leaves_within_the_hang_limit(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_rank_50_percent_slower_is_named_as_the_straggler_and_5_percent_is_not(tmp_path):
-    """Both runs at once (a CPU's noise hits both alike); rank 1 spins 1.5x / 1.05x its forward's CPU time."""
+    """Both runs at once (a CPU's noise hits both alike): on 4 ranks rank 2 spins 1.5x its forward's
+    CPU time, on 2 ranks rank 1 spins 1.05x."""
     args = [*RUN, "trainer.max_steps=16", "trainer.log_every_n_steps=1", "cluster.straggler_every_n_steps=4"]
-    runs = {factor: start(tmp_path / factor, args, env={"TT_TEST_SLOW_RANK": f"1:{factor}"}) for factor in ("1.5", "1.05")}
+    layouts = {"1.5": (["cluster.devices=4"], "2:1.5"), "1.05": ([], "1:1.05")}
+    runs = {factor: start(tmp_path / factor, [*args, *extra], env={"TT_TEST_SLOW_RANK": slowed}) for factor, (extra, slowed) in layouts.items()}
     outs = {factor: finish(proc, tmp_path / factor) for factor, proc in runs.items()}
     for factor, proc in runs.items():
         assert proc.returncode == 0, outs[factor][-3000:]
     slow = outs["1.5"]
-    assert "straggler: rank 1 is " in slow and "slower than the other ranks' median in forward compute" in slow
-    assert "stragglers: rank 1 " in slow  # the end-of-run summary
+    assert "straggler: rank 2 is " in slow and "slower than the other ranks' median in forward compute" in slow
+    assert "stragglers: rank 2 " in slow  # the end-of-run summary
     rows = [r for r in metrics_rows(tmp_path / "1.5") if r.get("straggler/rank")]
-    assert rows and {r["straggler/rank"] for r in rows} == {"1.0"} and max(float(r["straggler/slowdown"]) for r in rows) > 0.2
+    assert rows and {r["straggler/rank"] for r in rows} == {"2.0"} and max(float(r["straggler/slowdown"]) for r in rows) > 0.2
     assert "straggler: rank" not in outs["1.05"]
     assert "stragglers: none above 20% in 4 checks" in outs["1.05"]
 
 
 @pytest.mark.timeout(300)
 def test_mode_health_passes_a_healthy_world_and_names_a_slowed_rank(tmp_path):
-    """One after the other (the matmuls of two runs at once on 2 cores would be judged on noise)."""
+    """One after the other (the matmuls of two runs at once on 2 cores would be judged on noise): a
+    healthy world of 2 ranks, then 4 ranks with rank 2 slowed 3x."""
     from tests.conftest import run_cli
 
     args = ["mode=health", "cluster.devices=2", "cluster.health_budget_s=4"]
@@ -153,7 +156,7 @@ def test_mode_health_passes_a_healthy_world_and_names_a_slowed_rank(tmp_path):
     assert "health     ok: every rank and the all-reduce within the thresholds" in healthy.stdout
     assert "matmul (384^3): at least 50% of the other ranks' median" in healthy.stdout  # the thresholds are printed (CPU's)
     assert (tmp_path / "healthy" / "health.json").exists()
-    slowed = run_cli(args, tmp_path / "slowed", env={"OMP_NUM_THREADS": "1", "TT_TEST_SLOW_RANK": "1:3"}, timeout=240, module="tests.integration.instrumented_cli")
+    slowed = run_cli([*args, "cluster.devices=4"], tmp_path / "slowed", env={"OMP_NUM_THREADS": "1", "TT_TEST_SLOW_RANK": "2:3"}, timeout=240, module="tests.integration.instrumented_cli")
     assert slowed.returncode == 3, slowed.stdout[-2000:] + slowed.stderr[-3000:]
-    assert re.search(r"health check failed before training: rank 1 on \S+: matmul [\d.e-]+ TFLOP/s, \d+% of the other ranks' median", slowed.stderr), slowed.stderr[-3000:]
+    assert re.search(r"health check failed before training: rank 2 on \S+: matmul [\d.e-]+ TFLOP/s, \d+% of the other ranks' median", slowed.stderr), slowed.stderr[-3000:]
     assert "Fix: resubmit with sbatch --exclude=" in slowed.stderr
