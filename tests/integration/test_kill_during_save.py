@@ -128,7 +128,7 @@ def child_ranks(pid: int) -> list[int]:
 def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40"]
-    proc = start(run_dir, args)
+    proc = start(run_dir, args, fresh_ranks=True)  # rank 1 found by its command line
     wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and child_ranks(proc.pid), proc, "step 3 on both ranks")
     (rank_1,) = child_ranks(proc.pid)
     os.kill(rank_1, signal.SIGKILL)
