@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,14 +44,40 @@ PRELOAD = (
 )  # fmt: skip
 # Prefixes of the environment variables the preloaded modules read when imported: a command that sets
 # one of these otherwise than the zygote had it gets a fresh interpreter.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
 # Set by rank 0 before Lightning starts the other ranks, read later than import (Lightning's seeding,
 # the flight recorder's buffer when a process group is made): a spare that imported before they
 # were set starts as a fresh rank would.
 SET_BEFORE_RANKS_START = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "TORCH_FR_BUFFER_SIZE")
-READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
 
 
-class ZygoteProcess:
+def import_time_differences(env: dict, reference: dict, ignored=()) -> list[str]:
+    """The variables read at import (but not `ignored`) that `env` sets otherwise than `reference`."""
+    keys = {k for k in (*env, *reference) if k.startswith(READ_AT_IMPORT) and k not in ignored}
+    return sorted(k for k in keys if env.get(k) != reference.get(k))
+
+
+class PopenLike:
+    """What the tests and Lightning use of subprocess.Popen's signalling; subclasses poll and wait."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ZygoteProcess(PopenLike):
     """What the tests use of subprocess.Popen, for a child of the zygote."""
 
     def __init__(self, zygote: Zygote, request_id: int, args: list[str]) -> None:
@@ -66,16 +93,6 @@ class ZygoteProcess:
         if not self._done.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def _ended(self, status: int) -> None:
         self.returncode = status
@@ -104,9 +121,7 @@ class Zygote:
 
     def differs(self, env: dict) -> list[str]:
         """The variables read at import that `env` sets otherwise than the zygote's start did."""
-        started_with = self._env if self._proc is not None else self._session_env
-        keys = {k for k in (*env, *started_with) if k.startswith(READ_AT_IMPORT) and k not in self._added_env}
-        return sorted(k for k in keys if env.get(k) != started_with.get(k))
+        return import_time_differences(env, self._env if self._proc is not None else self._session_env, self._added_env)
 
     def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False, spare_ranks: int = 0) -> ZygoteProcess:
         """`python -m module args` in cwd; stdout (and stderr, or both into stdout) to files."""
@@ -213,7 +228,7 @@ def _run_module(module: str, args: list[str]) -> None:
     sys.exit(code)
 
 
-class SpareRank:
+class SpareRank(PopenLike):
     """Rank 0's handle on a spare it handed a rank to: what Lightning uses of subprocess.Popen."""
 
     def __init__(self, pid: int, sock: socket.socket) -> None:
@@ -230,24 +245,12 @@ class SpareRank:
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        import time
-
         end = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if end is not None and time.monotonic() > end:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.05)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 _SPARE_ENDS: list[socket.socket] = []  # this command's ends of its spares' sockets
@@ -288,14 +291,11 @@ def _route_lightning_ranks(spares: list[SpareRank]) -> None:
     from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
     from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
 
-    def read_at_import(env: dict) -> dict:
-        return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and k not in SET_BEFORE_RANKS_START}
-
-    started_with = read_at_import(os.environ)
+    started_with = dict(os.environ)
 
     def popen(command, env=None, cwd=None, **kwargs):
         env = dict(os.environ if env is None else env)
-        same_imports = read_at_import(env) == started_with
+        same_imports = not import_time_differences(env, started_with, SET_BEFORE_RANKS_START)
         if kwargs or not spares or not same_imports or list(command[:2]) != [sys.executable, "-m"]:
             return subprocess.Popen(command, env=env, cwd=cwd, **kwargs)
         spare = spares.pop(0)
