@@ -176,3 +176,31 @@ def test_a_finished_rank_s_watchdog_exits(tmp_path):
     watched.finish()  # twice is harmless (fit's and the cli's)
     assert watched.process.wait(timeout=10) == 0
     assert heartbeat.read(watched.where)[0]["phase"] == "done"
+
+
+def test_a_hang_verdict_holds_off_lightnings_observer_before_any_rank_is_told_to_exit(tmp_path):
+    """Lightning's child-process observer SIGKILLs local rank 0 (exit -9) when a rank it started
+    exits first: once the watchdog asks for the flight-recorder dump (a hang verdict, 3 s before any
+    stop file), the rank's watch thread stops that observer, so rank 0 too exits 76."""
+    import threading
+
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    done = threading.Event()
+    observer = threading.Thread(target=done.wait, name="child-process-observer", daemon=True)
+    observer._finished = False  # Lightning's _ChildProcessObserver loops while this is False
+    observer.start()
+    watched = WatchedRank(tmp_path, 0, 1, dict.fromkeys(["startup", "data", "first_step", "compile", "train", "validation", "checkpoint"], 60))
+    try:
+        time.sleep(1.5)
+        assert observer._finished is False  # no verdict, no hold
+        (watched.where / "dump").touch()
+        deadline = time.monotonic() + 5
+        while not observer._finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert observer._finished is True
+        assert (watched.where / "fr-rank0.json").exists()
+    finally:
+        watched.finish()
+        done.set()
+    assert watched.process.wait(timeout=10) == 0
