@@ -109,10 +109,10 @@ def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: s
         return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
 
 
-def run_ranks(module: str, args: list[str], world: int, env: dict | None = None, timeout: int = 600, local_rank: bool = False) -> list[tuple[int, str]]:
+def run_ranks(module: str, args: list[str], world: int, env: dict | None = None, timeout: int = 600, local_rank: bool = False) -> list[str]:
     """`python -m module args` as ranks 0..world-1 of one gloo world on this host, all at once
-    (forked from the zygote where the environment allows): each rank's exit status and its output
-    (stdout and stderr together). local_rank: LOCAL_RANK set beside RANK."""
+    (forked from the zygote where the environment allows), asserting that every rank exited 0:
+    each rank's output (stdout and stderr together). local_rank: LOCAL_RANK set beside RANK."""
     import tempfile
 
     base = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
@@ -134,9 +134,10 @@ def run_ranks(module: str, args: list[str], world: int, env: dict | None = None,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    results = [(proc.returncode, (logs / f"rank{rank}.log").read_text(errors="replace")) for rank, proc in enumerate(procs)]
+    outputs = [(logs / f"rank{rank}.log").read_text(errors="replace") for rank in range(world)]
     shutil.rmtree(logs, ignore_errors=True)
-    return results
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(o[-3000:] for o in outputs)
+    return outputs
 
 
 def free_port() -> int:
