@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import kept_environment
 from tests.zygote import Zygote
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,17 +61,30 @@ def plan(overrides: list[str] | tuple[str, ...], run_dir: Path) -> dict:
     run_dir (the cli's stages; plan.json and config_resolved.yaml are written there too)."""
     from tinytrain.cli import run_stages
 
-    return run_stages(compose(["mode=plan", *overrides]), run_dir).to_dict()
+    with kept_environment():
+        return run_stages(compose(["mode=plan", *overrides]), run_dir).to_dict()
 
 
 ZYGOTE = Zygote()
 
 
+@pytest.fixture(autouse=True)
+def _environment_kept_per_test():
+    """What a test's in-process runs (or the libraries they import) set in os.environ ends with it."""
+    with kept_environment():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _environment_kept_per_module():
+    """As _environment_kept_per_test, for what a module's shared fixtures set."""
+    with kept_environment():
+        yield
+
+
 def cli_env(env: dict | None) -> dict:
-    """This process's environment for a CLI run, without the traceback switches main() sets in it
-    (a test's own in-process runs leave them), with `env` on top."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK")}
-    return {**full_env, **(env or {})}
+    """This process's environment for a CLI run, with `env` on top."""
+    return {**os.environ, **(env or {})}
 
 
 def local_ranks(args: list[str]) -> int:
@@ -215,6 +230,34 @@ def mounted_tmpfs(folder: Path, options: str):
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=False)
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist: a worker hands its zygote's counts to the controller's summary."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["zygote"] = json.dumps([ZYGOTE.forked, ZYGOTE.fresh, ZYGOTE.fresh_because])
+
+
+ZYGOTE_COUNTS_OF_WORKERS: list[list] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    if "zygote" in getattr(node, "workeroutput", {}):
+        ZYGOTE_COUNTS_OF_WORKERS.append(json.loads(node.workeroutput["zygote"]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many commands were forked from the zygotes, and what sent the others to a fresh interpreter."""
+    counts = ZYGOTE_COUNTS_OF_WORKERS or [[ZYGOTE.forked, ZYGOTE.fresh, ZYGOTE.fresh_because]]
+    forked, fresh = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    because: dict[str, int] = {}
+    for c in counts:
+        for key, n in c[2].items():
+            because[key] = because.get(key, 0) + n
+    if forked or fresh:
+        reasons = ", ".join(f"{k} ({n})" for k, n in sorted(because.items(), key=lambda kv: -kv[1]))
+        terminalreporter.write_line(f"test zygote: {forked} commands forked, {fresh} in fresh interpreters" + (f" (their environment differed in {reasons})" if reasons else ""))
 
 
 def pytest_collection_modifyitems(config, items):

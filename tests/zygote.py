@@ -114,10 +114,22 @@ class Zygote:
         # The worker's environment as the session began: the zygote starts with it whichever test
         # first asks (one that patched a variable for its own command gets a fresh interpreter).
         self._session_env = dict(os.environ)
+        # How many commands were forked, and which variables sent the others to a fresh interpreter
+        # (printed at the end of the session: a leaked variable quietly costs seconds per command).
+        self.forked = 0
+        self.fresh = 0
+        self.fresh_because: dict[str, int] = {}
 
     def serves(self, env: dict) -> bool:
         """Whether a command with this environment starts from the zygote as a fresh interpreter would."""
-        return os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") != "1" and not self.differs(env)
+        if os.environ.get("TINYTRAIN_TEST_FRESH_PROCESS") == "1":
+            return False
+        differing = self.differs(env)
+        for key in differing:
+            self.fresh_because[key] = self.fresh_because.get(key, 0) + 1
+        self.fresh += bool(differing)
+        self.forked += not differing
+        return not differing
 
     def differs(self, env: dict) -> list[str]:
         """The variables read at import that `env` sets otherwise than the zygote's start did."""
