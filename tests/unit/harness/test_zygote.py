@@ -25,8 +25,8 @@ def alive(pid: int) -> bool:
 def test_spares_become_rank_zeros_children_and_exit_as_ranks(tmp_path):
     spares = 3  # ranks 1 and 2 take one each, rank 3 (another OMP_NUM_THREADS) none: one is left over
     env = cli_env(None)
-    if not ZYGOTE.serves(env):  # a test before this one left these changed in this worker
-        pytest.skip(f"this worker's environment differs from its zygote's in {ZYGOTE.differs(env)}")
+    # Every test and module gets os.environ back (conftest): a variable differing here leaked from one.
+    assert ZYGOTE.serves(env), f"this worker's environment differs from its zygote's in {ZYGOTE.differs(env)}: a test or fixture before this one changed them"
     r = ZYGOTE.run("tests.unit.harness.rank_probe", ["launch", str(tmp_path)], REPO, env, 120, spare_ranks=spares)
     assert r.returncode == 0, r.stderr[-3000:]
     launcher = json.loads((tmp_path / "launcher.json").read_text())
@@ -58,3 +58,14 @@ def test_the_zygote_keeps_the_sessions_environment_whichever_test_starts_it(monk
     patched = cli_env(None)
     assert zygote.differs(patched) == ["HF_HUB_OFFLINE"] and not zygote.serves(patched)
     assert zygote.serves(session)
+
+
+def test_an_in_process_run_leaves_the_environment_as_it_found_it(tmp_path):
+    """main() sets HYDRA_FULL_ERROR and TINYTRAIN_TRACEBACK for its child processes, and training sets
+    Lightning's seed variables: left in the worker, every later command would miss the zygote."""
+    from tests.cli_in_process import run_in_process
+
+    before = dict(os.environ)
+    code, err = run_in_process(["mode=plan", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, err[-2000:]
+    assert dict(os.environ) == before
