@@ -132,14 +132,25 @@ class Zygote:
         return not differing
 
     def differs(self, env: dict) -> list[str]:
-        """The variables read at import that `env` sets otherwise than the zygote's start did."""
-        return import_time_differences(env, self._env if self._proc is not None else self._session_env, self._added_env)
+        """The variables read at import that `env` sets otherwise than the zygote's start did, not
+        counting those its own imports set (Lightning's PYTORCH_NVML_BASED_CUDA_CHECK, inductor's
+        cache folder, ...): a worker that imported the same modules has them too. So the zygote is
+        started first: before, what its imports add is unknown (and every command went fresh)."""
+        with self._lock:
+            self._start_unless_running()
+        return import_time_differences(env, self._env, self._added_env)
+
+    def close(self) -> None:
+        """Stop the zygote (its children run on); a later command starts another."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
 
     def popen(self, module: str, args: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path | None = None, append: bool = False, new_session: bool = False, spare_ranks: int = 0) -> ZygoteProcess:
         """`python -m module args` in cwd; stdout (and stderr, or both into stdout) to files."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
+            self._start_unless_running()
             self._next_id += 1
             request_id = self._next_id
             request = {"id": request_id, "module": module, "args": args, "cwd": str(cwd), "env": {**self._added_env, **env}, "stdout": str(stdout), "stderr": str(stderr or stdout), "append": append, "new_session": new_session, "spare_ranks": spare_ranks}
@@ -169,7 +180,9 @@ class Zygote:
         out_dir.rmdir()
         return result
 
-    def _start(self) -> None:
+    def _start_unless_running(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
         self._env = dict(self._session_env)
         self._proc = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=REPO, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         ready = json.loads(self._proc.stdout.readline() or "{}")

@@ -56,8 +56,29 @@ def test_the_zygote_keeps_the_sessions_environment_whichever_test_starts_it(monk
     session = cli_env(None)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
     patched = cli_env(None)
-    assert zygote.differs(patched) == ["HF_HUB_OFFLINE"] and not zygote.serves(patched)
-    assert zygote.serves(session)
+    try:
+        assert zygote.differs(patched) == ["HF_HUB_OFFLINE"] and not zygote.serves(patched)
+        assert zygote.serves(session)
+    finally:
+        zygote.close()
+
+
+def test_what_the_zygotes_imports_set_does_not_send_commands_to_fresh_interpreters(monkeypatch):
+    """The worker imported Lightning and torch after the session began (collecting test modules
+    does), which set PYTORCH_NVML_BASED_CUDA_CHECK and TORCHINDUCTOR_CACHE_DIR; the zygote's own
+    imports set them alike, so a command with them still forks. (Compared with the session's
+    environment before the zygote had started, every command of CI went fresh.)"""
+    from tests.zygote import Zygote
+
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    zygote = Zygote()
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_worker")
+    try:
+        assert zygote.serves(cli_env(None)), zygote.differs(cli_env(None))
+    finally:
+        zygote.close()
 
 
 def test_an_in_process_run_leaves_the_environment_as_it_found_it(tmp_path):
