@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
-from tinytrain.cluster import library_notices, rank_logging
+from tinytrain.cluster import library_notices, process_group, rank_logging
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -192,6 +192,7 @@ def hydra_main(cfg: DictConfig):
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
         with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
             result = run_stages(cfg, run_dir)
+            process_group.release()
             if cfg.mode == Mode.sbatch:
                 from tinytrain.cluster import sbatch
 
