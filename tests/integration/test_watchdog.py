@@ -128,9 +128,11 @@ def test_when_rank_0_is_killed_rank_1_leaves_within_the_hang_limit(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_rank_50_percent_slower_is_named_as_the_straggler_and_5_percent_is_not(tmp_path):
     """Both runs at once (a CPU's noise hits both alike): on 4 ranks rank 2 spins 1.5x its forward's
-    CPU time, on 2 ranks rank 1 spins 1.05x."""
+    CPU time, on 2 ranks rank 1 spins 1.05x. The 1.05x run compares the median of 8 forwards per
+    check: with 4, six ranks and the other test worker on 2 cores once put rank 1's thread CPU time
+    22% over the median in two checks running (CI, under load)."""
     args = [*RUN, "trainer.max_steps=16", "trainer.log_every_n_steps=1", "cluster.straggler_every_n_steps=4"]
-    layouts = {"1.5": (["cluster.devices=4"], "2:1.5"), "1.05": ([], "1:1.05")}
+    layouts = {"1.5": (["cluster.devices=4"], "2:1.5"), "1.05": (["cluster.straggler_every_n_steps=8"], "1:1.05")}
     runs = {factor: start(tmp_path / factor, [*args, *extra], env={"TT_TEST_SLOW_RANK": slowed}) for factor, (extra, slowed) in layouts.items()}
     outs = {factor: finish(proc, tmp_path / factor) for factor, proc in runs.items()}
     for factor, proc in runs.items():
@@ -141,7 +143,7 @@ def test_a_rank_50_percent_slower_is_named_as_the_straggler_and_5_percent_is_not
     rows = [r for r in metrics_rows(tmp_path / "1.5") if r.get("straggler/rank")]
     assert rows and {r["straggler/rank"] for r in rows} == {"2.0"} and max(float(r["straggler/slowdown"]) for r in rows) > 0.2
     assert "straggler: rank" not in outs["1.05"]
-    assert "stragglers: none above 20% in 4 checks" in outs["1.05"]
+    assert "stragglers: none above 20% in 2 checks" in outs["1.05"]
 
 
 @pytest.mark.timeout(300)
