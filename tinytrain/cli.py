@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import library_notices, process_group, rank_logging
-from tinytrain.config import CONF_DIR
+from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
@@ -256,7 +256,8 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv = checkpoint_shorthand(sys.argv)
     try:
-        hydra_main()
+        with run_mode.composed_once(sys.argv[1:]):
+            hydra_main()
     except KeyboardInterrupt:
         # Ctrl-C before training (during training the first one saves a checkpoint and exits 75),
         # or a second Ctrl-C during training: what is on disk is complete (atomic saves).
