@@ -26,6 +26,7 @@ def test_no_shipped_config_sets_hydra_mode():
         (["--multirun", "trainer.lr=1e-3,3e-3"], False),
         (["hydra.mode=MULTIRUN", "trainer.lr=1e-3,3e-3"], False),
         (["++hydra.mode=MULTIRUN"], False),
+        (["+hydra.searchpath=[file://my_configs]"], False),
         (["--config-dir", "my_configs", "experiment=mine"], False),
         (["-cd=my_configs"], False),
         (["hydra.searchpath=[file://my_configs]"], False),
