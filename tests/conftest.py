@@ -109,17 +109,17 @@ def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: in
     )
 
 
-def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: str = "tinytrain", new_session: bool = False, fresh_ranks: bool = False):
+def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: str = "tinytrain", new_session: bool = False):
     """`python -m module args...` started in the background from the repo root, writing into run_dir,
     its output appended to run_dir/out.log: a subprocess.Popen, or its stand-in for a child of the
     zygote (pid, poll, wait, send_signal, kill; tests/zygote.py). new_session: a session of its own,
-    so a killpg reaches the ranks it starts. fresh_ranks: the ranks Lightning starts are fresh
-    interpreters with their own command lines (a test that finds them by it), not spares."""
+    so a killpg reaches the ranks it starts (spares forked beside the command where served: they
+    keep the zygote's command line, so a test finds them by their heartbeats' pids)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     full_env = cli_env(env)
     argv = [*args, f"hydra.run.dir={run_dir}"]
     if ZYGOTE.serves(full_env):
-        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session, spare_ranks=0 if fresh_ranks else local_ranks(args) - 1)
+        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session, spare_ranks=local_ranks(args) - 1)
     with (run_dir / "out.log").open("a") as out:
         return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
 

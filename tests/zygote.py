@@ -10,8 +10,8 @@ waiting on a socket. Lightning's `subprocess.Popen(python -m tinytrain ..., env,
 hands its command, environment, folder and standard streams to a spare, which becomes that rank:
 a child of rank 0 as Lightning's would be (its parent, process group and session; rank 0 polls,
 signals and reaps it; a killpg of its session reaches it), only without paying the imports again.
-A spare not asked for exits when rank 0 does. Its command line stays the zygote's: tests that find
-ranks by theirs ask for fresh ones (conftest.start_cli(fresh_ranks=True)).
+A spare not asked for exits when rank 0 does. Its command line stays the zygote's: tests find a
+rank by the pid in its watchdog heartbeat (test_kill_during_save.launched_ranks).
 
 A command whose environment differs from the zygote's in a variable that a preloaded module reads at
 import (HF_*, TORCH*, OMP_*, ...) gets a fresh interpreter instead, as does every command when

@@ -111,7 +111,8 @@ def test_sigkill_during_a_save_then_resume_equals_an_uninterrupted_run(point, ru
 
 
 def child_ranks(pid: int) -> list[int]:
-    """The processes `pid` started that run tinytrain: Lightning's DDP launcher starts ranks 1.. so."""
+    """The processes `pid` started that run tinytrain, found by their command line (torchrun starts
+    every rank so)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -124,13 +125,32 @@ def child_ranks(pid: int) -> list[int]:
     return found
 
 
+def launched_ranks(pid: int, run_dir: Path) -> dict[int, int]:
+    """rank -> pid of the ranks `pid` started as its children (Lightning's launcher starts ranks 1..
+    so), found by the pids in their watchdog heartbeats: a rank the test zygote served keeps the
+    zygote's command line."""
+    from tinytrain.cluster import heartbeat
+
+    beats = {}
+    for attempt in (run_dir / "watchdog").glob("*") if (run_dir / "watchdog").exists() else []:
+        beats.update({rank: beat["pid"] for rank, beat in heartbeat.read(attempt).items() if beat})
+    return {rank: child for rank, child in beats.items() if parent_of(child) == pid}
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     args = [*RUN, "parallel=ddp", "cluster.devices=2", "trainer.max_steps=40"]
-    proc = start(run_dir, args, fresh_ranks=True)  # rank 1 found by its command line
-    wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and child_ranks(proc.pid), proc, "step 3 on both ranks")
-    (rank_1,) = child_ranks(proc.pid)
+    proc = start(run_dir, args)
+    wait_for(lambda: len(batches(run_dir)) >= 2 * 3 and 1 in launched_ranks(proc.pid, run_dir), proc, "step 3 on both ranks")
+    rank_1 = launched_ranks(proc.pid, run_dir)[1]
     os.kill(rank_1, signal.SIGKILL)
     out = finish(proc, run_dir)
     assert proc.returncode == 3, out[-3000:]

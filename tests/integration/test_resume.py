@@ -71,8 +71,8 @@ COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
 FIRST_HALF, SECOND_HALF = ["trainer.activation_checkpointing=selective"], ["trainer.activation_checkpointing=full"]
 
 
-def start(run_dir, args, env=None, fresh_ranks=False) -> subprocess.Popen:
-    return start_cli(args, run_dir, {"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})}, module="tests.integration.instrumented_cli", fresh_ranks=fresh_ranks)
+def start(run_dir, args, env=None) -> subprocess.Popen:
+    return start_cli(args, run_dir, {"TT_TEST_BATCH_LOG": str(run_dir / "batches.txt"), "OMP_NUM_THREADS": "1", **(env or {})}, module="tests.integration.instrumented_cli")
 
 
 def finish(proc: subprocess.Popen, run_dir, timeout=420) -> str:

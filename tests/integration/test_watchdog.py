@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.conftest import metrics_rows
-from tests.integration.test_kill_during_save import child_ranks
+from tests.integration.test_kill_during_save import launched_ranks
 from tests.integration.test_resume import MODEL, batches, finish, start, wait_for
 from tinytrain.cluster import heartbeat
 
@@ -67,12 +67,12 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
     run_dir = tmp_path / "run"
     # Every save waits 2 x the step limit first: the step-4 save must not look like a hang.
     args = [*RUN, f"cluster.devices={world}", "trainer.checkpoint_every_n_steps=4"]
-    proc = start(run_dir, args, env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)}, fresh_ranks=True)  # found by their command line
+    proc = start(run_dir, args, env={"TT_TEST_SLOW_SAVE": str(2 * HANG_S)})
     pid = None
     try:
         wait_for(lambda: sum(line.startswith("6 ") for line in batches(run_dir)) == world and len(rank_pids(run_dir)) == world, proc, f"step 6 on all {world} ranks", timeout=240)
         pid = rank_pids(run_dir)[frozen]
-        assert pid in child_ranks(proc.pid)
+        assert launched_ranks(proc.pid, run_dir)[frozen] == pid  # a rank Lightning started, not rank 0 itself
         os.kill(pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         out = finish(proc, run_dir, timeout=HANG_S + 60)
@@ -104,11 +104,11 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
 def test_when_rank_0_is_killed_rank_1_leaves_within_the_hang_limit(tmp_path):
     run_dir = tmp_path / "run"
     # Rank 1 sleeps 10 minutes in step 3: without the watchdog it would outlive rank 0 by as much.
-    proc = start(run_dir, RUN, env={"TT_TEST_STALL_RANK": "1:3:600"}, fresh_ranks=True)
+    proc = start(run_dir, RUN, env={"TT_TEST_STALL_RANK": "1:3:600"})
     rank_1 = None
     try:
-        wait_for(lambda: rank_1_step(run_dir) == 3 and child_ranks(proc.pid), proc, "rank 1 in step 3", timeout=240)
-        (rank_1,) = child_ranks(proc.pid)
+        wait_for(lambda: rank_1_step(run_dir) == 3 and 1 in launched_ranks(proc.pid, run_dir), proc, "rank 1 in step 3", timeout=240)
+        rank_1 = launched_ranks(proc.pid, run_dir)[1]
         time.sleep(1)  # into its sleep
         os.kill(proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()

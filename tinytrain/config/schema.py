@@ -694,5 +694,9 @@ class Config:
 
 
 def register_schemas() -> None:
-    """The top-level schema is the first default of tinytrain/conf/config.yaml: every group merges into it."""
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    """The top-level schema is the first default of tinytrain/conf/config.yaml: every group merges into it.
+    Stored once per process: building the node from the dataclasses takes ~0.05 s, an eighth of an
+    in-process `mode=plan`, and Hydra hands every composition a deep copy of it."""
+    store = ConfigStore.instance()
+    if "config_schema.yaml" not in store.repo:
+        store.store(name="config_schema", node=Config)
