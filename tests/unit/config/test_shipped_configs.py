@@ -136,7 +136,7 @@ OPTION_SHOWS = {
     ("tokenizer", "bundled"): (lambda p, _: p["vocab"]["true"], 4096),
     ("tokenizer", "hf"): (lambda p, _: p["vocab"]["true"], 4096),
     ("tokenizer", "llama2"): (lambda p, _: (p["vocab"]["true"], p["tokenizer"]["add_bos"]), (32000, True)),
-    ("data", "pydoc"): (lambda p, _: (p["batch"]["seq_len"], p["data_mixture"], p["preference"]), (256, None, None)),
+    ("data", "pydoc"): (lambda p, _: (p["batch"]["seq_len"], p["data_mixture"], p["preference"]), (128, None, None)),
     ("data", "text"): (lambda p, r: resolved(r)["data"]["path"].endswith("tinyshakespeare.txt"), True),
     ("data", "jsonl"): (lambda p, r: resolved(r)["data"]["source"], "jsonl"),
     ("data", "alpaca"): (lambda p, r: resolved(r)["data"]["format"], "instruction"),
