@@ -26,6 +26,11 @@ LLAMA2_TOKENIZER = SHARED_DATA / "llama2-tokenizer" / "tokenizer.model"
 # built on first use into the venv, once per fresh venv (a CI run), and reused by every later test
 # process, which inherits this.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# This machine has no model or dataset hub: every test, and every process it starts, is offline, so a
+# library that looks for the hub fails at once instead of retrying, and commands that ask for it
+# explicitly (the lm-eval runs) have the zygote's environment (tests/zygote.py): no fresh interpreter.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Under pytest-xdist each worker (and every training process its tests start, which inherit this)
 # gets one torch thread: with torch's default of a thread per core, two workers' runs on 2 cores
 # oversubscribe them and OpenMP's waiting threads spin on cores the other worker needs (1.46x
