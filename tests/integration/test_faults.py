@@ -11,12 +11,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, cli_env, mounted_tmpfs
+from tests.conftest import REPO, ZYGOTE, cli_env, local_ranks, mounted_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -126,17 +128,29 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
     child.join(timeout=10)
     assert child.exitcode == 1
 def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
-    """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists."""
-    env = cli_env(None)
-    proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not (run_dir / "checkpoints" / "step0000004.ckpt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended (or stalled) before step 4's checkpoint"
-        time.sleep(0.01)
-    with open(disk / "ballast", "wb") as f:
-        f.write(bytes(shutil.disk_usage(disk).free - 3 * 2**20))
-    stdout, stderr = proc.communicate(timeout=240)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists.
+    Its output goes to files off the small disk (forked from the test zygote where it serves)."""
+    env, argv = cli_env(None), [*args, f"hydra.run.dir={run_dir}"]
+    logs = Path(tempfile.mkdtemp(prefix="disk-full-"))
+    out, err = logs / "stdout", logs / "stderr"
+    if ZYGOTE.serves(env):
+        proc = ZYGOTE.popen("tinytrain", argv, REPO, env, out, err, spare_ranks=local_ranks(args) - 1)
+    else:
+        with out.open("w") as o, err.open("w") as e:
+            proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *argv], cwd=REPO, env=env, stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "step0000004.ckpt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended (or stalled) before step 4's checkpoint"
+            time.sleep(0.01)
+        with open(disk / "ballast", "wb") as f:
+            f.write(bytes(shutil.disk_usage(disk).free - 3 * 2**20))
+        proc.wait(timeout=240)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(logs)
 
 
 @pytest.mark.timeout(300)
