@@ -143,6 +143,7 @@ class CPUDeepSpeedStrategy(AtomicDeepSpeedStrategy):
         # DeepSpeedStrategy's version first checks device index == local rank; CPU devices have none.
         reset_seed()
         self.set_world_ranks()
+        skip_shared_memory_all_reduce()
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
@@ -159,6 +160,15 @@ class CPUDeepSpeedStrategy(AtomicDeepSpeedStrategy):
             dist_init_required=False,
         )
         return engine, ds_optimizer
+
+
+def skip_shared_memory_all_reduce() -> None:
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce when it starts (g++, ~50 CPU-s
+    the first time in an environment: a CI run's), for `inference_all_reduce` only, which training
+    never calls (its all-reduce is torch.distributed's over gloo): marked unavailable, it is not built."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def allow_fp16_on_cpu() -> None:
