@@ -6,12 +6,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints-cpu.txt
 STAMP := $(VENV)/.installed
-# pytest-xdist workers, one more than the cores; each test module stays on one worker (its module
-# fixtures, a trained run or a Slurm cluster, are built once), modules in collection order (the
-# longest first: tests/conftest.py). Much of a test's time is single-threaded (imports, tiny steps)
-# or waiting (Slurm's scheduler, hang limits, PyPI), so the extra worker fills the cores those leave:
-# on 2 cores the suite took 18:16 with 3 workers against 19:52-20:53 with 2 (CI, 2026-11-27).
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# pytest-xdist workers, one per core; each test module stays on one worker (its module fixtures,
+# a trained run or a Slurm cluster, are built once), modules in collection order (the longest
+# first: tests/conftest.py). Much of a test's time is single-threaded (imports, tiny steps,
+# Slurm's scheduler), so a second worker uses the second core.
+PYTEST_WORKERS ?= auto
 
 .PHONY: setup run plan lint test test-compat clean
 
