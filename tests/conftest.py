@@ -115,19 +115,23 @@ def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: in
     )
 
 
-def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: str = "tinytrain", new_session: bool = False):
+def start_cli(args: list[str], run_dir: Path, env: dict | None = None, module: str = "tinytrain", new_session: bool = False, stdout: Path | None = None, stderr: Path | None = None):
     """`python -m module args...` started in the background from the repo root, writing into run_dir,
-    its output appended to run_dir/out.log: a subprocess.Popen, or its stand-in for a child of the
-    zygote (pid, poll, wait, send_signal, kill; tests/zygote.py). new_session: a session of its own,
-    so a killpg reaches the ranks it starts (spares forked beside the command where served: they
-    keep the zygote's command line, so a test finds them by their heartbeats' pids)."""
+    its output appended to run_dir/out.log (or written to `stdout`, and `stderr` apart where given):
+    a subprocess.Popen, or its stand-in for a child of the zygote (pid, poll, wait, send_signal, kill;
+    tests/zygote.py). new_session: a session of its own, so a killpg reaches the ranks it starts
+    (spares forked beside the command where served: they keep the zygote's command line, so a test
+    finds them by their heartbeats' pids)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     full_env = cli_env(env)
     argv = [*args, f"hydra.run.dir={run_dir}"]
+    append = stdout is None
+    stdout = stdout or run_dir / "out.log"
     if ZYGOTE.serves(full_env):
-        return ZYGOTE.popen(module, argv, REPO, full_env, run_dir / "out.log", append=True, new_session=new_session, spare_ranks=local_ranks(args) - 1)
-    with (run_dir / "out.log").open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=new_session)
+        return ZYGOTE.popen(module, argv, REPO, full_env, stdout, stderr, append=append, new_session=new_session, spare_ranks=local_ranks(args) - 1)
+    with stdout.open("a" if append else "w") as out, contextlib.ExitStack() as files:
+        err = files.enter_context(stderr.open("w")) if stderr else subprocess.STDOUT
+        return subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO, env=full_env, stdout=out, stderr=err, start_new_session=new_session)
 
 
 def run_ranks(module: str, args: list[str], world: int, env: dict | None = None, timeout: int = 600, local_rank: bool = False) -> list[str]:

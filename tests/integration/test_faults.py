@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, ZYGOTE, cli_env, local_ranks, mounted_tmpfs
+from tests.conftest import mounted_tmpfs, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -127,17 +127,14 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
     child.start()
     child.join(timeout=10)
     assert child.exitcode == 1
+
+
 def run_filling_the_disk(args, run_dir, disk) -> subprocess.CompletedProcess:
     """The CLI, with a ballast file that leaves 3 MB free written once step 4's checkpoint exists.
-    Its output goes to files off the small disk (forked from the test zygote where it serves)."""
-    env, argv = cli_env(None), [*args, f"hydra.run.dir={run_dir}"]
+    Its output goes to files off the small disk."""
     logs = Path(tempfile.mkdtemp(prefix="disk-full-"))
     out, err = logs / "stdout", logs / "stderr"
-    if ZYGOTE.serves(env):
-        proc = ZYGOTE.popen("tinytrain", argv, REPO, env, out, err, spare_ranks=local_ranks(args) - 1)
-    else:
-        with out.open("w") as o, err.open("w") as e:
-            proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *argv], cwd=REPO, env=env, stdout=o, stderr=e)
+    proc = start_cli(args, run_dir, stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 240
         while not (run_dir / "checkpoints" / "step0000004.ckpt").exists():

@@ -125,16 +125,20 @@ def child_ranks(pid: int) -> list[int]:
     return found
 
 
-def launched_ranks(pid: int, run_dir: Path) -> dict[int, int]:
-    """rank -> pid of the ranks `pid` started as its children (Lightning's launcher starts ranks 1..
-    so), found by the pids in their watchdog heartbeats: a rank the test zygote served keeps the
-    zygote's command line."""
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """Each rank's pid, from its watchdog heartbeat."""
     from tinytrain.cluster import heartbeat
 
     beats = {}
     for attempt in (run_dir / "watchdog").glob("*") if (run_dir / "watchdog").exists() else []:
         beats.update({rank: beat["pid"] for rank, beat in heartbeat.read(attempt).items() if beat})
-    return {rank: child for rank, child in beats.items() if parent_of(child) == pid}
+    return beats
+
+
+def launched_ranks(pid: int, run_dir: Path) -> dict[int, int]:
+    """rank -> pid of the ranks `pid` started as its children (Lightning's launcher starts ranks 1..
+    so), found by their heartbeats' pids: a rank the test zygote served keeps the zygote's command line."""
+    return {rank: child for rank, child in rank_pids(run_dir).items() if parent_of(child) == pid}
 
 
 def parent_of(pid: int) -> int | None:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.conftest import metrics_rows
-from tests.integration.test_kill_during_save import launched_ranks
+from tests.integration.test_kill_during_save import launched_ranks, rank_pids
 from tests.integration.test_resume import MODEL, batches, finish, start, wait_for
 from tinytrain.cluster import heartbeat
 
@@ -51,14 +51,6 @@ def gone(pid: int) -> bool:
     except OSError:
         return True
     return state == "Z"
-
-
-def rank_pids(run_dir) -> dict[int, int]:
-    """Each rank's pid, from its heartbeat."""
-    beats = {}
-    for attempt in (run_dir / "watchdog").glob("*") if (run_dir / "watchdog").exists() else []:
-        beats.update({rank: beat["pid"] for rank, beat in heartbeat.read(attempt).items() if beat})
-    return beats
 
 
 @pytest.mark.timeout(300)
