@@ -17,7 +17,7 @@ Environment:
                             training step <step> (once): asleep, or with `busy` spinning in a Python
                             loop (a rank stuck in its own code while the others wait in a collective)
   TT_TEST_SLOW_RANK=<rank>:<factor>  rank <rank>'s every training step takes <factor> times as long
-                            (it spins for (factor - 1) x its own forward's CPU time after it): a
+                            (before each forward it spins for (factor - 1) x the last one's CPU time): a
                             straggler, as a slower core would make it; the health check's matmul too
   TT_TEST_SLOW_SAVE=<s>     every checkpoint file this process writes waits <s> seconds first (a
                             slow disk: a save longer than the hang watchdog's step limit)
@@ -154,17 +154,25 @@ def slow_rank(rank: int, factor: float) -> None:
 
     if process_rank() != rank:
         return
-    train = CausalLMModule.training_step
+    # The spin runs in the module's own batch hooks, beside the forward rather than around it: a
+    # wrapper or a hook on the model puts frames under every call of the forward, which can move a
+    # hot call onto an edge of CPython 3.11's frame-stack chunks (an mmap and munmap per call). That
+    # alone made a 1.05x rank 12-25% slower. Lightning calls the module's hooks after the callbacks',
+    # so the spin before a forward falls inside the straggler window and the last forward's CPU time
+    # is read after the window ends.
+    last_forward = [0.0, 0.0]  # the CPU time of the last forward, and when this one started
 
-    def training_step(self, batch, batch_idx):
-        started = time.thread_time()
-        loss = train(self, batch, batch_idx)
-        until = time.thread_time() + (factor - 1) * (time.thread_time() - started)
+    def on_train_batch_start(self, batch, batch_idx):
+        until = time.thread_time() + (factor - 1) * last_forward[0]
         while time.thread_time() < until:
             pass
-        return loss
+        last_forward[1] = time.thread_time()
 
-    CausalLMModule.training_step = training_step
+    def on_before_backward(self, loss):
+        last_forward[0] = time.thread_time() - last_forward[1]
+
+    CausalLMModule.on_train_batch_start = on_train_batch_start
+    CausalLMModule.on_before_backward = on_before_backward
     # and the health check's matmul (mode=health, cluster.health_check), the same way
     from tinytrain.cluster import health
 

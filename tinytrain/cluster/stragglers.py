@@ -3,8 +3,8 @@
 In a synchronous step every rank waits for the slowest, so step times are all alike; what differs
 is each rank's time before it first waits: the forward pass of its micro batches (no collective
 in it under DDP and ZeRO-1/2; under FSDP, ZeRO-3 and TP its all-gathers are included, which
-blurs the comparison). Every N steps the ranks exchange their median forward time of those steps
-(one all_gather of one number); each rank is compared with the median of the *others* (with two
+blurs the comparison). Every N steps the ranks exchange a typical forward time of those steps
+(`typical_forward`: one all_gather of one number); each rank is compared with the median of the *others* (with two
 ranks the median of all would halve a slowdown), and a rank above the threshold in CONSECUTIVE
 checks running is named. Lightning-free: train/callbacks/stragglers.py measures and exchanges.
 """
@@ -15,6 +15,17 @@ import statistics
 from dataclasses import dataclass, field
 
 CONSECUTIVE = 2  # checks in a row: one slow window (a page fault, a checkpoint) is not a straggler
+
+
+def typical_forward(times: list[float]) -> float:
+    """A rank's forward time over a window: the lower quartile of its forwards. Noise only adds time
+    to a forward (a page fault: on a CPU rank 0, which also logs and saves, faulted in about half its
+    forwards, 2-4 ms of system time in a 7 ms forward; a cold cache after the core ran another
+    process; a GPU shared for a moment), while a slow device or core slows every forward, so it
+    moves the quartile too. The median would follow the noise once half a window has it."""
+    if len(times) < 4:
+        return min(times)
+    return statistics.quantiles(times, n=4, method="inclusive")[0]
 
 
 def slowdowns(times: list[float]) -> list[float]:

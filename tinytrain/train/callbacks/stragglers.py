@@ -13,7 +13,7 @@ import time
 
 import lightning.pytorch as pl
 
-from tinytrain.cluster.stragglers import StragglerRecord, slowdowns
+from tinytrain.cluster.stragglers import StragglerRecord, slowdowns, typical_forward
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Stragglers(pl.Callback):
             self.pending[-1][1].synchronize()  # long done: the backward and the optimizer step ran after it
         times = [b - a if isinstance(a, float) else a.elapsed_time(b) / 1e3 for a, b in self.pending]
         self.pending = []
-        mine = torch.tensor([statistics.median(times)], dtype=torch.float64, device=pl_module.device)
+        mine = torch.tensor([typical_forward(times)], dtype=torch.float64, device=pl_module.device)
         every = trainer.strategy.all_gather(mine).flatten().tolist()
         named = self.record.check(every)
         slow = slowdowns(every)
