@@ -13,6 +13,7 @@ from tinytrain.config.schema import PLANNING_MODES, DataFormat, Mode
 from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
 from tinytrain.plan.micro_batch import is_auto
+from tinytrain.plan.schedule import schedule_problems
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,13 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
     elif d.format != DataFormat.text and d.group_by_length:
         found.append(Problem("data.group_by_length", True, "length-grouped batches are cut at one size; a batch warm-up changes it every few steps", "set data.group_by_length=false with trainer.batch_size_warmup"))
     if found:
-        return None, problems + found
-    return BatchPlan(batch.micro_batch_size, batch.accumulate_grad_batches, batch.data_parallel, final, batch.seq_len, BatchRamp(w.start, final, unit, -(-w.tokens // batch.seq_len), batch.seq_len)), problems
+        return None, problems + found + schedule_problems(cfg.trainer)
+    ramp = BatchRamp(w.start, final, unit, -(-w.tokens // batch.seq_len), batch.seq_len)
+    # The schedule counts tokens: a decay must fit in the run's tokens, fewer than max_steps final batches.
+    decay = schedule_problems(cfg.trainer, total=ramp.equivalent_step(cfg.trainer.max_steps))
+    if decay:
+        return None, problems + decay
+    return BatchPlan(batch.micro_batch_size, batch.accumulate_grad_batches, batch.data_parallel, final, batch.seq_len, ramp), problems
 
 
 def cluster_problems(cfg) -> list[Problem]:

@@ -168,7 +168,7 @@ class RunPlan:
             "tokens_per_step": b.tokens_per_step,
             "batch_size_warmup": b.ramp and b.ramp.to_dict(self.max_steps),
             "max_steps": self.max_steps,
-            "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start},
+            "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start, "stage_start_at": round(self.schedule.position(self.stage_start), 3)},
             "total_tokens": self.total_tokens,
             "memory_per_gpu": self.memory.to_dict(),
             "deepspeed": self.deepspeed,
@@ -218,9 +218,9 @@ def render_schedule(s: dict, total: int, resume: dict | None) -> list[str]:
     if resume:
         came = f"stage {resume['stage']!r}" if resume["stage"] != s["stage"] else "the same stage"
         lines.append(f"stage      {s['stage']!r} from step {s['stage_start']} ({came}'s checkpoint): this schedule from there on, the optimizer state carried over")
-        if s["decay_steps"] and s["decay_start"] < s["stage_start"] and resume["stage"] != s["stage"]:
+        if s["decay_steps"] and s["decay_start"] < s["stage_start_at"] and resume["stage"] != s["stage"]:
             lines.append(f"           note: the decay starts at step {s['decay_start']}, before this stage's first step: the rate jumps to the schedule's value at step {s['stage_start']}")
-        marks[s["stage_start"]] = "|"
+        marks[s["stage_start_at"]] = "|"
     lines += ["           " + line for line in schedule_picture(s, total, marks=marks)]
     return lines
 

@@ -53,10 +53,14 @@ class Schedule:
     def decay_start(self) -> int:
         return self.total - self.decay_steps
 
+    def position(self, step: int) -> float:
+        """Where optimizer step `step` reads the schedule: the step itself, or with a batch ramp the
+        steps of the final batch trained before it."""
+        return step if self.ramp is None else self.ramp.equivalent_step(step)
+
     def multiplier(self, step: int) -> float:
         """lr / trainer.lr at optimizer step `step` (0-based: the first step trains with step 0's)."""
-        if self.ramp is not None:
-            step = self.ramp.equivalent_step(step)
+        step = self.position(step)
         if step < self.warmup:
             return min(1.0, (step + 1) / self.warmup)  # a ramp's fractional steps stop at the peak
         if self.decay_steps == 0 or step < self.decay_start:
@@ -78,6 +82,7 @@ class Schedule:
             "warmup_steps": self.warmup,
             "decay_steps": round(self.decay_steps, 3),
             "decay_start": round(self.decay_start, 3),
+            "total_steps": round(self.total, 3),  # the schedule's length in its own steps
             "counted_in": "steps" if self.ramp is None else "tokens, in steps of the final batch (trainer.batch_size_warmup)",
             "decay_shape": self.shape.value,
             "min_lr_ratio": self.min_ratio,
@@ -104,12 +109,20 @@ def from_trainer(t, ramp: BatchRamp | None = None) -> Schedule:
     return Schedule(t.lr_schedule, t.warmup_steps, total, decay_steps(t, total), shape, t.min_lr_ratio, ramp)
 
 
-def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, marks: dict[int, str] | None = None) -> list[str]:
+def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, marks: dict[float, str] | None = None) -> list[str]:
     """A small text plot of the schedule (plan.json's `schedule`), lr against step; `marks`:
-    steps to label under the axis (a stage's start)."""
+    positions to label under the axis (a stage's start). With a batch ramp the axis is the
+    schedule's own, steps of the final batch (`total_steps`), not the run's optimizer steps."""
+    in_tokens = schedule.get("total_steps", total) != total
+    total = schedule.get("total_steps", total)
     s = Schedule(LrSchedule(schedule["kind"]), schedule["warmup_steps"], total, schedule["decay_steps"], DecayShape(schedule["decay_shape"]), schedule["min_lr_ratio"])
-    width = min(width, total)
-    columns = [s.multiplier(min(total - 1, round(i * (total - 1) / max(1, width - 1)))) for i in range(width)]
+    width = max(1, min(width, math.ceil(total)))
+
+    def at(i: int) -> float:
+        x = i * (total - 1) / max(1, width - 1)
+        return x if in_tokens else min(total - 1, round(x))
+
+    columns = [s.multiplier(at(i)) for i in range(width)]
     # A filled area: row r (of `height`) is marked where the multiplier reaches it.
     rows = ["".join("#" if v * height >= r - 0.5 else " " for v in columns) for r in range(height, 0, -1)]
     axis = ["-"] * width
@@ -118,12 +131,15 @@ def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, mar
         axis[at] = label
     lines = [f"  1.0 |{rows[0]}"] + [f"      |{row}" for row in rows[1:]]
     lines.append(f"  0.0 +{''.join(axis)}")
-    lines.append(f"       step 0{' ' * max(1, width - len(str(total)) - 6)}{total}")
+    end = f"{total:g}"
+    lines.append(f"       step 0{' ' * max(1, width - len(end) - 6)}{end}" + (" (steps of the final batch: the schedule counts tokens)" if in_tokens else ""))
     return lines
 
 
-def schedule_problems(t) -> list[Problem]:
-    """A WSD decay must fit in the run after the warm-up (tinytrain/plan/schedule.py)."""
+def schedule_problems(t, total: float | None = None) -> list[Problem]:
+    """A WSD decay must fit in the run after the warm-up (tinytrain/plan/schedule.py). `total`: the
+    run's length in steps of the final batch under a batch ramp (plan/layout.py `with_ramp` checks
+    that case, once the ramp is known), which is shorter than trainer.max_steps."""
     if t.lr_schedule != LrSchedule.wsd:
         if t.decay_steps is not None:
             return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({t.lr_schedule.name} decays over the whole run after the warm-up)", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
@@ -131,14 +147,18 @@ def schedule_problems(t) -> list[Problem]:
     if t.decay_steps is None and not 0.0 < t.decay_fraction <= 1.0:
         return [Problem("trainer.decay_fraction", t.decay_fraction, "must be in (0, 1]: the share of trainer.max_steps the decay takes", "use e.g. trainer.decay_fraction=0.2 (the last 20% of the run)")]
     key, value = ("trainer.decay_steps", t.decay_steps) if t.decay_steps is not None else ("trainer.decay_fraction", t.decay_fraction)
-    steps = decay_steps(t)
-    room = t.max_steps - max(0, t.warmup_steps)
+    steps = decay_steps(t, total)
+    if total is None:
+        room, length = t.max_steps - max(0, t.warmup_steps), f"trainer.max_steps({t.max_steps})"
+    else:
+        room = math.floor(total - max(0, t.warmup_steps))
+        length = f"the run's tokens in steps of the final batch ({total:g} of trainer.max_steps={t.max_steps}: the schedule counts tokens under trainer.batch_size_warmup)"
     if steps < 1 or steps > room:
         return [
             Problem(
                 key,
                 value,
-                f"a decay of {steps} steps does not fit in the run: trainer.max_steps({t.max_steps}) - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
+                f"a decay of {steps:g} steps does not fit in the run: {length} - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
                 f"use a decay of 1 to {room} steps (trainer.decay_steps=<n> or a smaller trainer.decay_fraction), or raise trainer.max_steps to continue the run into a longer decay",
             )
         ]

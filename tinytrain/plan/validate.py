@@ -58,7 +58,8 @@ def validate(cfg) -> None:
         + trainer_problems(cfg)
         + levers.problems(cfg)
         + micro_batch.problems(cfg, resolve.effective_hardware(cfg))
-        + schedule_problems(cfg.trainer)
+        # under a batch ramp the schedule counts tokens: plan/layout.py with_ramp checks the decay
+        + (schedule_problems(cfg.trainer) if cfg.trainer.batch_size_warmup.start is None else [])
         + optimizer.problems(cfg)
         + precision_problems(cfg)
         + fp8.problems(cfg)

@@ -67,3 +67,25 @@ def test_the_picture_shows_warmup_plateau_and_decay():
     assert top.startswith("  1.0 |") and axis.startswith("  0.0 +") and axis[7 + round(60 * 49 / 99)] == "|"
     plateau = top[7:]
     assert plateau[0] == " " and plateau[25] == "#" and plateau[-1] == " "  # warming up, stable, decayed
+
+
+def test_under_a_batch_ramp_the_picture_is_drawn_in_steps_of_the_final_batch():
+    """A ramp from 8 to 32 sequences over 64 x 64 tokens: 100 optimizer steps train 96.5 steps of
+    the final batch, and the plan's phases say so (decay 76.5-96.5). The picture used to label its
+    axis 0-100 and draw the schedule as if it counted optimizer steps; it is drawn in the schedule's
+    own steps now, labelled as such."""
+    trainer = compose(["trainer.max_steps=100", "trainer.warmup_steps=10", "trainer.global_batch_size=32", "data.seq_len=64", "trainer.lr_schedule=wsd", "trainer.decay_steps=20", "trainer.decay_shape=linear", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"]).trainer
+    from tinytrain.data.batch_ramp import BatchRamp
+
+    ramp = BatchRamp(8, 32, 8, 64, 64)
+    s = from_trainer(trainer, ramp)
+    d = s.to_dict()
+    assert d["total_steps"] == pytest.approx(ramp.equivalent_step(100)) and d["total_steps"] < 100
+    assert d["decay_start"] == pytest.approx(d["total_steps"] - 20)
+    lines = picture(d, 100, width=50, height=5)
+    top, label = lines[0][7:], lines[-1]
+    last_high = max(i for i, c in enumerate(top) if c == "#")  # the last column still at the peak
+    assert last_high == math.floor(d["decay_start"] * 49 / (d["total_steps"] - 1))
+    assert label.endswith(f"{d['total_steps']:g} (steps of the final batch: the schedule counts tokens)")
+    # every optimizer step reads the schedule where its tokens put it, the last at the decay's end
+    assert s.position(100) == pytest.approx(d["total_steps"]) and math.isclose(s.multiplier(99), 0.1)
