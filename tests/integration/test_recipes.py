@@ -68,18 +68,19 @@ def test_gathered_muon_on_uneven_shards_is_the_whole_matrix_update(tmp_path):
 
 def test_muon_under_fsdp_tp_equals_one_rank_and_resumes_across_a_dp_change(tmp_path):
     """Four steps of a global batch of 8 (micro 4: the data position counts micro batches) under
-    trainer.optimizer=muon, three ways: one process (accumulating 2); fsdp_tp as tp 1 x dp 2 (each
-    matrix FSDP-sharded by rows, its update gathered for Newton-Schulz, model/gathered_muon.py);
-    and tp 2 x dp 1 continuing the dp-2 run from its step-2 sharded checkpoint (a dp change 2 -> 1
-    and tp 1 -> 2: DCP reshards the Muon momentum with the weights). Newton-Schulz runs in fp32
-    under 32-true, so the three agree to 1e-5 (measured: dp 2 2.6e-6, resumed tp 2 7.7e-6); torch's
-    bf16 iteration turned the ranks' last-bit gradient differences into 7e-3 after four steps."""
+    trainer.optimizer=muon, three ways: one process (accumulating 2); fsdp_tp on a 2 x 2 mesh, tp 2
+    x dp 2 on 4 ranks (each matrix sharded by TP and by FSDP's rows at once, its update gathered
+    whole for Newton-Schulz, model/gathered_muon.py); and tp 2 x dp 1 continuing that run from its
+    step-2 sharded checkpoint (a dp change 2 -> 1: DCP reshards the Muon momentum with the weights).
+    Newton-Schulz runs in fp32 under 32-true, so the three agree to 1e-5 (measured on tp 1 x dp 2:
+    2.6e-6, resumed at tp 2: 7.7e-6); torch's bf16 iteration turned the ranks' last-bit gradient
+    differences into 7e-3 after four steps."""
     common = [*RUN, "trainer.max_steps=4", "trainer.lr=1e-2", "trainer.optimizer=muon", "trainer.micro_batch_size=4", "trainer.global_batch_size=8", "data.predict_across_documents=true", "trainer.val_every_n_steps=1000", "trainer.checkpoint_every_n_steps=2"]
-    dp2 = tmp_path / "dp2"
+    mesh = tmp_path / "2x2"
     runs = {
         "single": [],
-        "dp2": ["parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=1"],
-        "tp2": ["parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2", f"resume={dp2 / 'checkpoints' / 'step0000002.ckpt'}"],
+        "2x2": ["parallel=fsdp_tp", "cluster.devices=4", "parallel.tp=2"],
+        "tp2": ["parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=2", f"resume={mesh / 'checkpoints' / 'step0000002.ckpt'}"],
     }
     weights = {}
     for name, extra in runs.items():
@@ -90,7 +91,7 @@ def test_muon_under_fsdp_tp_equals_one_rank_and_resumes_across_a_dp_change(tmp_p
             assert "torch.optim.Muon's update on DTensor shards" in out and "Newton-Schulz on it in fp32" in out
         weights[name] = exported(tmp_path / name)
     assert "resuming from" in out and "(step 2)" in out
-    for name in ("dp2", "tp2"):
+    for name in ("2x2", "tp2"):
         worst = max(float((weights["single"][k] - weights[name][k]).abs().max()) for k in weights["single"])
         print(f"fsdp_tp muon, {name} vs one process: largest weight difference {worst:.2e}")
         assert worst <= 1e-5, (name, worst)
