@@ -175,18 +175,21 @@ def base(tmp_path_factory):
 
 
 # One process (the reference: the global batch of 4), then each objective under a DeepSpeed stage
-# with LoRA and under ddp on two ranks (micro 2), and under fsdp_tp at tp 2 (micro 4, dp 1). At
+# with LoRA, another without (kto's frozen reference copy under ZeRO-3's partitioned weights; orpo
+# under ZeRO-1), under ddp on two ranks (micro 2), and under fsdp_tp at tp 2 (micro 4, dp 1). At
 # step 0 LoRA's adapters are zero, so its policy is the full run's; fsdp_tp's ranks see the whole batch.
 PREFERENCE_LAYOUTS = {
     "kto": {
         "single": ["trainer.micro_batch_size=4"],
         "zero2+lora": ["finetune=lora", "finetune.trainable_tokens=none", "trainer.micro_batch_size=2", "parallel=zero2", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"],
+        "zero3": ["trainer.micro_batch_size=2", "parallel=zero3", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"],
         "ddp": ["trainer.micro_batch_size=2", "parallel=ddp", "cluster.devices=2"],
         "fsdp_tp": ["trainer.micro_batch_size=4", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"],
     },
     "orpo": {
         "single": ["trainer.micro_batch_size=4"],
         "zero3+lora": ["finetune=lora", "finetune.trainable_tokens=none", "trainer.micro_batch_size=2", "parallel=zero3", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"],
+        "zero1": ["trainer.micro_batch_size=2", "parallel=zero1", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"],
         "ddp+lora": ["finetune=lora", "finetune.trainable_tokens=none", "trainer.micro_batch_size=2", "parallel=ddp", "cluster.devices=2"],
         "fsdp_tp": ["trainer.micro_batch_size=4", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"],
     },
