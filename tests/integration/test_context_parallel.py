@@ -33,6 +33,7 @@ RUN = [
     "parallel.deepspeed_on_cpu=true",
 ]
 RTOL = 1e-5
+SFT = ["data=alpaca", "data.seq_len=256", "data.group_by_length=false"]
 
 
 def train(tmp_path, name: str, *args: str):
@@ -58,6 +59,9 @@ def runs(tmp_path_factory):
         "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"],
         "fsdp_cp1": [*fsdp, "cluster.devices=1"],
         "fsdp_tp": [*fsdp, "cluster.devices=2", "parallel.cp=2"],
+        # instruction tuning: padded rows (each padded to a multiple of cp), prompts masked from the loss
+        "sft_cp1": [*SFT, "parallel=zero2", "cluster.devices=1"],
+        "sft_zero2": [*SFT, "parallel=zero2", "cluster.devices=2", "parallel.cp=2"],
     }
 
     def get(name):
@@ -86,6 +90,21 @@ def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     # Each token counted once across the cp group: the tokens per step are the one-rank run's.
     per_step = re.compile(r"tokens     (\S+) per step")
     assert per_step.search(result.stdout)[1] == per_step.search(runs("cp1")[1].stdout)[1]
+
+
+def test_instruction_tuning_under_ulysses_equals_one_rank(runs):
+    """Alpaca-format rows, padded (not packed) and with the prompt tokens masked: split over two cp
+    ranks, every step's loss and gradient norm and the final weights equal one rank's."""
+    run_dir, result = runs("sft_zero2")
+    baseline, _ = runs("sft_cp1")
+    assert "cp 2 (ulysses" in result.stdout and "format: instruction" in (run_dir / "config_resolved.yaml").read_text()
+    for key in ("loss", "grad_norm", "val_loss"):
+        got, want = logged(run_dir, key), logged(baseline, key)
+        assert len(got) == len(want) > 0, key
+        assert got == pytest.approx(want, rel=RTOL), key
+    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
+    worst = max((relative(got[k], want[k]), k) for k in want)
+    assert worst[0] < RTOL, worst
 
 
 def test_a_cp_run_resumes_on_one_rank(tmp_path, runs):
