@@ -15,7 +15,8 @@ Environment:
                             happens without it)
   TT_TEST_STALL_RANK=<rank>:<step>:<s>[:busy]  rank <rank> stops for <s> seconds at the start of
                             training step <step> (once): asleep, or with `busy` spinning in a Python
-                            loop (a rank stuck in its own code while the others wait in a collective)
+                            loop (a rank stuck in its own code while the others wait in a collective);
+                            in a requeued Slurm job's later starts (SLURM_RESTART_COUNT > 0) not at all
   TT_TEST_SLOW_RANK=<rank>:<factor>  rank <rank>'s every training step takes <factor> times as long
                             (before each forward it spins for (factor - 1) x the last one's CPU time): a
                             straggler, as a slower core would make it; the health check's matmul too
@@ -220,7 +221,7 @@ if __name__ == "__main__":
         slow_sharded_save(int(n), float(seconds))
     if os.environ.get("TT_TEST_SLOW_STAGING"):
         slow_staging(float(os.environ["TT_TEST_SLOW_STAGING"]))
-    if os.environ.get("TT_TEST_STALL_RANK"):
+    if os.environ.get("TT_TEST_STALL_RANK") and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
         rank, step, seconds, *busy = os.environ["TT_TEST_STALL_RANK"].split(":")
         stall_rank(int(rank), int(step), float(seconds), busy == ["busy"])
     if os.environ.get("TT_TEST_SLOW_RANK"):
