@@ -33,7 +33,7 @@ RUN = [
     "parallel.deepspeed_on_cpu=true",
 ]
 RTOL = 1e-5
-SFT = ["data=alpaca", "data.seq_len=256", "data.group_by_length=false"]
+SFT = ["data=alpaca", "data.seq_len=128", "data.group_by_length=false"]
 
 
 def train(tmp_path, name: str, *args: str):
