@@ -1,7 +1,7 @@
 """Measures each rank's forward time per micro batch and, every N optimizer steps, compares the
 ranks (cluster/stragglers.py decides): a rank consistently slower than the others is named in the
 log, in the metrics (straggler/rank, straggler/slowdown: the slowest rank and by how much, at every
-check) and in the end-of-run summary. On a GPU the times are CUDA events read at the check, so
+check, in a row of their own) and in the end-of-run summary. On a GPU the times are CUDA events read at the check, so
 measuring never waits for the device; on a CPU, the main thread's CPU time."""
 
 from __future__ import annotations
@@ -62,7 +62,11 @@ class Stragglers(pl.Callback):
         named = self.record.check(every)
         slow = slowdowns(every)
         worst = max(range(len(slow)), key=slow.__getitem__)
-        pl_module.log_dict({"straggler/rank": float(worst), "straggler/slowdown": slow[worst]}, rank_zero_only=True)
+        # To the loggers directly, as a row of this step: a value given to self.log stays in
+        # Lightning's results until the epoch ends and would repeat in every step's row after it.
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({"straggler/rank": float(worst), "straggler/slowdown": slow[worst]}, step=trainer.global_step - 1)
         if trainer.is_global_zero:
             for rank, s in named:
                 log.warning("straggler: rank %d is %.0f%% slower than the other ranks' median in forward compute (%.1f ms vs %.1f ms per micro batch) at step %d, %d checks running",
