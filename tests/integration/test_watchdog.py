@@ -87,7 +87,8 @@ def test_a_frozen_rank_is_named_in_the_hang_report_and_the_run_exits_76(tmp_path
     rank_0_row = next(line for line in lines if line.startswith("0  "))
     assert re.search(r"last #\d+ gloo:(all_reduce|barrier|broadcast) .*scheduled\)$", rank_0_row), rank_0_row  # its collective in flight, from the flight recorder
     stack_0 = report.split("--- rank 0: Python stack")[1].split("--- rank 1")[0]
-    assert any(f"in {where}" in stack_0 for where in ("all_reduce", "barrier", "broadcast", "_engine_run_backward")), stack_0  # waiting for the frozen rank (a step's all-reduce, or DDP's in backward)
+    # waiting for the frozen rank: a step's all-reduce, DDP's in backward, or DDP's broadcast of the buffers before a forward
+    assert any(f"in {where}" in stack_0 for where in ("all_reduce", "barrier", "broadcast", "_engine_run_backward", "_distributed_broadcast_coalesced")), stack_0
     assert f"tinytrain: hang: no rank made progress for 5 s (phase train); did not arrive: rank {frozen}" in out
     assert "Traceback" not in out, out[-3000:]
 
