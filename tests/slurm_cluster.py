@@ -151,7 +151,9 @@ class SlurmCluster:
             "MpiDefault": "none",
             "SelectType": "select/cons_tres",
             "SelectTypeParameters": "CR_CPU",
-            "SchedulerParameters": "bf_interval=1",
+            # The main scheduling loop every 2 s (default 60): a requeued job is held cred_expire,
+            # then waited for that loop (the hang test's second start came 45 s after the requeue).
+            "SchedulerParameters": "bf_interval=1,sched_interval=2",
             "JobRequeue": 1,
             "ReturnToService": 2,
             "KillWait": 5,
