@@ -113,16 +113,16 @@ def picture(schedule: dict, total: int, *, width: int = 60, height: int = 6, mar
     """A small text plot of the schedule (plan.json's `schedule`), lr against step; `marks`:
     positions to label under the axis (a stage's start). With a batch ramp the axis is the
     schedule's own, steps of the final batch (`total_steps`), not the run's optimizer steps."""
-    in_tokens = schedule.get("total_steps", total) != total
+    in_tokens = schedule.get("counted_in", "steps") != "steps"
     total = schedule.get("total_steps", total)
     s = Schedule(LrSchedule(schedule["kind"]), schedule["warmup_steps"], total, schedule["decay_steps"], DecayShape(schedule["decay_shape"]), schedule["min_lr_ratio"])
     width = max(1, min(width, math.ceil(total)))
 
-    def at(i: int) -> float:
+    def column_position(i: int) -> float:
         x = i * (total - 1) / max(1, width - 1)
         return x if in_tokens else min(total - 1, round(x))
 
-    columns = [s.multiplier(at(i)) for i in range(width)]
+    columns = [s.multiplier(column_position(i)) for i in range(width)]
     # A filled area: row r (of `height`) is marked where the multiplier reaches it.
     rows = ["".join("#" if v * height >= r - 0.5 else " " for v in columns) for r in range(height, 0, -1)]
     axis = ["-"] * width

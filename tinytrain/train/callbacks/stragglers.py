@@ -67,7 +67,6 @@ class Stragglers(pl.Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics({"straggler/rank": float(worst), "straggler/slowdown": slow[worst]}, step=trainer.global_step - 1)
-        if trainer.is_global_zero:
             for rank, s in named:
                 log.warning("straggler: rank %d is %.0f%% slower than the other ranks' median in forward compute (%.1f ms vs %.1f ms per micro batch) at step %d, %d checks running",
                             rank, 100 * s, 1e3 * every[rank], 1e3 * statistics.median(every[:rank] + every[rank + 1 :]), trainer.global_step, self.record.streak[rank])
