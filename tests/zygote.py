@@ -41,11 +41,11 @@ REPO = Path(__file__).resolve().parent.parent
 # installed, as it is for the tests), and the output modes.
 PRELOAD = (
     "torch", "transformers", "transformers.integrations.accelerate", "transformers.models.llama.modeling_llama", "deepspeed", "lightning.pytorch",
-    # torch.compile's first call imports inductor (~0.65 s): DeepSpeed's Muon module decorates with it
-    # at import, which every ZeRO run triggers (its optimizer check imports it)
-    "torch._inductor.compile_fx",
     "tinytrain.cli", "tinytrain.train.fit", "tinytrain.train.trainer", "tinytrain.model.module", "tinytrain.outputs.modes",
 )  # fmt: skip
+# torch.compile's first call imports inductor (~0.65 s): DeepSpeed's Muon module decorates with it at
+# import, which every ZeRO run triggers (its optimizer check imports the module).
+PRELOAD_FOR_ZERO = ("torch._inductor.compile_fx",)
 # Prefixes of the environment variables the preloaded modules read when imported: a command that sets
 # one of these otherwise than the zygote had it gets a fresh interpreter.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
@@ -106,7 +106,10 @@ class ZygoteProcess(PopenLike):
 class Zygote:
     """The test worker's side: started on first use, one per worker process."""
 
-    def __init__(self) -> None:
+    def __init__(self, lean_children: bool = True) -> None:
+        # lean_children: inductor preloaded and the preloaded heap frozen out of the collector's reach
+        # (benchmarks/zygote_start.py measures a zygote without them beside one with them)
+        self.lean_children = lean_children
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._env: dict = {}
@@ -188,7 +191,7 @@ class Zygote:
         if self._proc is not None and self._proc.poll() is None:
             return
         self._env = dict(self._session_env)
-        self._proc = subprocess.Popen([sys.executable, "-m", "tests.zygote"], cwd=REPO, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.zygote", *([] if self.lean_children else ["--plain"])], cwd=REPO, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         ready = json.loads(self._proc.stdout.readline() or "{}")
         if "added_env" not in ready:
             raise RuntimeError(f"the test zygote did not start (exit {self._proc.wait()}); run with TINYTRAIN_TEST_FRESH_PROCESS=1 to do without it")
@@ -359,7 +362,7 @@ def _route_lightning_ranks(spares: list[SpareRank]) -> None:
         launcher.subprocess = types.SimpleNamespace(Popen=popen)
 
 
-def _serve() -> None:
+def _serve(lean_children: bool) -> None:
     # Replies go out on a copy of stdout; what the preloaded modules print (DeepSpeed's accelerator
     # notice) goes nowhere, as the zygote's stderr does.
     replies = os.fdopen(os.dup(1), "w", buffering=1)
@@ -370,13 +373,14 @@ def _serve() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import importlib
 
-    for name in PRELOAD:
+    for name in (*PRELOAD, *(PRELOAD_FOR_ZERO if lean_children else ())):
         importlib.import_module(name)
     if threading.active_count() != 1:  # a fork copies only this thread: the others' locks could hang a child
         raise SystemExit(f"a preloaded module started a thread: {threading.enumerate()}")
-    # The preloaded heap (~600k objects) out of the collector's reach: a full collection in a child
-    # (DeepSpeed calls gc.collect) took 0.3-0.4 s walking it and copied its pages; now ~1 ms.
-    gc.freeze()
+    if lean_children:
+        # The preloaded heap (~600k objects) out of the collector's reach: a full collection in a
+        # child (DeepSpeed calls gc.collect) took 0.3-0.4 s walking it, copying its pages; now ~1 ms.
+        gc.freeze()
     print(json.dumps({"added_env": {k: v for k, v in os.environ.items() if before.get(k) != v}}), file=replies)
     children: dict[int, int] = {}  # pid -> request id
     stdin = sys.stdin.fileno()
@@ -407,4 +411,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(lean_children="--plain" not in sys.argv[1:])
