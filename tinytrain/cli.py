@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import library_notices, process_group, rank_logging
+from tinytrain.cluster.import_gc import collector_paused
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -35,12 +36,13 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     """The stages in order; each call is one stage. Returns what the mode produced: the data
     (prepare), the RunPlan (plan, sbatch), the training result (train) or an output mode's
     (export, generate, eval)."""
-    from tinytrain.data.bos_policy import decide_bos
-    from tinytrain.data.run_data import RunData
-    from tinytrain.data.tokenizer import load_from_config
-    from tinytrain.outputs import modes
-    from tinytrain.plan.planner import make_plan
-    from tinytrain.plan.validate import validate
+    with collector_paused():
+        from tinytrain.data.bos_policy import decide_bos
+        from tinytrain.data.run_data import RunData
+        from tinytrain.data.tokenizer import load_from_config
+        from tinytrain.outputs import modes
+        from tinytrain.plan.planner import make_plan
+        from tinytrain.plan.validate import validate
 
     if cfg.mode in modes.MODES:
         # The model, tokenizer and template are the checkpoint's run's, not this command line's.
@@ -67,8 +69,9 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if is_rank_zero():
         clean_up_after_interrupted_saves(cfg, plan, run_dir)
 
-    from tinytrain.cluster import extension_locks
-    from tinytrain.train.fit import fit
+    with collector_paused():
+        from tinytrain.cluster import extension_locks
+        from tinytrain.train.fit import fit
 
     extension_locks.clear_stale()  # before DeepSpeed builds an op: a lock a killed build left would stall it for ever
     watched = watch(plan, run_dir)

@@ -1,0 +1,62 @@
+"""What pausing the cyclic collector saves while tinytrain imports its stack (tinytrain/cluster/import_gc.py):
+the modules `python -m tinytrain` imports before training (cli.run_stages' two import blocks),
+each side in a fresh interpreter, plain imports vs the same inside `collector_paused()`, alternating
+plain / paused in each round; the time of the imports (from inside the interpreter, so the
+interpreter's own start is left out) and the collector's runs during them.
+
+    python benchmarks/import_gc.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+IMPORTS = """
+from tinytrain.data.bos_policy import decide_bos
+from tinytrain.data.run_data import RunData
+from tinytrain.data.tokenizer import load_from_config
+from tinytrain.outputs import modes
+from tinytrain.plan.planner import make_plan
+from tinytrain.plan.validate import validate
+from tinytrain.cluster import extension_locks
+from tinytrain.train.fit import fit
+"""
+SIDE = """
+import gc, json, textwrap, time
+start = time.perf_counter()
+import tinytrain.cli
+from tinytrain.cluster.import_gc import collector_paused
+body = textwrap.indent({imports!r}, "    ")
+exec(("with collector_paused():\\n" + body) if {paused} else {imports!r})
+print(json.dumps({{"s": time.perf_counter() - start, "collections": sum(s["collections"] for s in gc.get_stats())}}))
+"""
+
+
+def side(paused: bool) -> dict:
+    code = SIDE.format(imports=IMPORTS, paused=paused)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    rounds = parser.parse_args().rounds
+    runs = {False: [], True: []}
+    for _ in range(rounds):
+        for paused in (False, True):
+            runs[paused].append(side(paused))
+    plain, paused = (statistics.median(r["s"] for r in runs[p]) for p in (False, True))
+    collections = {p: runs[p][0]["collections"] for p in runs}
+    print(f"tinytrain's imports before training: plain {plain:.2f} s ({collections[False]} collections), collector paused {paused:.2f} s ({collections[True]}); medians of {rounds}, ratio {paused / plain:.2f}")
+
+
+if __name__ == "__main__":
+    main()
