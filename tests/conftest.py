@@ -23,7 +23,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 LLAMA2_TOKENIZER = SHARED_DATA / "llama2-tokenizer" / "tokenizer.model"
 
 # DeepSpeed's compiled CPU ops (cpu_adam for the offload layouts, ~45-100 s on 2 cores; its
-# shared-memory all-reduce is not built: train/strategy.py skip_shared_memory_all_reduce) are built on
+# shared-memory all-reduce is not built: cluster/deepspeed_comm.py) are built on
 # first use into the venv, once per fresh venv (a CI run), and reused by every later test process,
 # which inherits this.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))

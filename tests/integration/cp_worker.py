@@ -47,6 +47,7 @@ def main(cp: int, out_dir: Path) -> None:
     import torch.distributed as dist
 
     from tests.conftest import compose
+    from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
     from tinytrain.data.tokenizer import load_from_config
     from tinytrain.model.build import build_model, hf_config
     from tinytrain.model.context_parallel import enable_ulysses
@@ -55,6 +56,7 @@ def main(cp: int, out_dir: Path) -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    skip_shared_memory_all_reduce()  # as enable_ulysses does before it starts deepspeed.comm
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = compose(MODEL)
     tok = load_from_config(cfg.tokenizer)

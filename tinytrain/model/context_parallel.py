@@ -168,7 +168,10 @@ def enable_ulysses(model, *, cp: int, micro_batch_size: int) -> ContextGroup:
     import deepspeed
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
 
+    from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
+
     if not deepspeed.comm.is_initialized():  # under fsdp_tp: torch.distributed is up, deepspeed.comm wraps it
+        skip_shared_memory_all_reduce()
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
     config = model.config
     name = documents_attention(config._attn_implementation)

@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.ddp import DDPStrategy
 
 from tinytrain.checkpoint.files import publish_directory, temp_path
 from tinytrain.checkpoint.universal import convert, universal_path
+from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
 from tinytrain.config.schema import Strategy
 from tinytrain.errors import TrainingStopped
 from tinytrain.plan.deepspeed_config import for_lightning
@@ -160,15 +161,6 @@ class CPUDeepSpeedStrategy(AtomicDeepSpeedStrategy):
             dist_init_required=False,
         )
         return engine, ds_optimizer
-
-
-def skip_shared_memory_all_reduce() -> None:
-    """DeepSpeed's CPU backend compiles its shared-memory all-reduce when it starts (g++, ~50 CPU-s
-    the first time in an environment: a CI run's), for `inference_all_reduce` only, which training
-    never calls (its all-reduce is torch.distributed's over gloo): marked unavailable, it is not built."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def allow_fp16_on_cpu() -> None:

@@ -1,8 +1,9 @@
 """parallel.deepspeed_on_cpu (the tests' DeepSpeed on its CPU accelerator): DeepSpeed's CPU backend
-would compile its shared-memory all-reduce (inference only) when it starts; the strategy marks it
-unavailable first, so no test process pays the build."""
+would compile its shared-memory all-reduce (inference only) when deepspeed.comm starts; the strategy
+and Ulysses under fsdp_tp mark it unavailable first (tinytrain/cluster/deepspeed_comm.py), so no
+process pays the build."""
 
-from tinytrain.train.strategy import skip_shared_memory_all_reduce
+from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
 
 
 def test_the_shared_memory_all_reduce_is_not_built(monkeypatch, tmp_path):

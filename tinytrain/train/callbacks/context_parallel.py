@@ -11,7 +11,6 @@ import logging
 import lightning.pytorch as pl
 
 from tinytrain.model.context_parallel import enable_ulysses
-from tinytrain.train.strategy import skip_shared_memory_all_reduce
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +23,5 @@ class ContextParallel(pl.Callback):
     def setup(self, trainer, pl_module, stage):
         if pl_module.context is not None:
             return
-        # Under fsdp_tp, enable_ulysses starts deepspeed.comm itself: on a CPU it would compile the
-        # shared-memory all-reduce first (~50 CPU-s per environment), as the DeepSpeed strategy avoids.
-        skip_shared_memory_all_reduce()
         pl_module.context = enable_ulysses(pl_module.model, cp=self.cp, micro_batch_size=self.micro_batch_size)
         log.info("context parallel: rank %d of a cp group of %d (DeepSpeed Ulysses, attention %s)", pl_module.context.rank, self.cp, pl_module.model.config._attn_implementation)
