@@ -42,12 +42,10 @@ def packed_batch(group: int, vocab: int, seq: int = SEQ):
 
 
 def main(cp: int, out_dir: Path) -> None:
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from tests.conftest import compose
-    from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
     from tinytrain.data.tokenizer import load_from_config
     from tinytrain.model.build import build_model, hf_config
     from tinytrain.model.context_parallel import enable_ulysses
@@ -55,9 +53,7 @@ def main(cp: int, out_dir: Path) -> None:
     from tinytrain.plan.attention import AttentionChoice
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    skip_shared_memory_all_reduce()  # as enable_ulysses does before it starts deepspeed.comm
-    deepspeed.init_distributed(dist_backend="gloo")
+    dist.init_process_group("gloo", rank=rank, world_size=world)  # deepspeed.comm: enable_ulysses starts it over this, as under fsdp_tp
     cfg = compose(MODEL)
     tok = load_from_config(cfg.tokenizer)
     vocab = len(tok)
