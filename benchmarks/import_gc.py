@@ -1,5 +1,5 @@
 """What pausing the cyclic collector saves while tinytrain imports its stack (tinytrain/cluster/import_gc.py):
-the modules `python -m tinytrain` imports before training (cli.run_stages' two import blocks),
+the modules `python -m tinytrain` imports before training (cli.run_stages' `with collector_paused()` blocks, read from its source),
 each side in a fresh interpreter, plain imports vs the same inside `collector_paused()`, alternating
 plain / paused in each round; the time of the imports (from inside the interpreter, so the
 interpreter's own start is left out) and the collector's runs during them.
@@ -10,6 +10,7 @@ interpreter's own start is left out) and the collector's runs during them.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -18,30 +19,28 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-IMPORTS = """
-from tinytrain.data.bos_policy import decide_bos
-from tinytrain.data.run_data import RunData
-from tinytrain.data.tokenizer import load_from_config
-from tinytrain.outputs import modes
-from tinytrain.plan.planner import make_plan
-from tinytrain.plan.validate import validate
-from tinytrain.cluster import extension_locks
-from tinytrain.train.fit import fit
-"""
 SIDE = """
-import gc, json, textwrap, time
+import gc, json, time
 start = time.perf_counter()
 import tinytrain.cli
 from tinytrain.cluster.import_gc import collector_paused
-body = textwrap.indent({imports!r}, "    ")
-exec(("with collector_paused():\\n" + body) if {paused} else {imports!r})
+exec({code!r})
 print(json.dumps({{"s": time.perf_counter() - start, "collections": sum(s["collections"] for s in gc.get_stats())}}))
 """
 
 
+def paused_blocks() -> list[ast.With]:
+    """The `with collector_paused():` blocks of cli.run_stages, read from its source (so the
+    benchmark imports what the command imports)."""
+    tree = ast.parse((REPO / "tinytrain" / "cli.py").read_text())
+    run_stages = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_stages")
+    return [n for n in ast.walk(run_stages) if isinstance(n, ast.With) and ast.unparse(n.items[0].context_expr) == "collector_paused()"]
+
+
 def side(paused: bool) -> dict:
-    code = SIDE.format(imports=IMPORTS, paused=paused)
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, check=True).stdout
+    blocks = paused_blocks()
+    code = "\n".join(ast.unparse(block if paused else block.body) for block in blocks)
+    out = subprocess.run([sys.executable, "-c", SIDE.format(code=code)], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

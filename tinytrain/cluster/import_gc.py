@@ -1,6 +1,6 @@
 """Python's cyclic garbage collector paused while tinytrain imports its stack (torch, Lightning,
 transformers, DeepSpeed): imports build ~600k long-lived objects and almost no cyclic garbage, yet
-the collector ran ~100 times over them as they loaded, 0.9 s of a 5.7 s start on a CPU here
+the collector ran ~1,100 times as they loaded, 5.59 -> 4.82 s of a start on a CPU here
 (`python benchmarks/import_gc.py`). What the imports built is then frozen out of the collector's
 reach (gc.freeze), so the run's own full collections walk only what the run allocates."""
 
