@@ -22,6 +22,7 @@ def saved_ops() -> list:
     names = {
         torch.ops.aten: ("mm", "addmm", "_scaled_mm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward"),
         torch.ops._c10d_functional: ("all_reduce", "reduce_scatter_tensor"),
+        torch.ops.torch_attn: ("_varlen_attn",),  # torch's varlen kernel (packed documents), a custom op around the flash kernel
     }
     return [getattr(ns, name).default for ns, ops in names.items() for name in ops if hasattr(ns, name)]
 
@@ -41,4 +42,8 @@ def apply_checkpointing(model, mode: str, every: int = 1) -> None:
     kwargs = {"use_reentrant": False}
     if mode == "selective" and every == 1:
         kwargs["context_fn"] = functools.partial(selective_context)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every)
+    else:  # transformers before the rename (5.17, the GPU image's): the same switch under its old name
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, every_n_layers=every)

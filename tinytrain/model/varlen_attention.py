@@ -59,8 +59,12 @@ def varlen_forward(kernel, support: VarlenSupport):
             raise ValueError(f"torch's varlen_attn has no attention dropout ({dropout}): set the model's attention_dropout to 0")
         b, hq, sq, d = query.shape
         hk, sk = key.shape[1], key.shape[2]
+        # Under autocast the projections come out in half precision but RoPE's float32 cos/sin
+        # promote q and k back to float32, and the flash kernel takes fp16/bf16 only (autocast does
+        # not know this custom op). v has no RoPE: it carries the projection's precision, so q and k
+        # take its dtype. No autocast query: torch 2.11's dynamo breaks the graph on one.
         # (B, S, H, D) in memory, as transformers' flash path lays them out for the kernel
-        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
+        q, k, v = (x.transpose(1, 2).to(value.dtype).contiguous() for x in (query, key, value))
 
         def run(q_, k_, v_, cu_q, cu_k, max_q, max_k):
             return attend(kernel, support, q_, k_, v_, cu_q, cu_k, max_q, max_k, scaling, sliding_window)

@@ -144,3 +144,28 @@ def test_this_torchs_own_kernel_takes_what_the_forward_asks_of_it():
     packed, _ = forward(nn.Module(), query, key, key, None, scaling=0.25, sliding_window=5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=6, max_length_k=6)
     rows, _ = forward(nn.Module(), query.expand(3, -1, -1, -1), key.expand(3, -1, -1, -1), key.expand(3, -1, -1, -1), None, scaling=0.25)
     assert packed.shape == (1, 10, 4, 16) and rows.shape == (3, 10, 4, 16)
+
+
+def test_under_autocast_the_kernel_gets_half_precision_queries_keys_and_values():
+    """bf16-mixed on a GPU: the projections run in bf16 but RoPE's float32 cos/sin promote q and k
+    back to float32, and the flash kernel takes fp16/bf16 only (found on an H100: "FlashAttention
+    only support fp16 and bf16 data type"). The forward casts them as autocast casts SDPA."""
+    seen = []
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return varlen_attn_reference(q, k, v, *args, **kwargs)
+
+    name = use_varlen(spy, read_support(varlen_attn_reference, "2.12"), "torch_varlen_dtype_spy")
+    model, batch = tiny("llama", name), packed_batch(2)
+    module = CausalLMModule(model, ModuleSpec(512))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = module(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+    assert seen == [(torch.bfloat16,) * 3] * 2, seen  # both layers
+    with torch.no_grad():
+        reference = tiny("llama", "sdpa")(input_ids=batch["input_ids"][:1, :5], use_cache=False).logits
+    assert float((logits[0, :5].float() - reference[0]).abs().max()) < 0.1  # bf16 round-off, not a wrong attention
+    seen.clear()
+    with torch.no_grad():
+        module(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+    assert seen == [(torch.float32,) * 3] * 2  # no autocast: the model's own precision
