@@ -53,11 +53,45 @@ def synthetic_batches(n: int, vocab: int, micro: int, seq: int) -> list[dict]:
     return [{"input_ids": row[:-1], "labels": row[1:]} for row in data]
 
 
+def packed_batches(n: int, vocab: int, micro: int, seq: int, mean_document: int = 512) -> list[dict]:
+    """As synthetic_batches, with each row packed from several documents (lengths drawn around
+    `mean_document`, the last one cut at the row's end): position ids restart per document and
+    the label of a document's last token is masked, as tinytrain's packed windows are."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for row in synthetic_batches(n, vocab, micro, seq):
+        lengths, left = [], seq
+        while left > 0:
+            lengths.append(min(left, int(torch.randint(mean_document // 4, 2 * mean_document, (1,), generator=g))))
+            left -= lengths[-1]
+        positions = torch.cat([torch.arange(length) for length in lengths])
+        labels = row["labels"].clone()
+        labels[torch.tensor(lengths).cumsum(0)[:-1] - 1] = -100  # no document predicts the next one's first token
+        rows.append({**row, "labels": labels, "position_ids": positions})
+    return rows
+
+
 def _sync(device) -> None:
     import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def raw_inputs(model, batch: dict, device) -> dict:
+    """The model's inputs as a raw loop would pass them: packed rows (position ids) go to a varlen
+    kernel as one flattened row with their boundaries, as transformers' DataCollatorWithFlattening
+    makes them; SDPA and eager take the position ids and mask across documents themselves."""
+    if "position_ids" not in batch:
+        return {"input_ids": batch["input_ids"].to(device), "use_cache": False}
+    from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
+
+    input_ids, position_ids = batch["input_ids"].to(device), batch["position_ids"].to(device)
+    if takes_boundaries(model):
+        return {**flatten_for_flash(input_ids, position_ids, batch.get("cu_seq_lens"), batch.get("max_length")), "use_cache": False}
+    return {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
 
 
 def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmup: int, autocast_dtype=None, scheduler=None) -> list[float]:
@@ -72,7 +106,7 @@ def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmu
     times, last = [], None
     for batch in loader:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(input_ids=batch["input_ids"].to(device), use_cache=False).logits
+            logits = model(**raw_inputs(model, batch, device)).logits
             loss = causal_lm_loss(logits, batch["labels"].to(device), true_vocab)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

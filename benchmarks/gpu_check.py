@@ -1,6 +1,11 @@
 """The GPU path in parts that each fit a short lease (run through benchmarks/gpu_check.sh).
 
 On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
+  headline  the MFU table in one lease: benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16 on packed
+     documents, tinytrain vs the raw loop on the same varlen kernel, with selective activation
+     checkpointing and per-block compile off and on (peak memory of each against the plan's
+     estimate), and packed-document isolation on the real varlen kernel; last, on Hopper and newer,
+     float8 linears (torchao) with per-block compile. Run it first.
   a  packed-document isolation on the real kernels (torch varlen, SDPA; flash-attn where installed)
      and a 30-step bf16 single-GPU TinyLlama-1.1B run (seq 2048) with its export reloaded
   b  DeepSpeed zero2 and zero3 in bf16, and zero2 in fp16 with the loss-scale policy (1 GPU each)
@@ -9,8 +14,8 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
   d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
   e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) at cp 2: the loss,
      every token's logits and every gradient against whole sequences (tests/integration/ring_worker.py),
-     one rank per GPU over nccl on 2 GPUs, or both ranks on one GPU over gloo (nccl refuses two ranks
-     on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
+     one rank per GPU over nccl: needs 2 GPUs (both ranks on one GPU over gloo crashed, SIGSEGV, on
+     an H100 with torch 2.11; nccl refuses two ranks on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
      RING_OFF): torch 2.13 has no flex-attention backward on CPU.
 Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
 device, date and versions per part) from all rows there, so a later part or a later lease continues
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("a", "b", "c", "d", "e")
+PARTS = ("headline", "a", "b", "c", "d", "e")
 COLUMNS = ["part", "check", "status", "loss", "tokens/s", "MFU", "peak GiB", "plan GiB", "note"]
 RESULTS = "gpu_check.json"
 BUDGET_S = 450  # of the 8 minutes a part may take on one H100: the rest is imports and the wheels' install
@@ -118,16 +123,19 @@ def common(gpu: bool, steps: int, micro: int) -> list[str]:
             "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000", "trainer.progress_bar=false", "trainer.plot=false", "trainer.lr=1e-3"]
 
 
+def isolation(part: Part, kernel: str) -> None:
+    out = part.work / f"isolation_{kernel}.json"
+    rc = part.run([sys.executable, "benchmarks/packed_isolation.py", "--kernel", kernel, "--json", str(out)] + ([] if part.gpu else ["--reference"]), f"isolation_{kernel}.log", 180)
+    row = {"check": f"packed isolation {kernel}", "status": status(rc, f"part_{part.name}/isolation_{kernel}.log")}
+    if out.exists():
+        r = json.loads(out.read_text())
+        row["note"] = f"{r['kernel']}: max |packed - alone| " + ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_diff"].items()) + f" (tolerance {r['tolerance']:g})"
+    part.add(row)
+
+
 def part_a(part: Part) -> None:
-    kernels = ["varlen", "sdpa"] + (["flash"] if part.gpu and importlib.util.find_spec("flash_attn") else [])
-    for kernel in kernels:
-        out = part.work / f"isolation_{kernel}.json"
-        rc = part.run([sys.executable, "benchmarks/packed_isolation.py", "--kernel", kernel, "--json", str(out)] + ([] if part.gpu else ["--reference"]), f"isolation_{kernel}.log")
-        row = {"check": f"packed isolation {kernel}", "status": status(rc, f"part_a/isolation_{kernel}.log")}
-        if out.exists():
-            r = json.loads(out.read_text())
-            row["note"] = f"{r['kernel']}: max |packed - alone| " + ", ".join(f"{k} {v:.2g}" for k, v in r["max_abs_diff"].items()) + f" (tolerance {r['tolerance']:g})"
-        part.add(row)
+    for kernel in ["varlen", "sdpa"] + (["flash"] if part.gpu and importlib.util.find_spec("flash_attn") else []):
+        isolation(part, kernel)
     steps = 30 if part.gpu else 4
     train(part, "single_bf16" if part.gpu else "single_fp32", common(part.gpu, steps, 4) + ["parallel=single"], export=True)
 
@@ -144,21 +152,53 @@ def part_b(part: Part) -> None:
     train(part, "zero2_fp16", common(part.gpu, steps, 4) + ["parallel=zero2", *fp16, *deepspeed], export=False)
 
 
+def mfu(part: Part, name: str, args: list[str], limit: int = 600) -> None:
+    """A benchmarks/mfu.py run as a row: tokens/s and MFU of tinytrain and the raw loop, peak memory
+    of the tinytrain side against the plan's estimate."""
+    file = name.replace(" + ", "_").replace(" ", "_")
+    out = part.work / f"mfu_{file}.json"
+    rc = part.run([sys.executable, "benchmarks/mfu.py", *args, "--json", str(out)], f"mfu_{file}.log", limit)
+    row = {"check": f"mfu.py {name}", "status": status(rc, f"part_{part.name}/mfu_{file}.log") if rc != 0 or out.exists() else "FAILED (no figures)"}
+    if out.exists():
+        r = json.loads(out.read_text())
+        row["tokens/s"] = f"{r['tinytrain_tokens_per_s']:,.0f} (raw {r['raw_tokens_per_s']:,.0f})"
+        row["MFU"] = f"{100 * r['tinytrain_mfu']:.1f}% (raw {100 * r['raw_mfu']:.1f}%)" if r["tinytrain_mfu"] else "omitted on CPU"
+        if r["peak_memory_gib"]:
+            row["peak GiB"] = f"{r['peak_memory_gib']:.1f} (raw {r['raw_peak_memory_gib']:.1f})"
+        row["plan GiB"] = f"{r['plan_memory_gib']:.1f}"
+        row["note"] = f"raw/tinytrain step time {r['ratio']:.3f}; attention {r['attention']}; batch {r['batch']}{' packed' if r['packed'] else ''}"
+    part.add(row)
+
+
+def fp8_capable() -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability(0) >= (8, 9) and importlib.util.find_spec("torchao") is not None
+
+
+def part_headline(part: Part) -> None:
+    """The plain run first (the figure that matters most), then each lever on its own, isolation,
+    then the levers together (what a short lease leaves out comes last)."""
+    steps = ["--steps", "10", "--warmup", "4"] if part.gpu else ["--steps", "3", "--warmup", "1", "--tiny"]
+    mfu(part, "packed", [*steps, "--packed"], limit=240)
+    mfu(part, "packed + selective", [*steps, "--packed", "--checkpointing", "selective"], limit=240)
+    if part.gpu:
+        mfu(part, "packed + blocks", [*steps, "--packed", "--compile", "blocks"], limit=300)
+    isolation(part, "varlen")
+    if part.gpu:
+        mfu(part, "packed + selective + blocks", [*steps, "--packed", "--checkpointing", "selective", "--compile", "blocks"], limit=300)
+        if fp8_capable():
+            mfu(part, "packed + fp8 + blocks", [*steps, "--packed", "--fp8", "--compile", "blocks"], limit=300)
+    else:
+        part.add({"check": "mfu.py packed + blocks / + selective + blocks", "status": "skipped (dry run: compile on a CPU takes minutes)"})
+
+
 def part_c(part: Part) -> None:
     liger = importlib.util.find_spec("liger_kernel") is not None
     variants = [("plain", [])] + ([("compile", ["--compile"])] + ([("liger", ["--liger"])] if liger else []) if part.gpu else [])
     mfu_args = ["--steps", "10", "--warmup", "3"] if part.gpu else ["--steps", "3", "--warmup", "1", "--tiny"]
     for name, extra in variants:
-        out = part.work / f"mfu_{name}.json"
-        rc = part.run([sys.executable, "benchmarks/mfu.py", *mfu_args, *extra, "--json", str(out)], f"mfu_{name}.log")
-        row = {"check": f"mfu.py {name}", "status": status(rc, f"part_c/mfu_{name}.log") if rc != 0 or out.exists() else "FAILED (no figures)"}
-        if out.exists():
-            r = json.loads(out.read_text())
-            row["tokens/s"] = f"{r['tinytrain_tokens_per_s']:,.0f} (raw {r['raw_tokens_per_s']:,.0f})"
-            row["MFU"] = f"{100 * r['tinytrain_mfu']:.1f}% (raw {100 * r['raw_mfu']:.1f}%)" if r["tinytrain_mfu"] else "omitted on CPU"
-            row["peak GiB"] = f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] else ""
-            row["note"] = f"raw/tinytrain step time {r['ratio']:.3f}; attention {r['attention']}"
-        part.add(row)
+        mfu(part, name, [*mfu_args, *extra])
     if not part.gpu:
         part.add({"check": "mfu.py compile / liger", "status": "skipped (dry run: compile on a CPU takes minutes; liger needs CUDA)"})
     elif not liger:
@@ -177,11 +217,16 @@ def part_e(part: Part) -> None:
     import torch
 
     gpus = torch.cuda.device_count() if part.gpu else 0
+    if part.gpu and gpus < 2:
+        # Both ranks on one GPU over gloo: each rank died of SIGSEGV in the ring's first collective
+        # (torch 2.11, H100, 2026-11-27); nccl refuses two ranks on one device.
+        part.add({"check": "ring cp 2", "status": "skipped (needs 2 GPUs: gloo with CUDA tensors crashed in the ring's collectives on one GPU, nccl refuses two ranks on one device)"})
+        return
     if not part.gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the dry run: two CPU ranks over gloo, forward only
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tests.integration.ring_worker", "2", str(part.work)]
     rc = part.run(cmd, "ring_cp2.log")
-    how = "2 GPUs, nccl" if gpus >= 2 else "both ranks on one GPU, gloo" if gpus else "2 CPU ranks, gloo"
+    how = "2 GPUs, nccl" if gpus else "2 CPU ranks, gloo"
     row = {"check": f"ring cp 2 ({how})", "status": status(rc, "part_e/ring_cp2.log")}
     result = part.work / "ring_cp2_world2.pt"
     if result.exists():
@@ -232,7 +277,7 @@ def save(out: Path, part: Part, header: dict) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the GPU path in parts (benchmarks/gpu_check.sh)")
-    parser.add_argument("--part", required=True, help="a, b, c, d or e (see this file's docstring)")
+    parser.add_argument("--part", required=True, help="headline, a, b, c, d or e (see this file's docstring)")
     parser.add_argument("--out", required=True, help="folder of the results file the parts share (gpu_check.json / .md) and the runs' logs")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, a few steps, on a CPU")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the part's runs may take in all")
@@ -241,7 +286,7 @@ def main() -> None:
         print(f"gpu_check: --out {args.out} is a file; it names the folder the parts share (gpu_check.json, gpu_check.md, the runs' logs). Fix: give a folder path, new or from an earlier part (e.g. --out {args.out}.d), or move the file away", file=sys.stderr)
         sys.exit(2)
     if args.part not in PARTS:
-        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring)")
+        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (headline: the MFU table, run it first; a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring)")
     # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.
     needed = {"hydra": "hydra-core", "omegaconf": "omegaconf"} | ({"deepspeed": "deepspeed"} if args.part in "bd" else {})
     missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
@@ -259,7 +304,7 @@ def main() -> None:
     part = Part(args.part, out, gpu, args.budget)
     header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device(gpu), "versions": versions()}
     print(f"gpu_check part {args.part} ({header['device']}; {header['versions']})", flush=True)
-    {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[args.part](part)
+    {"headline": part_headline, "a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[args.part](part)
     rows = save(out, part, header)
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in COLUMNS}
     print(f"\ngpu_check ({'dry run on CPU' if not gpu else 'GPU'}; results in {out / RESULTS}, table in {out / 'gpu_check.md'})")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path on one NVIDIA GPU with no network, in parts that each fit a short lease (<= 8 min on
 # one H100 with imports; benchmarks/gpu_check.py says what each runs):
+#   bash benchmarks/gpu_check.sh --part headline --out DIR   # the MFU table (tinytrain vs the raw loop, the levers off and on): first
 #   bash benchmarks/gpu_check.sh --part a --out DIR   # a: packed isolation on the real kernels + a 30-step bf16 run with export
 #                                                     # b: DeepSpeed zero2 / zero3 bf16 + fp16; c: mfu.py plain / --compile / --liger
 #                                                     # d: peak GPU memory against the plan's estimate
@@ -16,7 +17,7 @@ repo="$(dirname "$here")"
 python="${PYTHON:-python}"
 wheels="${WHEELS:-$here/.whl}"
 site="${GPU_CHECK_SITE:-$here/.site}"
-usage="usage: bash benchmarks/gpu_check.sh --part a|b|c|d|e --out DIR [--wheels DIR] [--dry-run]"
+usage="usage: bash benchmarks/gpu_check.sh --part headline|a|b|c|d|e --out DIR [--wheels DIR] [--dry-run]"
 
 args=() part=""
 while [[ $# -gt 0 ]]; do
@@ -27,9 +28,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$part" in
-    a|b|c|d|e) ;;
+    headline|a|b|c|d|e) ;;
     "") echo "gpu_check: no --part given; $usage" >&2; exit 2 ;;
-    *) echo "gpu_check: --part '$part' is not a part: use a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring); $usage" >&2; exit 2 ;;
+    *) echo "gpu_check: --part '$part' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring); $usage" >&2; exit 2 ;;
 esac
 
 if [[ -d "$wheels" ]]; then

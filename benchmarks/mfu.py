@@ -8,7 +8,14 @@ per second / the hardware table's dense peak.
 
     python benchmarks/mfu.py                      # on a GPU machine
     python benchmarks/mfu.py --tiny --steps 4     # CPU smoke check: tiny model, MFU omitted
-    python benchmarks/mfu.py --compile --liger    # torch.compile and liger-kernel on both sides
+    python benchmarks/mfu.py --compile --liger    # torch.compile (whole model) and liger-kernel on both sides
+    python benchmarks/mfu.py --packed --checkpointing selective --compile blocks   # the levers, on packed documents
+    python benchmarks/mfu.py --packed --fp8 --compile blocks   # float8 linears (torchao; compute capability >= 8.9)
+`--packed`: rows packed from documents (position ids restart; the varlen kernel's boundaries), on
+both sides; MFU then counts each document's own attention, as tinytrain's throughput callback does.
+`--checkpointing` and `--compile` are the trainer's modes, applied to the raw model by the same
+functions (model/activation_checkpointing.py, model/compile.py). The peak memory of each side is
+measured apart and the tinytrain side's set against the plan's estimate.
 `--json PATH` also writes the figures (benchmarks/gpu_check.py collects them).
 Target on an H100: >= 55% MFU and ahead of the raw loop.
 """
@@ -16,10 +23,22 @@ Target on an H100: >= 55% MFU and ahead of the raw loop.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 
 import torch
-from _common import median, raw_steps, setup, synthetic_batches, tinytrain_steps
+from _common import median, packed_batches, raw_steps, setup, synthetic_batches, tinytrain_steps
+
+
+def peak_gib(cuda: bool) -> float:
+    """The peak CUDA memory allocated since the last call, in GiB; frees what the side before left."""
+    if not cuda:
+        return 0.0
+    gc.collect()  # the trainer and its module hold each other: freed only by the collector
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def main() -> None:
@@ -29,7 +48,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--compile", action="store_true", help="trainer.compile=true on the tinytrain side and torch.compile on the raw side")
+    parser.add_argument("--compile", nargs="?", const="model", default="none", choices=("none", "blocks", "model"), help="trainer.compile on the tinytrain side, the same compile on the raw side (alone: model)")
+    parser.add_argument("--checkpointing", default="none", choices=("none", "full", "selective"), help="trainer.activation_checkpointing, the same on the raw side")
+    parser.add_argument("--fp8", action="store_true", help="precision.fp8=true (torchao float8 linears, Hopper and newer) on the tinytrain side, the same conversion on the raw side")
+    parser.add_argument("--packed", action="store_true", help="rows packed from documents of ~512 tokens (position ids restart per document)")
     parser.add_argument("--liger", action="store_true", help="trainer.liger=true on the tinytrain side and liger's kernels on the raw side (CUDA only)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
@@ -47,23 +69,36 @@ def main() -> None:
         "trainer.progress_bar=false",
         "trainer.val_every_n_steps=100000",
         "trainer.checkpoint_every_n_steps=100000",
-        f"trainer.compile={str(args.compile).lower()}",
+        f"trainer.compile={args.compile}",
+        f"trainer.activation_checkpointing={args.checkpointing}",
+        f"precision.fp8={str(args.fp8).lower()}",
+        *(["precision.fp8_emulate=true"] if args.fp8 and args.tiny else []),  # the CPU proof: torchao's emulation
         f"trainer.liger={'true' if args.liger else 'false'}",
     ]
     cfg, tokenizer, plan, model_config = setup(overrides)
     attention = plan.attention
 
-    from tinytrain.plan.flops import batch_flops
+    from tinytrain.data.collate import collate_windows
+    from tinytrain.model.activation_checkpointing import apply_checkpointing
+    from tinytrain.model.compile import apply_compile
+    from tinytrain.model.fp8 import apply_fp8
+    from tinytrain.plan.flops import batch_flops, sum_squared_document_lengths
     from tinytrain.plan.precision import Dtype
     from tinytrain.train.callbacks.throughput import peak_tflops
 
     peak, note = peak_tflops(plan.hardware, plan.precision.dtype)
-    loader = torch.utils.data.DataLoader(synthetic_batches(n, plan.vocab.true, micro, seq), batch_size=micro, shuffle=False)
+    rows = (packed_batches if args.packed else synthetic_batches)(n, plan.vocab.true, micro, seq)
+    loader = torch.utils.data.DataLoader(rows, batch_size=micro, shuffle=False, collate_fn=collate_windows)
     tokens = micro * seq
-    flops = batch_flops(plan.shape, tokens, micro * seq * seq)
-    print(f"{cfg.model.name}: batch {micro}x{seq}, precision {plan.precision.lightning}, attention {attention.implementation}, {note}")
+    # Each step's attention spans: whole rows, or the packed documents (the mean over the batches).
+    squares = [sum_squared_document_lengths(b["position_ids"]) for b in loader] if args.packed else [micro * seq * seq]
+    flops = batch_flops(plan.shape, tokens, sum(squares) / len(squares))
+    cuda = torch.cuda.is_available()
+    print(f"{cfg.model.name}: batch {micro}x{seq}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "
+          f"checkpointing {args.checkpointing}, compile {args.compile}{', fp8' if plan.fp8.enabled else ''}, {note}; plan: {plan.memory.total_gib:.1f} GiB per GPU", flush=True)
 
     ours = median(tinytrain_steps(cfg, tokenizer, plan, loader, args.warmup))
+    ours_peak = peak_gib(cuda)
 
     from transformers import AutoModelForCausalLM
 
@@ -77,11 +112,14 @@ def main() -> None:
         from tinytrain.model.liger import apply_kernels
 
         apply_kernels(raw_model, cfg.model.arch)
-    if args.compile:
-        raw_model.compile()
+    if plan.fp8.enabled:
+        apply_fp8(raw_model, plan.fp8.emulate)
+    apply_checkpointing(raw_model, args.checkpointing)
+    apply_compile(raw_model, args.compile, "inductor")
     opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.trainer.lr, fused=device.type == "cuda")
     dtype = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}.get(plan.precision.dtype)
     raw = median(raw_steps(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype))
+    raw_peak = peak_gib(cuda)
 
     def describe(seconds: float) -> str:
         mfu = f"MFU {100 * flops / seconds / (peak * 1e12):5.1f}%" if peak else "MFU omitted"
@@ -90,12 +128,15 @@ def main() -> None:
     print(f"tinytrain : {describe(ours)}")
     print(f"raw loop  : {describe(raw)}")
     print(f"ratio tinytrain / raw tokens/s = {raw / ours:.3f}")
+    if cuda:
+        print(f"peak memory: tinytrain {ours_peak:.1f} GiB (plan {plan.memory.total_gib:.1f} GiB), raw loop {raw_peak:.1f} GiB")
     if args.json:
         mfu = (lambda seconds: flops / seconds / (peak * 1e12)) if peak else (lambda seconds: None)
-        peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         figures = {"attention": attention.implementation, "precision": plan.precision.lightning, "compile": args.compile, "liger": args.liger,
+                   "checkpointing": args.checkpointing, "packed": args.packed, "fp8": plan.fp8.enabled, "batch": f"{micro}x{seq}",
                    "tinytrain_tokens_per_s": tokens / ours, "raw_tokens_per_s": tokens / raw, "ratio": raw / ours,
-                   "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": peak_gib}
+                   "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": ours_peak if cuda else None,
+                   "raw_peak_memory_gib": raw_peak if cuda else None, "plan_memory_gib": plan.memory.total_gib}
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
 

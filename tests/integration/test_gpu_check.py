@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.sh part by part on a CPU (--dry-run): parts b (DeepSpeed zero2 in fp16 with
-the loss scale policy on its CPU accelerator) and c (mfu.py) append to one results file, each part's
-rows beside the other's; an unknown part and a wheel folder missing a package stop with the fix
+the loss scale policy on its CPU accelerator) and headline (mfu.py on packed documents, plain and
+with selective checkpointing, and packed isolation on the varlen kernel's CPU reference) append to
+one results file, each part's rows beside the other's; an unknown part and a wheel folder missing a package stop with the fix
 before anything runs. Part a (packed isolation on the CPU references of the kernels, a tiny fp32 run
 with export) runs in tests/integration/test_gpu_wheels.py, from the wheel folder in a bare venv as on
 the GPU image. On a GPU machine the same parts run the real checks (benchmarks/README.md)."""
@@ -24,23 +25,25 @@ def gpu_check(*args: str, env: dict | None = None, timeout: int = 600) -> subpro
 
 
 def test_parts_append_to_one_results_table(tmp_path):
-    for part in ("b", "c"):
+    for part in ("b", "headline"):
         result = gpu_check("--part", part, "--out", str(tmp_path), "--dry-run")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert sorted(results["parts"]) == ["b", "c"] and all(h["device"] == "CPU (dry run)" and "torch " in h["versions"] for h in results["parts"].values())
+    assert sorted(results["parts"]) == ["b", "headline"] and all(h["device"] == "CPU (dry run)" and "torch " in h["versions"] for h in results["parts"].values())
     rows = {r["check"]: r for r in results["rows"]}
-    for check in ("train zero2_fp16", "mfu.py plain"):
+    for check in ("train zero2_fp16", "mfu.py packed", "mfu.py packed + selective", "packed isolation varlen"):
         assert rows[check]["status"] == "ok", rows[check]
     assert "loss scale 4096" in rows["train zero2_fp16"]["note"]
     assert rows["train zero2_bf16 / zero3_bf16"]["status"].startswith("skipped (dry run")
+    assert "batch 2x128 packed" in rows["mfu.py packed"]["note"] and float(rows["mfu.py packed + selective"]["plan GiB"]) > 0
+    assert "torch_varlen_reference (cpu reference): max |packed - alone|" in rows["packed isolation varlen"]["note"]
     table = (tmp_path / "gpu_check.md").read_text()
-    assert table.count("\n| b | ") == 2 and table.count("\n| c | ") == 2 and "- part c: " in table
+    assert table.count("\n| b | ") == 2 and table.count("\n| headline | ") == 4 and "- part headline: " in table
 
 
 def test_an_unknown_part_names_the_parts(tmp_path):
     result = gpu_check("--part", "f", "--out", str(tmp_path), timeout=30)
-    assert result.returncode == 2 and "--part 'f' is not a part: use a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring)" in result.stderr
+    assert result.returncode == 2 and "--part 'f' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring)" in result.stderr
     assert not any(tmp_path.iterdir())
 
 
