@@ -158,6 +158,7 @@ class MemoryPlan:
     fits: bool | None
     note: str
     reference_gib: float = 0.0  # a frozen DPO/IPO reference copy (finetune.objective, full fine-tuning)
+    margin: dict | None = None  # what a GPU run measured against the activation formula (plan/memory_margin.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

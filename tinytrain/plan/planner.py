@@ -8,7 +8,7 @@ preflight checks (preflight.py). Nothing here allocates weights or imports Light
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
@@ -19,7 +19,7 @@ from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
-from tinytrain.plan import deepspeed_config, finetune, micro_batch, resolve
+from tinytrain.plan import deepspeed_config, finetune, memory_margin, micro_batch, resolve
 from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
@@ -65,7 +65,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     vocab = resolve.vocab_plan(cfg, len(tokenizer))
     world = world_size(cfg)
     model = model_stage(cfg, tokenizer, vocab, hardware)
-    cp, cp_reason = context_size(cfg, model, world, hardware)
+    cp, cp_reason = context_size(cfg, model, world, hardware, precision)
     batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
@@ -153,12 +153,12 @@ def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
     return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer))
 
 
-def context_size(cfg, model: ModelStage, world: int, hardware) -> tuple[int, str]:
+def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tuple[int, str]:
     """The context-parallel size comes first: the data-parallel size, and so the batch, follow from it."""
     par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
-    estimate = activation_estimate(cfg, shape, model.attention, op_off=row.op_checkpoint_off(par.zero_stage))
+    estimate = activation_estimate(cfg, shape, model.attention, precision, op_off=row.op_checkpoint_off(par.zero_stage))
     return context_plan.decide_cp(cfg, world, estimate, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
 
 
@@ -217,7 +217,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(shape, par.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(shape, par.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows) * measured_factor(par, precision, mode)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -235,6 +235,8 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
         return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
 
     memory = plan_memory(state.states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
+    measured = memory_margin.measured(par.strategy.value, precision.lightning, ckpt.mode)
+    memory = replace(memory, margin=measured.to_dict() if measured else None)
     preference_plan.memory_problem(state.preference, memory)
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
@@ -282,11 +284,19 @@ def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, pr
     )
 
 
-def activation_estimate(cfg, shape, attention, *, op_off):
+def measured_factor(par, precision, mode: Checkpointing) -> float:
+    """Where a GPU run measured more activation memory than the formula for this layout and mode,
+    the factor the plan counts it at (plan/memory_margin.py); else 1."""
+    measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
+    return measured.factor if measured else 1.0
+
+
+def activation_estimate(cfg, shape, attention, precision, *, op_off):
     """Activation bytes per GPU as a function of (seq_len, cp) for sizing cp (parallel.cp=null) before
     the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
     full, the most it could save; plan/memory.py), with the same every-k-block fallback (`op_off`)
-    as the memory line of the plan, so the cp chosen is sized by the estimate the plan prints."""
+    and measured margin as the memory line of the plan, so the cp chosen is sized by the estimate
+    the plan prints."""
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
     rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
@@ -294,7 +304,7 @@ def activation_estimate(cfg, shape, attention, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(shape, cfg.parallel.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(shape, cfg.parallel.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows) * measured_factor(cfg.parallel, precision, mode)
 
     return at
 

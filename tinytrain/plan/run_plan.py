@@ -32,6 +32,7 @@ from tinytrain.plan.health import HealthPlan
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
+from tinytrain.plan.memory_margin import render as render_margin
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
 from tinytrain.plan.model_shape import ModelShape
@@ -306,7 +307,7 @@ def fit_lines(plan: dict) -> list[str]:
     lines = []
     lines.append(
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
-        f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}"
+        f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}{render_margin(m.get('margin'))}"
     )
     if plan.get("context"):
         lines += render_context(plan["context"], b["seq_len"])

@@ -1,0 +1,63 @@
+"""What GPU runs measured against the plan's activation estimate: the margin of error the plan
+prints beside it, and the factor it applies where a run measured more than it estimated.
+
+The estimate (plan/memory.py activation_memory) is Korthikanti's count: 34 x tokens x hidden bytes
+per layer, 16-bit activations and a 4h MLP. Under Lightning's bf16-mixed (single, ddp: fp32 weights,
+autocast) a Llama layer keeps more: an fp32 residual stream and fp32 RMSNorm inputs, each
+projection's own bf16 copy of its input, and SwiGLU's four intermediate-wide tensors. Each row
+here is one measured run (`bash benchmarks/gpu_check.sh --part headline`, benchmarks/README.md):
+its peak allocated memory less the planned weights, gradients and optimizer state, over the planned
+activations. A factor below 1 is printed, never applied: one run does not shrink an estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tinytrain.config.schema import Checkpointing
+
+
+@dataclass(frozen=True)
+class Measured:
+    strategies: tuple[str, ...]  # the layouts the run stands for (weights held whole in fp32, autocast)
+    precision: str  # Lightning's precision string the run had
+    mode: Checkpointing
+    estimated_gib: float  # the plan's activations for that run
+    measured_gib: float  # peak allocated less the planned model states
+    where: str
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_gib / self.estimated_gib
+
+    @property
+    def factor(self) -> float:
+        """What the plan multiplies its activation estimate by: the measured excess, never a cut."""
+        return max(self.ratio, 1.0)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mode": self.mode.value, "ratio": round(self.ratio, 3), "factor": round(self.factor, 3)}
+
+
+HEADLINE = "an H100 run of TinyLlama-1.1B at 8 x 2048 packed, torch 2.11, 2026-11-27: benchmarks/README.md"
+MEASURED = (
+    # 58.7 GiB peak less 16.4 of weights, gradients and AdamW state
+    Measured(("single", "ddp"), "bf16-mixed", Checkpointing.none, 26.30, 42.3, HEADLINE),
+    # 34.6 GiB peak less the same 16.4
+    Measured(("single", "ddp"), "bf16-mixed", Checkpointing.selective, 20.49, 18.2, HEADLINE),
+)
+
+
+def measured(strategy: str, precision: str, mode: Checkpointing | str) -> Measured | None:
+    """The measurement standing for this layout and checkpointing mode, or None where no GPU run has
+    measured it (then the estimate is printed as it is)."""
+    mode = Checkpointing(mode)
+    return next((m for m in MEASURED if strategy in m.strategies and precision == m.precision and mode is m.mode), None)
+
+
+def render(margin: dict | None) -> str:
+    """The memory line's margin clause (plan.json's memory_per_gpu.margin)."""
+    if margin is None:
+        return ""
+    applied = f"x{margin['factor']:.2f} applied" if margin["factor"] > 1 else "not applied (one run does not shrink an estimate)"
+    return f"; activations measured {margin['ratio']:.2f}x the formula for {margin['mode']} ({margin['where']}): {applied}"
