@@ -152,12 +152,13 @@ def part_b(part: Part) -> None:
     train(part, "zero2_fp16", common(part.gpu, steps, 4) + ["parallel=zero2", *fp16, *deepspeed], export=False)
 
 
-def mfu(part: Part, name: str, args: list[str], limit: int = 600) -> None:
+def mfu(part: Part, name: str, args: list[str], limit: int = 600, profile: bool = False) -> None:
     """A benchmarks/mfu.py run as a row: tokens/s and MFU of tinytrain and the raw loop, peak memory
     of the tinytrain side against the plan's estimate."""
     file = name.replace(" + ", "_").replace(" ", "_")
     out = part.work / f"mfu_{file}.json"
-    rc = part.run([sys.executable, "benchmarks/mfu.py", *args, "--json", str(out)], f"mfu_{file}.log", limit)
+    ops = part.work / f"mfu_{file}.ops.txt"
+    rc = part.run([sys.executable, "benchmarks/mfu.py", *args, "--json", str(out), *(["--profile", str(ops)] if profile else [])], f"mfu_{file}.log", limit)
     row = {"check": f"mfu.py {name}", "status": status(rc, f"part_{part.name}/mfu_{file}.log") if rc != 0 or out.exists() else "FAILED (no figures)"}
     if out.exists():
         r = json.loads(out.read_text())
@@ -167,6 +168,8 @@ def mfu(part: Part, name: str, args: list[str], limit: int = 600) -> None:
             row["peak GiB"] = f"{r['peak_memory_gib']:.1f} (raw {r['raw_peak_memory_gib']:.1f})"
         row["plan GiB"] = f"{r['plan_memory_gib']:.1f}"
         row["note"] = f"raw/tinytrain step time {r['ratio']:.3f}; attention {r['attention']}; batch {r['batch']}{' packed' if r['packed'] else ''}"
+        if r.get("profile_top"):
+            row["note"] += "; top: " + ", ".join(f"{t['op']} {100 * t['share']:.0f}%" for t in r["profile_top"][:4])
     part.add(row)
 
 
@@ -180,7 +183,7 @@ def part_headline(part: Part) -> None:
     """The plain run first (the figure that matters most), then each lever on its own, isolation,
     then the levers together (what a short lease leaves out comes last)."""
     steps = ["--steps", "10", "--warmup", "4"] if part.gpu else ["--steps", "3", "--warmup", "1", "--tiny"]
-    mfu(part, "packed", [*steps, "--packed"], limit=240)
+    mfu(part, "packed", [*steps, "--packed"], limit=240, profile=True)  # below the target MFU: where the time goes
     mfu(part, "packed + selective", [*steps, "--packed", "--checkpointing", "selective"], limit=240)
     if part.gpu:
         mfu(part, "packed + blocks", [*steps, "--packed", "--compile", "blocks"], limit=300)

@@ -16,7 +16,8 @@ both sides; MFU then counts each document's own attention, as tinytrain's throug
 `--checkpointing` and `--compile` are the trainer's modes, applied to the raw model by the same
 functions (model/activation_checkpointing.py, model/compile.py). The peak memory of each side is
 measured apart and the tinytrain side's set against the plan's estimate.
-`--json PATH` also writes the figures (benchmarks/gpu_check.py collects them).
+`--json PATH` also writes the figures (benchmarks/gpu_check.py collects them); `--profile PATH`
+profiles 3 more raw-loop steps (the same kernels) and writes torch's op table there.
 Target on an H100: >= 55% MFU and ahead of the raw loop.
 """
 
@@ -41,6 +42,28 @@ def peak_gib(cuda: bool) -> float:
     return peak
 
 
+def profile(model, optimizer, loader, true_vocab: int, grad_clip: float, dtype, path: str, steps: int = 3) -> list[dict]:
+    """Three raw-loop steps under torch's profiler: the op table by self device time (CPU time on a
+    CPU) written to `path`, and the top ops as [{op, ms_per_step, share}] of the profiled time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = torch.cuda.is_available()
+    batches = [b for _, b in zip(range(steps), loader)]
+    with torch_profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        raw_steps(model, optimizer, batches, true_vocab, grad_clip, 0, autocast_dtype=dtype)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events) or 1.0
+    with open(path, "w") as f:
+        f.write(f"{steps} raw-loop steps, sorted by {key} (us); total {total / 1000:.1f} ms\n")
+        f.write(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+    ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:8]
+    top = [{"op": e.key, "ms_per_step": getattr(e, key) / 1000 / steps, "share": getattr(e, key) / total} for e in ranked]
+    print("profile (raw loop, self time per step): " + "; ".join(f"{t['op']} {t['ms_per_step']:.1f} ms ({100 * t['share']:.0f}%)" for t in top[:5]))
+    return top
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="tiny model, short sequences: proves the script on a CPU")
@@ -54,6 +77,7 @@ def main() -> None:
     parser.add_argument("--packed", action="store_true", help="rows packed from documents of ~512 tokens (position ids restart per document)")
     parser.add_argument("--liger", action="store_true", help="trainer.liger=true on the tinytrain side and liger's kernels on the raw side (CUDA only)")
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--profile", help="after the timed steps, profile 3 more steps of the raw loop (the same kernels: where the time goes) into this op table; the JSON gets the top costs")
     args = parser.parse_args()
     if args.tiny:
         model, micro, seq = ["model=tiny"], 2, 128
@@ -120,6 +144,7 @@ def main() -> None:
     dtype = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}.get(plan.precision.dtype)
     raw = median(raw_steps(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype))
     raw_peak = peak_gib(cuda)
+    top = profile(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, dtype, args.profile) if args.profile else None
 
     def describe(seconds: float) -> str:
         mfu = f"MFU {100 * flops / seconds / (peak * 1e12):5.1f}%" if peak else "MFU omitted"
@@ -136,7 +161,7 @@ def main() -> None:
                    "checkpointing": args.checkpointing, "packed": args.packed, "fp8": plan.fp8.enabled, "batch": f"{micro}x{seq}",
                    "tinytrain_tokens_per_s": tokens / ours, "raw_tokens_per_s": tokens / raw, "ratio": raw / ours,
                    "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": ours_peak if cuda else None,
-                   "raw_peak_memory_gib": raw_peak if cuda else None, "plan_memory_gib": plan.memory.total_gib}
+                   "raw_peak_memory_gib": raw_peak if cuda else None, "plan_memory_gib": plan.memory.total_gib, "profile_top": top}
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
 

@@ -36,6 +36,8 @@ def test_parts_append_to_one_results_table(tmp_path):
     assert "loss scale 4096" in rows["train zero2_fp16"]["note"]
     assert rows["train zero2_bf16 / zero3_bf16"]["status"].startswith("skipped (dry run")
     assert "batch 2x128 packed" in rows["mfu.py packed"]["note"] and float(rows["mfu.py packed + selective"]["plan GiB"]) > 0
+    assert "aten::mm " in rows["mfu.py packed"]["note"].split("; top: ")[1]  # the plain run is profiled: where the time goes
+    assert "aten::mm" in (tmp_path / "part_headline" / "mfu_packed.ops.txt").read_text()
     assert "torch_varlen_reference (cpu reference): max |packed - alone|" in rows["packed isolation varlen"]["note"]
     table = (tmp_path / "gpu_check.md").read_text()
     assert table.count("\n| b | ") == 2 and table.count("\n| headline | ") == 4 and "- part headline: " in table
