@@ -47,6 +47,11 @@ PARTS = ("headline", "a", "b", "c", "d", "e")
 COLUMNS = ["part", "check", "status", "loss", "tokens/s", "MFU", "peak GiB", "plan GiB", "note"]
 RESULTS = "gpu_check.json"
 BUDGET_S = 450  # of the 8 minutes a part may take on one H100: the rest is imports and the wheels' install
+# The training parts' text: data=text's default (../shared/data beside the checkout), or a copy
+# inside the checkout, since a GPU machine gets the checkout alone.
+SHARED_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+CARRIED_TEXT = REPO / "benchmarks" / ".data" / "tinyshakespeare.txt"
+TRAINING_PARTS = ("a", "b", "d")
 
 
 class Part:
@@ -117,9 +122,15 @@ def train(part: Part, name: str, overrides: list[str], export: bool) -> None:
     part.add(row)
 
 
+def corpus() -> list[str]:
+    """The data override of the training runs: none where data=text's default is there, else the
+    copy carried inside the checkout (main() has checked one of them exists)."""
+    return [] if SHARED_TEXT.exists() else [f"data.path={CARRIED_TEXT}"]
+
+
 def common(gpu: bool, steps: int, micro: int) -> list[str]:
     model = ["model=tinyllama_1b", "data.seq_len=2048", "cluster.devices=1"] if gpu else ["model=tiny", "data.seq_len=64"]
-    return [*model, f"trainer.micro_batch_size={micro if gpu else 2}", f"trainer.max_steps={steps}", "trainer.warmup_steps=2", "trainer.log_every_n_steps=1",
+    return [*model, *corpus(), f"trainer.micro_batch_size={micro if gpu else 2}", f"trainer.max_steps={steps}", "trainer.warmup_steps=2", "trainer.log_every_n_steps=1",
             "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000", "trainer.progress_bar=false", "trainer.plot=false", "trainer.lr=1e-3"]
 
 
@@ -295,6 +306,13 @@ def main() -> None:
     missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise SystemExit(f"gpu_check: {', '.join(missing)} not importable: carry the wheels (bash benchmarks/gpu_wheels.sh DIR on a machine with PyPI, then gpu_check.sh --wheels DIR)")
+    if args.part in TRAINING_PARTS and not SHARED_TEXT.exists() and not CARRIED_TEXT.exists():
+        print(
+            f"gpu_check: part {args.part} trains on tinyshakespeare, and neither ../shared/data (beside the checkout) nor benchmarks/.data holds it: "
+            "a GPU machine gets the checkout alone. Fix: here, `mkdir -p benchmarks/.data && cp ../shared/data/tinyshakespeare.txt benchmarks/.data/`, and carry benchmarks/.data",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     gpu = not args.dry_run
     if gpu:
         import torch

@@ -6,6 +6,7 @@ before anything runs. Part a (packed isolation on the CPU references of the kern
 with export) runs in tests/integration/test_gpu_wheels.py, from the wheel folder in a bare venv as on
 the GPU image. On a GPU machine the same parts run the real checks (benchmarks/README.md)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -69,3 +70,29 @@ def test_a_wheel_folder_missing_a_package_names_it_and_the_fix(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "lacks omegaconf==2.3.1 deepspeed==0.19.8: fill it on a machine with PyPI with: bash benchmarks/gpu_wheels.sh" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_parts_read_a_carried_corpus_or_stop_with_the_fix(tmp_path, monkeypatch, capsys):
+    """A GPU machine gets the checkout alone, not ../shared beside it: the training parts (a, b, d)
+    read the copy in benchmarks/.data, and with neither stop before any work, naming the fix."""
+    gpu_check_module = load_gpu_check()
+    monkeypatch.setattr(gpu_check_module, "SHARED_TEXT", tmp_path / "shared" / "tinyshakespeare.txt")
+    monkeypatch.setattr(gpu_check_module, "CARRIED_TEXT", tmp_path / "carried" / "tinyshakespeare.txt")
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--part", "b", "--out", str(tmp_path / "out"), "--dry-run"])
+    with pytest.raises(SystemExit) as stop:
+        gpu_check_module.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and not (tmp_path / "out").exists()
+    assert "part b trains on tinyshakespeare, and neither ../shared/data" in err and "cp ../shared/data/tinyshakespeare.txt benchmarks/.data/`, and carry benchmarks/.data" in err
+    carried = tmp_path / "carried" / "tinyshakespeare.txt"
+    carried.parent.mkdir()
+    carried.write_text("To be, or not to be.\n")
+    assert gpu_check_module.corpus() == [f"data.path={carried}"]
+    assert f"data.path={carried}" in gpu_check_module.common(False, 4, 2)
