@@ -131,7 +131,8 @@ def main() -> None:
     register(attention)  # the raw loop on the very kernel tinytrain's run used (torch varlen is tinytrain's own)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
-    raw_model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attention.implementation).to(device)
+    with device:  # initialised where it runs: a 1.1B model's random init on the CPU costs seconds of every lease's variant
+        raw_model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attention.implementation)
     if args.liger:
         from tinytrain.model.liger import apply_kernels
 
