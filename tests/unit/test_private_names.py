@@ -65,6 +65,18 @@ def source_mentions(get, text: str):
 
 
 LIGHTNING_STRATEGIES = "lightning.pytorch.strategies"
+def since(distribution: str, version: str, check):
+    """`check` where the installed release is `version` or newer; an older one predates the name."""
+
+    def checked():
+        from packaging.version import Version
+
+        if Version(importlib.metadata.version(distribution)) >= Version(version):
+            check()
+
+    return checked
+
+
 FLASH_UTILS = "transformers.modeling_flash_attention_utils"
 
 # (distribution, the private name, the tinytrain module relying on it, the check)
@@ -105,8 +117,10 @@ PRIVATE_NAMES = [
     ("transformers", "PretrainedConfig._attn_implementation", "model/packed_attention.py", class_attr("transformers", "PretrainedConfig", "_attn_implementation")),
     *[
         ("transformers", f"modeling_flash_attention_utils.{name}", "model/flash_reference.py (the CPU stand-in for flash-attn)", module_attr(FLASH_UTILS, name))
-        for name in ("_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn", "_unpad_fn", "_pad_input", "_unpad_input", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn", "_lazy_define_process_function", "_loaded_implementation")
+        for name in ("_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn", "_unpad_fn", "_pad_input", "_unpad_input", "_process_flash_kwargs_fn", "_lazy_define_process_function", "_loaded_implementation")
     ],
+    # Newer than 5.17 (the GPU image's, our oldest): set there too, where nothing reads it.
+    ("transformers", "modeling_flash_attention_utils._process_with_kvcache_kwargs_fn (5.23)", "model/flash_reference.py (the CPU stand-in for flash-attn)", since("transformers", "5.23", module_attr(FLASH_UTILS, "_process_with_kvcache_kwargs_fn"))),
     ("deepspeed", "runtime.fp16.loss_scaler.DynamicLossScaler / LossScaler", "checkpoint/safe_load.py (globals of ZeRO shards)", module_attr("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler")),
     ("deepspeed", "runtime.zero.config.ZeroStageEnum", "checkpoint/safe_load.py", module_attr("deepspeed.runtime.zero.config", "ZeroStageEnum")),
     ("deepspeed", "utils.tensor_fragment.fragment_address", "checkpoint/safe_load.py", module_attr("deepspeed.utils.tensor_fragment", "fragment_address")),
