@@ -217,7 +217,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(shape, par.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows) * measured_factor(par, precision, mode)
+        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -284,19 +284,11 @@ def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, pr
     )
 
 
-def measured_factor(par, precision, mode: Checkpointing) -> float:
-    """Where a GPU run measured more activation memory than the formula for this layout and mode,
-    the factor the plan counts it at (plan/memory_margin.py); else 1."""
-    measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
-    return measured.factor if measured else 1.0
-
-
 def activation_estimate(cfg, shape, attention, precision, *, op_off):
     """Activation bytes per GPU as a function of (seq_len, cp) for sizing cp (parallel.cp=null) before
     the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
     full, the most it could save; plan/memory.py), with the same every-k-block fallback (`op_off`)
-    and measured margin as the memory line of the plan, so the cp chosen is sized by the estimate
-    the plan prints."""
+    as the memory line of the plan, so the cp chosen is sized by the estimate the plan prints."""
     flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
     rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
@@ -304,16 +296,19 @@ def activation_estimate(cfg, shape, attention, precision, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(shape, cfg.parallel.tp, flash, op_off, mode, seq=seq, cp=cp, rows=rows) * measured_factor(cfg.parallel, precision, mode)
+        return block_activations(shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     return at
 
 
-def block_activations(shape, tp: int, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
+def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
-    checkpointing mode (with its every-k-block fallback): what both the cp sizing and the plan's
-    memory line estimate, so they agree."""
-    return activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+    checkpointing mode (with its every-k-block fallback), counted at what a GPU run measured where
+    one measured more for this layout and mode (plan/memory_margin.py): what both the cp sizing and
+    the plan's memory line estimate, so they agree."""
+    formula = activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+    measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
+    return formula * (measured.factor if measured else 1.0)
 
 
 def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
