@@ -22,6 +22,9 @@ Environment:
                             straggler, as a slower core would make it; the health check's matmul too
   TT_TEST_SLOW_SAVE=<s>     every checkpoint file this process writes waits <s> seconds first (a
                             slow disk: a save longer than the hang watchdog's step limit)
+  TT_TEST_EAGER_DEEPSPEED_MUON=1  DeepSpeed's Newton-Schulz functions run as written, not under
+                            the torch.compile it wraps them in (on a CPU: inductor's C++ for each
+                            matrix shape, ~5 s per rank per run; test_recipes.py's runs agree to 1e-6 either way)
   TT_TEST_KILL_AT=<point>:<step>  SIGKILL this process during the save of step <step>'s checkpoint:
                             before_rename (the temp file written, not renamed), after_rename (in
                             place, older ones not yet pruned) or after_prune (the save complete)
@@ -202,6 +205,16 @@ def slow_save(seconds: float) -> None:
     AtomicCheckpointIO.write = wait_then_write
 
 
+def eager_deepspeed_muon() -> None:
+    from deepspeed.runtime.zero.muon import muon_optimizer, original_muon
+
+    for module in (original_muon, muon_optimizer):  # muon_optimizer holds its own name for muon_update
+        for name in ("zeropower_via_newtonschulz5", "zeropower_via_gram_newtonschulz", "muon_update"):
+            compiled = getattr(module, name, None)
+            if compiled is not None:
+                setattr(module, name, compiled._torchdynamo_orig_callable)  # fails loudly if DeepSpeed stops compiling it
+
+
 def disarm_loss_scale_guard() -> None:
     from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 
@@ -231,6 +244,8 @@ if __name__ == "__main__":
         slow_save(float(os.environ["TT_TEST_SLOW_SAVE"]))
     if os.environ.get("TT_TEST_NO_LOSS_SCALE_GUARD"):
         disarm_loss_scale_guard()
+    if os.environ.get("TT_TEST_EAGER_DEEPSPEED_MUON"):
+        eager_deepspeed_muon()
     from tinytrain.cli import main
 
     sys.argv = ["tinytrain", *sys.argv[1:]]
