@@ -188,7 +188,7 @@ def lm_eval(cfg, ev, saved, run_dir: Path) -> dict:
     import lm_eval
 
     from tinytrain.plan import eval_tasks
-    from tinytrain.train.callbacks.evals import BOOTSTRAP_ITERS
+    from tinytrain.train.callbacks.evals import BOOTSTRAP_ITERS, without_environment_report
 
     folder = saved.checkpoint
     if not saved.is_hf_folder:
@@ -199,7 +199,8 @@ def lm_eval(cfg, ev, saved, run_dir: Path) -> dict:
         export(export_cfg, run_dir)
     resolved = eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include))
     tasks = eval_tasks.task_manager(tuple(ev.include), resolved.builtin)
-    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(ev.tasks), task_manager=tasks, limit=ev.limit, device="cpu", bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False)
+    with without_environment_report():  # only the scores are kept
+        out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(ev.tasks), task_manager=tasks, limit=ev.limit, device="cpu", bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False)
     return out["results"]
 
 

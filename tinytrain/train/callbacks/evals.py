@@ -117,14 +117,15 @@ BOOTSTRAP_ITERS = 1000
 
 @contextmanager
 def quiet_lm_eval():
-    """lm-eval's per-task lines, its progress bars and its bootstrap pool off for the scoring (and
-    every rank its own rank 0)."""
+    """lm-eval's per-task lines, its progress bars, its bootstrap pool and its environment report off
+    for the scoring (and every rank its own rank 0)."""
     logger = logging.getLogger("lm_eval")
     level, before = logger.level, {k: os.environ.get(k) for k in QUIET}
     logger.setLevel(logging.ERROR)
     os.environ.update(QUIET)
     try:
-        yield
+        with without_environment_report():
+            yield
     finally:
         logger.setLevel(level)
         for k, v in before.items():
@@ -132,6 +133,25 @@ def quiet_lm_eval():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def without_environment_report():
+    """simple_evaluate ends by adding a report of the machine to its results (add_env_info: torch's
+    collect_env, which runs pip list, lscpu and the compilers as subprocesses, ~1.9 s on a 2-core
+    machine), on every rank here (each is lm-eval's rank 0) at every scoring. tinytrain keeps only the
+    scores, so the report is skipped for the call; a later lm-eval without add_env_info runs as is."""
+    from lm_eval import evaluator
+
+    report = getattr(evaluator, "add_env_info", None)
+    if report is None:
+        yield
+        return
+    evaluator.add_env_info = lambda results: None
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = report
 
 
 # LOCAL_RANK 0: simple_evaluate returns its results only where LOCAL_RANK is 0 (it reads it for
