@@ -16,6 +16,7 @@ import math
 
 import pytest
 
+from tests.cli_in_process import kept_environment
 from tests.conftest import DEEPSPEED_ON_CPU, run_cli
 
 pytestmark = pytest.mark.slow
@@ -45,11 +46,14 @@ def write_tasks(folder) -> None:
 
 
 def reference_scores(export_dir, tasks_dir) -> dict:
-    """lm-eval's own hf model on the export, for the same tasks and limit."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    """lm-eval's own hf model on the export, for the same tasks and limit. In this process: what its
+    import and its run set in os.environ (HF_XET_HIGH_PERFORMANCE, KMP_DUPLICATE_LIB_OK) is undone,
+    or the test's later commands would each start a fresh interpreter (tests/zygote.py)."""
+    with kept_environment():
+        import lm_eval
+        from lm_eval.tasks import TaskManager
 
-    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={export_dir},dtype=float32", tasks=TASKS, task_manager=TaskManager(include_path=[str(tasks_dir)], include_defaults=False), limit=LIMIT, device="cpu", batch_size=3, bootstrap_iters=0, log_samples=False)
+        out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={export_dir},dtype=float32", tasks=TASKS, task_manager=TaskManager(include_path=[str(tasks_dir)], include_defaults=False), limit=LIMIT, device="cpu", batch_size=3, bootstrap_iters=0, log_samples=False)
     return out["results"]
 
 
