@@ -274,7 +274,10 @@ def pytest_collection_modifyitems(config, items):
     """Longest first: under pytest-xdist (make test) a worker left alone with a long test at the
     end leaves the other core idle. Stable: modules keep their order within each class."""
     def cost(item) -> int:
-        return 0 if item.get_closest_marker("longest") else 1 if item.get_closest_marker("slow") else 2
+        for rank, marker in enumerate(("longest", "slow", "long_module")):
+            if item.get_closest_marker(marker):
+                return rank
+        return 3
 
     items.sort(key=cost)
 

@@ -17,6 +17,10 @@ import pytest
 
 from tests.cli_in_process import run_in_process
 
+# ~330 commands, about two minutes on one worker: started before the short unit modules, so it does not
+# end the run alone while the other worker idles (tests/conftest.py orders the modules).
+pytestmark = pytest.mark.long_module
+
 SMALL_MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
 FP16 = ["precision=fp16", "hardware.gpu=V100"]
 SBATCH = ["mode=sbatch", "cluster=slurm", "cluster.nodes=1", "cluster.devices=1", "cluster.partition=gpu"]
