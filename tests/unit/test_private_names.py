@@ -56,15 +56,6 @@ def dataclass_field(module: str, cls: str, name: str):
     return check
 
 
-def source_mentions(get, text: str):
-    def check():
-        if text not in inspect.getsource(get()):
-            raise AttributeError(f"no longer reads {text!r}")
-
-    return check
-
-
-LIGHTNING_STRATEGIES = "lightning.pytorch.strategies"
 def since(distribution: str, version: str, check):
     """`check` where the installed release is `version` or newer; an older one predates the name."""
 
@@ -77,6 +68,15 @@ def since(distribution: str, version: str, check):
     return checked
 
 
+def source_mentions(get, text: str):
+    def check():
+        if text not in inspect.getsource(get()):
+            raise AttributeError(f"no longer reads {text!r}")
+
+    return check
+
+
+LIGHTNING_STRATEGIES = "lightning.pytorch.strategies"
 FLASH_UTILS = "transformers.modeling_flash_attention_utils"
 
 # (distribution, the private name, the tinytrain module relying on it, the check)
