@@ -4,7 +4,6 @@ collect_env, which runs pip list, lscpu and the compilers as subprocesses, ~1.9 
 every scoring, for results tinytrain discards but for the scores); lm-eval is as it was afterwards."""
 
 import importlib.util
-import json
 
 import pytest
 
@@ -19,24 +18,20 @@ def score(tasks_dir) -> dict:
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=[str(tasks_dir)], include_defaults=False)
-    return simple_evaluate(model=DummyLM(), tasks=["tiny_pick"], task_manager=manager, limit=4, bootstrap_iters=0, log_samples=False)
+    return simple_evaluate(model=DummyLM(), tasks=["tiny_choice"], task_manager=manager, limit=4, bootstrap_iters=0, log_samples=False)
 
 
 def test_the_scores_without_the_machine_report(tmp_path):
-    from tinytrain.train.callbacks.evals import quiet_lm_eval
-
-    rows = [{"question": f"pick {i}?", "choices": [" a", " b", " c"], "answer": i % 3} for i in range(6)]
-    (tmp_path / "pick.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "tiny_pick.yaml").write_text(
-        f"task: tiny_pick\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'pick.jsonl'}\ntest_split: test\n"
-        "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
-    )
     from lm_eval import evaluator
 
+    from tests.integration.test_evals import write_tasks
+    from tinytrain.train.callbacks.evals import quiet_lm_eval
+
+    write_tasks(tmp_path)  # the local tasks the inline-eval tests score
     report = evaluator.add_env_info  # simple_evaluate calls it (tests/unit/test_private_names.py)
     with quiet_lm_eval():
         quiet = score(tmp_path)
-    assert "pretty_env_info" not in quiet and "acc,none" in quiet["results"]["tiny_pick"]
+    assert "pretty_env_info" not in quiet and "acc,none" in quiet["results"]["tiny_choice"]
     assert evaluator.add_env_info is report
     empty: dict = {}
     report(empty)
