@@ -89,3 +89,33 @@ def test_grad_norm_spike_is_logged_as_an_event(tmp_path):
     train(["guard.grad_spike_warmup=3"], tmp_path, corrupt=spike, steps=16)
     events = [json.loads(line) for line in (tmp_path / "grad_spikes.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events] == [13] and events[0]["ratio"] > 5  # logged after optimizer step 12
+
+
+def test_steps_off_the_logging_interval_log_nothing_yet_rows_and_the_spike_monitor_see_every_value(tmp_path, monkeypatch):
+    """Each Lightning `log` deep-copies its metadata (0.3-1 ms, a small model's fixed per-step cost):
+    off the interval the step's loss and grad_norm are kept on the module, not logged; the rows
+    (steps 3 and 7 at every 4) and the last step's progress line still get them."""
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+    logged_at: dict[int, list[str]] = {}
+    original = _ResultCollection.log
+
+    def counting(self, fx, name, *args, **kwargs):
+        logged_at.setdefault(trainer_of[0].global_step, []).append(name)
+        return original(self, fx, name, *args, **kwargs)
+
+    trainer_of = []
+    monkeypatch.setattr(_ResultCollection, "log", counting)
+    from tinytrain.train import trainer as trainer_module
+
+    build = trainer_module.build_trainer
+    monkeypatch.setattr(trainer_module, "build_trainer", lambda *a, **k: (built := build(*a, **k), trainer_of.append(built.trainer))[0])
+    module, _ = train(["trainer.log_every_n_steps=4"], tmp_path, steps=10)
+    assert {step: sorted(names) for step, names in logged_at.items()} == {
+        **{row: ["grad_norm", "loss", "lr"] for row in (3, 7)},
+        **{row + 1: ["tokens_per_s"] for row in (3, 7)},  # the throughput callback's, after the step
+        9: ["loss"],  # the last step's progress line reads it
+    }
+    rows = metrics_rows(tmp_path)
+    assert [r["step"] for r in rows] == ["3", "7"] and all(float(r["loss"]) > 0 and float(r["grad_norm"]) > 0 for r in rows)
+    assert set(module.step_values) == {"loss", "grad_norm"}

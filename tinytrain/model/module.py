@@ -45,9 +45,17 @@ def labelled_tokens(batch: dict) -> int:
 def writes_metrics_row(trainer) -> bool:
     """Whether Lightning hands this step's logged values to the loggers (every log_every_n_steps-th
     step): a value only the loggers read is logged on those steps alone. Each `self.log` costs
-    ~1 ms of Lightning's bookkeeping, most of a tiny model's fixed per-step cost
-    (benchmarks/step_overhead.py). Lightning's own test, asked at the same point of the step."""
+    0.3-1 ms of Lightning's bookkeeping (it deep-copies the value's metadata), most of a small
+    model's fixed per-step cost (benchmarks/step_overhead.py --seq-len 32). Lightning's own test,
+    asked at the same point of the step."""
     return trainer._logger_connector.should_update_logs
+
+
+def shows_step_loss(trainer) -> bool:
+    """Whether this step's loss is read after it: its metrics row, a progress bar (on a terminal it
+    shows the loss every step) or the last step's progress line. Otherwise it is only kept
+    (`step_values`), as a guard that stops the run off the logging interval writes it."""
+    return writes_metrics_row(trainer) or trainer.progress_bar_callback is not None or trainer.global_step + 1 >= trainer.max_steps
 
 
 def rows(batch: dict) -> int:
@@ -85,6 +93,9 @@ class CausalLMModule(pl.LightningModule):
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
         self.measured_grad_norm: torch.Tensor | None = None
+        # This step's loss and pre-clip gradient norm, logged only on the steps that read them
+        # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
+        self.step_values: dict[str, torch.Tensor | float] = {}
         self.objective = spec.objective
         self.reference = reference
         self.deepspeed_config = spec.deepspeed_config
@@ -205,16 +216,26 @@ class CausalLMModule(pl.LightningModule):
         return preference_loss(self.objective, logps, counts, ref)
 
     def training_step(self, batch, batch_idx):
+        row = writes_metrics_row(self.trainer)
         if self.objective is None:
             loss = self.token_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
-            # Averaged over the data-parallel ranks, as TRL gathers them.
-            self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
-        self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
-        if writes_metrics_row(self.trainer):
+            if row:  # averaged over the data-parallel ranks, as TRL gathers them (a collective each)
+                self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
+        self.step_values = {"loss": loss.detach()}
+        if shows_step_loss(self.trainer):
+            self.log("loss", loss, prog_bar=True, batch_size=rows(batch))
+        if row:
             self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
+
+    def record_grad_norm(self, norm: torch.Tensor | float) -> None:
+        """This step's pre-clip gradient norm: the spike monitor reads it every step, the loggers on
+        their rows."""
+        self.step_values["grad_norm"] = norm
+        if writes_metrics_row(self.trainer):
+            self.log("grad_norm", norm)
 
     def optimizer_step(self, *args, **kwargs):
         super().optimizer_step(*args, **kwargs)
@@ -226,7 +247,7 @@ class CausalLMModule(pl.LightningModule):
         engine = deepspeed_engine(self.trainer)
         norm = engine.get_global_grad_norm() if engine is not None else None
         if norm is not None:
-            self.log("grad_norm", float(norm))
+            self.record_grad_norm(float(norm))
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         # DeepSpeed skips a step whose fp16 gradients overflowed (and halves the loss scale); the
@@ -254,7 +275,7 @@ class CausalLMModule(pl.LightningModule):
             return
         max_norm = self.spec.optimizer.grad_clip if self.spec.optimizer.grad_clip > 0 else float("inf")
         measured, self.measured_grad_norm = self.measured_grad_norm, None
-        self.log("grad_norm", clip_grad_norm(self.parameters(), max_norm, measured))
+        self.record_grad_norm(clip_grad_norm(self.parameters(), max_norm, measured))
 
     def configure_optimizers(self):
         opt = optimizers.build(self.optimizer_groups(), self.spec.optimizer, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)

@@ -111,6 +111,8 @@ def write_step_row_now(trainer, force: bool = False) -> None:
     if not loggers or not (force or connector.should_update_logs):
         return
     metrics = connector.metrics["log"]
+    if force:  # off the interval the step's loss and grad_norm were kept, not logged (module.step_values)
+        metrics = {**getattr(trainer.lightning_module, "step_values", {}), **metrics}
     if not metrics:
         return
     everyone = trainer.loggers

@@ -24,7 +24,7 @@ class GradSpikeMonitor(pl.Callback):
         self._last_step = -1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        norm = trainer.callback_metrics.get("grad_norm")
+        norm = getattr(pl_module, "step_values", {}).get("grad_norm")  # every step's (the loggers get some)
         if norm is None or trainer.global_step == self._last_step:  # no new optimizer step
             return
         self._last_step = trainer.global_step

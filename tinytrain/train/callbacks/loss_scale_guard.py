@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 
 from tinytrain.errors import TrainingStopped
 from tinytrain.model.guard_report import current_loss_scale
+from tinytrain.model.module import writes_metrics_row
 from tinytrain.plan.precision import LossScalePolicy
 from tinytrain.train.metrics_csv import write_step_row_now
 
@@ -34,10 +35,12 @@ class LossScaleGuard(pl.Callback):
         halved = self.previous is not None and scale < self.previous
         self.halvings = self.halvings + 1 if halved else 0
         self.previous = scale
-        pl_module.log("loss_scale", scale)
         # A halving onto the floor stops too: DeepSpeed raises "Current loss scale already at
         # minimum" on the next overflow, and GradScaler would go on below it.
-        if self.halvings >= self.max_halvings or scale < self.floor or (halved and scale <= self.floor):
+        stopping = self.halvings >= self.max_halvings or scale < self.floor or (halved and scale <= self.floor)
+        if stopping or writes_metrics_row(trainer):  # a `log` each step costs more than a small model's step gains
+            pl_module.log("loss_scale", scale)
+        if stopping:
             write_step_row_now(trainer, force=True)  # the stopping step's row, loss scale included
             self.stop(self.diagnosis(trainer.global_step, scale))
 
