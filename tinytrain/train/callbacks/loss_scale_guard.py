@@ -38,7 +38,7 @@ class LossScaleGuard(pl.Callback):
         # A halving onto the floor stops too: DeepSpeed raises "Current loss scale already at
         # minimum" on the next overflow, and GradScaler would go on below it.
         stopping = self.halvings >= self.max_halvings or scale < self.floor or (halved and scale <= self.floor)
-        if stopping or writes_metrics_row(trainer):  # a `log` each step costs more than a small model's step gains
+        if stopping or writes_metrics_row(trainer):  # on the rows alone: each `log` costs 0.3-1 ms of bookkeeping
             pl_module.log("loss_scale", scale)
         if stopping:
             write_step_row_now(trainer, force=True)  # the stopping step's row, loss scale included
