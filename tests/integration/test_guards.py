@@ -100,16 +100,22 @@ def test_steps_off_the_logging_interval_log_nothing_yet_rows_and_the_spike_monit
     logged_at: dict[int, list[str]] = {}
     original = _ResultCollection.log
 
-    def counting(self, fx, name, *args, **kwargs):
-        logged_at.setdefault(trainer_of[0].global_step, []).append(name)
-        return original(self, fx, name, *args, **kwargs)
-
-    trainer_of = []
-    monkeypatch.setattr(_ResultCollection, "log", counting)
+    trainers = []  # the run's Trainer, for the step each `log` belongs to
     from tinytrain.train import trainer as trainer_module
 
     build = trainer_module.build_trainer
-    monkeypatch.setattr(trainer_module, "build_trainer", lambda *a, **k: (built := build(*a, **k), trainer_of.append(built.trainer))[0])
+
+    def keeping_the_trainer(*args, **kwargs):
+        built = build(*args, **kwargs)
+        trainers.append(built.trainer)
+        return built
+
+    def counting(self, fx, name, *args, **kwargs):
+        logged_at.setdefault(trainers[0].global_step, []).append(name)
+        return original(self, fx, name, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "build_trainer", keeping_the_trainer)
+    monkeypatch.setattr(_ResultCollection, "log", counting)
     module, _ = train(["trainer.log_every_n_steps=4"], tmp_path, steps=10)
     assert {step: sorted(names) for step, names in logged_at.items()} == {
         **{row: ["grad_norm", "loss", "lr"] for row in (3, 7)},
