@@ -45,6 +45,9 @@ CASES = {
     "health budget zero": (["mode=plan", "cluster.health_budget_s=0"], ["cluster.health_budget_s=0", "must be a positive number of seconds"]),
     "on bad node unknown": (["mode=plan", "cluster.on_bad_node=reboot"], ["cluster.on_bad_node=reboot", "stop, warn, exclude"]),
     "straggler interval zero": (["mode=plan", "cluster.straggler_every_n_steps=0"], ["cluster.straggler_every_n_steps=0", "must be >= 1"]),
+    # host memory (plan/host_memory.py): a training run that cannot fit the node it starts on
+    "CPU run over the job's host memory": (["mode=train", "model=tinyllama_1b"], ["model='tinyllama_1b'", "a CPU run holds its weights, gradients and optimizer state in host memory", "need 19.4 GiB", "it has 4.0 GiB (the Slurm job's --mem)", "Fix: a smaller model, fewer processes (cluster.devices)"]),
+    "two CPU processes over the job's --mem-per-cpu": (["mode=train", "model=tinyllama_1b", "parallel=ddp", "cluster.devices=2"], ["model='tinyllama_1b'", "2 process(es) on this node need", "it has 4.0 GiB (the Slurm job's --mem-per-cpu)"]),
     # long context (parallel.cp, plan/context.py)
     "cp zero": (["mode=plan", "parallel.cp=0"], ["parallel.cp=0", "must be >= 1", "parallel.cp=1"]),
     "cp negative": (["mode=plan", "parallel.cp=-2"], ["parallel.cp=-2", "must be >= 1"]),
@@ -378,7 +381,12 @@ CASES = {
     "eval of a run without tasks": (["mode=eval", "checkpoint.path={F}/evals/empty_run"], ["eval.tasks=[]", "neither eval.tasks nor the run's config names any", "Fix: add eval.tasks="]),
     "eval old key": (["mode=plan", "eval.lm_eval_tasks=[tiny_mc]"], ["eval.lm_eval_tasks=['tiny_mc']", "is renamed eval.tasks", "Fix: use eval.tasks="]),
 }
-ENV = {"wandb mode invalid": {"WANDB_MODE": "ofline"}, "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"}}
+ENV = {
+    "wandb mode invalid": {"WANDB_MODE": "ofline"},
+    "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"},
+    "CPU run over the job's host memory": {"SLURM_MEM_PER_NODE": "4096"},
+    "two CPU processes over the job's --mem-per-cpu": {"SLURM_MEM_PER_CPU": "2048", "SLURM_CPUS_ON_NODE": "2"},
+}
 
 
 @pytest.fixture(scope="module")

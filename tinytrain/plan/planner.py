@@ -14,12 +14,12 @@ from pathlib import Path
 from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
-from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Objective, OptimizerName
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Mode, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
-from tinytrain.plan import deepspeed_config, finetune, memory_margin, micro_batch, resolve
+from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve
 from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
@@ -77,6 +77,9 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES)
     deepspeed = deepspeed_for(cfg, fit, precision, cp, resume)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
+    cluster = cluster_layout(cfg)
+    checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir)
+    host = host_stage(cfg, model, state, fit, hardware, precision, world, cluster.devices_per_node, checkpoint.save_host_bytes)
     return RunPlan(
         model_name=cfg.model.name,
         model_note=published_note(cfg.model, vocab.true, vocab.padded, state.params),
@@ -91,7 +94,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         hardware=hardware,
         hardware_source="hardware.gpu" if (cfg.hardware.gpu and cfg.mode in PLANNING_MODES) else "detected",
         precision=precision,
-        cluster=cluster_layout(cfg),
+        cluster=cluster,
         parallel=parallel_layout(cfg.parallel, fit.batch, cp, deepspeed is not None and hardware.is_cpu),
         world_size=world,
         batch=fit.batch,
@@ -111,7 +114,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         finetune=state.adapters,
         preference=state.preference,
         export=export_spec(cfg, tokenizer, cfg.export.dtype.value, precision.dtype, add_bos=bos.add),
-        checkpoint=(checkpoint := checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir)),
+        checkpoint=checkpoint,
+        host=host,
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         stragglers=straggler_plan(cfg.cluster, world),
         health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
@@ -241,6 +245,31 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
+
+
+def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardware, precision, world: int, ranks_per_node: int, save_host_bytes: int):
+    """Host memory per node (plan/host_memory.py); mode=train refuses what cannot fit the node it runs on."""
+    par, deepspeed = cfg.parallel, fit.row.deepspeed
+    on_this_machine = cfg.mode == Mode.train or (cfg.mode == Mode.plan and not cfg.hardware.gpu)
+    host = host_memory.plan_host(
+        memory=fit.memory,
+        params=state.params,
+        trainable=state.adapters.trainable_params if state.adapters else state.params,
+        world=world,
+        ranks_per_node=ranks_per_node,
+        on_gpu=not hardware.is_cpu,
+        pretrained=model.pretrained,
+        qlora=bool(state.adapters and state.adapters.method == "qlora"),
+        frozen_copy=bool(state.preference and state.preference.frozen_copy),
+        offload_optimizer=deepspeed and par.offload_optimizer,
+        offload_params=deepspeed and par.offload_params,
+        save_host_bytes=save_host_bytes,
+        fp32=precision.dtype is Dtype.fp32,
+        node=host_memory.node_memory() if on_this_machine else (None, host_memory.ELSEWHERE),
+    )
+    if cfg.mode == Mode.train:
+        host_memory.refuse(host, on_gpu=not hardware.is_cpu, model_name=cfg.model.name, parallel_name=par.name)
+    return host
 
 
 def deepspeed_for(cfg, fit: FitStage, precision, cp: int, resume) -> dict | None:

@@ -29,6 +29,8 @@ from tinytrain.plan.finetune import FinetunePlan
 from tinytrain.plan.fp8 import Fp8Plan
 from tinytrain.plan.hardware import Hardware
 from tinytrain.plan.health import HealthPlan
+from tinytrain.plan.host_memory import HostMemoryPlan
+from tinytrain.plan.host_memory import render as render_host
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.memory import MemoryPlan
@@ -117,6 +119,7 @@ class RunPlan:
     watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
     health: HealthPlan | None = None  # the health check before training, and what a bad node does (plan/health.py)
     stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
+    host: HostMemoryPlan | None = None  # host memory per node: the build, offloaded states, a CPU run's whole state (plan/host_memory.py)
 
     @property
     def on_gpu(self) -> bool:
@@ -172,6 +175,7 @@ class RunPlan:
             "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start, "stage_start_at": round(self.schedule.position(self.stage_start), 3)},
             "total_tokens": self.total_tokens,
             "memory_per_gpu": self.memory.to_dict(),
+            "host_memory": self.host and self.host.to_dict(),
             "deepspeed": self.deepspeed,
             "fast_paths": self.fast_paths.to_dict(),
             "preflight": self.preflight.to_dict(),
@@ -309,6 +313,8 @@ def fit_lines(plan: dict) -> list[str]:
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}{render_margin(m.get('margin'))}"
     )
+    if plan.get("host_memory"):
+        lines += render_host(plan["host_memory"])
     if plan.get("context"):
         lines += render_context(plan["context"], b["seq_len"])
     if plan.get("checkpoint"):
