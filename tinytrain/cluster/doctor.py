@@ -11,6 +11,8 @@ import socket
 import sys
 from pathlib import Path
 
+from tinytrain.cluster.node_memory import meminfo_bytes
+
 PACKAGES = ("tinytrain-llm", "torch", "lightning", "deepspeed", "transformers", "tokenizers", "accelerate", "hydra-core", "flash-attn", "liger-kernel", "torchao", "peft", "triton")
 # Environment variables that change how ranks find and talk to each other.
 VARIABLE_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DIST", "TORCH_FR_", "TORCHELASTIC_", "GLOO_", "UCX_", "FI_", "CUDA_", "MASTER_", "TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
@@ -48,13 +50,7 @@ def gpus() -> list[str]:
 
 
 def memory_gb() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1e6
-    except OSError:
-        pass
-    return 0.0
+    return (meminfo_bytes("MemTotal") or 0) / 1024 / 1e6  # kB / 1e6, as the report has always said
 
 
 def network() -> list[str]:

@@ -20,9 +20,7 @@ activation estimate pushes over is a warning.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from tinytrain.errors import ConfigError, Problem
 
@@ -78,24 +76,6 @@ def offloaded_bytes(params: int, trainable: int, world: int, *, offload_optimize
     trainable parameters (4 + 4 + 8 B over the ranks), plus ZeRO-3's 16-bit parameters (2 B)."""
     total = 16.0 * trainable / world if offload_optimizer else 0.0
     return total + (2.0 * params / world if offload_params else 0.0)
-
-
-def node_memory(environ=os.environ, meminfo: Path = Path("/proc/meminfo")) -> tuple[int | None, str]:
-    """This node's memory a run may take: MemAvailable, bounded by the Slurm job's allocation
-    (--mem or --mem-per-cpu) where one is set."""
-    found: list[tuple[int, str]] = []
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append((int(line.split()[1]) * 1024, "MemAvailable"))
-    except OSError:
-        pass
-    per_node, per_cpu, cpus = environ.get("SLURM_MEM_PER_NODE", ""), environ.get("SLURM_MEM_PER_CPU", ""), environ.get("SLURM_CPUS_ON_NODE", "")
-    if per_node.isdigit() and int(per_node) > 0:
-        found.append((int(per_node) * 2**20, "the Slurm job's --mem"))
-    elif per_cpu.isdigit() and cpus.isdigit() and int(per_cpu) > 0:
-        found.append((int(per_cpu) * int(cpus) * 2**20, "the Slurm job's --mem-per-cpu"))
-    return min(found) if found else (None, "unknown (no /proc/meminfo)")
 
 
 def plan_host(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
+from tinytrain.cluster.node_memory import node_memory
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
 from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Mode, Objective, OptimizerName
@@ -265,7 +266,7 @@ def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardwar
         offload_params=deepspeed and par.offload_params,
         save_host_bytes=save_host_bytes,
         fp32=precision.dtype is Dtype.fp32,
-        node=host_memory.node_memory() if on_this_machine else (None, host_memory.ELSEWHERE),
+        node=node_memory() if on_this_machine else (None, host_memory.ELSEWHERE),
     )
     if cfg.mode == Mode.train:
         host_memory.refuse(host, on_gpu=not hardware.is_cpu, model_name=cfg.model.name, parallel_name=par.name)

@@ -9,7 +9,8 @@ from transformers import LlamaConfig
 
 from tests.conftest import compose
 from tinytrain.cli import run_stages
-from tinytrain.plan.host_memory import GIB, RUNTIME_BYTES, host_problem, node_memory, plan_host, pretrained_bytes_per_param
+from tinytrain.cluster.node_memory import node_memory
+from tinytrain.plan.host_memory import GIB, RUNTIME_BYTES, host_problem, plan_host, pretrained_bytes_per_param
 
 P = 7_000_000_000
 LARGEST_LAYER = 500_000_000

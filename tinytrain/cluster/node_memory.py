@@ -1,0 +1,34 @@
+"""The memory of the node a process runs on: what /proc/meminfo says, and what the Slurm job was given."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MEMINFO = Path("/proc/meminfo")
+
+
+def meminfo_bytes(field: str, meminfo: Path = MEMINFO) -> int | None:
+    """A /proc/meminfo field (MemTotal, MemAvailable, ...) in bytes, or None where there is none."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def node_memory(environ=os.environ, meminfo: Path = MEMINFO) -> tuple[int | None, str]:
+    """This node's memory a run may take, and where the figure comes from: MemAvailable, bounded by
+    the Slurm job's allocation (--mem, or --mem-per-cpu x its CPUs) where one is set (--mem=0: all)."""
+    found: list[tuple[int, str]] = []
+    available = meminfo_bytes("MemAvailable", meminfo)
+    if available is not None:
+        found.append((available, "MemAvailable"))
+    per_node, per_cpu, cpus = environ.get("SLURM_MEM_PER_NODE", ""), environ.get("SLURM_MEM_PER_CPU", ""), environ.get("SLURM_CPUS_ON_NODE", "")
+    if per_node.isdigit() and int(per_node) > 0:
+        found.append((int(per_node) * 2**20, "the Slurm job's --mem"))
+    elif per_cpu.isdigit() and cpus.isdigit() and int(per_cpu) > 0:
+        found.append((int(per_cpu) * int(cpus) * 2**20, "the Slurm job's --mem-per-cpu"))
+    return min(found) if found else (None, "unknown (no /proc/meminfo)")
