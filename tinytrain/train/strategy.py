@@ -52,7 +52,9 @@ def precision_plugin(decision: PrecisionDecision, accelerator: str, loss_scale_i
 
 
 def ddp_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
-    return DDPStrategy(process_group_backend=backend, **pg_timeout(timeout))
+    # Gradients as views into the all-reduce buckets: without it DDP keeps a second copy of every
+    # gradient (4 B per parameter on each rank), which the plan's memory line does not count.
+    return DDPStrategy(process_group_backend=backend, gradient_as_bucket_view=True, **pg_timeout(timeout))
 
 
 def deepspeed_strategy(parallel: ParallelLayout, *, backend: str, deepspeed_config: dict | None, async_save: bool, timeout=None):
