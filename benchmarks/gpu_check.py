@@ -112,7 +112,11 @@ def train(part: Part, name: str, overrides: list[str], export: bool) -> None:
         row["note"] = "; ".join(x for x in (row.get("note"), f"attention {planned['model']['attention']}") if x)
     if peak.exists():
         measured = json.loads(peak.read_text())
-        row["peak GiB"] = f"{measured['allocated_gib']:.1f} (reserved {measured['reserved_gib']:.1f})"
+        if "allocated_gib" in measured:
+            row["peak GiB"] = f"{measured['allocated_gib']:.1f} (reserved {measured['reserved_gib']:.1f})"
+        if plan.exists() and planned.get("host_memory"):  # one process: the plan's per-node peak is its own
+            host = f"host {measured['host_gib']:.1f} GiB (plan {planned['host_memory']['peak_bytes'] / 2**30:.1f})"
+            row["note"] = "; ".join(x for x in (row.get("note"), host) if x)
     if export and rc == 0:
         check = "from transformers import AutoModelForCausalLM, AutoTokenizer; import sys; m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); assert m.get_input_embeddings().weight.shape[0] == len(AutoTokenizer.from_pretrained(sys.argv[1]))"
         ok = part.run([sys.executable, "-c", check, str(run_dir / "hf_export")], f"{name}.export.log") == 0

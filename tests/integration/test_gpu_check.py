@@ -35,6 +35,7 @@ def test_parts_append_to_one_results_table(tmp_path):
     for check in ("train zero2_fp16", "mfu.py packed", "mfu.py packed + selective", "packed isolation varlen"):
         assert rows[check]["status"] == "ok", rows[check]
     assert "loss scale 4096" in rows["train zero2_fp16"]["note"]
+    assert "host " in rows["train zero2_fp16"]["note"] and "GiB (plan " in rows["train zero2_fp16"]["note"]  # peak host memory beside the host line
     assert rows["train zero2_bf16 / zero3_bf16"]["status"].startswith("skipped (dry run")
     assert "batch 2x128 packed" in rows["mfu.py packed"]["note"] and float(rows["mfu.py packed + selective"]["plan GiB"]) > 0
     assert "aten::mm " in rows["mfu.py packed"]["note"].split("; top: ")[1]  # the plain run is profiled: where the time goes
