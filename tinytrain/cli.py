@@ -199,7 +199,7 @@ def hydra_main(cfg: DictConfig):
             if cfg.mode == Mode.sbatch:
                 from tinytrain.cluster import sbatch
 
-                path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir)
+                path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir, host_peak_bytes=result.host.peak_bytes if result.host else None)
                 if cfg.data.prepare_parts > 1:
                     from tinytrain.cluster import prepare_array
 

@@ -7,6 +7,7 @@ directory, so a requeued job finds its checkpoints there.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import sys
@@ -88,7 +89,9 @@ def training_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in OWN_KEYS]
 
 
-def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable) -> str:
+def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: str = sys.executable, host_peak_bytes: float | None = None) -> str:
+    """`host_peak_bytes`: the plan's host memory per node at peak (plan/host_memory.py), said in a
+    comment with the --mem that asks for it (not set: a partition's default may be all of a node)."""
     c = cfg.cluster
     run_dir = run_dir.resolve()
     args = [*training_overrides(overrides), f"hydra.run.dir={run_dir}"]
@@ -114,6 +117,7 @@ def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: s
         # Each override quoted, and any control character escaped: no value can leave the comment.
         f"#   python -m tinytrain {slurm_values.comment_safe(' '.join(shlex.quote(o) for o in overrides))}",
         f"# Its plan: {run_dir / 'plan.json'}. Submit with: sbatch {run_dir / SCRIPT_NAME} [more overrides]",
+        *([host_memory_comment(host_peak_bytes)] if host_peak_bytes else []),
         *(f"#SBATCH {d}" for d in directives),
         "",
         "set -euo pipefail",
@@ -133,6 +137,11 @@ def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: s
     return "\n".join(lines)
 
 
+def host_memory_comment(peak_bytes: float) -> str:
+    gib = peak_bytes / 2**30
+    return f"# Host memory per node at peak (the plan's host line): {gib:.1f} GiB. Where the partition gives a job less by default, add: #SBATCH --mem={math.ceil(gib)}G"
+
+
 def check_script_values(cfg, overrides: list[str], run_dir: Path) -> None:
     """validate() checked these through Hydra; checked again by every writer, for any other caller."""
     problems = slurm_values.script_value_problems(cfg, training_overrides(overrides), str(run_dir.resolve()), str(Path.cwd()))
@@ -140,9 +149,9 @@ def check_script_values(cfg, overrides: list[str], run_dir: Path) -> None:
         raise ConfigError(problems)
 
 
-def write(cfg, overrides: list[str], run_dir: Path) -> Path:
+def write(cfg, overrides: list[str], run_dir: Path, host_peak_bytes: float | None = None) -> Path:
     check_script_values(cfg, overrides, run_dir)
     path = run_dir / SCRIPT_NAME
-    path.write_text(render(cfg, overrides=overrides, run_dir=run_dir, workdir=Path.cwd()))
+    path.write_text(render(cfg, overrides=overrides, run_dir=run_dir, workdir=Path.cwd(), host_peak_bytes=host_peak_bytes))
     path.chmod(0o755)
     return path

@@ -61,6 +61,8 @@ def test_cli_writes_the_script_next_to_the_plan(tmp_path):
     assert f"sbatch {run_dir / 'job.sbatch'}" in r.stdout
     script = (run_dir / "job.sbatch").read_text()
     assert "--ntasks-per-node=4" in directives(script) and "mode=sbatch" not in script.split("#SBATCH")[-1]
+    # The plan's host line, with the --mem that asks for it, as a comment (4 ranks each build tiny in fp32).
+    assert "# Host memory per node at peak (the plan's host line): 4.0 GiB. Where the partition gives a job less by default, add: #SBATCH --mem=5G" in script.splitlines()
 
 
 def test_the_prepare_array_quotes_every_value_and_training_waits_for_it(tmp_path):
