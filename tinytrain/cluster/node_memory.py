@@ -21,14 +21,17 @@ def meminfo_bytes(field: str, meminfo: Path = MEMINFO) -> int | None:
 
 def node_memory(environ=os.environ, meminfo: Path = MEMINFO) -> tuple[int | None, str]:
     """This node's memory a run may take, and where the figure comes from: MemAvailable, bounded by
-    the Slurm job's allocation (--mem, or --mem-per-cpu x its CPUs) where one is set (--mem=0: all)."""
+    the Slurm job's allocation (--mem, or --mem-per-cpu x its CPUs, or --mem-per-gpu x its GPUs on
+    the node) where one is set (--mem=0: all)."""
     found: list[tuple[int, str]] = []
     available = meminfo_bytes("MemAvailable", meminfo)
     if available is not None:
         found.append((available, "MemAvailable"))
-    per_node, per_cpu, cpus = environ.get("SLURM_MEM_PER_NODE", ""), environ.get("SLURM_MEM_PER_CPU", ""), environ.get("SLURM_CPUS_ON_NODE", "")
-    if per_node.isdigit() and int(per_node) > 0:
-        found.append((int(per_node) * 2**20, "the Slurm job's --mem"))
-    elif per_cpu.isdigit() and cpus.isdigit() and int(per_cpu) > 0:
-        found.append((int(per_cpu) * int(cpus) * 2**20, "the Slurm job's --mem-per-cpu"))
+    mb = {k: int(v) for k in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS_ON_NODE") if (v := environ.get(k, "")).isdigit()}
+    if mb.get("SLURM_MEM_PER_NODE"):
+        found.append((mb["SLURM_MEM_PER_NODE"] * 2**20, "the Slurm job's --mem"))
+    elif mb.get("SLURM_MEM_PER_CPU") and mb.get("SLURM_CPUS_ON_NODE"):
+        found.append((mb["SLURM_MEM_PER_CPU"] * mb["SLURM_CPUS_ON_NODE"] * 2**20, "the Slurm job's --mem-per-cpu"))
+    elif mb.get("SLURM_MEM_PER_GPU") and mb.get("SLURM_GPUS_ON_NODE"):
+        found.append((mb["SLURM_MEM_PER_GPU"] * mb["SLURM_GPUS_ON_NODE"] * 2**20, "the Slurm job's --mem-per-gpu"))
     return min(found) if found else (None, "unknown (no /proc/meminfo)")

@@ -73,6 +73,7 @@ def test_the_node_is_what_is_available_bounded_by_the_slurm_allocation(tmp_path)
     assert node_memory({"SLURM_MEM_PER_NODE": "64000"}, meminfo) == (32768000 * 1024, "MemAvailable")  # the machine binds
     assert node_memory({"SLURM_MEM_PER_NODE": "0"}, meminfo)[1] == "MemAvailable"  # --mem=0: all of the node
     assert node_memory({"SLURM_MEM_PER_CPU": "2000", "SLURM_CPUS_ON_NODE": "4"}, meminfo) == (8000 * 2**20, "the Slurm job's --mem-per-cpu")
+    assert node_memory({"SLURM_MEM_PER_GPU": "1000", "SLURM_GPUS_ON_NODE": "8"}, meminfo) == (8000 * 2**20, "the Slurm job's --mem-per-gpu")
     assert node_memory({}, tmp_path / "absent") == (None, "unknown (no /proc/meminfo)")
 
 
