@@ -28,6 +28,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from tinytrain.checkpoint.files import temp_path
+from tinytrain.model.module import writes_metrics_row
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def write_step_row_now(trainer, force: bool = False) -> None:
     (see the module docstring). `force`: even off the logging interval (a guard stopping the run)."""
     loggers = [lg for lg in trainer.loggers if isinstance(lg, ResumableCSVLogger)]
     connector = trainer._logger_connector
-    if not loggers or not (force or connector.should_update_logs):
+    if not loggers or not (force or writes_metrics_row(trainer)):
         return
     metrics = connector.metrics["log"]
     if force:  # off the interval the step's loss and grad_norm were kept, not logged (module.step_values)
