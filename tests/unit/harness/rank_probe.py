@@ -40,7 +40,11 @@ def launch(out: Path) -> None:
 
 def rank(out: Path, number: int, code: int) -> None:
     report = {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "preloaded": PRELOADED, "local_rank": os.environ["LOCAL_RANK"], "cwd": os.getcwd(), "argv": sys.argv[1:]}
-    (out / f"rank{number}.json").write_text(json.dumps(report))
+    # Written whole, then renamed: the launcher kills rank 2 as soon as its report exists (CI41 read
+    # an empty rank2.json, killed between write_text's create and its write).
+    partial = out / f"rank{number}.json.partial"
+    partial.write_text(json.dumps(report))
+    partial.rename(out / f"rank{number}.json")
     print(f"rank {number} says hello", flush=True)
     if number == 2:
         signal.pause()
