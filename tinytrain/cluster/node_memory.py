@@ -20,13 +20,15 @@ def meminfo_bytes(field: str, meminfo: Path = MEMINFO) -> int | None:
 
 
 def node_memory(environ=os.environ, meminfo: Path = MEMINFO) -> tuple[int | None, str]:
-    """This node's memory a run may take, and where the figure comes from: MemAvailable, bounded by
+    """This node's memory a run may take, and where the figure comes from: MemTotal, bounded by
     the Slurm job's allocation (--mem, or --mem-per-cpu x its CPUs, or --mem-per-gpu x its GPUs on
     the node) where one is set (--mem=0: all)."""
     found: list[tuple[int, str]] = []
-    available = meminfo_bytes("MemAvailable", meminfo)
-    if available is not None:
-        found.append((available, "MemAvailable"))
+    # MemTotal, not MemAvailable: every rank of a node plans at its own moment, and one that plans
+    # after another rank has built its model would see less available and refuse alone.
+    total = meminfo_bytes("MemTotal", meminfo)
+    if total is not None:
+        found.append((total, "MemTotal"))
     mb = {k: int(v) for k in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_GPU", "SLURM_GPUS_ON_NODE") if (v := environ.get(k, "")).isdigit()}
     if mb.get("SLURM_MEM_PER_NODE"):
         found.append((mb["SLURM_MEM_PER_NODE"] * 2**20, "the Slurm job's --mem"))

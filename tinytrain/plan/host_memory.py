@@ -12,7 +12,7 @@ CPU run everything (the memory line's states and its activations, counted in fp3
 footprint (imports, data loader, tokenizer; a GPU rank its CUDA context): RUNTIME_BYTES.
 
 Where the plan is made on the machine that trains (mode=train, or mode=plan of this machine's own
-run), the node's memory is known: MemAvailable, bounded by the job's Slurm allocation. A run
+run), the node's memory is known: MemTotal, bounded by the job's Slurm allocation. A run
 whose exact part (the build, the offloaded states, a CPU run's states) does not fit is refused
 before its data is built: the kernel's OOM killer would end it without a word. What only the
 activation estimate pushes over is a warning.

@@ -65,13 +65,14 @@ def test_a_pretrained_model_is_built_in_its_checkpoints_dtype_and_a_reference_co
     assert gpu_host(world=8, per_node=8, qlora=True).build_bytes == 0  # quantized onto the GPU as it loads
 
 
-def test_the_node_is_what_is_available_bounded_by_the_slurm_allocation(tmp_path):
+def test_the_node_is_its_total_memory_bounded_by_the_slurm_allocation(tmp_path):
     meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       65536000 kB\nMemFree:         1000000 kB\nMemAvailable:   32768000 kB\n")
-    assert node_memory({}, meminfo) == (32768000 * 1024, "MemAvailable")
+    meminfo.write_text("MemTotal:       32768000 kB\nMemFree:         1000000 kB\nMemAvailable:    2000000 kB\n")
+    # The node's total, not what is free at the moment: another rank of the node may have built its model already.
+    assert node_memory({}, meminfo) == (32768000 * 1024, "MemTotal")
     assert node_memory({"SLURM_MEM_PER_NODE": "16000"}, meminfo) == (16000 * 2**20, "the Slurm job's --mem")
-    assert node_memory({"SLURM_MEM_PER_NODE": "64000"}, meminfo) == (32768000 * 1024, "MemAvailable")  # the machine binds
-    assert node_memory({"SLURM_MEM_PER_NODE": "0"}, meminfo)[1] == "MemAvailable"  # --mem=0: all of the node
+    assert node_memory({"SLURM_MEM_PER_NODE": "64000"}, meminfo) == (32768000 * 1024, "MemTotal")  # the machine binds
+    assert node_memory({"SLURM_MEM_PER_NODE": "0"}, meminfo)[1] == "MemTotal"  # --mem=0: all of the node
     assert node_memory({"SLURM_MEM_PER_CPU": "2000", "SLURM_CPUS_ON_NODE": "4"}, meminfo) == (8000 * 2**20, "the Slurm job's --mem-per-cpu")
     assert node_memory({"SLURM_MEM_PER_GPU": "1000", "SLURM_GPUS_ON_NODE": "8"}, meminfo) == (8000 * 2**20, "the Slurm job's --mem-per-gpu")
     assert node_memory({}, tmp_path / "absent") == (None, "unknown (no /proc/meminfo)")
