@@ -78,6 +78,12 @@ def offloaded_bytes(params: int, trainable: int, world: int, *, offload_optimize
     return total + (2.0 * params / world if offload_params else 0.0)
 
 
+def moments(ranks: int, build: float, training: float, export: float) -> tuple[float, float]:
+    """Per node, the two moments the line compares: the build (every process holds its own), and
+    training to the end (rank 0's export on top of what the processes still hold)."""
+    return ranks * (RUNTIME_BYTES + build), ranks * (RUNTIME_BYTES + training) + export
+
+
 def plan_host(
     *,
     memory,
@@ -119,8 +125,8 @@ def plan_host(
         training_bytes=training,
         training_what=training_what,
         export_bytes=export,
-        exact_bytes=max(ranks_per_node * (RUNTIME_BYTES + build), ranks_per_node * (RUNTIME_BYTES + exact_training) + export),
-        peak_bytes=max(ranks_per_node * (RUNTIME_BYTES + build), ranks_per_node * (RUNTIME_BYTES + training) + export),
+        exact_bytes=max(moments(ranks_per_node, build, exact_training, export)),
+        peak_bytes=max(moments(ranks_per_node, build, training, export)),
         node_bytes=node_bytes,
         node_source=node_source,
     )
@@ -161,8 +167,7 @@ def refuse(host: HostMemoryPlan, *, on_gpu: bool, model_name: str, parallel_name
 
 def render(h: dict) -> list[str]:
     n, runtime = h["ranks_per_node"], f"{RUNTIME_BYTES / GIB:.0f} GiB runtime"
-    at_build = n * (RUNTIME_BYTES + h["build_bytes"])
-    at_end = n * (RUNTIME_BYTES + h["training_bytes"]) + h["export_bytes"]
+    at_build, at_end = moments(n, h["build_bytes"], h["training_bytes"], h["export_bytes"])
     head = f"host       per node: {h['peak_bytes'] / GIB:.1f} GiB at peak ({'the build' if at_build >= at_end else 'training and the export'}, {n} process{'es' if n > 1 else ''})"
     detail = [
         f"           build    {n} x ({runtime} + {h['build_bytes'] / GIB:.2f} GiB: {h['build_what']}) = {at_build / GIB:.1f} GiB",
