@@ -97,9 +97,12 @@ def run(cp: int, seq: int, repeats: int) -> dict:
 
 
 def planned(seq: int, cp: int) -> float:
+    from tinytrain.plan.activations import Layout
     from tinytrain.plan.memory import activation_memory
+    from tinytrain.plan.model_shape import ModelShape
 
-    return activation_memory(layers=SHAPE["num_hidden_layers"], hidden=SHAPE["hidden_size"], heads=SHAPE["num_attention_heads"], seq=seq, micro_batch=ROWS, vocab=SHAPE["vocab_size"], tp=1, flash=True, cp=cp)
+    shape = ModelShape(hidden=SHAPE["hidden_size"], layers=SHAPE["num_hidden_layers"], heads=SHAPE["num_attention_heads"], kv_heads=SHAPE["num_key_value_heads"], intermediate=SHAPE["intermediate_size"], vocab=SHAPE["vocab_size"], tied_embeddings=False, qkv_bias=False)
+    return activation_memory(shape=shape, layout=Layout.fp32, seq=seq, micro_batch=ROWS, tp=1, flash=True, cp=cp)
 
 
 def main() -> None:

@@ -4,10 +4,10 @@ Model states use DeepSpeed's accounting for mixed-precision Adam, per parameter:
 16-bit params 2 B, 16-bit grads 2 B, fp32 grads 4 B, fp32 master params 4 B, Adam moments 8 B
 (DeepSpeed's estimate_zero2/zero3_model_states_mem_needs: 2 + 18/N for ZeRO-2, 18/N + gathered
 layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 params, fp32 grads and
-the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations follow Korthikanti
-et al. (2022): 34 x seq x batch x hidden bytes per layer in 16-bit, plus 5 x heads x seq^2 x batch
-when attention scores are materialised (no flash-attention), divided by tp; and the logits
-(16-bit + fp32 for the loss) for the vocab.
+the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations: what a layer of the
+model's family keeps per token in the run's layout (plan/activations.py, counted from transformers'
+layers), plus 5 x heads x seq^2 x batch when attention scores are materialised (no fused kernel,
+Korthikanti et al. 2022), divided by tp; and the logits (16-bit or fp32, + fp32 for the loss).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
+from tinytrain.plan.activations import Layout, input_bytes, layer_bytes, selective_bytes
 
 GIB = 1024**3
 
@@ -115,33 +116,27 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-# Bytes per token per hidden unit that selective checkpointing keeps of a layer's 34 (16-bit): the
-# outputs of the matmuls (q, k, v, o, gate, up, down: about 8 + 4 x intermediate/hidden for a Llama
-# block) and attention's output, plus the layer's input; norms, SwiGLU, RoPE and attention scores
-# are recomputed.
-SELECTIVE_KEPT = 24.0
-
-
-def activation_memory(*, layers: int, hidden: int, heads: int, seq: int, micro_batch: int, vocab: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1) -> float:
-    """Bytes per GPU. Under context parallelism (cp) a rank holds seq / cp tokens between attention
-    calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised scores are
-    heads / cp x seq^2. `checkpointing` (a mode, not auto): full keeps only each layer's 16-bit
-    input; selective keeps SELECTIVE_KEPT of the 34 and recomputes the scores; both hold one
-    layer's activations again while it is recomputed in backward. `every` > 1 (selective where the
-    op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all."""
-    local = seq / cp
-    tokens = local * micro_batch
-    per_layer = 34.0 * tokens * hidden
+def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1) -> float:
+    """Bytes per GPU of what a forward keeps for backward (plan/activations.py counts a layer of
+    `shape`'s family in `layout`). Under context parallelism (cp) a rank holds seq / cp tokens between
+    attention calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised
+    scores are heads / cp x seq^2. `checkpointing` (a mode, not auto): full keeps only each layer's
+    input; selective keeps its matmuls' and attention's outputs and recomputes the rest; both hold
+    one layer's activations again while it is recomputed in backward. `every` > 1 (selective where
+    the op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all."""
+    layers = shape.layers
+    tokens = seq / cp * micro_batch
+    per_layer = layer_bytes(shape, layout) * tokens
     if not flash:
-        per_layer += 5.0 * (heads / cp) * seq * seq * micro_batch
-    logits = tokens * vocab * (2 + 4)
+        per_layer += 5.0 * (shape.heads / cp) * seq * seq * micro_batch
+    logits = tokens * shape.vocab * layout.logits_bytes
     if checkpointing is Checkpointing.none:
         kept = layers * per_layer
     elif checkpointing is Checkpointing.full or every > 1:
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
-        kept = full * 2.0 * tokens * hidden + (layers - full) * per_layer + per_layer
+        kept = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer + per_layer
     elif checkpointing is Checkpointing.selective:
-        kept = layers * SELECTIVE_KEPT * tokens * hidden + per_layer
+        kept = layers * selective_bytes(shape, layout) * tokens + per_layer
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     return (kept + logits) / tp

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tinytrain.config.schema import Arch
 from tinytrain.plan.families import family, family_of_model_type, has_qkv_bias
 
 
@@ -24,6 +25,7 @@ class ModelShape:
     explicit_head_dim: int | None = None  # null: hidden // heads (Gemma-2 sets its own)
     norms_per_layer: int = 2
     qk_norm: bool = False  # a head_dim-wide RMSNorm on queries and one on keys per layer (Qwen3, Gemma-3)
+    arch: Arch = Arch.llama  # what a layer keeps for backward differs by family (plan/activations.py)
 
     @property
     def head_dim(self) -> int:
@@ -48,6 +50,7 @@ def shape_from_config(model_cfg, padded_vocab: int) -> ModelShape:
         explicit_head_dim=_unless_derived(model_cfg.head_dim, model_cfg.hidden_size, model_cfg.num_heads),
         norms_per_layer=fam.norms_per_layer,
         qk_norm=fam.qk_norm,
+        arch=fam.arch,
     )
 
 
@@ -66,6 +69,7 @@ def shape_from_hf(config, padded_vocab: int) -> ModelShape:
         explicit_head_dim=_unless_derived(getattr(config, "head_dim", None), config.hidden_size, config.num_attention_heads),
         norms_per_layer=fam.norms_per_layer,
         qk_norm=fam.qk_norm,
+        arch=fam.arch,
     )
 
 

@@ -25,6 +25,7 @@ from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
+from tinytrain.plan.activations import layout_of
 from tinytrain.plan.attention import VARLEN_KERNELS, AttentionChoice, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
@@ -265,7 +266,6 @@ def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardwar
         offload_optimizer=deepspeed and par.offload_optimizer,
         offload_params=deepspeed and par.offload_params,
         save_host_bytes=save_host_bytes,
-        fp32=precision.dtype is Dtype.fp32,
         node=node_memory() if on_this_machine else (None, host_memory.ELSEWHERE),
     )
     if cfg.mode == Mode.train:
@@ -336,7 +336,8 @@ def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpoi
     checkpointing mode (with its every-k-block fallback), counted at what a GPU run measured where
     one measured more for this layout and mode (plan/memory_margin.py): what both the cp sizing and
     the plan's memory line estimate, so they agree."""
-    formula = activation_memory(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=seq, micro_batch=rows, vocab=shape.vocab, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+    layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
+    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)
 

@@ -8,10 +8,13 @@ import pytest
 from tests.conftest import plan
 from tinytrain.config.schema import Checkpointing, Strategy
 from tinytrain.plan import parallel
+from tinytrain.plan.activations import Layout
 from tinytrain.plan.checkpointing import BY_COST, ModeCost, choose
 from tinytrain.plan.memory import activation_memory
+from tinytrain.plan.model_shape import ModelShape
 
-SHAPE = dict(layers=32, hidden=4096, heads=32, seq=8192, micro_batch=1, vocab=128256, tp=1, flash=True)
+LLAMA3_8B = ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256, tied_embeddings=False, qkv_bias=False)
+SHAPE = dict(shape=LLAMA3_8B, layout=Layout.mixed, seq=8192, micro_batch=1, tp=1, flash=True)
 BIG = ["model=llama3_1_8b", "hardware.gpu=H100", "parallel=zero3", "cluster.devices=8", "data.seq_len=8192", "trainer.global_batch_size=32"]
 
 

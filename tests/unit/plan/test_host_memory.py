@@ -18,7 +18,7 @@ LARGEST_LAYER = 500_000_000
 
 def gpu_host(*, world: int, per_node: int, offload_optimizer=False, offload_params=False, node_gib=None, **kw):
     args = dict(memory=None, params=P, trainable=P, world=world, ranks_per_node=per_node, on_gpu=True, pretrained=None, qlora=False, frozen_copy=False)
-    args |= dict(offload_optimizer=offload_optimizer, offload_params=offload_params, save_host_bytes=0.0, fp32=False)
+    args |= dict(offload_optimizer=offload_optimizer, offload_params=offload_params, save_host_bytes=0.0)
     if node_gib is not None:
         args["node"] = (node_gib * GIB, "the Slurm job's --mem")
     return plan_host(**{**args, **kw})

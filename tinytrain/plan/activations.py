@@ -1,0 +1,130 @@
+"""What a decoder layer keeps for its backward, per token: counted from transformers' own layers.
+
+The plan's activation memory used Korthikanti et al.'s 34 x hidden bytes per token and layer: a
+GPT layer (a 4h GELU MLP, dropout masks, every tensor 16-bit). A Llama-family layer keeps more:
+SwiGLU holds four intermediate-wide tensors (gate, up, their activation, the product), transformers'
+RMSNorm computes in fp32 and keeps its fp32 input, and under autocast (fp32 weights: single, ddp,
+fsdp_tp) the residual stream is fp32 and each projection casts its own 16-bit copy of its input.
+For Llama-3-8B in 16-bit that is 49 x hidden, not 34.
+
+So the count here is a table per family and activation layout, in bytes per token of each width a
+layer has (hidden, heads x head_dim, kv_heads x head_dim, intermediate, and 4 B of attention's fp32
+log-sum-exp per head), read off real transformers layers on a CPU: what a forward leaves allocated,
+at two depths and two lengths, so the model's ends and fixed costs cancel
+(tests/unit/plan/test_activation_count.py measures it again for every family and layout, and fails
+when transformers changes what a layer keeps). Attention is counted as a fused kernel (flash, SDPA's
+flash or efficient kernel, torch's varlen): its scores, where materialised, are plan/memory.py's.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tinytrain.config.dtype import Dtype
+from tinytrain.config.schema import Arch
+
+
+class Layout(str, enum.Enum):
+    """How a run holds its activations."""
+
+    sixteen_bit = "16-bit"  # DeepSpeed's bf16/fp16 engine casts the model: 16-bit weights and activations
+    mixed = "mixed"  # fp32 weights under autocast (single, ddp, fsdp_tp in bf16-mixed / 16-mixed)
+    fp32 = "fp32"  # 32-true (a CPU run)
+
+    @property
+    def activation_bytes(self) -> int:
+        """A matmul's output: what selective checkpointing keeps."""
+        return 4 if self is Layout.fp32 else 2
+
+    @property
+    def residual_bytes(self) -> int:
+        """The residual stream between layers: what full checkpointing keeps of each layer."""
+        return 2 if self is Layout.sixteen_bit else 4
+
+    @property
+    def logits_bytes(self) -> int:
+        """The logits and the loss's fp32 log-softmax, per vocab row."""
+        return self.activation_bytes + 4
+
+
+def layout_of(dtype: Dtype, deepspeed: bool) -> Layout:
+    if dtype is Dtype.fp32:
+        return Layout.fp32
+    return Layout.sixteen_bit if deepspeed else Layout.mixed
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Bytes per token a layer keeps, per unit of each of its widths."""
+
+    hidden: float
+    q: float  # heads x head_dim
+    kv: float  # kv_heads x head_dim
+    intermediate: float
+    per_head: float = 4.0  # attention's fp32 log-sum-exp
+
+    def per_token(self, shape) -> float:
+        return self.hidden * shape.hidden + self.q * shape.heads * shape.head_dim + self.kv * shape.kv_heads * shape.head_dim + self.intermediate * shape.intermediate + self.per_head * shape.heads
+
+
+# Measured with transformers 5.23 (and 5.17: `make test-compat`), torch 2.13, SDPA's flash kernel.
+# Llama, Mistral and Qwen2 build the same layer (Qwen2's q/k/v biases keep nothing more).
+LLAMA = {
+    Layout.sixteen_bit: LayerBytes(hidden=16, q=4, kv=4, intermediate=8),
+    Layout.mixed: LayerBytes(hidden=26, q=4, kv=4, intermediate=8),
+    Layout.fp32: LayerBytes(hidden=24, q=8, kv=8, intermediate=16),
+}
+# Qwen3 adds an RMSNorm over each query and key head (their fp32 input and normed output).
+QWEN3 = {
+    Layout.sixteen_bit: LayerBytes(hidden=16, q=10, kv=10, intermediate=8),
+    Layout.mixed: LayerBytes(hidden=26, q=10, kv=10, intermediate=8),
+    Layout.fp32: LayerBytes(hidden=24, q=16, kv=16, intermediate=16),
+}
+# Phi-3's fused qkv_proj and gate_up_proj keep one output each, split by views.
+PHI3 = {
+    Layout.sixteen_bit: LayerBytes(hidden=16, q=8, kv=6, intermediate=8),
+    Layout.mixed: LayerBytes(hidden=20, q=8, kv=6, intermediate=8),
+    Layout.fp32: LayerBytes(hidden=24, q=16, kv=12, intermediate=16),
+}
+# Gemma-2: four RMSNorms a layer (before and after attention and MLP), each keeping its fp32 input
+# and output. Counted on a fused kernel (flash-attn 2 with its soft-capping, a GPU's).
+GEMMA2 = {
+    Layout.sixteen_bit: LayerBytes(hidden=36, q=4, kv=4, intermediate=8),
+    Layout.mixed: LayerBytes(hidden=42, q=4, kv=4, intermediate=8),
+    Layout.fp32: LayerBytes(hidden=40, q=8, kv=8, intermediate=16),
+}
+# Gemma-3: Gemma-2's four norms and query and key norms like Qwen3's (fp32 input and output each).
+GEMMA3 = {
+    Layout.sixteen_bit: LayerBytes(hidden=36, q=12, kv=12, intermediate=8),
+    Layout.mixed: LayerBytes(hidden=42, q=12, kv=12, intermediate=8),
+    Layout.fp32: LayerBytes(hidden=40, q=16, kv=16, intermediate=16),
+}
+COUNTS = {
+    Arch.llama: LLAMA,
+    Arch.mistral: LLAMA,
+    Arch.qwen2: LLAMA,
+    Arch.qwen3: QWEN3,
+    Arch.phi3: PHI3,
+    Arch.gemma2: GEMMA2,
+    Arch.gemma3_text: GEMMA3,
+}
+
+
+def layer_bytes(shape, layout: Layout) -> float:
+    """Bytes per token one layer keeps for backward without checkpointing."""
+    return COUNTS[shape.arch][layout].per_token(shape)
+
+
+def selective_bytes(shape, layout: Layout) -> float:
+    """Bytes per token a layer keeps under selective checkpointing (model/activation_checkpointing.py's
+    policy): the matmuls' outputs (q, k, v, o, gate, up, down) and attention's output and
+    log-sum-exp, plus the layer's input that the checkpoint holds."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    matmuls = 2 * q + 2 * kv + 2 * shape.hidden + 2 * shape.intermediate
+    return layout.activation_bytes * matmuls + 4.0 * shape.heads + input_bytes(shape, layout)
+
+
+def input_bytes(shape, layout: Layout) -> float:
+    """Bytes per token of a layer's input: all that full checkpointing keeps of the layer."""
+    return layout.residual_bytes * shape.hidden
