@@ -17,6 +17,9 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
      one rank per GPU over nccl: needs 2 GPUs (both ranks on one GPU over gloo crashed, SIGSEGV, on
      an H100 with torch 2.11; nccl refuses two ranks on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
      RING_OFF): torch 2.13 has no flex-attention backward on CPU.
+  f  long context on one GPU (benchmarks/long_context_layer.py): one Llama-3-8B layer in bf16 at 32k,
+     64k and 128k tokens on torch's varlen kernel and on SDPA's flash: what it keeps for backward
+     against the plan's count (plan/activations.py), its peak, its time and TFLOP/s
 Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
 device, date and versions per part) from all rows there, so a later part or a later lease continues
 the table; a part run again replaces its own rows. Each training run records its peak GPU memory
@@ -43,7 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("headline", "a", "b", "c", "d", "e")
+PARTS = ("headline", "a", "b", "c", "d", "e", "f")
 COLUMNS = ["part", "check", "status", "loss", "tokens/s", "MFU", "peak GiB", "plan GiB", "note"]
 RESULTS = "gpu_check.json"
 BUDGET_S = 450  # of the 8 minutes a part may take on one H100: the rest is imports and the wheels' install
@@ -257,6 +260,32 @@ def part_e(part: Part) -> None:
     part.add(row)
 
 
+# The layer's kept bytes may exceed the plan's count by this much before the row fails: the
+# allocator's rounding and a kernel's own buffers (the count was measured on a CPU).
+KEPT_OVER_PLAN = 1.10
+
+
+def part_f(part: Part) -> None:
+    out = part.work / "long_context_layer.json"
+    rc = part.run([sys.executable, "benchmarks/long_context_layer.py", "--json", str(out)] + ([] if part.gpu else ["--tiny"]), "long_context_layer.log")
+    if not out.exists():
+        part.add({"check": "long-context layer", "status": status(rc, "part_f/long_context_layer.log") if rc != 0 else "FAILED (no figures)"})
+        return
+    for r in json.loads(out.read_text())["rows"]:
+        row = {"check": f"layer {r['kernel']} {r['seq'] // 1024}k"}
+        if "error" in r:
+            row["status"] = f"FAILED ({r['error']})"
+        else:
+            # On a CPU the varlen stand-in is pure torch and keeps its scores: only a GPU's kernels are held to the count.
+            over = part.gpu and r["kept_over_plan"] > KEPT_OVER_PLAN
+            row["status"] = f"FAILED (kept {r['kept_over_plan']:.2f}x the plan's count)" if over else "ok"
+            row["tokens/s"] = f"{r['seq'] / r['seconds']:,.0f}"
+            row["peak GiB"] = "" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+            row["plan GiB"] = f"{r['plan_gib']:.1f}"
+            row["note"] = f"kept {r['kept_gib']:.2f} GiB = {r['kept_over_plan']:.2f}x the plan's count; {r['tflops']:.3g} TFLOP/s; attention {r['attention']}"
+        part.add(row)
+
+
 def versions() -> str:
     found = []
     for dist in ("torch", "transformers", "lightning", "deepspeed", "liger-kernel", "flash-attn"):
@@ -295,7 +324,7 @@ def save(out: Path, part: Part, header: dict) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the GPU path in parts (benchmarks/gpu_check.sh)")
-    parser.add_argument("--part", required=True, help="headline, a, b, c, d or e (see this file's docstring)")
+    parser.add_argument("--part", required=True, help="headline, a, b, c, d, e or f (see this file's docstring)")
     parser.add_argument("--out", required=True, help="folder of the results file the parts share (gpu_check.json / .md) and the runs' logs")
     parser.add_argument("--dry-run", action="store_true", help="tiny model, a few steps, on a CPU")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the part's runs may take in all")
@@ -304,7 +333,7 @@ def main() -> None:
         print(f"gpu_check: --out {args.out} is a file; it names the folder the parts share (gpu_check.json, gpu_check.md, the runs' logs). Fix: give a folder path, new or from an earlier part (e.g. --out {args.out}.d), or move the file away", file=sys.stderr)
         sys.exit(2)
     if args.part not in PARTS:
-        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (headline: the MFU table, run it first; a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring)")
+        raise SystemExit(f"gpu_check: --part {args.part!r} is not a part: use one of {', '.join(PARTS)} (headline: the MFU table, run it first; a: isolation + bf16 run, b: DeepSpeed, c: mfu.py, d: memory, e: ring, f: long-context layer)")
     # What the parts import that a bare GPU image lacks: a clear stop instead of a log full of ImportErrors.
     needed = {"hydra": "hydra-core", "omegaconf": "omegaconf"} | ({"deepspeed": "deepspeed"} if args.part in "bd" else {})
     missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
@@ -329,7 +358,7 @@ def main() -> None:
     part = Part(args.part, out, gpu, args.budget)
     header = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": device(gpu), "versions": versions()}
     print(f"gpu_check part {args.part} ({header['device']}; {header['versions']})", flush=True)
-    {"headline": part_headline, "a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[args.part](part)
+    {"headline": part_headline, "a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}[args.part](part)
     rows = save(out, part, header)
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in COLUMNS}
     print(f"\ngpu_check ({'dry run on CPU' if not gpu else 'GPU'}; results in {out / RESULTS}, table in {out / 'gpu_check.md'})")

@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_check.sh --part a --out DIR   # a: packed isolation on the real kernels + a 30-step bf16 run with export
 #                                                     # b: DeepSpeed zero2 / zero3 bf16 + fp16; c: mfu.py plain / --compile / --liger
 #                                                     # d: peak GPU memory against the plan's estimate
-#                                                     # e: ring context parallel (torch's) against whole sequences (2 GPUs, or 2 ranks on 1)
+#                                                     # e: ring context parallel (torch's) against whole sequences (2 GPUs)
+#                                                     # f: one Llama-3-8B layer at 32k-128k tokens: memory against the plan, time
 #   bash benchmarks/gpu_check.sh --part a --out DIR --dry-run   # on a CPU: proves the part (tiny model)
 # Every part appends its rows to DIR/gpu_check.json and rewrites DIR/gpu_check.md, so a later part or
 # lease continues the table. First it installs the wheels of benchmarks/gpu_wheels.txt from the folder
@@ -17,7 +18,7 @@ repo="$(dirname "$here")"
 python="${PYTHON:-python}"
 wheels="${WHEELS:-$here/.whl}"
 site="${GPU_CHECK_SITE:-$here/.site}"
-usage="usage: bash benchmarks/gpu_check.sh --part headline|a|b|c|d|e --out DIR [--wheels DIR] [--dry-run]"
+usage="usage: bash benchmarks/gpu_check.sh --part headline|a|b|c|d|e|f --out DIR [--wheels DIR] [--dry-run]"
 
 args=() part=""
 while [[ $# -gt 0 ]]; do
@@ -28,9 +29,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$part" in
-    headline|a|b|c|d|e) ;;
+    headline|a|b|c|d|e|f) ;;
     "") echo "gpu_check: no --part given; $usage" >&2; exit 2 ;;
-    *) echo "gpu_check: --part '$part' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring); $usage" >&2; exit 2 ;;
+    *) echo "gpu_check: --part '$part' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory), e (ring) or f (long-context layer); $usage" >&2; exit 2 ;;
 esac
 
 if [[ -d "$wheels" ]]; then

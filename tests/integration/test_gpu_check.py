@@ -45,9 +45,23 @@ def test_parts_append_to_one_results_table(tmp_path):
     assert table.count("\n| b | ") == 2 and table.count("\n| headline | ") == 4 and "- part headline: " in table
 
 
+def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
+    """Part f on a CPU: a small Llama layer at 1k-4k tokens, each kernel's row with what the layer
+    kept against plan/activations.py's count. SDPA's CPU flash kernel keeps what a GPU's does (the
+    varlen stand-in is pure torch and keeps its scores: only its rows' presence is checked here)."""
+    result = gpu_check("--part", "f", "--out", str(tmp_path), "--dry-run", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {r["check"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())["rows"]}
+    assert sorted(rows) == sorted(f"layer {k} {n}k" for k in ("varlen", "sdpa") for n in (1, 2, 4))
+    assert all(r["status"] == "ok" and "x the plan's count" in r["note"] for r in rows.values())
+    figures = json.loads((tmp_path / "part_f" / "long_context_layer.json").read_text())["rows"]
+    sdpa_4k = next(r for r in figures if r["kernel"] == "sdpa" and r["seq"] == 4096)
+    assert 0.95 < sdpa_4k["kept_over_plan"] < 1.05, sdpa_4k
+
+
 def test_an_unknown_part_names_the_parts(tmp_path):
-    result = gpu_check("--part", "f", "--out", str(tmp_path), timeout=30)
-    assert result.returncode == 2 and "--part 'f' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory) or e (ring)" in result.stderr
+    result = gpu_check("--part", "g", "--out", str(tmp_path), timeout=30)
+    assert result.returncode == 2 and "--part 'g' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory), e (ring) or f (long-context layer)" in result.stderr
     assert not any(tmp_path.iterdir())
 
 
