@@ -48,7 +48,7 @@ PRELOAD = (
 PRELOAD_FOR_ZERO = ("torch._inductor.compile_fx",)
 # Prefixes of the environment variables the preloaded modules read when imported: a command that sets
 # one of these otherwise than the zygote had it gets a fresh interpreter.
-READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_")
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "PL_", "LIGHTNING_", "TOKENIZERS_", "XDG_", "PYTHON", "LD_", "HOME", "DS_", "ACCELERATE_", "MALLOC_", "GLIBC_")
 # Set by rank 0 before Lightning starts the other ranks, read later than import (Lightning's seeding,
 # the flight recorder's buffer when a process group is made): a spare that imported before they
 # were set starts as a fresh rank would.

@@ -138,3 +138,21 @@ def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
     r = run_cli([*common, f"checkpoint.init_from={final}", "trainer.max_steps=2", "trainer.warmup_steps=1"], tmp_path / "tp1")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "init from" in r.stdout and "re-padded to 4160 for tp 1" in r.stdout
+
+
+def test_a_tp_rank_keeps_what_the_plan_counts(tmp_path):
+    """Tensor parallelism splits heads and the intermediate width, not the hidden-wide tensors (no
+    sequence parallelism) nor the gathered logits: each rank keeps what plan/activations.py counts
+    for tp 2 (within 3%), where the whole layer's count over tp was 25-50% under it."""
+    import json
+
+    from tests.activation_bytes import has_mallinfo2
+
+    if not has_mallinfo2():
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    # One malloc arena: gloo's threads allocate some saved tensors, and mallinfo2 counts the main arena's.
+    run_ranks("tests.integration.tp_activation_worker", [str(tmp_path)], 2, env={"MALLOC_ARENA_MAX": "1"})
+    results = json.loads((tmp_path / "tp_activations.json").read_text())
+    for mode, r in results.items():
+        assert r["planned"] == pytest.approx(r["measured"], rel=0.03), (mode, r)
+        assert r["whole_over_tp"] < 0.8 * r["measured"], (mode, r)

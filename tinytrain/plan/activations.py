@@ -64,8 +64,12 @@ class LayerBytes:
     intermediate: float
     per_head: float = 4.0  # attention's fp32 log-sum-exp
 
-    def per_token(self, shape) -> float:
-        return self.hidden * shape.hidden + self.q * shape.heads * shape.head_dim + self.kv * shape.kv_heads * shape.head_dim + self.intermediate * shape.intermediate + self.per_head * shape.heads
+    def per_token(self, shape, tp: int = 1) -> float:
+        """Under tensor parallelism (no sequence parallelism) the heads and the intermediate width
+        are split over tp; the hidden-wide tensors (norms, the residual, projections' inputs) are
+        held whole by every tp rank."""
+        split = self.q * shape.heads * shape.head_dim + self.kv * shape.kv_heads * shape.head_dim + self.intermediate * shape.intermediate + self.per_head * shape.heads
+        return self.hidden * shape.hidden + split / tp
 
 
 # Measured with transformers 5.23 (and 5.17: `make test-compat`), torch 2.13, SDPA's flash kernel.
@@ -111,20 +115,23 @@ COUNTS = {
 }
 
 
-def layer_bytes(shape, layout: Layout) -> float:
-    """Bytes per token one layer keeps for backward without checkpointing."""
-    return COUNTS[shape.arch][layout].per_token(shape)
+def layer_bytes(shape, layout: Layout, tp: int = 1) -> float:
+    """Bytes per token one layer keeps for backward without checkpointing, on one tp rank."""
+    return COUNTS[shape.arch][layout].per_token(shape, tp)
 
 
-def selective_bytes(shape, layout: Layout) -> float:
+def selective_bytes(shape, layout: Layout, tp: int = 1) -> float:
     """Bytes per token a layer keeps under selective checkpointing (model/activation_checkpointing.py's
-    policy): the matmuls' outputs (q, k, v, o, gate, up, down) and attention's output and
-    log-sum-exp, plus the layer's input that the checkpoint holds."""
+    policy), on one tp rank: the matmuls' outputs (q, k, v, gate, up split over tp; o and down whole,
+    and under tp > 1 their all-reduced sums too: the policy keeps tp's reductions) and attention's
+    output and log-sum-exp, plus the layer's input that the checkpoint holds."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    matmuls = 2 * q + 2 * kv + 2 * shape.hidden + 2 * shape.intermediate
-    return layout.activation_bytes * matmuls + 4.0 * shape.heads + input_bytes(shape, layout)
+    split = layout.activation_bytes * (2 * q + 2 * kv + 2 * shape.intermediate) + 4.0 * shape.heads
+    whole = layout.activation_bytes * 2 * shape.hidden * (2 if tp > 1 else 1)
+    return split / tp + whole + input_bytes(shape, layout)
 
 
 def input_bytes(shape, layout: Layout) -> float:
-    """Bytes per token of a layer's input: all that full checkpointing keeps of the layer."""
+    """Bytes per token of a layer's input: all that full checkpointing keeps of the layer (whole on
+    every tp rank)."""
     return layout.residual_bytes * shape.hidden

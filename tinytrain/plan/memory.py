@@ -6,8 +6,9 @@ Model states use DeepSpeed's accounting for mixed-precision Adam, per parameter:
 layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 params, fp32 grads and
 the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations: what a layer of the
 model's family keeps per token in the run's layout (plan/activations.py, counted from transformers'
-layers), plus 5 x heads x seq^2 x batch when attention scores are materialised (no fused kernel,
-Korthikanti et al. 2022), divided by tp; and the logits (16-bit or fp32, + fp32 for the loss).
+layers; heads and the intermediate width split over tp), plus 5 x heads x seq^2 x batch when
+attention scores are materialised (no fused kernel, Korthikanti et al. 2022); and the logits
+(16-bit or fp32, + fp32 for the loss).
 """
 
 from __future__ import annotations
@@ -120,15 +121,17 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
     """Bytes per GPU of what a forward keeps for backward (plan/activations.py counts a layer of
     `shape`'s family in `layout`). Under context parallelism (cp) a rank holds seq / cp tokens between
     attention calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised
-    scores are heads / cp x seq^2. `checkpointing` (a mode, not auto): full keeps only each layer's
+    scores are heads / cp x seq^2. Tensor parallelism splits heads and the intermediate width over
+    tp; the hidden-wide tensors and the logits (gathered for the loss: model/tensor_parallel.py)
+    stay whole on every tp rank. `checkpointing` (a mode, not auto): full keeps only each layer's
     input; selective keeps its matmuls' and attention's outputs and recomputes the rest; both hold
     one layer's activations again while it is recomputed in backward. `every` > 1 (selective where
     the op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all."""
     layers = shape.layers
     tokens = seq / cp * micro_batch
-    per_layer = layer_bytes(shape, layout) * tokens
+    per_layer = layer_bytes(shape, layout, tp) * tokens
     if not flash:
-        per_layer += 5.0 * (shape.heads / cp) * seq * seq * micro_batch
+        per_layer += 5.0 * (shape.heads / cp / tp) * seq * seq * micro_batch
     logits = tokens * shape.vocab * layout.logits_bytes
     if checkpointing is Checkpointing.none:
         kept = layers * per_layer
@@ -136,10 +139,10 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
         kept = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer + per_layer
     elif checkpointing is Checkpointing.selective:
-        kept = layers * selective_bytes(shape, layout) * tokens + per_layer
+        kept = layers * selective_bytes(shape, layout, tp) * tokens + per_layer
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
-    return (kept + logits) / tp
+    return kept + logits
 
 
 @dataclass(frozen=True)

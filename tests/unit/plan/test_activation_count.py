@@ -1,32 +1,26 @@
 """The plan's count of what a decoder layer keeps for backward (plan/activations.py) against what a
-real transformers layer of each family leaves allocated after its forward, on this CPU.
-
-Bytes per layer and token are measured as the plan counts them: the allocator's bytes in use after a
-forward and the loss (glibc's mallinfo2: a CPU tensor is one malloc, nothing is cached) at two depths
-and two lengths, so the embedding, the head, the loss and anything fixed (autocast's weight copies)
-cancel. Each is the smaller of two runs (the allocator's own bookkeeping moves a few hundred bytes).
-Korthikanti's 34 x hidden bytes (the count before) is 29-73% under every row of this shape.
+real transformers layer of each family leaves allocated after its forward, on this CPU
+(tests/activation_bytes.py: glibc's allocator count, at two depths and two lengths). Korthikanti's
+34 x hidden bytes (the count before) is 29-73% under every row of this shape.
 """
-
-import ctypes
-import gc
 
 import pytest
 import torch
 import transformers
 
+from tests.activation_bytes import VOCAB, has_mallinfo2, per_layer_token
 from tinytrain.config.schema import Checkpointing
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.plan.activations import Layout, input_bytes, layer_bytes, selective_bytes
 from tinytrain.plan.model_shape import shape_from_hf
 
+pytestmark = pytest.mark.skipif(not has_mallinfo2(), reason="glibc before 2.33 has no mallinfo2")
 TOLERANCE = 0.03
 # Gemma-2 refuses SDPA by name (its soft-capping); with soft-capping off, SDPA's fused kernel under
 # another name keeps what flash-attn 2 (a GPU's Gemma-2 kernel) does.
 FUSED = "fused_reference"
 transformers.AttentionInterface.register(FUSED, transformers.integrations.sdpa_attention.sdpa_attention_forward)
 transformers.masking_utils.AttentionMaskInterface.register(FUSED, transformers.masking_utils.sdpa_mask)
-VOCAB = 256
 CONFIGS = {
     "llama": transformers.LlamaConfig,
     "mistral": transformers.MistralConfig,
@@ -36,20 +30,6 @@ CONFIGS = {
     "gemma2": transformers.Gemma2Config,
     "gemma3_text": transformers.Gemma3TextConfig,
 }
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def allocated() -> int:
-    """Bytes malloc has handed out and not had back (arena chunks and mmapped blocks)."""
-    libc = ctypes.CDLL("libc.so.6")
-    if not hasattr(libc, "mallinfo2"):
-        pytest.skip("glibc before 2.33 has no mallinfo2")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
 
 
 def config(arch: str, layers: int):
@@ -62,29 +42,15 @@ def config(arch: str, layers: int):
     return CONFIGS[arch](**shape)
 
 
-def kept_after_forward(arch: str, layout: Layout, mode: Checkpointing, layers: int, seq: int) -> int:
-    torch.manual_seed(0)
-    cfg = config(arch, layers)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=FUSED if arch == "gemma2" else "sdpa").to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
-    apply_checkpointing(model, mode.value)
-    ids = torch.randint(0, VOCAB, (1, seq))
-    autocast = torch.autocast("cpu", torch.bfloat16, enabled=layout is Layout.mixed)
-    gc.collect()
-    before = allocated()
-    with autocast:
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids.reshape(-1))
-    del logits
-    gc.collect()
-    kept = allocated() - before
-    del loss
-    return kept
+def measured(arch: str, layout: Layout, mode: Checkpointing = Checkpointing.none) -> float:
+    def build(layers: int):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config(arch, layers), attn_implementation=FUSED if arch == "gemma2" else "sdpa")
+        model = model.to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
+        apply_checkpointing(model, mode.value)
+        return model
 
-
-def per_layer_token(arch: str, layout: Layout, mode: Checkpointing = Checkpointing.none) -> float:
-    seq = 256
-    kept = {(n, s): min(kept_after_forward(arch, layout, mode, n, s) for _ in range(2)) for n in (1, 2) for s in (seq, 2 * seq)}
-    return ((kept[2, 2 * seq] - kept[1, 2 * seq]) - (kept[2, seq] - kept[1, seq])) / seq
+    return per_layer_token(build, autocast=layout is Layout.mixed)
 
 
 def planned_shape(arch: str):
@@ -94,8 +60,8 @@ def planned_shape(arch: str):
 @pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
 @pytest.mark.parametrize("arch", list(CONFIGS))
 def test_a_layer_keeps_what_the_plan_counts(arch, layout):
-    measured, planned = per_layer_token(arch, layout), layer_bytes(planned_shape(arch), layout)
-    assert planned == pytest.approx(measured, rel=TOLERANCE), f"{arch} {layout.value}: measured {measured:.0f} B per token and layer, planned {planned:.0f}"
+    measured_bytes, planned = measured(arch, layout), layer_bytes(planned_shape(arch), layout)
+    assert planned == pytest.approx(measured_bytes, rel=TOLERANCE), f"{arch} {layout.value}: measured {measured_bytes:.0f} B per token and layer, planned {planned:.0f}"
 
 
 @pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
@@ -105,4 +71,4 @@ def test_a_checkpointed_layer_keeps_what_the_plan_counts(mode, layout):
     layer's input, selective its matmuls' and attention's outputs beside it."""
     shape = planned_shape("llama")
     planned = input_bytes(shape, layout) if mode is Checkpointing.full else selective_bytes(shape, layout)
-    assert planned == pytest.approx(per_layer_token("llama", layout, mode), rel=TOLERANCE)
+    assert planned == pytest.approx(measured("llama", layout, mode), rel=TOLERANCE)

@@ -1,0 +1,63 @@
+"""What a model's forward leaves allocated on this CPU, per layer and token: the measurement
+tests/unit/plan/test_activation_count.py and tests/integration/tp_activation_worker.py hold the
+plan's activation count (tinytrain/plan/activations.py) to.
+
+The allocator's bytes in use after a forward and the loss (glibc's mallinfo2: a CPU tensor is one
+malloc, nothing is cached) at two depths and two lengths, so the embedding, the head, the loss and
+anything fixed (autocast's weight copies) cancel; each the smaller of two runs (the allocator's own
+bookkeeping moves a few hundred bytes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+VOCAB = 256
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def has_mallinfo2() -> bool:
+    return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")  # glibc 2.33 and newer
+
+
+def allocated() -> int:
+    """Bytes malloc has handed out and not had back (arena chunks and mmapped blocks)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def settled() -> int:
+    """allocated() once nothing is left to free: the collector run, a process group's collectives done."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    gc.collect()
+    return allocated()
+
+
+def kept_after_forward(model, autocast: bool, seq: int) -> int:
+    """Bytes a training forward of `model` (and the loss) leaves allocated, the logits dropped."""
+    import torch
+
+    ids = torch.randint(0, VOCAB, (1, seq))
+    before = settled()
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids.reshape(-1))
+    del logits
+    kept = settled() - before
+    del loss
+    return kept
+
+
+def per_layer_token(build, autocast: bool, seq: int = 256) -> float:
+    """`build(layers)`: a fresh model of that many layers, ready to train. Bytes per layer and token."""
+    kept = {(n, s): min(kept_after_forward(build(n), autocast, s) for _ in range(2)) for n in (1, 2) for s in (seq, 2 * seq)}
+    return ((kept[2, 2 * seq] - kept[1, 2 * seq]) - (kept[2, seq] - kept[1, seq])) / seq
