@@ -57,6 +57,20 @@ def kept_after_forward(model, autocast: bool, seq: int) -> int:
     return kept
 
 
+def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
+    """Bytes `loss_of(batch)` (a training loss, labels pre-shifted) leaves allocated."""
+    import torch
+
+    ids = torch.randint(0, VOCAB, (1, seq))
+    batch = {"input_ids": ids, "labels": ids.roll(-1, 1)}
+    before = settled()
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        loss = loss_of(batch)
+    kept = settled() - before
+    del loss
+    return kept
+
+
 def per_layer_token(build, autocast: bool, seq: int = 256) -> float:
     """`build(layers)`: a fresh model of that many layers, ready to train. Bytes per layer and token."""
     kept = {(n, s): min(kept_after_forward(build(n), autocast, s) for _ in range(2)) for n in (1, 2) for s in (seq, 2 * seq)}

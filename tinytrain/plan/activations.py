@@ -42,10 +42,10 @@ class Layout(str, enum.Enum):
         """The residual stream between layers: what full checkpointing keeps of each layer."""
         return 2 if self is Layout.sixteen_bit else 4
 
-    @property
-    def logits_bytes(self) -> int:
-        """The logits and the loss's fp32 log-softmax, per vocab row."""
-        return self.activation_bytes + 4
+
+# Per token and vocab row, what the loss keeps for backward: its fp32 log-softmax (the logits and
+# their fp32 copy are freed once it is taken; tests/unit/plan/test_activation_count.py).
+LOGITS_BYTES = 4
 
 
 def layout_of(dtype: Dtype, deepspeed: bool) -> Layout:

@@ -7,8 +7,8 @@ layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 param
 the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations: what a layer of the
 model's family keeps per token in the run's layout (plan/activations.py, counted from transformers'
 layers; heads and the intermediate width split over tp), plus 5 x heads x seq^2 x batch when
-attention scores are materialised (no fused kernel, Korthikanti et al. 2022); and the logits
-(16-bit or fp32, + fp32 for the loss).
+attention scores are materialised (no fused kernel, Korthikanti et al. 2022); and the loss's fp32
+log-softmax over the vocab (one chunk's under the chunked loss, none under liger's fused loss).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import Layout, input_bytes, layer_bytes, selective_bytes
+from tinytrain.plan.activations import LOGITS_BYTES, Layout, input_bytes, layer_bytes, selective_bytes
 
 GIB = 1024**3
 
@@ -117,7 +117,7 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1) -> float:
+def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None) -> float:
     """Bytes per GPU of what a forward keeps for backward (plan/activations.py counts a layer of
     `shape`'s family in `layout`). Under context parallelism (cp) a rank holds seq / cp tokens between
     attention calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised
@@ -126,13 +126,15 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
     stay whole on every tp rank. `checkpointing` (a mode, not auto): full keeps only each layer's
     input; selective keeps its matmuls' and attention's outputs and recomputes the rest; both hold
     one layer's activations again while it is recomputed in backward. `every` > 1 (selective where
-    the op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all."""
+    the op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all.
+    `logits_tokens`: the most tokens whose logits the loss holds at once (a chunked loss's chunk, 0
+    for a fused linear cross-entropy; None: every token's)."""
     layers = shape.layers
     tokens = seq / cp * micro_batch
     per_layer = layer_bytes(shape, layout, tp) * tokens
     if not flash:
         per_layer += 5.0 * (shape.heads / cp / tp) * seq * seq * micro_batch
-    logits = tokens * shape.vocab * layout.logits_bytes
+    logits = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOGITS_BYTES
     if checkpointing is Checkpointing.none:
         kept = layers * per_layer
     elif checkpointing is Checkpointing.full or every > 1:

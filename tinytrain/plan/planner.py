@@ -137,6 +137,7 @@ class ModelStage:
     pretrained: object | None  # a pretrained folder's transformers config
     tokenizer_match: object | None  # the pretrained folder's own tokenizer against the run's
     tokenizer_fingerprint: str
+    logits_tokens: int | None = None  # the most tokens whose logits exist at once (the loss's path); None: all
 
 
 def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
@@ -156,7 +157,19 @@ def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
     # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
-    return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer))
+    return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer), logits_tokens(cfg, fam, vocab, hardware))
+
+
+def logits_tokens(cfg, fam, vocab, hardware) -> int | None:
+    """How many tokens' logits the loss holds at once, for the activation estimate: liger's fused
+    loss none, the chunked loss one chunk, the plain loss (and a preference objective's) all. The
+    loss's path does not depend on the checkpointing mode the fit chooses (fast_paths_for)."""
+    if cfg.finetune.objective != Objective.sft:
+        return None  # preference losses read the policy's logits whole (preference_plan.logits_loss)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=fam.logits_only)
+    if fast.liger_loss:
+        return 0
+    return fast.loss_chunk_tokens or None
 
 
 def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tuple[int, str]:
@@ -164,7 +177,7 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
-    estimate = activation_estimate(cfg, shape, model.attention, precision, op_off=row.op_checkpoint_off(par.zero_stage))
+    estimate = activation_estimate(cfg, model, precision, op_off=row.op_checkpoint_off(par.zero_stage))
     return context_plan.decide_cp(cfg, world, estimate, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
 
 
@@ -223,7 +236,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -314,30 +327,30 @@ def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, pr
     )
 
 
-def activation_estimate(cfg, shape, attention, precision, *, op_off):
+def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     """Activation bytes per GPU as a function of (seq_len, cp) for sizing cp (parallel.cp=null) before
     the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
     full, the most it could save; plan/memory.py), with the same every-k-block fallback (`op_off`)
     as the memory line of the plan, so the cp chosen is sized by the estimate the plan prints."""
-    flash = attention.implementation in VARLEN_KERNELS  # no attention scores held
+    flash = model.attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
     rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
     mode = checkpointing_mode(cfg.trainer.activation_checkpointing)
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(model.shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens)
 
     return at
 
 
-def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
+def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, logits_tokens: int | None = None) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
     checkpointing mode (with its every-k-block fallback), counted at what a GPU run measured where
     one measured more for this layout and mode (plan/memory_margin.py): what both the cp sizing and
     the plan's memory line estimate, so they agree."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
-    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off))
+    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off), logits_tokens=logits_tokens)
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)
 

@@ -8,9 +8,11 @@ import pytest
 import torch
 import transformers
 
-from tests.activation_bytes import VOCAB, has_mallinfo2, per_layer_token
+from tests.activation_bytes import VOCAB, has_mallinfo2, kept_by_loss, per_layer_token
 from tinytrain.config.schema import Checkpointing
 from tinytrain.model.activation_checkpointing import apply_checkpointing
+from tinytrain.model.module import CausalLMModule
+from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.plan.activations import Layout, input_bytes, layer_bytes, selective_bytes
 from tinytrain.plan.model_shape import shape_from_hf
 
@@ -72,3 +74,28 @@ def test_a_checkpointed_layer_keeps_what_the_plan_counts(mode, layout):
     shape = planned_shape("llama")
     planned = input_bytes(shape, layout) if mode is Checkpointing.full else selective_bytes(shape, layout)
     assert planned == pytest.approx(measured("llama", layout, mode), rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("chunk", [0, 128], ids=["plain", "chunked"])
+def test_the_loss_keeps_the_logits_the_plan_counts(chunk):
+    """tinytrain's own loss (CausalLMModule.batch_loss) over a 4096-row vocab, one layer, under
+    autocast. The plain loss keeps its fp32 log-softmax of every token (the plan's 4 B per vocab row);
+    the chunked loss (trainer.loss_chunk_tokens) keeps no logits past its forward (the plan counts
+    one chunk's, live again in backward). Beyond that the final norm and the head's input, ~12 x
+    hidden, which the plan leaves out."""
+    from tinytrain.plan.memory import activation_memory
+
+    vocab, seq = 4096, 512
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=1, vocab_size=vocab, use_cache=False)
+    torch.manual_seed(0)
+    module = CausalLMModule(transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train(), ModuleSpec(vocab, loss_chunk_tokens=chunk))
+    kept = {n: min(kept_by_loss(module.batch_loss, autocast=True, seq=n) for _ in range(2)) for n in (seq, 2 * seq)}
+    per_token = (kept[2 * seq] - kept[seq]) / seq
+    shape = shape_from_hf(cfg, vocab)
+    planned = activation_memory(shape=shape, layout=Layout.mixed, seq=seq, micro_batch=1, tp=1, flash=True, logits_tokens=chunk or None) / seq
+    layer = layer_bytes(shape, Layout.mixed)
+    ends = 16 * shape.hidden  # the final norm and the head's input, with room
+    if chunk:
+        assert per_token - layer < ends < 4 * vocab, (per_token, planned)  # no log-softmax of 4 B per vocab row kept
+    else:
+        assert planned <= per_token <= planned + ends, (per_token, planned)

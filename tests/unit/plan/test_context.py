@@ -32,7 +32,7 @@ def test_checkpointing_keeps_a_layer_input_and_one_layer():
     full = activation_memory(seq=8192, flash=True, **SHAPE)
     kept = activation_memory(seq=8192, flash=True, checkpointing=Checkpointing.full, **SHAPE)
     # 16-bit (DeepSpeed): per token and layer 16 h + 4 (q + kv) + 8 I + 4 per head (plan/activations.py)
-    per_layer, logits = (16 * 4096 + 4 * (4096 + 1024) + 8 * 14336 + 4 * 32) * 8192, 8192 * 128256 * 6
+    per_layer, logits = (16 * 4096 + 4 * (4096 + 1024) + 8 * 14336 + 4 * 32) * 8192, 8192 * 128256 * 4  # the loss's fp32 log-softmax
     assert per_layer / 8192 / 4096 == pytest.approx(49.03, abs=0.01)  # Korthikanti's GPT layer: 34
     assert full == pytest.approx(32 * per_layer + logits)
     assert kept == pytest.approx(32 * 2.0 * 8192 * 4096 + per_layer + logits)
@@ -149,3 +149,19 @@ def test_the_docs_memory_table_is_what_the_plan_prints(tmp_path):
             args += [f"cluster.devices={gpus.strip()}", f"trainer.global_batch_size={gpus.strip()}", f"data.seq_len={int(seq.strip()[:-1]) * 1024}", f"parallel.cp={cp}"]
             printed = f"{plan(args, tmp_path / f'{gpus.strip()}_{seq.strip()}_{cp}')['memory_per_gpu']['total_gib']:.1f}"
             assert cell.strip().removesuffix(" GiB") == printed, (gpus, seq, cp)
+
+
+def test_a_chunked_loss_holds_one_chunk_of_logits_not_the_context_s(tmp_path):
+    """Llama-3's 128,256-row vocab turns the chunked loss on (plan/fast_paths.py): at 64k tokens the
+    estimate holds one 1024-token chunk's fp32 log-softmax (0.5 GiB), not every token's (31 GiB),
+    so the context fits at cp 1; with the plain loss it does not."""
+    from tinytrain.errors import ConfigError
+
+    vocab = ["model.vocab_size=128256"]
+    chunked = plan([*LONG, *vocab, "parallel.cp=1"], tmp_path / "chunked")
+    assert chunked["fast_paths"]["loss_chunk_tokens"] == 1024 and chunked["memory_per_gpu"]["fits"]
+    shape = ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=chunked["vocab"]["padded"], tied_embeddings=False, qkv_bias=False)
+    expected = activation_memory(shape=shape, layout=Layout.sixteen_bit, seq=65536, micro_batch=1, tp=1, flash=True, checkpointing=Checkpointing.full, logits_tokens=1024) / 2**30
+    assert chunked["memory_per_gpu"]["activations_gib"] == pytest.approx(expected, abs=0.01)
+    with pytest.raises(ConfigError, match="does not fit at parallel.cp=1"):
+        plan([*LONG, *vocab, "parallel.cp=1", "trainer.loss_chunk_tokens=0"], tmp_path / "plain")
