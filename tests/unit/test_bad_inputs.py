@@ -79,7 +79,7 @@ CASES = {
     "context whose next cp the kv heads refuse": ([*LONG, "model.num_heads=48", "model.num_kv_heads=12", "model.hidden_size=6144", "data.seq_len=524288", "model.max_position_embeddings=524288", "parallel.cp=4", "trainer.activation_checkpointing=full"], ["data.seq_len=524288", "does not fit at parallel.cp=4", "Fix: use data.seq_len <= 327680"]),
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
     "cp with a batch warm-up": ([*CP2, "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=8", "Ulysses' attention is built for one micro batch size", "parallel.cp=1"]),
-    "long-context recipe on V100s": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),
+    "long-context recipe on V100s, 4 sequences a micro batch": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8", "trainer.micro_batch_size=4", "parallel.cp=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),
     # optimizers and objectives (issue 37)
     "optimizer unknown": (["mode=plan", "trainer.optimizer=sgd"], ["trainer.optimizer=sgd", "adamw, muon"]),
     "muon with lora trains no hidden matrix": (["mode=plan", "finetune=lora", "trainer.optimizer=muon"], ["trainer.optimizer='muon'", "trains none of them", "trainer.optimizer=adamw with LoRA"]),

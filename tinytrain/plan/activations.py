@@ -13,7 +13,8 @@ log-sum-exp per head), read off real transformers layers on a CPU: what a forwar
 at two depths and two lengths, so the model's ends and fixed costs cancel
 (tests/unit/plan/test_activation_count.py measures it again for every family and layout, and fails
 when transformers changes what a layer keeps). Attention is counted as a fused kernel (flash, SDPA's
-flash or efficient kernel, torch's varlen): its scores, where materialised, are plan/memory.py's.
+flash or efficient kernel, torch's varlen); where none takes the documents' boundaries, what grows
+as seq^2 (eager's scores, SDPA's masks) is attention_matrix_bytes'.
 """
 
 from __future__ import annotations
@@ -129,6 +130,22 @@ def selective_bytes(shape, layout: Layout, tp: int = 1) -> float:
     split = layout.activation_bytes * (2 * q + 2 * kv + 2 * shape.intermediate) + 4.0 * shape.heads
     whole = layout.activation_bytes * 2 * shape.hidden * (2 if tp > 1 else 1)
     return split / tp + whole + input_bytes(shape, layout)
+
+
+def attention_matrix_bytes(layout: Layout, *, heads: int, seq: int, cp: int, tp: int, eager: bool) -> tuple[float, float]:
+    """(per layer, per model) bytes per sequence of what attention keeps that grows as seq^2, where
+    no fused kernel takes the documents' boundaries. Eager attention keeps each head's fp32 softmax
+    and its 16-bit copy (heads / cp / tp of them). SDPA with a mask keeps no scores, but turns
+    transformers' boolean block-diagonal mask (1 B per pair, one per model) into one in the
+    activations' dtype at every call, which each layer keeps for backward; under cp > 1 tinytrain's
+    Ulysses path builds that additive mask once per forward instead (model/context_parallel.py).
+    Every rank of a cp group attends over the whole sequence, so the mask is not divided by cp."""
+    pairs = float(seq) * seq
+    if eager:
+        return heads / cp / tp * pairs * (4 + (0 if layout is Layout.fp32 else layout.activation_bytes)), pairs
+    if cp > 1:
+        return 0.0, layout.activation_bytes * pairs
+    return layout.activation_bytes * pairs, pairs
 
 
 def input_bytes(shape, layout: Layout) -> float:

@@ -6,8 +6,8 @@ Model states use DeepSpeed's accounting for mixed-precision Adam, per parameter:
 layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 params, fp32 grads and
 the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations: what a layer of the
 model's family keeps per token in the run's layout (plan/activations.py, counted from transformers'
-layers; heads and the intermediate width split over tp), plus 5 x heads x seq^2 x batch when
-attention scores are materialised (no fused kernel, Korthikanti et al. 2022); and the loss's fp32
+layers; heads and the intermediate width split over tp), plus what grows as seq^2 where no fused
+kernel takes the documents' boundaries (eager's scores, SDPA's masks); and the loss's fp32
 log-softmax over the vocab (one chunk's under the chunked loss, none under liger's fused loss).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import LOGITS_BYTES, Layout, input_bytes, layer_bytes, selective_bytes
+from tinytrain.plan.activations import LOGITS_BYTES, Layout, attention_matrix_bytes, input_bytes, layer_bytes, selective_bytes
 
 GIB = 1024**3
 
@@ -117,11 +117,12 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None) -> float:
+def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> float:
     """Bytes per GPU of what a forward keeps for backward (plan/activations.py counts a layer of
     `shape`'s family in `layout`). Under context parallelism (cp) a rank holds seq / cp tokens between
-    attention calls; Ulysses' attention sees all seq tokens with heads / cp heads, so materialised
-    scores are heads / cp x seq^2. Tensor parallelism splits heads and the intermediate width over
+    attention calls; Ulysses' attention sees all seq tokens with heads / cp heads. Without a fused
+    kernel (`flash` false: SDPA with a block-diagonal mask, or `eager`) attention keeps masks or
+    scores that grow as seq^2 (plan/activations.py attention_matrix_bytes). Tensor parallelism splits heads and the intermediate width over
     tp; the hidden-wide tensors and the logits (gathered for the loss: model/tensor_parallel.py)
     stay whole on every tp rank. `checkpointing` (a mode, not auto): full keeps only each layer's
     input; selective keeps its matmuls' and attention's outputs and recomputes the rest; both hold
@@ -132,8 +133,11 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
     layers = shape.layers
     tokens = seq / cp * micro_batch
     per_layer = layer_bytes(shape, layout, tp) * tokens
+    per_model = 0.0
     if not flash:
-        per_layer += 5.0 * (shape.heads / cp / tp) * seq * seq * micro_batch
+        layer_matrix, model_matrix = attention_matrix_bytes(layout, heads=shape.heads, seq=seq, cp=cp, tp=tp, eager=eager)
+        per_layer += layer_matrix * micro_batch
+        per_model = model_matrix * micro_batch
     logits = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOGITS_BYTES
     if checkpointing is Checkpointing.none:
         kept = layers * per_layer
@@ -144,7 +148,7 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
         kept = layers * selective_bytes(shape, layout, tp) * tokens + per_layer
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
-    return kept + logits
+    return kept + per_model + logits
 
 
 @dataclass(frozen=True)

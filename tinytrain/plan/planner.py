@@ -236,7 +236,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens)
+        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens, eager=model.attention.implementation == "eager")
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -339,18 +339,18 @@ def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(model.shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens)
+        return block_activations(model.shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens, eager=model.attention.implementation == "eager")
 
     return at
 
 
-def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, logits_tokens: int | None = None) -> float:
+def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, logits_tokens: int | None = None, eager: bool = False) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
     checkpointing mode (with its every-k-block fallback), counted at what a GPU run measured where
     one measured more for this layout and mode (plan/memory_margin.py): what both the cp sizing and
     the plan's memory line estimate, so they agree."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
-    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off), logits_tokens=logits_tokens)
+    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off), logits_tokens=logits_tokens, eager=eager)
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)
 

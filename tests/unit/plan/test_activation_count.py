@@ -4,6 +4,8 @@ real transformers layer of each family leaves allocated after its forward, on th
 34 x hidden bytes (the count before) is 29-73% under every row of this shape.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -99,3 +101,30 @@ def test_the_loss_keeps_the_logits_the_plan_counts(chunk):
         assert per_token - layer < ends < 4 * vocab, (per_token, planned)  # no log-softmax of 4 B per vocab row kept
     else:
         assert planned <= per_token <= planned + ends, (per_token, planned)
+
+
+@pytest.mark.parametrize("layout", [Layout.mixed, Layout.fp32], ids=lambda x: x.value)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_what_grows_as_the_square_of_the_sequence_is_what_the_plan_counts(attention, layout):
+    """Without a varlen kernel (a CPU, V100, T4) packed documents go to SDPA with transformers'
+    block-diagonal mask, which SDPA turns into one in the activations' dtype at every layer; eager
+    attention (Gemma-2 on a CPU) keeps each head's softmax. Through tinytrain's own loss, packed
+    documents of 128 tokens, at 2048 tokens where the seq^2 terms dominate: per layer, and the
+    model's one boolean mask. Korthikanti's 5 B per head and pair (the count before) was 20 here."""
+    from tinytrain.plan.memory import activation_memory
+
+    seq = 2048
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=VOCAB, use_cache=False)
+
+    def kept(layers: int) -> int:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": layers}), attn_implementation=attention).train()
+        module = CausalLMModule(model, ModuleSpec(VOCAB))
+        packed = lambda batch: module.batch_loss({**batch, "position_ids": (torch.arange(seq) % 128)[None]})  # noqa: E731
+        return min(kept_by_loss(packed, autocast=layout is Layout.mixed, seq=seq) for _ in range(2))
+
+    one, two = kept(1), kept(2)
+    shape = shape_from_hf(cfg, VOCAB)
+    planned = {n: activation_memory(shape=dataclasses.replace(shape, layers=n), layout=layout, seq=seq, micro_batch=1, tp=1, flash=False, eager=attention == "eager") for n in (1, 2)}
+    assert planned[2] - planned[1] == pytest.approx(two - one, rel=0.05)  # a layer
+    assert planned[1] == pytest.approx(one, rel=0.15)  # the model: one layer, its masks, the loss (the ends, ~12 h per token, are not counted)

@@ -18,14 +18,27 @@ SHAPE = dict(shape=LLAMA3_8B, layout=Layout.sixteen_bit, micro_batch=1, tp=1)
 LONG = ["model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=65536", "trainer.activation_checkpointing=full"]
 
 
-@pytest.mark.parametrize("flash", [True, False])
 @pytest.mark.parametrize("checkpointing", list(BY_COST))
-def test_activations_per_rank_fall_as_one_over_cp(flash, checkpointing):
+def test_activations_per_rank_fall_as_one_over_cp(checkpointing):
     """Ulysses: a rank holds seq / cp tokens between attention calls and attends over all of them
-    with heads / cp heads, so every term, the materialised scores included, falls as 1/cp."""
-    one = activation_memory(seq=32768, cp=1, flash=flash, checkpointing=checkpointing, **SHAPE)
+    with heads / cp heads, so on a fused kernel every term falls as 1/cp."""
+    one = activation_memory(seq=32768, cp=1, flash=True, checkpointing=checkpointing, **SHAPE)
     for cp in (2, 4, 8):
-        assert activation_memory(seq=32768, cp=cp, flash=flash, checkpointing=checkpointing, **SHAPE) == pytest.approx(one / cp)
+        assert activation_memory(seq=32768, cp=cp, flash=True, checkpointing=checkpointing, **SHAPE) == pytest.approx(one / cp)
+
+
+@pytest.mark.parametrize("checkpointing", list(BY_COST))
+def test_a_mask_over_the_whole_sequence_stays_whole_under_cp(checkpointing):
+    """Without a fused kernel (SDPA with the documents' mask) every rank attends over the whole
+    sequence: under cp > 1 one additive 16-bit mask of seq^2 per forward beside what falls as 1/cp
+    (at cp 1 transformers' boolean mask, and SDPA's 16-bit copy of it at every layer)."""
+    seq = 32768
+    for cp in (2, 4, 8):
+        masked = activation_memory(seq=seq, cp=cp, flash=False, checkpointing=checkpointing, **SHAPE)
+        assert masked - activation_memory(seq=seq, cp=cp, flash=True, checkpointing=checkpointing, **SHAPE) == pytest.approx(2.0 * seq * seq)
+    layers_kept = {Checkpointing.none: 32, Checkpointing.selective: 1, Checkpointing.full: 1}[checkpointing]
+    at_one = activation_memory(seq=seq, cp=1, flash=False, checkpointing=checkpointing, **SHAPE) - activation_memory(seq=seq, cp=1, flash=True, checkpointing=checkpointing, **SHAPE)
+    assert at_one == pytest.approx((layers_kept * 2.0 + 1.0) * seq * seq)
 
 
 def test_checkpointing_keeps_a_layer_input_and_one_layer():
@@ -79,11 +92,12 @@ def test_cp_null_picks_the_smallest_cp_that_fits(tmp_path):
     assert cpu["parallel"]["cp"] == 1 and "parallel=single has no context parallelism" in cpu["context"]["reason"]
 
 
-@pytest.mark.parametrize(("gpu", "cp"), [("H100", 1), ("A10", 4)])
+@pytest.mark.parametrize(("gpu", "cp"), [("H100", 1), ("A10", 4), ("V100", 2)])
 def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
     """experiment=long_context: Llama-3-8B's shape at 4x its 8192 positions with llama3 RoPE scaling,
-    Ulysses under ZeRO-3 at the cp the plan picks: none on 80 GB H100s, 4 on 24 GB A10s (V100s, whose
-    SDPA holds the scores, are refused in tests/unit/test_bad_inputs.py)."""
+    Ulysses under ZeRO-3 at the cp the plan picks: none on 80 GB H100s, 4 on 24 GB A10s, 2 on 32 GB
+    V100s (no varlen kernel: SDPA keeps one 32k x 32k mask per forward; 4 sequences a micro batch
+    are refused at cp 8 in tests/unit/test_bad_inputs.py)."""
     p = plan(["experiment=long_context", f"hardware.gpu={gpu}", "cluster.devices=8"], tmp_path / gpu)
     assert p["parallel"]["cp"] == cp and p["batch"]["seq_len"] == 32768
     assert p["preflight"]["findings"] == [] or all(f["severity"] != "error" for f in p["preflight"]["findings"])
