@@ -73,38 +73,24 @@ class LayerBytes:
         return self.hidden * shape.hidden + split / tp
 
 
-# Measured with transformers 5.23 (and 5.17: `make test-compat`), torch 2.13, SDPA's flash kernel.
+def per_layout(sixteen_bit: tuple, mixed: tuple, fp32: tuple) -> dict:
+    """A family's counts, each (hidden, q, kv, intermediate) bytes per token per unit."""
+    return {layout: LayerBytes(*widths) for layout, widths in zip((Layout.sixteen_bit, Layout.mixed, Layout.fp32), (sixteen_bit, mixed, fp32))}
+
+
+# Measured with transformers 5.23 (and 5.17: `make test-compat`), torch 2.13, SDPA's flash kernel;
+# per layout 16-bit, mixed, fp32.
 # Llama, Mistral and Qwen2 build the same layer (Qwen2's q/k/v biases keep nothing more).
-LLAMA = {
-    Layout.sixteen_bit: LayerBytes(hidden=16, q=4, kv=4, intermediate=8),
-    Layout.mixed: LayerBytes(hidden=26, q=4, kv=4, intermediate=8),
-    Layout.fp32: LayerBytes(hidden=24, q=8, kv=8, intermediate=16),
-}
+LLAMA = per_layout((16, 4, 4, 8), (26, 4, 4, 8), (24, 8, 8, 16))
 # Qwen3 adds an RMSNorm over each query and key head (their fp32 input and normed output).
-QWEN3 = {
-    Layout.sixteen_bit: LayerBytes(hidden=16, q=10, kv=10, intermediate=8),
-    Layout.mixed: LayerBytes(hidden=26, q=10, kv=10, intermediate=8),
-    Layout.fp32: LayerBytes(hidden=24, q=16, kv=16, intermediate=16),
-}
+QWEN3 = per_layout((16, 10, 10, 8), (26, 10, 10, 8), (24, 16, 16, 16))
 # Phi-3's fused qkv_proj and gate_up_proj keep one output each, split by views.
-PHI3 = {
-    Layout.sixteen_bit: LayerBytes(hidden=16, q=8, kv=6, intermediate=8),
-    Layout.mixed: LayerBytes(hidden=20, q=8, kv=6, intermediate=8),
-    Layout.fp32: LayerBytes(hidden=24, q=16, kv=12, intermediate=16),
-}
+PHI3 = per_layout((16, 8, 6, 8), (20, 8, 6, 8), (24, 16, 12, 16))
 # Gemma-2: four RMSNorms a layer (before and after attention and MLP), each keeping its fp32 input
 # and output. Counted on a fused kernel (flash-attn 2 with its soft-capping, a GPU's).
-GEMMA2 = {
-    Layout.sixteen_bit: LayerBytes(hidden=36, q=4, kv=4, intermediate=8),
-    Layout.mixed: LayerBytes(hidden=42, q=4, kv=4, intermediate=8),
-    Layout.fp32: LayerBytes(hidden=40, q=8, kv=8, intermediate=16),
-}
+GEMMA2 = per_layout((36, 4, 4, 8), (42, 4, 4, 8), (40, 8, 8, 16))
 # Gemma-3: Gemma-2's four norms and query and key norms like Qwen3's (fp32 input and output each).
-GEMMA3 = {
-    Layout.sixteen_bit: LayerBytes(hidden=36, q=12, kv=12, intermediate=8),
-    Layout.mixed: LayerBytes(hidden=42, q=12, kv=12, intermediate=8),
-    Layout.fp32: LayerBytes(hidden=40, q=16, kv=16, intermediate=16),
-}
+GEMMA3 = per_layout((36, 12, 12, 8), (42, 12, 12, 8), (40, 16, 16, 16))
 COUNTS = {
     Arch.llama: LLAMA,
     Arch.mistral: LLAMA,
