@@ -71,7 +71,7 @@ def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
     return kept
 
 
-def per_layer_token(build, autocast: bool, seq: int = 256) -> float:
+def per_layer_token(build, autocast: bool, seq: int = 256, repeats: int = 2) -> float:
     """`build(layers)`: a fresh model of that many layers, ready to train. Bytes per layer and token."""
-    kept = {(n, s): min(kept_after_forward(build(n), autocast, s) for _ in range(2)) for n in (1, 2) for s in (seq, 2 * seq)}
+    kept = {(n, s): min(kept_after_forward(build(n), autocast, s) for _ in range(repeats)) for n in (1, 2) for s in (seq, 2 * seq)}
     return ((kept[2, 2 * seq] - kept[1, 2 * seq]) - (kept[2, seq] - kept[1, seq])) / seq
