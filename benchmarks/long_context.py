@@ -97,11 +97,13 @@ def run(cp: int, seq: int, repeats: int) -> dict:
 
 
 def planned(seq: int, cp: int) -> float:
+    from transformers import LlamaConfig
+
     from tinytrain.plan.activations import Layout
     from tinytrain.plan.memory import activation_memory
-    from tinytrain.plan.model_shape import ModelShape
+    from tinytrain.plan.model_shape import shape_from_hf
 
-    shape = ModelShape(hidden=SHAPE["hidden_size"], layers=SHAPE["num_hidden_layers"], heads=SHAPE["num_attention_heads"], kv_heads=SHAPE["num_key_value_heads"], intermediate=SHAPE["intermediate_size"], vocab=SHAPE["vocab_size"], tied_embeddings=False, qkv_bias=False)
+    shape = shape_from_hf(LlamaConfig(**SHAPE), SHAPE["vocab_size"])
     # SDPA with the documents' mask (no fused kernel on a CPU): its masks grow as seq^2.
     return activation_memory(shape=shape, layout=Layout.fp32, seq=seq, micro_batch=ROWS, tp=1, flash=False, cp=cp)
 

@@ -64,12 +64,11 @@ def build_layer(shape: dict, kernel: str, gpu: bool, seq: int):
     return LlamaDecoderLayer(cfg, 0).to(device, torch.bfloat16), LlamaRotaryEmbedding(cfg).to(device), cfg
 
 
-def planned_bytes(shape: dict, seq: int) -> float:
+def planned_bytes(cfg, seq: int) -> float:
     from tinytrain.plan.activations import Layout, layer_bytes
-    from tinytrain.plan.model_shape import ModelShape
+    from tinytrain.plan.model_shape import shape_from_hf
 
-    s = ModelShape(hidden=shape["hidden_size"], layers=1, heads=shape["num_attention_heads"], kv_heads=shape["num_key_value_heads"], intermediate=shape["intermediate_size"], vocab=128, tied_embeddings=False, qkv_bias=False)
-    return layer_bytes(s, Layout.sixteen_bit) * seq
+    return layer_bytes(shape_from_hf(cfg, cfg.vocab_size), Layout.sixteen_bit) * seq
 
 
 def layer_flops(shape: dict, seq: int) -> float:
@@ -82,7 +81,7 @@ def layer_flops(shape: dict, seq: int) -> float:
 
 
 def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict:
-    layer, rope, _ = build_layer(shape, kernel, gpu, seq)
+    layer, rope, cfg = build_layer(shape, kernel, gpu, seq)
     device = "cuda" if gpu else "cpu"
     x = torch.randn(1, seq, shape["hidden_size"], device=device, dtype=torch.bfloat16, requires_grad=True)
     position_ids = torch.arange(seq, device=device)[None]
@@ -119,7 +118,7 @@ def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict
         sync()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    planned = planned_bytes(shape, seq)
+    planned = planned_bytes(cfg, seq)
     return {
         "kernel": kernel,
         "attention": layer.self_attn.config._attn_implementation,

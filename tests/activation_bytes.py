@@ -42,21 +42,6 @@ def settled() -> int:
     return allocated()
 
 
-def kept_after_forward(model, autocast: bool, seq: int) -> int:
-    """Bytes a training forward of `model` (and the loss) leaves allocated, the logits dropped."""
-    import torch
-
-    ids = torch.randint(0, VOCAB, (1, seq))
-    before = settled()
-    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-        logits = model(input_ids=ids).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids.reshape(-1))
-    del logits
-    kept = settled() - before
-    del loss
-    return kept
-
-
 def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
     """Bytes `loss_of(batch)` (a training loss, labels pre-shifted) leaves allocated."""
     import torch
@@ -69,6 +54,18 @@ def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
     kept = settled() - before
     del loss
     return kept
+
+
+def kept_after_forward(model, autocast: bool, seq: int) -> int:
+    """Bytes a training forward of `model` and a plain cross-entropy leave allocated (the logits
+    themselves dropped with the forward's output)."""
+    import torch
+
+    def loss_of(batch):
+        logits = model(input_ids=batch["input_ids"]).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), batch["labels"].reshape(-1))
+
+    return kept_by_loss(loss_of, autocast, seq)
 
 
 def per_layer_token(build, autocast: bool, seq: int = 256, repeats: int = 2) -> float:

@@ -226,9 +226,8 @@ class FitStage:
 
 
 def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: int, cp_reason: str, hardware, precision) -> FitStage:
-    par, shape = cfg.parallel, model.shape
+    par = cfg.parallel
     row = strategy_row(par.strategy)
-    flash = model.attention.implementation in VARLEN_KERNELS  # no attention scores held
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     op_off = row.op_checkpoint_off(par.zero_stage)
     reference_bytes = state.preference.reference_bytes if state.preference else 0.0
@@ -236,7 +235,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(shape, par, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens, eager=model.attention.implementation == "eager")
+        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -332,25 +331,37 @@ def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     the batch is laid out: the configured micro batch (1 for auto) and checkpointing mode (auto:
     full, the most it could save; plan/memory.py), with the same every-k-block fallback (`op_off`)
     as the memory line of the plan, so the cp chosen is sized by the estimate the plan prints."""
-    flash = model.attention.implementation in VARLEN_KERNELS  # no attention scores held
     # A preference micro batch holds each pair's chosen and rejected rows.
     rows = (micro_batch.configured(cfg.trainer.micro_batch_size) or 1) * (1 if cfg.finetune.objective == Objective.sft else 2)
     mode = checkpointing_mode(cfg.trainer.activation_checkpointing)
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(model.shape, cfg.parallel, precision, flash, op_off, mode, seq=seq, cp=cp, rows=rows, logits_tokens=model.logits_tokens, eager=model.attention.implementation == "eager")
+        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows)
 
     return at
 
 
-def block_activations(shape, par, precision, flash: bool, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, logits_tokens: int | None = None, eager: bool = False) -> float:
+def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
-    checkpointing mode (with its every-k-block fallback), counted at what a GPU run measured where
-    one measured more for this layout and mode (plan/memory_margin.py): what both the cp sizing and
-    the plan's memory line estimate, so they agree."""
+    checkpointing mode (with its every-k-block fallback), for the model's family, attention kernel
+    and loss, counted at what a GPU run measured where one measured more for this layout and mode
+    (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
-    formula = activation_memory(shape=shape, layout=layout, seq=seq, micro_batch=rows, tp=par.tp, flash=flash, cp=cp, checkpointing=mode, every=every_for(mode, op_off), logits_tokens=logits_tokens, eager=eager)
+    kernel = model.attention.implementation
+    formula = activation_memory(
+        shape=model.shape,
+        layout=layout,
+        seq=seq,
+        micro_batch=rows,
+        tp=par.tp,
+        flash=kernel in VARLEN_KERNELS,  # no seq^2 masks or scores held
+        eager=kernel == "eager",
+        cp=cp,
+        checkpointing=mode,
+        every=every_for(mode, op_off),
+        logits_tokens=model.logits_tokens,
+    )
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)
 
