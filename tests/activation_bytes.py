@@ -5,7 +5,8 @@ plan's activation count (tinytrain/plan/activations.py) to.
 The allocator's bytes in use after a forward and the loss (glibc's mallinfo2: a CPU tensor is one
 malloc, nothing is cached) at two depths and two lengths, so the embedding, the head, the loss and
 anything fixed (autocast's weight copies) cancel; each the smaller of two runs (the allocator's own
-bookkeeping moves a few hundred bytes).
+bookkeeping moves a few hundred bytes). The backward's peak is the same count read after every
+operator the backward runs (a torch dispatch mode), so a peak inside an autograd node is seen too.
 """
 
 from __future__ import annotations
@@ -54,6 +55,32 @@ def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
     kept = settled() - before
     del loss
     return kept
+
+
+def kept_and_peak_by_loss(loss_of, autocast: bool, seq: int) -> tuple[int, int]:
+    """(bytes `loss_of(batch)` leaves allocated, the most allocated through its backward), both over
+    what was allocated before the forward. Parameters' gradients are in the peak: fixed, they cancel
+    between lengths."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Peak(TorchDispatchMode):
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.most = max(self.most, allocated())  # the operator's output beside its inputs
+            return out
+
+    ids = torch.randint(0, VOCAB, (1, seq))
+    batch = {"input_ids": ids, "labels": ids.roll(-1, 1)}
+    before = settled()
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        loss = loss_of(batch)
+    kept = settled() - before
+    with Peak() as peak:
+        loss.backward()
+    return kept, max(peak.most - before, kept)
 
 
 def kept_after_forward(model, autocast: bool, seq: int) -> int:

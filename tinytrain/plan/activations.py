@@ -44,9 +44,18 @@ class Layout(str, enum.Enum):
         return 2 if self is Layout.sixteen_bit else 4
 
 
-# Per token and vocab row, what the loss keeps for backward: its fp32 log-softmax (the logits and
-# their fp32 copy are freed once it is taken; tests/unit/plan/test_activation_count.py).
-LOGITS_BYTES = 4
+# Per token and vocab row, what the loss holds at the peak of a step, its own backward: its fp32
+# log-softmax (kept from the forward by the plain loss, recomputed a chunk at a time by the chunked
+# loss) and two fp32 gradients beside it, nll's and log-softmax's (the logits and their fp32 copy
+# are freed once the log-softmax is taken). Measured on this CPU for both losses in every layout
+# (tests/unit/plan/test_activation_count.py); an H100 run measured its activations at 1.007x a count
+# with it (plan/memory_margin.py), 1.11x one of the kept 4 B alone.
+LOSS_PEAK_BYTES = 12
+LOGITS_KEPT_BYTES = 4  # of which the plain loss keeps from its forward: the log-softmax
+# A checkpointed layer's recompute in backward, with the gradients beside it, over the activations
+# the layer keeps without checkpointing: measured 0.96 (mixed), 1.09 (16-bit) and 1.13 (fp32) for a
+# Llama layer of Llama's proportions (0.90-1.18 across shapes); counted at the top of that range.
+RECOMPUTE_PEAK = 1.15
 
 
 def layout_of(dtype: Dtype, deepspeed: bool) -> Layout:

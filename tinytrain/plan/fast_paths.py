@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.activations import LOSS_PEAK_BYTES
 from tinytrain.plan.checkpointing import CheckpointingPlan, choose
 from tinytrain.plan.levers import checkpointing_mode, compile_mode
 from tinytrain.plan.parallel import strategy_row
@@ -14,6 +15,10 @@ from tinytrain.plan.parallel import strategy_row
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
 # computed from hidden states in chunks of tokens instead.
 CHUNKED_LOSS_MIN_VOCAB = 65536
+# And where one sequence's logits are this many (tokens x vocab rows) whatever the vocab: the plain
+# loss's backward would hold 12 B of each (LOSS_PEAK_BYTES), 6 GiB a sequence,
+# where the chunks' recompute of the head costs under 1% of a step (2 x hidden x vocab FLOPs a token).
+CHUNKED_LOSS_MIN_LOGITS = 2**29
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,10 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels.
+    `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
     `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
     (auto: none, as where no GPU memory is known)."""
     reasons = {}
@@ -53,11 +59,11 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
         chunk = 0
         reasons["loss_chunk_tokens"] = "off: liger's fused linear cross-entropy never builds the logits"
     elif chunk is None:
-        auto = padded_vocab >= CHUNKED_LOSS_MIN_VOCAB and not row.chunked_loss_off
-        chunk = 1024 if auto else 0
-        if auto:
-            reasons["loss_chunk_tokens"] = f"vocab {padded_vocab} >= {CHUNKED_LOSS_MIN_VOCAB}: logits computed 1024 tokens at a time"
-        elif row.chunked_loss_off and padded_vocab >= CHUNKED_LOSS_MIN_VOCAB:
+        why = large_logits(padded_vocab, seq_len)
+        chunk = 1024 if why and not row.chunked_loss_off else 0
+        if chunk:
+            reasons["loss_chunk_tokens"] = f"{why}: logits computed 1024 tokens at a time"
+        elif why:
             reasons["loss_chunk_tokens"] = f"off: {row.chunked_loss_off}"
         else:
             reasons["loss_chunk_tokens"] = f"off: vocab {padded_vocab} < {CHUNKED_LOSS_MIN_VOCAB}"
@@ -81,6 +87,16 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
         checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
     reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"
     return FastPaths(fused, compiling.value, int(chunk), checkpointing.mode, reasons, liger, liger_loss, checkpointing.every, trainer_cfg.compile_backend)
+
+
+def large_logits(padded_vocab: int, seq_len: int) -> str | None:
+    """Why the plain loss's logits are too large to hold whole, or None."""
+    if padded_vocab >= CHUNKED_LOSS_MIN_VOCAB:
+        return f"vocab {padded_vocab} >= {CHUNKED_LOSS_MIN_VOCAB}"
+    if seq_len * padded_vocab >= CHUNKED_LOSS_MIN_LOGITS:
+        return f"{seq_len} tokens x vocab {padded_vocab}: the plain loss's backward would hold {seq_len * padded_vocab * LOSS_PEAK_BYTES / 2**30:.0f} GiB a sequence"
+    return None
+
 
 def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
     """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.

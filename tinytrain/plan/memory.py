@@ -7,8 +7,9 @@ layer for ZeRO-3). Without DeepSpeed (single, ddp, fsdp_tp) AMP keeps fp32 param
 the moments: 16 B per parameter, divided by tp x dp for fsdp_tp. Activations: what a layer of the
 model's family keeps per token in the run's layout (plan/activations.py, counted from transformers'
 layers; heads and the intermediate width split over tp), plus what grows as seq^2 where no fused
-kernel takes the documents' boundaries (eager's scores, SDPA's masks); and the loss's fp32
-log-softmax over the vocab (one chunk's under the chunked loss, none under liger's fused loss).
+kernel takes the documents' boundaries (eager's scores, SDPA's masks); and the peak of the
+backward on top: the loss's fp32 log-softmax and its two gradients over the vocab (one chunk's
+under the chunked loss, none under liger's fused loss), or a checkpointed layer's recompute.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import LOGITS_BYTES, Layout, attention_matrix_bytes, input_bytes, layer_bytes, selective_bytes
+from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, input_bytes, layer_bytes, selective_bytes
 
 GIB = 1024**3
 
@@ -117,19 +118,38 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
 
 
-def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> float:
-    """Bytes per GPU of what a forward keeps for backward (plan/activations.py counts a layer of
-    `shape`'s family in `layout`). Under context parallelism (cp) a rank holds seq / cp tokens between
-    attention calls; Ulysses' attention sees all seq tokens with heads / cp heads. Without a fused
-    kernel (`flash` false: SDPA with a block-diagonal mask, or `eager`) attention keeps masks or
-    scores that grow as seq^2 (plan/activations.py attention_matrix_bytes). Tensor parallelism splits heads and the intermediate width over
-    tp; the hidden-wide tensors and the logits (gathered for the loss: model/tensor_parallel.py)
-    stay whole on every tp rank. `checkpointing` (a mode, not auto): full keeps only each layer's
-    input; selective keeps its matmuls' and attention's outputs and recomputes the rest; both hold
-    one layer's activations again while it is recomputed in backward. `every` > 1 (selective where
-    the op-level policy cannot run): every every-th layer is checkpointed in full, the others keep all.
-    `logits_tokens`: the most tokens whose logits the loss holds at once (a chunked loss's chunk, 0
-    for a fused linear cross-entropy; None: every token's)."""
+@dataclass(frozen=True)
+class Activations:
+    kept: float  # what the forward keeps for backward (the plain loss's log-softmax included)
+    backward: float  # what the backward adds at its peak
+
+    @property
+    def peak(self) -> float:
+        return self.kept + self.backward
+
+
+def activation_memory(**kwargs) -> float:
+    """Bytes per GPU of activations at the peak of a training step (activations(), its arguments)."""
+    return activations(**kwargs).peak
+
+
+def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> Activations:
+    """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
+    forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`) and, on top of it,
+    the larger of the backward's two transients: the loss's (its log-softmax and two gradients over
+    the vocab, while every layer's activations are still held) and, under checkpointing, the last
+    layer's recompute (one layer's activations again, with its gradients: RECOMPUTE_PEAK).
+    Under context parallelism (cp) a rank holds seq / cp tokens between attention calls; Ulysses'
+    attention sees all seq tokens with heads / cp heads. Without a fused kernel (`flash` false: SDPA
+    with a block-diagonal mask, or `eager`) attention keeps masks or scores that grow as seq^2
+    (plan/activations.py attention_matrix_bytes). Tensor parallelism splits heads and the
+    intermediate width over tp; the hidden-wide tensors and the logits (gathered for the loss:
+    model/tensor_parallel.py) stay whole on every tp rank. `checkpointing` (a mode, not auto): full
+    keeps only each layer's input; selective keeps its matmuls' and attention's outputs and
+    recomputes the rest. `every` > 1 (selective where the op-level policy cannot run): every
+    every-th layer is checkpointed in full, the others keep all. `logits_tokens`: the most tokens
+    whose logits the loss holds at once (a chunked loss's chunk, 0 for a fused linear cross-entropy;
+    None: every token's)."""
     layers = shape.layers
     tokens = seq / cp * micro_batch
     per_layer = layer_bytes(shape, layout, tp) * tokens
@@ -138,17 +158,19 @@ def activation_memory(*, shape, layout: Layout, seq: int, micro_batch: int, tp: 
         layer_matrix, model_matrix = attention_matrix_bytes(layout, heads=shape.heads, seq=seq, cp=cp, tp=tp, eager=eager)
         per_layer += layer_matrix * micro_batch
         per_model = model_matrix * micro_batch
-    logits = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOGITS_BYTES
+    loss = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOSS_PEAK_BYTES
+    loss_kept = tokens * shape.vocab * LOGITS_KEPT_BYTES if logits_tokens is None else 0.0  # the plain loss's log-softmax
     if checkpointing is Checkpointing.none:
-        kept = layers * per_layer
+        kept, recompute = layers * per_layer, 0.0
     elif checkpointing is Checkpointing.full or every > 1:
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
-        kept = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer + per_layer
+        kept, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer, RECOMPUTE_PEAK * per_layer
     elif checkpointing is Checkpointing.selective:
-        kept = layers * selective_bytes(shape, layout, tp) * tokens + per_layer
+        kept, recompute = layers * selective_bytes(shape, layout, tp) * tokens, RECOMPUTE_PEAK * per_layer
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
-    return kept + per_model + logits
+    # The loss's backward ends before the last layer's recompute begins: one or the other, not both.
+    return Activations(kept + per_model + loss_kept, max(loss, recompute) - loss_kept)
 
 
 @dataclass(frozen=True)

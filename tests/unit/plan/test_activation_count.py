@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from tests.activation_bytes import VOCAB, has_mallinfo2, kept_by_loss, per_layer_token
+from tests.activation_bytes import VOCAB, has_mallinfo2, kept_and_peak_by_loss, kept_by_loss, per_layer_token
 from tinytrain.config.schema import Checkpointing
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.module import CausalLMModule
@@ -78,29 +78,89 @@ def test_a_checkpointed_layer_keeps_what_the_plan_counts(mode, layout):
     assert planned == pytest.approx(measured("llama", layout, mode), rel=TOLERANCE)
 
 
+def tiny_module(vocab: int, layout: Layout, chunk: int, hidden: int = 256, intermediate: int = 704, layers: int = 1, checkpointing: Checkpointing = Checkpointing.none):
+    cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=hidden // 64, num_key_value_heads=2, head_dim=64, num_hidden_layers=layers, vocab_size=vocab, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
+    apply_checkpointing(model, checkpointing.value)
+    return cfg, CausalLMModule(model, ModuleSpec(vocab, loss_chunk_tokens=chunk))
+
+
+def kept_and_peak(module, layout: Layout, seq: int) -> tuple[int, int]:
+    """The smaller of two readings of each, the parameters' gradients dropped after each."""
+    readings = []
+    for _ in range(2):
+        readings.append(kept_and_peak_by_loss(module.batch_loss, autocast=layout is Layout.mixed, seq=seq))
+        module.zero_grad(set_to_none=True)
+    return min(r[0] for r in readings), min(r[1] for r in readings)
+
+
 @pytest.mark.parametrize("chunk", [0, 128], ids=["plain", "chunked"])
 def test_the_loss_keeps_the_logits_the_plan_counts(chunk):
     """tinytrain's own loss (CausalLMModule.batch_loss) over a 4096-row vocab, one layer, under
     autocast. The plain loss keeps its fp32 log-softmax of every token (the plan's 4 B per vocab row);
-    the chunked loss (trainer.loss_chunk_tokens) keeps no logits past its forward (the plan counts
-    one chunk's, live again in backward). Beyond that the final norm and the head's input, ~12 x
-    hidden, which the plan leaves out."""
-    from tinytrain.plan.memory import activation_memory
+    the chunked loss (trainer.loss_chunk_tokens) keeps no logits past its forward. Beyond that the
+    final norm and the head's input, ~12 x hidden, which the plan leaves out."""
+    from tinytrain.plan.memory import activations
 
     vocab, seq = 4096, 512
-    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=1, vocab_size=vocab, use_cache=False)
-    torch.manual_seed(0)
-    module = CausalLMModule(transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train(), ModuleSpec(vocab, loss_chunk_tokens=chunk))
+    cfg, module = tiny_module(vocab, Layout.mixed, chunk)
     kept = {n: min(kept_by_loss(module.batch_loss, autocast=True, seq=n) for _ in range(2)) for n in (seq, 2 * seq)}
     per_token = (kept[2 * seq] - kept[seq]) / seq
     shape = shape_from_hf(cfg, vocab)
-    planned = activation_memory(shape=shape, layout=Layout.mixed, seq=seq, micro_batch=1, tp=1, flash=True, logits_tokens=chunk or None) / seq
+    planned = activations(shape=shape, layout=Layout.mixed, seq=seq, micro_batch=1, tp=1, flash=True, logits_tokens=chunk or None).kept / seq
     layer = layer_bytes(shape, Layout.mixed)
     ends = 16 * shape.hidden  # the final norm and the head's input, with room
     if chunk:
         assert per_token - layer < ends < 4 * vocab, (per_token, planned)  # no log-softmax of 4 B per vocab row kept
     else:
         assert planned <= per_token <= planned + ends, (per_token, planned)
+
+
+@pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
+@pytest.mark.parametrize("chunk", [0, 128], ids=["plain", "chunked"])
+def test_the_loss_s_backward_peaks_where_the_plan_counts(chunk, layout):
+    """A step's peak comes in the loss's backward, while every layer's activations are held: the
+    fp32 log-softmax and two fp32 gradients beside it, 12 B per vocab row (the plain loss kept 4 of
+    them from its forward; the chunked loss recomputes them a chunk at a time). Over a 4096-row
+    vocab and a small hidden width, where the vocab terms dominate: the plain loss's excess per
+    token (two lengths), the chunked loss's per chunk token (two chunk sizes at one length). An H100
+    run's activations measured 1.11x a count without this (plan/memory_margin.py)."""
+    from tinytrain.plan.memory import activations
+
+    vocab, seq = 4096, 512
+    excess, planned = {}, {}
+    for size in ((0,) if not chunk else (chunk, 2 * chunk)):
+        cfg, module = tiny_module(vocab, layout, size, hidden=128, intermediate=256)
+        shape = shape_from_hf(cfg, vocab)
+        for n in (seq, 2 * seq) if not chunk else (2 * seq,):
+            kept, peak = kept_and_peak(module, layout, n)
+            excess[size, n] = peak - kept
+            planned[size, n] = activations(shape=shape, layout=layout, seq=n, micro_batch=1, tp=1, flash=True, logits_tokens=size or None).backward
+    if chunk:
+        measured, counted = (excess[2 * chunk, 2 * seq] - excess[chunk, 2 * seq]) / chunk, (planned[2 * chunk, 2 * seq] - planned[chunk, 2 * seq]) / chunk
+    else:
+        measured, counted = (excess[0, 2 * seq] - excess[0, seq]) / seq, (planned[0, 2 * seq] - planned[0, seq]) / seq
+    assert counted == pytest.approx(measured, rel=TOLERANCE), f"{layout.value}: measured {measured / vocab:.2f} B per vocab row, planned {counted / vocab:.2f}"
+
+
+@pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
+def test_a_checkpointed_layer_s_recompute_is_within_what_the_plan_counts(layout):
+    """Under full checkpointing with no logits to speak of (a 256-row vocab), the backward's peak is
+    the last layer's recompute with its gradients: counted as RECOMPUTE_PEAK x the layer's
+    activations, at most 20% over what a Llama layer of Llama's proportions (intermediate 3.5 x
+    hidden, heads x head_dim = hidden) measures, never under."""
+    from tinytrain.plan.memory import activations
+
+    seq = 256
+    excess, planned = {}, {}
+    cfg, module = tiny_module(VOCAB, layout, 0, hidden=512, intermediate=1792, layers=2, checkpointing=Checkpointing.full)
+    for n in (seq, 2 * seq):
+        kept, peak = kept_and_peak(module, layout, n)
+        excess[n] = peak - kept
+        planned[n] = activations(shape=shape_from_hf(cfg, VOCAB), layout=layout, seq=n, micro_batch=1, tp=1, flash=True, checkpointing=Checkpointing.full).backward
+    measured, counted = (excess[2 * seq] - excess[seq]) / seq, (planned[2 * seq] - planned[seq]) / seq
+    assert measured <= counted <= 1.2 * measured, f"{layout.value}: measured {measured:.0f} B per token, planned {counted:.0f}"
 
 
 @pytest.mark.parametrize("layout", [Layout.mixed, Layout.fp32], ids=lambda x: x.value)
@@ -111,7 +171,7 @@ def test_what_grows_as_the_square_of_the_sequence_is_what_the_plan_counts(attent
     attention (Gemma-2 on a CPU) keeps each head's softmax. Through tinytrain's own loss, packed
     documents of 128 tokens, at 2048 tokens where the seq^2 terms dominate: per layer, and the
     model's one boolean mask. Korthikanti's 5 B per head and pair (the count before) was 20 here."""
-    from tinytrain.plan.memory import activation_memory
+    from tinytrain.plan.memory import activations
 
     seq = 2048
     cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1, vocab_size=VOCAB, use_cache=False)
@@ -125,6 +185,6 @@ def test_what_grows_as_the_square_of_the_sequence_is_what_the_plan_counts(attent
 
     one, two = kept(1), kept(2)
     shape = shape_from_hf(cfg, VOCAB)
-    planned = {n: activation_memory(shape=dataclasses.replace(shape, layers=n), layout=layout, seq=seq, micro_batch=1, tp=1, flash=False, eager=attention == "eager") for n in (1, 2)}
+    planned = {n: activations(shape=dataclasses.replace(shape, layers=n), layout=layout, seq=seq, micro_batch=1, tp=1, flash=False, eager=attention == "eager").kept for n in (1, 2)}
     assert planned[2] - planned[1] == pytest.approx(two - one, rel=0.05)  # a layer
     assert planned[1] == pytest.approx(one, rel=0.15)  # the model: one layer, its masks, the loss (the ends, ~12 h per token, are not counted)

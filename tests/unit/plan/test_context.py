@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import compose, plan
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import Layout
+from tinytrain.plan.activations import RECOMPUTE_PEAK, Layout
 from tinytrain.plan.checkpointing import BY_COST
 from tinytrain.plan.context import ContextPlan, longest_context, with_longest
 from tinytrain.plan.memory import activation_memory
@@ -31,24 +31,31 @@ def test_activations_per_rank_fall_as_one_over_cp(checkpointing):
 def test_a_mask_over_the_whole_sequence_stays_whole_under_cp(checkpointing):
     """Without a fused kernel (SDPA with the documents' mask) every rank attends over the whole
     sequence: under cp > 1 one additive 16-bit mask of seq^2 per forward beside what falls as 1/cp
-    (at cp 1 transformers' boolean mask, and SDPA's 16-bit copy of it at every layer)."""
-    seq = 32768
+    (at cp 1 transformers' boolean mask, and SDPA's 16-bit copy of it at every layer, and again in
+    the last layer's recompute). With liger's fused loss (no logits) the recompute is the backward's
+    peak."""
+    seq, fused_loss = 32768, dict(SHAPE, logits_tokens=0)
     for cp in (2, 4, 8):
-        masked = activation_memory(seq=seq, cp=cp, flash=False, checkpointing=checkpointing, **SHAPE)
-        assert masked - activation_memory(seq=seq, cp=cp, flash=True, checkpointing=checkpointing, **SHAPE) == pytest.approx(2.0 * seq * seq)
-    layers_kept = {Checkpointing.none: 32, Checkpointing.selective: 1, Checkpointing.full: 1}[checkpointing]
-    at_one = activation_memory(seq=seq, cp=1, flash=False, checkpointing=checkpointing, **SHAPE) - activation_memory(seq=seq, cp=1, flash=True, checkpointing=checkpointing, **SHAPE)
-    assert at_one == pytest.approx((layers_kept * 2.0 + 1.0) * seq * seq)
+        masked = activation_memory(seq=seq, cp=cp, flash=False, checkpointing=checkpointing, **fused_loss)
+        assert masked - activation_memory(seq=seq, cp=cp, flash=True, checkpointing=checkpointing, **fused_loss) == pytest.approx(2.0 * seq * seq)
+    layers_kept = {Checkpointing.none: 32, Checkpointing.selective: RECOMPUTE_PEAK, Checkpointing.full: RECOMPUTE_PEAK}[checkpointing]
+    at_one = activation_memory(seq=seq, cp=1, flash=False, checkpointing=checkpointing, **fused_loss) - activation_memory(seq=seq, cp=1, flash=True, checkpointing=checkpointing, **fused_loss)
+    assert at_one == pytest.approx((layers_kept * 2.0 + 1.0) * seq * seq)  # the recompute's mask: RECOMPUTE_PEAK x a layer's
 
 
-def test_checkpointing_keeps_a_layer_input_and_one_layer():
-    full = activation_memory(seq=8192, flash=True, **SHAPE)
-    kept = activation_memory(seq=8192, flash=True, checkpointing=Checkpointing.full, **SHAPE)
+@pytest.mark.parametrize("logits_tokens", [None, 1024], ids=["plain", "chunked"])
+def test_checkpointing_keeps_a_layer_input_and_peaks_at_the_loss_or_one_layer(logits_tokens):
+    """The backward's peak is the loss's (its fp32 log-softmax and two gradients, 12 B per vocab
+    row, while every layer's activations are held) or, under checkpointing, the last layer's
+    recompute, whichever is larger: the loss's ends before the recompute begins."""
+    none = activation_memory(seq=8192, flash=True, logits_tokens=logits_tokens, **SHAPE)
+    full = activation_memory(seq=8192, flash=True, checkpointing=Checkpointing.full, logits_tokens=logits_tokens, **SHAPE)
     # 16-bit (DeepSpeed): per token and layer 16 h + 4 (q + kv) + 8 I + 4 per head (plan/activations.py)
-    per_layer, logits = (16 * 4096 + 4 * (4096 + 1024) + 8 * 14336 + 4 * 32) * 8192, 8192 * 128256 * 4  # the loss's fp32 log-softmax
+    per_layer, loss = (16 * 4096 + 4 * (4096 + 1024) + 8 * 14336 + 4 * 32) * 8192, (logits_tokens or 8192) * 128256 * 12
     assert per_layer / 8192 / 4096 == pytest.approx(49.03, abs=0.01)  # Korthikanti's GPT layer: 34
-    assert full == pytest.approx(32 * per_layer + logits)
-    assert kept == pytest.approx(32 * 2.0 * 8192 * 4096 + per_layer + logits)
+    assert none == pytest.approx(32 * per_layer + loss)
+    assert full == pytest.approx(32 * 2.0 * 8192 * 4096 + max(RECOMPUTE_PEAK * per_layer, loss))
+    assert (loss > RECOMPUTE_PEAK * per_layer) is (logits_tokens is None)  # the plain loss's 12.6 GB; a chunk's 1.58, below a layer's recompute's 1.89
 
 
 def test_the_longest_context_is_the_last_step_that_fits():
@@ -154,21 +161,29 @@ def test_the_docs_memory_table_is_what_the_plan_prints(tmp_path):
     cell planned again."""
     from pathlib import Path
 
+    from tinytrain.errors import ConfigError
+
     doc = (Path(__file__).resolve().parents[3] / "docs" / "parallelism.md").read_text()
     rows = [line.strip("|").split("|") for line in doc.splitlines() if line.startswith(("| 8 | ", "| 16 | "))]
     assert len(rows) == 6
     for gpus, seq, *cells in rows:
         for cp, cell in zip((1, 2, 4, 8), cells):
-            args = [*LONG[:1], "parallel=zero3", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full"]
+            args = [*LONG[:1], "model.vocab_size=128256", "parallel=zero3", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full"]
             args += [f"cluster.devices={gpus.strip()}", f"trainer.global_batch_size={gpus.strip()}", f"data.seq_len={int(seq.strip()[:-1]) * 1024}", f"parallel.cp={cp}"]
-            printed = f"{plan(args, tmp_path / f'{gpus.strip()}_{seq.strip()}_{cp}')['memory_per_gpu']['total_gib']:.1f}"
+            folder = tmp_path / f"{gpus.strip()}_{seq.strip()}_{cp}"
+            if cell.strip().startswith("over"):  # "over (79.0)": refused, naming what it needs
+                with pytest.raises(ConfigError, match=rf"does not fit at parallel.cp={cp}: {cell.strip()[6:-1]} GiB needed"):
+                    plan(args, folder)
+                continue
+            printed = f"{plan(args, folder)['memory_per_gpu']['total_gib']:.1f}"
             assert cell.strip().removesuffix(" GiB") == printed, (gpus, seq, cp)
 
 
 def test_a_chunked_loss_holds_one_chunk_of_logits_not_the_context_s(tmp_path):
     """Llama-3's 128,256-row vocab turns the chunked loss on (plan/fast_paths.py): at 64k tokens the
-    estimate holds one 1024-token chunk's fp32 log-softmax (0.5 GiB), not every token's (31 GiB),
-    so the context fits at cp 1; with the plain loss it does not."""
+    estimate holds one 1024-token chunk's fp32 log-softmax and its gradients (1.5 GiB, below the last
+    layer's recompute), not every token's (94 GiB), so the context fits at cp 1; with the plain loss
+    it does not."""
     from tinytrain.errors import ConfigError
 
     vocab = ["model.vocab_size=128256"]

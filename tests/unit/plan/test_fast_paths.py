@@ -45,6 +45,18 @@ def test_fsdp_tp_keeps_neither_and_zero3_keeps_the_kernels_but_not_the_fused_los
     assert (z2.liger, z2.liger_loss) == (True, True)
 
 
+def test_a_long_sequence_turns_the_chunked_loss_on_whatever_the_vocab():
+    """Llama-2's 32,000 rows at 32k tokens: the plain loss's backward would hold 12 GiB a sequence
+    (its log-softmax and two gradients), so the loss is chunked; at 16k (6 GiB) it stays plain."""
+    at = {seq: select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3, seq_len=seq) for seq in (16384, 32768)}
+    assert at[16384].loss_chunk_tokens == 0 and at[16384].reasons["loss_chunk_tokens"] == "off: vocab 32000 < 65536"
+    assert at[32768].loss_chunk_tokens == 1024
+    assert at[32768].reasons["loss_chunk_tokens"] == "32768 tokens x vocab 32000: the plain loss's backward would hold 12 GiB a sequence: logits computed 1024 tokens at a time"
+    fsdp = select_fast_paths(trainer(), Strategy.fsdp_tp, on_gpu=True, padded_vocab=32000, seq_len=32768)
+    assert fsdp.loss_chunk_tokens == 0 and fsdp.reasons["loss_chunk_tokens"] == "off: the lm_head is vocab-sharded under fsdp_tp"
+    assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, on_gpu=True, padded_vocab=32000, seq_len=32768).loss_chunk_tokens == 0
+
+
 def test_switched_off_or_required():
     assert not select_fast_paths(trainer(liger=False), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=True).liger
     required = select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=False)

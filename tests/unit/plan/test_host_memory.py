@@ -95,7 +95,7 @@ def test_a_gpu_node_that_cannot_hold_the_build_or_the_offload_is_named_with_the_
 def test_the_plan_prints_the_line_and_compares_it_only_on_the_machine_that_trains(tmp_path):
     here = run_stages(compose(["mode=plan"]), tmp_path / "here")
     assert here.host.node_bytes is not None and here.host.fits is True and here.host.ranks_per_node == 1
-    assert "host       per node: 1.1 GiB at peak (training and the export, 1 process); fits:" in here.render()
+    assert "host       per node: 1.2 GiB at peak (training and the export, 1 process); fits:" in here.render()
     elsewhere = run_stages(compose(["mode=plan", "model=llama2_7b", "hardware.gpu=A800", "cluster.devices=8", "parallel=zero3"]), tmp_path / "elsewhere")
     assert elsewhere.host.node_bytes is None and elsewhere.host.fits is None
     assert elsewhere.host.build_bytes == 4 * elsewhere.params and elsewhere.to_dict()["host_memory"]["peak_bytes"] == elsewhere.host.peak_bytes

@@ -23,11 +23,12 @@ SIXTEEN_BIT_NONE = activation_memory(shape=TINYLLAMA, layout=Layout.sixteen_bit,
 def test_the_measured_run_is_planned_at_what_it_measured(tmp_path):
     p = plan([*HEADLINE, "trainer.micro_batch_size=8", "trainer.activation_checkpointing=none"], tmp_path)
     memory = p["memory_per_gpu"]
-    assert FORMULA_NONE == pytest.approx(38.09, abs=0.01)  # the estimate the headline run is compared with
+    # the estimate the headline run is compared with: 38.09 kept, 3.91 more in the loss's backward
+    assert FORMULA_NONE == pytest.approx(42.00, abs=0.01)
     assert memory["activations_gib"] == pytest.approx(42.3, abs=0.01) and memory["total_gib"] == pytest.approx(58.7, abs=0.05)  # its peak: 58.7 GiB
-    assert memory["margin"]["mode"] == "none" and memory["margin"]["factor"] == pytest.approx(42.3 / 38.09, abs=1e-3)
+    assert memory["margin"]["mode"] == "none" and memory["margin"]["factor"] == pytest.approx(42.3 / 42.00, abs=1e-3)
     line = next(x for x in fit_lines(p) if x.startswith("memory "))
-    assert "activations ~42.30 = 58.69 GiB" in line and "activations measured 1.11x the formula for none" in line and "x1.11 applied" in line
+    assert "activations ~42.30 = 58.69 GiB" in line and "activations measured 1.01x the formula for none" in line and "x1.01 applied" in line
     row = next(r for r in p["activation_checkpointing"]["table"] if r["mode"] == "none")
     assert row["activations_gib"] == pytest.approx(42.30, abs=0.01)  # the table the choice is made from counts it too
 
@@ -35,7 +36,7 @@ def test_the_measured_run_is_planned_at_what_it_measured(tmp_path):
 def test_a_run_that_measured_less_is_printed_not_applied(tmp_path):
     p = plan([*HEADLINE, "trainer.micro_batch_size=8", "trainer.activation_checkpointing=selective"], tmp_path)
     memory = p["memory_per_gpu"]
-    assert memory["activations_gib"] == pytest.approx(19.79, abs=0.01) and memory["margin"]["ratio"] < 1 and memory["margin"]["factor"] == 1.0
+    assert memory["activations_gib"] == pytest.approx(22.06, abs=0.01) and memory["margin"]["ratio"] < 1 and memory["margin"]["factor"] == 1.0
 
 
 def test_layouts_no_run_measured_keep_the_formula(tmp_path):
@@ -45,17 +46,20 @@ def test_layouts_no_run_measured_keep_the_formula(tmp_path):
 
 
 def test_auto_micro_batch_picks_from_the_measured_memory(tmp_path):
-    """On a 40 GB A100 (37.3 GiB, auto's line at 90%: 33.5) at 1760 tokens the formula alone takes
-    micro batch 4 without checkpointing (16.4 GiB of activations, 32.8 in all), which at the
-    measured 1.11x needs 34.6 GiB: more than the line. Counted as measured, auto takes 2 (25.5 GiB)."""
+    """On a 40 GB A100 (37.3 GiB, auto's line at 90%: 33.5) at 1760 tokens, micro batch 4 needs
+    18.2 GiB of activations beside 16.4 of model states: over the line. Micro batch 2 fits, counted
+    at the measured 1.007x the formula: 25.5 GiB in all. (Before the loss's backward was counted,
+    the formula alone took 4, and only the measured 1.11x of the time stopped it.)"""
     gpu = [x if not x.startswith("hardware.gpu=") else "hardware.gpu=A100-40G" for x in HEADLINE]
     gpu = [x if not x.startswith("data.seq_len=") else "data.seq_len=1760" for x in gpu]
-    formula_at_4 = activation_memory(shape=TINYLLAMA, layout=Layout.mixed, seq=1760, micro_batch=4, tp=1, flash=True) / GIB
+    formula = {mb: activation_memory(shape=TINYLLAMA, layout=Layout.mixed, seq=1760, micro_batch=mb, tp=1, flash=True) / GIB for mb in (2, 4)}
     p = plan([*gpu, "trainer.micro_batch_size=auto", "trainer.activation_checkpointing=none"], tmp_path)
-    states = p["memory_per_gpu"]["params_gib"] + p["memory_per_gpu"]["grads_gib"] + p["memory_per_gpu"]["optimizer_gib"]
-    assert states + formula_at_4 < 0.9 * 40e9 / GIB < states + formula_at_4 * 42.3 / 38.09
-    assert p["memory_per_gpu"]["margin"]["mode"] == "none"
-    assert p["batch"]["micro_batch_size"] == 2 and p["memory_per_gpu"]["total_gib"] == pytest.approx(25.48, abs=0.01)
+    memory = p["memory_per_gpu"]
+    states = memory["params_gib"] + memory["grads_gib"] + memory["optimizer_gib"]
+    assert memory["margin"]["mode"] == "none" and memory["margin"]["factor"] > 1
+    assert states + formula[4] * memory["margin"]["factor"] > 0.9 * 40e9 / GIB
+    assert p["batch"]["micro_batch_size"] == 2 and memory["activations_gib"] == pytest.approx(formula[2] * memory["margin"]["factor"], abs=0.01)
+    assert memory["total_gib"] == pytest.approx(25.48, abs=0.01)
 
 
 def test_every_measurement_names_its_source():
