@@ -19,7 +19,8 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
      RING_OFF): torch 2.13 has no flex-attention backward on CPU.
   f  long context on one GPU (benchmarks/long_context_layer.py): one Llama-3-8B layer in bf16 at 32k,
      64k and 128k tokens on torch's varlen kernel and on SDPA's flash: what it keeps for backward
-     against the plan's count (plan/activations.py), its peak, its time and TFLOP/s
+     against the plan's count (plan/activations.py), its peak in backward against the plan's count of a
+     checkpointed layer's recompute, its time and TFLOP/s
 Every part appends its rows to OUT/gpu_check.json and rewrites OUT/gpu_check.md (the table, with
 device, date and versions per part) from all rows there, so a later part or a later lease continues
 the table; a part run again replaces its own rows. Each training run records its peak GPU memory
@@ -260,8 +261,8 @@ def part_e(part: Part) -> None:
     part.add(row)
 
 
-# The layer's kept bytes may exceed the plan's count by this much before the row fails: the
-# allocator's rounding and a kernel's own buffers (the count was measured on a CPU).
+# The layer's kept bytes (and its peak in backward) may exceed the plan's count by this much before
+# the row fails: the allocator's rounding and a kernel's own buffers (the count was measured on a CPU).
 KEPT_OVER_PLAN = 1.10
 
 
@@ -277,12 +278,12 @@ def part_f(part: Part) -> None:
             row["status"] = f"FAILED ({r['error']})"
         else:
             # On a CPU the varlen stand-in is pure torch and keeps its scores: only a GPU's kernels are held to the count.
-            over = part.gpu and r["kept_over_plan"] > KEPT_OVER_PLAN
-            row["status"] = f"FAILED (kept {r['kept_over_plan']:.2f}x the plan's count)" if over else "ok"
+            over = [f"{what} {r[key]:.2f}x the plan's count" for what, key in (("kept", "kept_over_plan"), ("peak", "peak_over_plan")) if part.gpu and r[key] > KEPT_OVER_PLAN]
+            row["status"] = f"FAILED ({'; '.join(over)})" if over else "ok"
             row["tokens/s"] = f"{r['seq'] / r['seconds']:,.0f}"
-            row["peak GiB"] = "" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
-            row["plan GiB"] = f"{r['plan_gib']:.1f}"
-            row["note"] = f"kept {r['kept_gib']:.2f} GiB = {r['kept_over_plan']:.2f}x the plan's count; {r['tflops']:.3g} TFLOP/s; attention {r['attention']}"
+            row["peak GiB"] = f"{r['peak_gib']:.1f}"
+            row["plan GiB"] = f"{r['plan_gib']:.1f} kept, {r['plan_peak_gib']:.1f} peak"
+            row["note"] = f"kept {r['kept_gib']:.2f} GiB = {r['kept_over_plan']:.2f}x the plan's count, peak {r['peak_over_plan']:.2f}x (the recompute's); {r['tflops']:.3g} TFLOP/s; attention {r['attention']}"
         part.add(row)
 
 

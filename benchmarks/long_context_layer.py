@@ -8,8 +8,10 @@ GPUs; a layer's memory and time at 32k-128k tokens need one (issue 33's single-G
 Llama-3-8B's layer (hidden 4096, 32 heads, 8 kv heads, intermediate 14336) with bf16 weights and
 activations (DeepSpeed's layout, the long-context recipe's), one sequence (a long document), micro
 batch 1. Per kernel and length: the bytes allocated after the forward over before it (what the layer
-keeps; the plan counts plan/activations.py's 16-bit row x tokens), on a GPU the peak through forward
-and backward over before, and the median time of forward + backward (3 after a warm-up) with the
+keeps; the plan counts plan/activations.py's 16-bit row x tokens), the peak of the layer checkpointed
+in full through its recompute and backward (the plan counts RECOMPUTE_PEAK x the layer's
+activations; on a CPU the allocator's count read after every operator), and the median time of
+forward + backward (3 after a warm-up) with the
 TFLOP/s of the layer's matmuls and causal attention (backward counted as twice the forward).
 `varlen` is torch's varlen kernel as tinytrain registers it (model/varlen_attention.py), `sdpa`
 transformers' SDPA path (the flash kernel, causal); on a CPU their pure-torch stand-ins and fp32-free
@@ -45,6 +47,18 @@ def allocated(gpu: bool) -> int:
     return info.uordblks + info.hblkhd
 
 
+class OperatorPeak(torch.utils._python_dispatch.TorchDispatchMode):
+    """On a CPU, the most allocated() read after any operator: each one's output beside its inputs
+    (tests/activation_bytes.py reads the same; benchmarks do not import the tests)."""
+
+    most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.most = max(self.most, allocated(False))
+        return out
+
+
 def implementation(kernel: str, gpu: bool) -> str:
     if kernel == "sdpa":
         return "sdpa"
@@ -64,11 +78,13 @@ def build_layer(shape: dict, kernel: str, gpu: bool, seq: int):
     return LlamaDecoderLayer(cfg, 0).to(device, torch.bfloat16), LlamaRotaryEmbedding(cfg).to(device), cfg
 
 
-def planned_bytes(cfg, seq: int) -> float:
-    from tinytrain.plan.activations import Layout, layer_bytes
+def planned_bytes(cfg, seq: int) -> tuple[float, float]:
+    """(what the layer keeps, what its recompute holds at its peak in backward), as the plan counts them."""
+    from tinytrain.plan.activations import RECOMPUTE_PEAK, Layout, layer_bytes
     from tinytrain.plan.model_shape import shape_from_hf
 
-    return layer_bytes(shape_from_hf(cfg, cfg.vocab_size), Layout.sixteen_bit) * seq
+    kept = layer_bytes(shape_from_hf(cfg, cfg.vocab_size), Layout.sixteen_bit) * seq
+    return kept, RECOMPUTE_PEAK * kept
 
 
 def layer_flops(shape: dict, seq: int) -> float:
@@ -78,6 +94,23 @@ def layer_flops(shape: dict, seq: int) -> float:
     matmuls = 2 * seq * (h * h + 2 * h * kv * head + h * h + 3 * h * i)
     attention = 2 * seq * seq * heads * head  # QK^T and PV, each 2 x seq^2 x width, halved by the mask
     return matmuls + attention
+
+
+def recompute_peak(layer, forward, grad, gpu: bool) -> int:
+    """The most allocated through the backward of the layer checkpointed in full (it keeps its
+    input, recomputes its forward, then runs the backward), over before the forward, less the
+    weights' gradients and the layer's output (in a model, the next layer's input)."""
+    layer.zero_grad(set_to_none=True)
+    gc.collect()
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    before = allocated(gpu)
+    out = torch.utils.checkpoint.checkpoint(forward, use_reentrant=False)
+    with OperatorPeak() as reading:
+        out.backward(grad)
+    most = torch.cuda.max_memory_allocated() if gpu else reading.most
+    return most - before - out.untyped_storage().nbytes() - sum(p.numel() * p.element_size() for p in layer.parameters())
 
 
 def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict:
@@ -104,10 +137,10 @@ def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict
     out = forward()
     sync()
     kept = allocated(gpu) - before - out.untyped_storage().nbytes()
-    out.backward(torch.ones_like(out))
-    sync()
-    peak = torch.cuda.max_memory_allocated() - before if gpu else None
+    grad = torch.ones_like(out)
+    out.backward(grad)
     del out
+    peak = recompute_peak(layer, forward, grad, gpu)
     times = []
     for _ in range(repeats):
         x.grad = None
@@ -118,7 +151,7 @@ def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict
         sync()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    planned = planned_bytes(cfg, seq)
+    planned, planned_peak = planned_bytes(cfg, seq)
     return {
         "kernel": kernel,
         "attention": layer.self_attn.config._attn_implementation,
@@ -126,7 +159,9 @@ def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict
         "kept_gib": kept / GIB,
         "plan_gib": planned / GIB,
         "kept_over_plan": kept / planned,
-        "peak_gib": None if peak is None else peak / GIB,
+        "peak_gib": peak / GIB,
+        "plan_peak_gib": planned_peak / GIB,
+        "peak_over_plan": peak / planned_peak,
         "seconds": seconds,
         "tflops": 3 * layer_flops(shape, seq) / seconds / 1e12,
     }
@@ -153,8 +188,7 @@ def main() -> None:
             if "error" in row:
                 print(f"{kernel:7s} {seq:>7d}  {row['error']}", flush=True)
             else:
-                peak = "" if row["peak_gib"] is None else f"  peak {row['peak_gib']:.2f} GiB"
-                print(f"{kernel:7s} {seq:>7d}  kept {row['kept_gib']:.2f} GiB (plan {row['plan_gib']:.2f}, {row['kept_over_plan']:.2f}x){peak}  {row['seconds'] * 1e3:.0f} ms  {row['tflops']:.1f} TFLOP/s", flush=True)
+                print(f"{kernel:7s} {seq:>7d}  kept {row['kept_gib']:.2f} GiB (plan {row['plan_gib']:.2f}, {row['kept_over_plan']:.2f}x)  peak {row['peak_gib']:.2f} GiB (plan {row['plan_peak_gib']:.2f}, {row['peak_over_plan']:.2f}x)  {row['seconds'] * 1e3:.0f} ms  {row['tflops']:.1f} TFLOP/s", flush=True)
             gc.collect()
             if gpu:
                 torch.cuda.empty_cache()

@@ -47,7 +47,8 @@ def test_parts_append_to_one_results_table(tmp_path):
 
 def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
     """Part f on a CPU: a small Llama layer at 1k-4k tokens, each kernel's row with what the layer
-    kept against plan/activations.py's count. SDPA's CPU flash kernel keeps what a GPU's does (the
+    kept against plan/activations.py's count, and its peak in backward against the plan's count of a
+    checkpointed layer's recompute. SDPA's CPU flash kernel keeps what a GPU's does (the
     varlen stand-in is pure torch and keeps its scores: only its rows' presence is checked here)."""
     result = gpu_check("--part", "f", "--out", str(tmp_path), "--dry-run", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -57,6 +58,7 @@ def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
     figures = json.loads((tmp_path / "part_f" / "long_context_layer.json").read_text())["rows"]
     sdpa_4k = next(r for r in figures if r["kernel"] == "sdpa" and r["seq"] == 4096)
     assert 0.95 < sdpa_4k["kept_over_plan"] < 1.05, sdpa_4k
+    assert 0.5 < sdpa_4k["peak_over_plan"] <= 1.0, sdpa_4k  # the layer's backward within the recompute the plan counts
 
 
 def test_an_unknown_part_names_the_parts(tmp_path):

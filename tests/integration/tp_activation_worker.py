@@ -1,11 +1,12 @@
-"""One rank of a 2-process tensor-parallel count of what a layer keeps for backward (gloo, CPU).
+"""One rank of a tensor-parallel count of what a layer keeps for backward (gloo, CPU), tp = the world.
 
-Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.tp_activation_worker OUT_DIR
+Usage: RANK=r WORLD_SIZE=2|4 MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.tp_activation_worker OUT_DIR
 A Llama with grouped-query heads, sharded by tinytrain's own tensor-parallel plan
 (model/tensor_parallel.py's tp_plan; no FSDP, whose parameter all-gathers would move the count),
 fp32 weights under bf16 autocast (fsdp_tp's layout), checkpointing none / selective / full through
 model/activation_checkpointing.py: bytes per layer and token on this rank (tests/activation_bytes.py),
-written by rank 0 beside the plan's count for tp 2.
+written by rank 0 beside the plan's count for that tp (kv heads: 2, or tp where tp is larger, so
+they split).
 """
 
 import json
@@ -31,7 +32,7 @@ def main(out_dir: Path) -> None:
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tensor_parallel",))
 
     def config(layers: int):
-        return transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_hidden_layers=layers, vocab_size=VOCAB, use_cache=False, pad_token_id=0)
+        return transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=max(2, tp), head_dim=64, num_hidden_layers=layers, vocab_size=VOCAB, use_cache=False, pad_token_id=0)
 
     shape = shape_from_hf(config(1), VOCAB)
 

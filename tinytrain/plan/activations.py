@@ -48,14 +48,15 @@ class Layout(str, enum.Enum):
 # log-softmax (kept from the forward by the plain loss, recomputed a chunk at a time by the chunked
 # loss) and two fp32 gradients beside it, nll's and log-softmax's (the logits and their fp32 copy
 # are freed once the log-softmax is taken). Measured on this CPU for both losses in every layout
-# (tests/unit/plan/test_activation_count.py); an H100 run measured its activations at 1.007x a count
-# with it (plan/memory_margin.py), 1.11x one of the kept 4 B alone.
+# (tests/unit/plan/test_activation_count.py); an H100 run measured its activations at 1.00x a count
+# with it and the model's ends (plan/memory_margin.py), 1.11x one of the kept 4 B alone.
 LOSS_PEAK_BYTES = 12
 LOGITS_KEPT_BYTES = 4  # of which the plain loss keeps from its forward: the log-softmax
 # A checkpointed layer's recompute in backward, with the gradients beside it, over the activations
-# the layer keeps without checkpointing: measured 0.96 (mixed), 1.09 (16-bit) and 1.13 (fp32) for a
-# Llama layer of Llama's proportions (0.90-1.18 across shapes); counted at the top of that range.
-RECOMPUTE_PEAK = 1.15
+# the layer keeps without checkpointing: measured 1.12 (mixed), 1.23 (16-bit) and 1.26 (fp32) for a
+# Llama layer of Llama's proportions (hidden 512, intermediate 3.5 x hidden), 1.17-1.23 for a layer
+# alone at 1k-4k tokens on SDPA's flash kernel (benchmarks/long_context_layer.py --tiny).
+RECOMPUTE_PEAK = 1.3
 
 
 def layout_of(dtype: Dtype, deepspeed: bool) -> Layout:
@@ -141,6 +142,16 @@ def attention_matrix_bytes(layout: Layout, *, heads: int, seq: int, cp: int, tp:
     if cp > 1:
         return 0.0, layout.activation_bytes * pairs
     return layout.activation_bytes * pairs, pairs
+
+
+def ends_bytes(shape, layout: Layout) -> float:
+    """Bytes per token the model keeps outside its layers, whole on every tp rank: the final RMSNorm
+    (the residual, its fp32 copy and the normed output, the head's input) and RoPE's cos and sin,
+    shared by every layer (in the residual's dtype). Measured for Llama at hidden 512, head_dim 64:
+    8.5 (16-bit), 11 (mixed) and 13 (fp32) x hidden; freed by the time the last layer's backward
+    begins."""
+    norm = {Layout.sixteen_bit: 8, Layout.mixed: 10, Layout.fp32: 12}[layout] * shape.hidden
+    return norm + 2 * shape.head_dim * layout.residual_bytes
 
 
 def input_bytes(shape, layout: Layout) -> float:

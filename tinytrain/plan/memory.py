@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, input_bytes, layer_bytes, selective_bytes
+from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, ends_bytes, input_bytes, layer_bytes, selective_bytes
 
 GIB = 1024**3
 
@@ -135,9 +135,10 @@ def activation_memory(**kwargs) -> float:
 
 def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> Activations:
     """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
-    forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`) and, on top of it,
-    the larger of the backward's two transients: the loss's (its log-softmax and two gradients over
-    the vocab, while every layer's activations are still held) and, under checkpointing, the last
+    forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`,
+    and the model's ends: the final norm and RoPE's tables) and, on top of it, the larger of the
+    backward's two transients: the loss's (its log-softmax and two gradients over the vocab, while
+    every layer's activations and the ends are still held) and, under checkpointing, the last
     layer's recompute (one layer's activations again, with its gradients: RECOMPUTE_PEAK).
     Under context parallelism (cp) a rank holds seq / cp tokens between attention calls; Ulysses'
     attention sees all seq tokens with heads / cp heads. Without a fused kernel (`flash` false: SDPA
@@ -160,6 +161,7 @@ def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, f
         per_model = model_matrix * micro_batch
     loss = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOSS_PEAK_BYTES
     loss_kept = tokens * shape.vocab * LOGITS_KEPT_BYTES if logits_tokens is None else 0.0  # the plain loss's log-softmax
+    ends = ends_bytes(shape, layout) * tokens  # the final norm and RoPE's tables: held with the loss, freed before the layers' backward
     if checkpointing is Checkpointing.none:
         kept, recompute = layers * per_layer, 0.0
     elif checkpointing is Checkpointing.full or every > 1:
@@ -170,7 +172,7 @@ def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, f
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     # The loss's backward ends before the last layer's recompute begins: one or the other, not both.
-    return Activations(kept + per_model + loss_kept, max(loss, recompute) - loss_kept)
+    return Activations(kept + per_model + ends + loss_kept, max(ends + loss, recompute) - ends - loss_kept)
 
 
 @dataclass(frozen=True)
