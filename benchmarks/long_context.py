@@ -100,13 +100,13 @@ def planned(seq: int, cp: int) -> float:
     from transformers import LlamaConfig
 
     from tinytrain.plan.activations import Layout
-    from tinytrain.plan.memory import activations
+    from tinytrain.plan.memory import activation_parts
     from tinytrain.plan.model_shape import shape_from_hf
 
     shape = shape_from_hf(LlamaConfig(**SHAPE), SHAPE["vocab_size"])
     # SDPA with the documents' mask (no fused kernel on a CPU): its masks grow as seq^2. What the
     # forward keeps, as the benchmark measures (the backward's peak on top is not read here).
-    return activations(shape=shape, layout=Layout.fp32, seq=seq, micro_batch=ROWS, tp=1, flash=False, cp=cp).kept
+    return activation_parts(shape=shape, layout=Layout.fp32, seq=seq, micro_batch=ROWS, tp=1, flash=False, cp=cp).kept
 
 
 def main() -> None:

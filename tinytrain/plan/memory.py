@@ -119,7 +119,7 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
 
 
 @dataclass(frozen=True)
-class Activations:
+class ActivationParts:
     kept: float  # what the forward keeps for backward (the plain loss's log-softmax included)
     backward: float  # what the backward adds at its peak
 
@@ -129,11 +129,11 @@ class Activations:
 
 
 def activation_memory(**kwargs) -> float:
-    """Bytes per GPU of activations at the peak of a training step (activations(), its arguments)."""
-    return activations(**kwargs).peak
+    """Bytes per GPU of activations at the peak of a training step (activation_parts(), its arguments)."""
+    return activation_parts(**kwargs).peak
 
 
-def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> Activations:
+def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> ActivationParts:
     """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
     forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`,
     and the model's ends: the final norm and RoPE's tables) and, on top of it, the larger of the
@@ -172,7 +172,7 @@ def activations(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, f
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     # The loss's backward ends before the last layer's recompute begins: one or the other, not both.
-    return Activations(kept + per_model + ends + loss_kept, max(ends + loss, recompute) - ends - loss_kept)
+    return ActivationParts(kept + per_model + ends + loss_kept, max(ends + loss, recompute) - ends - loss_kept)
 
 
 @dataclass(frozen=True)
