@@ -43,8 +43,8 @@ def settled() -> int:
     return allocated()
 
 
-def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
-    """Bytes `loss_of(batch)` (a training loss, labels pre-shifted) leaves allocated."""
+def loss_with_kept(loss_of, autocast: bool, seq: int):
+    """(the loss of a random batch, allocated() before its forward, the bytes it left allocated)."""
     import torch
 
     ids = torch.randint(0, VOCAB, (1, seq))
@@ -52,16 +52,18 @@ def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
     before = settled()
     with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
         loss = loss_of(batch)
-    kept = settled() - before
-    del loss
-    return kept
+    return loss, before, settled() - before
+
+
+def kept_by_loss(loss_of, autocast: bool, seq: int) -> int:
+    """Bytes `loss_of(batch)` (a training loss, labels pre-shifted) leaves allocated."""
+    return loss_with_kept(loss_of, autocast, seq)[2]
 
 
 def kept_and_peak_by_loss(loss_of, autocast: bool, seq: int) -> tuple[int, int]:
     """(bytes `loss_of(batch)` leaves allocated, the most allocated through its backward), both over
     what was allocated before the forward. Parameters' gradients are in the peak: fixed, they cancel
     between lengths."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Peak(TorchDispatchMode):
@@ -72,12 +74,7 @@ def kept_and_peak_by_loss(loss_of, autocast: bool, seq: int) -> tuple[int, int]:
             self.most = max(self.most, allocated())  # the operator's output beside its inputs
             return out
 
-    ids = torch.randint(0, VOCAB, (1, seq))
-    batch = {"input_ids": ids, "labels": ids.roll(-1, 1)}
-    before = settled()
-    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-        loss = loss_of(batch)
-    kept = settled() - before
+    loss, before, kept = loss_with_kept(loss_of, autocast, seq)
     with Peak() as peak:
         loss.backward()
     return kept, max(peak.most - before, kept)
