@@ -54,9 +54,16 @@ LOSS_PEAK_BYTES = 12
 LOGITS_KEPT_BYTES = 4  # of which the plain loss keeps from its forward: the log-softmax
 # A checkpointed layer's recompute in backward, with the gradients beside it, over the activations
 # the layer keeps without checkpointing: measured 1.12 (mixed), 1.23 (16-bit) and 1.26 (fp32) for a
-# Llama layer of Llama's proportions (hidden 512, intermediate 3.5 x hidden), 1.17-1.23 for a layer
-# alone at 1k-4k tokens on SDPA's flash kernel (benchmarks/long_context_layer.py --tiny).
+# Llama layer of Llama's proportions (hidden 512, intermediate 3.5 x hidden; Qwen3, Phi-3, Gemma-2
+# and Gemma-3 0.88-1.23), 1.17-1.23 for a layer alone at 1k-4k tokens on SDPA's flash kernel
+# (benchmarks/long_context_layer.py --tiny).
 RECOMPUTE_PEAK = 1.3
+
+
+def softcap_bytes(shape, layout: Layout) -> float:
+    """Per token and vocab row, what Gemma-2's final soft-capping keeps beside the loss (its tanh,
+    in the logits' dtype), from the forward through the loss's backward; 0 for other families."""
+    return float(layout.activation_bytes) if shape.arch is Arch.gemma2 else 0.0
 
 
 def layout_of(dtype: Dtype, deepspeed: bool) -> Layout:
@@ -144,13 +151,20 @@ def attention_matrix_bytes(layout: Layout, *, heads: int, seq: int, cp: int, tp:
     return layout.activation_bytes * pairs, pairs
 
 
+# The final RMSNorm's bytes per token per hidden unit, per layout (16-bit, mixed, fp32): the
+# residual, its fp32 copy and the normed output (the head's input). Gemma's (1 + weight) norm keeps
+# its fp32 product in 16-bit too.
+FINAL_NORM = {Arch.gemma2: (10, 10, 12), Arch.gemma3_text: (10, 10, 12)}
+FINAL_NORM_DEFAULT = (8, 10, 12)
+
+
 def ends_bytes(shape, layout: Layout) -> float:
     """Bytes per token the model keeps outside its layers, whole on every tp rank: the final RMSNorm
-    (the residual, its fp32 copy and the normed output, the head's input) and RoPE's cos and sin,
-    shared by every layer (in the residual's dtype). Measured for Llama at hidden 512, head_dim 64:
-    8.5 (16-bit), 11 (mixed) and 13 (fp32) x hidden; freed by the time the last layer's backward
-    begins."""
-    norm = {Layout.sixteen_bit: 8, Layout.mixed: 10, Layout.fp32: 12}[layout] * shape.hidden
+    and RoPE's cos and sin, shared by every layer (in the residual's dtype). Measured for every
+    family at hidden 512, head_dim 64 (tests/unit/plan/test_activation_count.py): 8.5 (Gemma 10.5)
+    in 16-bit, 11 mixed and 13 fp32 x hidden; freed by the time the last layer's backward begins."""
+    per_layout = dict(zip((Layout.sixteen_bit, Layout.mixed, Layout.fp32), FINAL_NORM.get(shape.arch, FINAL_NORM_DEFAULT)))
+    norm = per_layout[layout] * shape.hidden
     return norm + 2 * shape.head_dim * layout.residual_bytes
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, ends_bytes, input_bytes, layer_bytes, selective_bytes
+from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, ends_bytes, input_bytes, layer_bytes, selective_bytes, softcap_bytes
 
 GIB = 1024**3
 
@@ -159,8 +159,9 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
         layer_matrix, model_matrix = attention_matrix_bytes(layout, heads=shape.heads, seq=seq, cp=cp, tp=tp, eager=eager)
         per_layer += layer_matrix * micro_batch
         per_model = model_matrix * micro_batch
-    loss = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * LOSS_PEAK_BYTES
-    loss_kept = tokens * shape.vocab * LOGITS_KEPT_BYTES if logits_tokens is None else 0.0  # the plain loss's log-softmax
+    softcap = softcap_bytes(shape, layout)  # Gemma-2's, whose loss is always the plain one (its own logits)
+    loss = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * (LOSS_PEAK_BYTES + softcap)
+    loss_kept = tokens * shape.vocab * (LOGITS_KEPT_BYTES + softcap) if logits_tokens is None else 0.0  # the plain loss's log-softmax
     ends = ends_bytes(shape, layout) * tokens  # the final norm and RoPE's tables: held with the loss, freed before the layers' backward
     if checkpointing is Checkpointing.none:
         kept, recompute = layers * per_layer, 0.0

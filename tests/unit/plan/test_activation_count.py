@@ -78,6 +78,26 @@ def test_a_checkpointed_layer_keeps_what_the_plan_counts(mode, layout):
     assert planned == pytest.approx(measured("llama", layout, mode), rel=TOLERANCE)
 
 
+@pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_the_model_s_ends_keep_what_the_plan_counts(arch, layout):
+    """Outside its layers a model keeps the final norm's tensors and RoPE's cos and sin: what one
+    layer's model keeps per token (two lengths) less the layer and what the loss keeps (its
+    log-softmax; Gemma-2's soft-capped logits keep their tanh too, counted by softcap_bytes)."""
+    from tests.activation_bytes import kept_after_forward
+    from tinytrain.plan.activations import LOGITS_KEPT_BYTES, ends_bytes, softcap_bytes
+
+    def kept(seq: int) -> int:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config(arch, 1), attn_implementation=FUSED if arch == "gemma2" else "sdpa")
+        model = model.to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
+        return min(kept_after_forward(model, autocast=layout is Layout.mixed, seq=seq) for _ in range(2))
+
+    shape = planned_shape(arch)
+    measured = (kept(512) - kept(256)) / 256 - layer_bytes(shape, layout) - (LOGITS_KEPT_BYTES + softcap_bytes(shape, layout)) * VOCAB
+    assert ends_bytes(shape, layout) == pytest.approx(measured, rel=TOLERANCE), f"{arch} {layout.value}: measured {measured / shape.hidden:.2f} x hidden"
+
+
 def tiny_module(vocab: int, layout: Layout, chunk: int, hidden: int = 256, intermediate: int = 704, layers: int = 1, checkpointing: Checkpointing = Checkpointing.none):
     cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=hidden // 64, num_key_value_heads=2, head_dim=64, num_hidden_layers=layers, vocab_size=vocab, use_cache=False)
     torch.manual_seed(0)
