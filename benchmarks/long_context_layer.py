@@ -21,42 +21,23 @@ bf16 SDPA. --tiny proves the script: hidden 256, 1k-4k tokens, glibc's allocator
 from __future__ import annotations
 
 import argparse
-import ctypes
+import contextlib
 import gc
 import json
 import statistics
 import time
 
 import torch
+from allocator_count import OperatorPeak
+from allocator_count import allocated as host_allocated
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
 TINY = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2)
 GIB = 1024**3
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def allocated(gpu: bool) -> int:
-    if gpu:
-        return torch.cuda.memory_allocated()
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
-
-
-class OperatorPeak(torch.utils._python_dispatch.TorchDispatchMode):
-    """On a CPU, the most allocated() read after any operator: each one's output beside its inputs
-    (tests/activation_bytes.py reads the same; benchmarks do not import the tests)."""
-
-    most = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.most = max(self.most, allocated(False))
-        return out
+    return torch.cuda.memory_allocated() if gpu else host_allocated()
 
 
 def implementation(kernel: str, gpu: bool) -> str:
@@ -107,7 +88,7 @@ def recompute_peak(layer, forward, grad, gpu: bool) -> int:
         torch.cuda.reset_peak_memory_stats()
     before = allocated(gpu)
     out = torch.utils.checkpoint.checkpoint(forward, use_reentrant=False)
-    with OperatorPeak() as reading:
+    with contextlib.nullcontext() if gpu else OperatorPeak() as reading:  # CUDA keeps its own peak
         out.backward(grad)
     most = torch.cuda.max_memory_allocated() if gpu else reading.most
     return most - before - out.untyped_storage().nbytes() - sum(p.numel() * p.element_size() for p in layer.parameters())

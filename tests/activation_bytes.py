@@ -6,31 +6,16 @@ The allocator's bytes in use after a forward and the loss (glibc's mallinfo2: a 
 malloc, nothing is cached) at two depths and two lengths, so the embedding, the head, the loss and
 anything fixed (autocast's weight copies) cancel; each the smaller of two runs (the allocator's own
 bookkeeping moves a few hundred bytes). The backward's peak is the same count read after every
-operator the backward runs (a torch dispatch mode), so a peak inside an autograd node is seen too.
+operator the backward runs (benchmarks/allocator_count.py's dispatch mode).
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
 
+from benchmarks.allocator_count import OperatorPeak, allocated, has_mallinfo2  # noqa: F401 (has_mallinfo2: the tests' skip)
+
 VOCAB = 256
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def has_mallinfo2() -> bool:
-    return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")  # glibc 2.33 and newer
-
-
-def allocated() -> int:
-    """Bytes malloc has handed out and not had back (arena chunks and mmapped blocks)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
 
 
 def settled() -> int:
@@ -64,18 +49,8 @@ def kept_and_peak_by_loss(loss_of, autocast: bool, seq: int) -> tuple[int, int]:
     """(bytes `loss_of(batch)` leaves allocated, the most allocated through its backward), both over
     what was allocated before the forward. Parameters' gradients are in the peak: fixed, they cancel
     between lengths."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Peak(TorchDispatchMode):
-        most = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.most = max(self.most, allocated())  # the operator's output beside its inputs
-            return out
-
     loss, before, kept = loss_with_kept(loss_of, autocast, seq)
-    with Peak() as peak:
+    with OperatorPeak() as peak:
         loss.backward()
     return kept, max(peak.most - before, kept)
 

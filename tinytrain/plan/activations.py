@@ -90,9 +90,13 @@ class LayerBytes:
         return self.hidden * shape.hidden + split / tp
 
 
+def by_layout(sixteen_bit, mixed, fp32) -> dict:
+    return dict(zip((Layout.sixteen_bit, Layout.mixed, Layout.fp32), (sixteen_bit, mixed, fp32)))
+
+
 def per_layout(sixteen_bit: tuple, mixed: tuple, fp32: tuple) -> dict:
     """A family's counts, each (hidden, q, kv, intermediate) bytes per token per unit."""
-    return {layout: LayerBytes(*widths) for layout, widths in zip((Layout.sixteen_bit, Layout.mixed, Layout.fp32), (sixteen_bit, mixed, fp32))}
+    return {layout: LayerBytes(*widths) for layout, widths in by_layout(sixteen_bit, mixed, fp32).items()}
 
 
 # Measured with transformers 5.23 (and 5.17: `make test-compat`), torch 2.13, SDPA's flash kernel;
@@ -151,11 +155,11 @@ def attention_matrix_bytes(layout: Layout, *, heads: int, seq: int, cp: int, tp:
     return layout.activation_bytes * pairs, pairs
 
 
-# The final RMSNorm's bytes per token per hidden unit, per layout (16-bit, mixed, fp32): the
-# residual, its fp32 copy and the normed output (the head's input). Gemma's (1 + weight) norm keeps
-# its fp32 product in 16-bit too.
-FINAL_NORM = {Arch.gemma2: (10, 10, 12), Arch.gemma3_text: (10, 10, 12)}
-FINAL_NORM_DEFAULT = (8, 10, 12)
+# The final RMSNorm's bytes per token per hidden unit, per layout: the residual, its fp32 copy and
+# the normed output (the head's input). Gemma's (1 + weight) norm keeps its fp32 product in 16-bit too.
+FINAL_NORM_DEFAULT = by_layout(8, 10, 12)
+GEMMA_FINAL_NORM = by_layout(10, 10, 12)
+FINAL_NORM = {Arch.gemma2: GEMMA_FINAL_NORM, Arch.gemma3_text: GEMMA_FINAL_NORM}
 
 
 def ends_bytes(shape, layout: Layout) -> float:
@@ -163,8 +167,7 @@ def ends_bytes(shape, layout: Layout) -> float:
     and RoPE's cos and sin, shared by every layer (in the residual's dtype). Measured for every
     family at hidden 512, head_dim 64 (tests/unit/plan/test_activation_count.py): 8.5 (Gemma 10.5)
     in 16-bit, 11 mixed and 13 fp32 x hidden; freed by the time the last layer's backward begins."""
-    per_layout = dict(zip((Layout.sixteen_bit, Layout.mixed, Layout.fp32), FINAL_NORM.get(shape.arch, FINAL_NORM_DEFAULT)))
-    norm = per_layout[layout] * shape.hidden
+    norm = FINAL_NORM.get(shape.arch, FINAL_NORM_DEFAULT)[layout] * shape.hidden
     return norm + 2 * shape.head_dim * layout.residual_bytes
 
 

@@ -46,15 +46,16 @@ def config(arch: str, layers: int):
     return CONFIGS[arch](**shape)
 
 
-def measured(arch: str, layout: Layout, mode: Checkpointing = Checkpointing.none) -> float:
-    def build(layers: int):
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config(arch, layers), attn_implementation=FUSED if arch == "gemma2" else "sdpa")
-        model = model.to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
-        apply_checkpointing(model, mode.value)
-        return model
+def build(arch: str, layers: int, layout: Layout, mode: Checkpointing = Checkpointing.none):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config(arch, layers), attn_implementation=FUSED if arch == "gemma2" else "sdpa")
+    model = model.to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
+    apply_checkpointing(model, mode.value)
+    return model
 
-    return per_layer_token(build, autocast=layout is Layout.mixed)
+
+def measured(arch: str, layout: Layout, mode: Checkpointing = Checkpointing.none) -> float:
+    return per_layer_token(lambda layers: build(arch, layers, layout, mode), autocast=layout is Layout.mixed)
 
 
 def planned_shape(arch: str):
@@ -88,9 +89,7 @@ def test_the_model_s_ends_keep_what_the_plan_counts(arch, layout):
     from tinytrain.plan.activations import LOGITS_KEPT_BYTES, ends_bytes, softcap_bytes
 
     def kept(seq: int) -> int:
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config(arch, 1), attn_implementation=FUSED if arch == "gemma2" else "sdpa")
-        model = model.to(torch.bfloat16 if layout is Layout.sixteen_bit else torch.float32).train()
+        model = build(arch, 1, layout)
         return min(kept_after_forward(model, autocast=layout is Layout.mixed, seq=seq) for _ in range(2))
 
     shape = planned_shape(arch)
