@@ -237,9 +237,12 @@ class CausalLMModule(pl.LightningModule):
         if writes_metrics_row(self.trainer):
             self.log("grad_norm", norm)
 
-    def optimizer_step(self, *args, **kwargs):
-        super().optimizer_step(*args, **kwargs)
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.clip_in_module:
+            # Lightning zeroes the gradients inside the next step's closure, after its forward: they
+            # would sit beside that forward's activations, 4 B a parameter at its end. Freed now.
+            optimizer.zero_grad(set_to_none=True)
             return
         # DeepSpeed clips inside its engine; report the norm it measured (pre-clip). Logged here
         # and not in on_train_batch_end: a step's metrics row is written before its checkpoint, in
