@@ -160,3 +160,21 @@ def test_a_tp_rank_keeps_what_the_plan_counts(tmp_path, tp):
     for mode, r in results.items():
         assert r["planned"] == pytest.approx(r["measured"], rel=0.15), (mode, r)
         assert abs(r["measured"] - r["planned"]) < abs(r["measured"] - r["whole_over_tp"]), (mode, r)
+
+
+def test_fsdp_ranks_keep_autocast_s_copies_of_the_gathered_weights(tmp_path):
+    """Under fsdp_tp each rank gathers a layer's weights for its forward, and autocast's 16-bit copy of
+    each (kept for the backward) is of the whole weight: the plan counts the copies per layer over
+    tp, never over the data-parallel ranks; a layer checkpointed in full keeps none (its recompute
+    makes them again). Two data-parallel ranks, tp 1."""
+    import json
+
+    from tests.activation_bytes import has_mallinfo2
+
+    if not has_mallinfo2():
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    run_ranks("tests.integration.fsdp_copies_worker", [str(tmp_path)], 2, env={"MALLOC_ARENA_MAX": "1"})
+    results = json.loads((tmp_path / "fsdp_copies.json").read_text())
+    none, full = results["none"], results["full"]
+    assert none["planned"] == pytest.approx(none["measured"], rel=0.1), none
+    assert abs(full["measured"]) < 0.1 * full["copies"], full

@@ -48,8 +48,7 @@ class Layout(str, enum.Enum):
 # log-softmax (kept from the forward by the plain loss, recomputed a chunk at a time by the chunked
 # loss) and two fp32 gradients beside it, nll's and log-softmax's (the logits and their fp32 copy
 # are freed once the log-softmax is taken). Measured on this CPU for both losses in every layout
-# (tests/unit/plan/test_activation_count.py); an H100 run measured its activations at 1.00x a count
-# with it and the model's ends (plan/memory_margin.py), 1.11x one of the kept 4 B alone.
+# (tests/unit/plan/test_activation_count.py).
 LOSS_PEAK_BYTES = 12
 LOGITS_KEPT_BYTES = 4  # of which the plain loss keeps from its forward: the log-softmax
 # A checkpointed layer's recompute in backward, with the gradients beside it, over the activations
@@ -169,6 +168,24 @@ def ends_bytes(shape, layout: Layout) -> float:
     in 16-bit, 11 mixed and 13 fp32 x hidden; freed by the time the last layer's backward begins."""
     norm = FINAL_NORM.get(shape.arch, FINAL_NORM_DEFAULT)[layout] * shape.hidden
     return norm + 2 * shape.head_dim * layout.residual_bytes
+
+
+def weight_copy_bytes(shape, layout: Layout, tp: int = 1) -> float:
+    """Bytes per layer that autocast adds, whatever the tokens: a projection under autocast (the
+    mixed layout) multiplies by a 16-bit copy of its fp32 weight and keeps that copy for its
+    backward, from the layer's forward to the layer's backward (a checkpointed layer's copies are
+    made again in its recompute). Split over tp as the projections are; never over the data-parallel
+    ranks (FSDP's gathered weights are copied whole). 0 where the weights are already 16-bit
+    (DeepSpeed) or fp32 runs in fp32. Measured by tests/unit/plan/test_activation_count.py."""
+    if layout is not Layout.mixed:
+        return 0.0
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return 2.0 * shape.hidden * (2 * q + 2 * kv + 3 * shape.intermediate) / tp
+
+
+def head_copy_bytes(shape, layout: Layout, tp: int = 1) -> float:
+    """The lm_head's 16-bit copy under autocast (split by vocab rows over tp), as weight_copy_bytes."""
+    return 2.0 * shape.vocab * shape.hidden / tp if layout is Layout.mixed else 0.0
 
 
 def input_bytes(shape, layout: Layout) -> float:

@@ -17,7 +17,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Checkpointing
-from tinytrain.plan.activations import LOGITS_KEPT_BYTES, LOSS_PEAK_BYTES, RECOMPUTE_PEAK, Layout, attention_matrix_bytes, ends_bytes, input_bytes, layer_bytes, selective_bytes, softcap_bytes
+from tinytrain.plan.activations import (
+    LOGITS_KEPT_BYTES,
+    LOSS_PEAK_BYTES,
+    RECOMPUTE_PEAK,
+    Layout,
+    attention_matrix_bytes,
+    ends_bytes,
+    head_copy_bytes,
+    input_bytes,
+    layer_bytes,
+    selective_bytes,
+    softcap_bytes,
+    weight_copy_bytes,
+)
 
 GIB = 1024**3
 
@@ -133,7 +146,7 @@ def activation_memory(**kwargs) -> float:
     return activation_parts(**kwargs).peak
 
 
-def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False) -> ActivationParts:
+def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False, weight_copies: bool = True) -> ActivationParts:
     """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
     forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`,
     and the model's ends: the final norm and RoPE's tables) and, on top of it, the larger of the
@@ -150,7 +163,10 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     recomputes the rest. `every` > 1 (selective where the op-level policy cannot run): every
     every-th layer is checkpointed in full, the others keep all. `logits_tokens`: the most tokens
     whose logits the loss holds at once (a chunked loss's chunk, 0 for a fused linear cross-entropy;
-    None: every token's)."""
+    None: every token's). Under autocast (the mixed layout) each matmul keeps a 16-bit copy of its
+    weight: held with a layer that is not checkpointed, made again in a checkpointed one's recompute
+    (plan/activations.py weight_copy_bytes); `weight_copies` false where the weights are not fp32
+    (LoRA's frozen base)."""
     layers = shape.layers
     tokens = seq / cp * micro_batch
     per_layer = layer_bytes(shape, layout, tp) * tokens
@@ -162,14 +178,19 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     softcap = softcap_bytes(shape, layout)  # Gemma-2's, whose loss is always the plain one (its own logits)
     loss = (tokens if logits_tokens is None else min(tokens, logits_tokens)) * shape.vocab * (LOSS_PEAK_BYTES + softcap)
     loss_kept = tokens * shape.vocab * (LOGITS_KEPT_BYTES + softcap) if logits_tokens is None else 0.0  # the plain loss's log-softmax
+    # autocast's 16-bit copy of the lm_head: kept by the plain head's matmul; a chunked loss makes
+    # it again in each chunk's recompute (part of its transient); liger's fused loss takes the weight
+    head_copy = head_copy_bytes(shape, layout, tp) if logits_tokens != 0 and weight_copies else 0.0
+    loss, loss_kept = loss + head_copy, loss_kept + (head_copy if logits_tokens is None else 0.0)
     ends = ends_bytes(shape, layout) * tokens  # the final norm and RoPE's tables: held with the loss, freed before the layers' backward
+    copies = weight_copy_bytes(shape, layout, tp) if weight_copies else 0.0  # autocast's, per layer
     if checkpointing is Checkpointing.none:
-        kept, recompute = layers * per_layer, 0.0
+        kept, recompute = layers * (per_layer + copies), 0.0
     elif checkpointing is Checkpointing.full or every > 1:
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
-        kept, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer, RECOMPUTE_PEAK * per_layer
+        kept, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * (per_layer + copies), RECOMPUTE_PEAK * per_layer + copies
     elif checkpointing is Checkpointing.selective:
-        kept, recompute = layers * selective_bytes(shape, layout, tp) * tokens, RECOMPUTE_PEAK * per_layer
+        kept, recompute = layers * selective_bytes(shape, layout, tp) * tokens, RECOMPUTE_PEAK * per_layer + copies
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     # The loss's backward ends before the last layer's recompute begins: one or the other, not both.

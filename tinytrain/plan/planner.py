@@ -15,7 +15,7 @@ from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.node_memory import node_memory
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
-from tinytrain.config.schema import PLANNING_MODES, Checkpointing, Mode, Objective, OptimizerName
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, FinetuneMethod, Mode, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -235,7 +235,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, frozen_base=cfg.finetune.method is not FinetuneMethod.full)
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -337,16 +337,17 @@ def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows)
+        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows, frozen_base=cfg.finetune.method is not FinetuneMethod.full)
 
     return at
 
 
-def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int) -> float:
+def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, frozen_base: bool = False) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
     checkpointing mode (with its every-k-block fallback), for the model's family, attention kernel
     and loss, counted at what a GPU run measured where one measured more for this layout and mode
-    (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree."""
+    (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree.
+    `frozen_base`: LoRA's base, held in the compute dtype (or 4-bit): autocast copies none of it."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
     kernel = model.attention.implementation
     formula = activation_memory(
@@ -361,6 +362,7 @@ def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpoin
         checkpointing=mode,
         every=every_for(mode, op_off),
         logits_tokens=model.logits_tokens,
+        weight_copies=not frozen_base,
     )
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)

@@ -70,7 +70,7 @@ def test_the_frozen_copy_is_held_like_the_policy(strategy, world, tp, stage, exp
 
 def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_fit(pairs, tmp_path, capsys):
     """A 1B model fully fine-tuned on a 24 GB A10: it fits without the frozen copy, not with it."""
-    run = ["model=tinyllama_1b", "data=jsonl", "data.format=preference", f"data.path={pairs}", "data.chat_template=alpaca", "finetune.objective=dpo", "hardware.gpu=A10", "trainer.micro_batch_size=24"]
+    run = ["model=tinyllama_1b", "data=jsonl", "data.format=preference", f"data.path={pairs}", "data.chat_template=alpaca", "finetune.objective=dpo", "hardware.gpu=A10", "trainer.micro_batch_size=16"]
     with pytest.raises(ConfigError) as e:
         plan(run, tmp_path / "online")
     message = str(e.value)
