@@ -122,9 +122,40 @@ COUNTS = {
 }
 
 
-def layer_bytes(shape, layout: Layout, tp: int = 1) -> float:
-    """Bytes per token one layer keeps for backward without checkpointing, on one tp rank."""
+def layer_bytes(shape, layout: Layout, tp: int = 1, lora: LoraShape | None = None) -> float:
+    """Bytes per token one layer keeps for backward without checkpointing, on one tp rank; `lora`:
+    with peft's adapters on its projections (lora_layer_bytes)."""
+    if lora is not None:
+        return lora_layer_bytes(shape, layout, tp, lora)
     return COUNTS[shape.arch][layout].per_token(shape, tp)
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    rank: int
+    dropout: bool  # finetune.dropout > 0
+
+
+# finetune=lora: the frozen base is held in the compute dtype, so under autocast its residual
+# stream is 16-bit (the family's 16-bit count is the base). Over that base, each adapter's lora_A
+# keeps its own copy of its projection's input (the frozen projection keeps none: its weight takes
+# no gradient), under dropout the dropped copy and its mask besides, and its r-wide output. Measured
+# on Llama with peft, adapters on all seven projections (tests/unit/plan/test_activation_count.py),
+# per (hidden, q, kv, intermediate) over the base, without and with dropout. Adapters on fewer
+# projections keep less: counted as all seven (an upper bound).
+LORA_BASE = {Layout.sixteen_bit: Layout.sixteen_bit, Layout.mixed: Layout.sixteen_bit, Layout.fp32: Layout.fp32}
+LORA_DELTA = {
+    Layout.sixteen_bit: ((-4, 0, 0, 0), (12, 4, 0, 2)),
+    Layout.mixed: ((2, 2, 0, 0), (22, 6, 0, 4)),
+    Layout.fp32: ((-8, 0, 0, 0), (24, 8, 0, 4)),
+}
+LORA_PROJECTIONS = 7
+
+
+def lora_layer_bytes(shape, layout: Layout, tp: int, lora: LoraShape) -> float:
+    base = COUNTS[shape.arch][LORA_BASE[layout]].per_token(shape, tp)
+    delta = LayerBytes(*LORA_DELTA[layout][lora.dropout], per_head=0.0).per_token(shape, tp)
+    return base + delta + LORA_PROJECTIONS * lora.rank * layout.activation_bytes
 
 
 def selective_bytes(shape, layout: Layout, tp: int = 1) -> float:

@@ -19,9 +19,11 @@ from dataclasses import asdict, dataclass
 from tinytrain.config.schema import Checkpointing
 from tinytrain.plan.activations import (
     LOGITS_KEPT_BYTES,
+    LORA_BASE,
     LOSS_PEAK_BYTES,
     RECOMPUTE_PEAK,
     Layout,
+    LoraShape,
     attention_matrix_bytes,
     ends_bytes,
     head_copy_bytes,
@@ -146,7 +148,7 @@ def activation_memory(**kwargs) -> float:
     return activation_parts(**kwargs).peak
 
 
-def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False, weight_copies: bool = True) -> ActivationParts:
+def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False, lora: LoraShape | None = None) -> ActivationParts:
     """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
     forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`,
     and the model's ends: the final norm and RoPE's tables) and, on top of it, the larger of the
@@ -165,11 +167,12 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     whose logits the loss holds at once (a chunked loss's chunk, 0 for a fused linear cross-entropy;
     None: every token's). Under autocast (the mixed layout) each matmul keeps a 16-bit copy of its
     weight: held with a layer that is not checkpointed, made again in a checkpointed one's recompute
-    (plan/activations.py weight_copy_bytes); `weight_copies` false where the weights are not fp32
-    (LoRA's frozen base)."""
+    (plan/activations.py weight_copy_bytes). `lora`: finetune=lora's adapters on a frozen base held
+    in the compute dtype (16-bit under autocast: no weight copies, a 16-bit residual stream)."""
+    layer_layout, layout = layout, (LORA_BASE[layout] if lora else layout)  # what the rest of the model holds
     layers = shape.layers
     tokens = seq / cp * micro_batch
-    per_layer = layer_bytes(shape, layout, tp) * tokens
+    per_layer = layer_bytes(shape, layer_layout, tp, lora) * tokens
     per_model = 0.0
     if not flash:
         layer_matrix, model_matrix = attention_matrix_bytes(layout, heads=shape.heads, seq=seq, cp=cp, tp=tp, eager=eager)
@@ -180,10 +183,10 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     loss_kept = tokens * shape.vocab * (LOGITS_KEPT_BYTES + softcap) if logits_tokens is None else 0.0  # the plain loss's log-softmax
     # autocast's 16-bit copy of the lm_head: kept by the plain head's matmul; a chunked loss makes
     # it again in each chunk's recompute (part of its transient); liger's fused loss takes the weight
-    head_copy = head_copy_bytes(shape, layout, tp) if logits_tokens != 0 and weight_copies else 0.0
+    head_copy = head_copy_bytes(shape, layout, tp) if logits_tokens != 0 else 0.0
     loss, loss_kept = loss + head_copy, loss_kept + (head_copy if logits_tokens is None else 0.0)
     ends = ends_bytes(shape, layout) * tokens  # the final norm and RoPE's tables: held with the loss, freed before the layers' backward
-    copies = weight_copy_bytes(shape, layout, tp) if weight_copies else 0.0  # autocast's, per layer
+    copies = weight_copy_bytes(shape, layout, tp)  # autocast's, per layer (none of LoRA's 16-bit base)
     if checkpointing is Checkpointing.none:
         kept, recompute = layers * (per_layer + copies), 0.0
     elif checkpointing is Checkpointing.full or every > 1:

@@ -25,7 +25,7 @@ from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
-from tinytrain.plan.activations import layout_of
+from tinytrain.plan.activations import LoraShape, layout_of
 from tinytrain.plan.attention import VARLEN_KERNELS, AttentionChoice, choose_attention, flash_attn_installed, for_family
 from tinytrain.plan.checkpoint_cost import checkpoint_plan
 from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
@@ -235,7 +235,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
         rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, frozen_base=cfg.finetune.method is not FinetuneMethod.full)
+        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora_shape(cfg))
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -337,17 +337,23 @@ def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows, frozen_base=cfg.finetune.method is not FinetuneMethod.full)
+        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora_shape(cfg))
 
     return at
 
 
-def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, frozen_base: bool = False) -> float:
+def lora_shape(cfg) -> LoraShape | None:
+    """What the activation count needs of finetune=lora|qlora's adapters (None for full fine-tuning)."""
+    f = cfg.finetune
+    return None if f.method is FinetuneMethod.full else LoraShape(rank=f.rank, dropout=f.dropout > 0)
+
+
+def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
     checkpointing mode (with its every-k-block fallback), for the model's family, attention kernel
     and loss, counted at what a GPU run measured where one measured more for this layout and mode
     (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree.
-    `frozen_base`: LoRA's base, held in the compute dtype (or 4-bit): autocast copies none of it."""
+    `lora`: finetune=lora's adapters (plan/activations.py lora_layer_bytes)."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
     kernel = model.attention.implementation
     formula = activation_memory(
@@ -362,7 +368,7 @@ def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpoin
         checkpointing=mode,
         every=every_for(mode, op_off),
         logits_tokens=model.logits_tokens,
-        weight_copies=not frozen_base,
+        lora=lora,
     )
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
     return formula * (measured.factor if measured else 1.0)
