@@ -110,6 +110,11 @@ def measure(shape: dict, kernel: str, seq: int, gpu: bool, repeats: int) -> dict
         if gpu:
             torch.cuda.synchronize()
 
+    # One step before the readings: a kernel's first call allocates what it keeps for later calls
+    # (workspaces, thread buffers), which would read as kept by this layer.
+    forward().backward(torch.ones((1, seq, shape["hidden_size"]), device=device, dtype=torch.bfloat16))
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
     gc.collect()
     sync()
     before = allocated(gpu)
