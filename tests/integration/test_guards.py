@@ -14,6 +14,12 @@ LAYER = "model.model.layers.1.mlp.down_proj.weight"
 SMALL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "data.seq_len=32", "trainer.micro_batch_size=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.val_every_n_steps=1000", "trainer.checkpoint_every_n_steps=1000"]
 
 
+def small_with(overrides) -> list[str]:
+    """SMALL with `overrides` in place of its own values for the same keys."""
+    given = {o.split("=")[0] for o in overrides}
+    return [*(o for o in SMALL if o.split("=")[0] not in given), *overrides]
+
+
 def train(overrides, run_dir, corrupt=None, steps=8, callbacks=()):
     """Train in-process through tinytrain's own module, guards and Trainer; `corrupt(step, grad)`
     may rewrite the gradient of LAYER."""
@@ -22,7 +28,7 @@ def train(overrides, run_dir, corrupt=None, steps=8, callbacks=()):
     from tinytrain.train.fit import build_module
     from tinytrain.train.trainer import build_trainer, quiet_lightning
 
-    cfg = compose([*SMALL, f"trainer.max_steps={steps}", *overrides])
+    cfg = compose(small_with([f"trainer.max_steps={steps}", *overrides]))
     tok = load_from_config(cfg.tokenizer)
     plan = make_plan(cfg, tok, run_dir)
     quiet_lightning()
@@ -32,8 +38,9 @@ def train(overrides, run_dir, corrupt=None, steps=8, callbacks=()):
         param = dict(module.named_parameters())[LAYER]
         param.register_hook(lambda g: corrupt(module.trainer.global_step, g))
     g = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, 4000, (steps * (cfg.trainer.global_batch_size or 2), 33), generator=g)
-    loader = torch.utils.data.DataLoader([{"input_ids": r[:-1], "labels": r[1:]} for r in rows], batch_size=2)
+    micro = cfg.trainer.micro_batch_size
+    rows = torch.randint(0, 4000, (steps * (cfg.trainer.global_batch_size or micro), cfg.data.seq_len + 1), generator=g)
+    loader = torch.utils.data.DataLoader([{"input_ids": r[:-1], "labels": r[1:]} for r in rows], batch_size=micro)
     trainer = build_trainer(cfg, plan, run_dir, extra_callbacks=list(callbacks)).trainer
     trainer.fit(module, train_dataloaders=loader)
     return module, trainer
