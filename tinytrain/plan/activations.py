@@ -158,14 +158,19 @@ def lora_layer_bytes(shape, layout: Layout, tp: int, lora: LoraShape) -> float:
     return base + delta + LORA_PROJECTIONS * lora.rank * layout.activation_bytes
 
 
-def selective_bytes(shape, layout: Layout, tp: int = 1) -> float:
+def selective_bytes(shape, layout: Layout, tp: int = 1, lora: LoraShape | None = None) -> float:
     """Bytes per token a layer keeps under selective checkpointing (model/activation_checkpointing.py's
     policy), on one tp rank: the matmuls' outputs (q, k, v, gate, up split over tp; o and down whole,
     and under tp > 1 their all-reduced sums too: the policy keeps tp's reductions) and attention's
-    output and log-sum-exp, plus the layer's input that the checkpoint holds."""
+    output and log-sum-exp, plus the layer's input that the checkpoint holds. With LoRA's adapters
+    (`layout` the base's) the policy keeps their matmuls' outputs too: lora_B's at each projection's
+    output width, lora_A's r wide (measured on Llama with peft, the same test)."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     split = layout.activation_bytes * (2 * q + 2 * kv + 2 * shape.intermediate) + 4.0 * shape.heads
     whole = layout.activation_bytes * 2 * shape.hidden * (2 if tp > 1 else 1)
+    if lora is not None:
+        split += layout.activation_bytes * (q + 2 * kv + 2 * shape.intermediate)
+        whole += layout.activation_bytes * (2 * shape.hidden + LORA_PROJECTIONS * lora.rank)
     return split / tp + whole + input_bytes(shape, layout)
 
 

@@ -193,7 +193,7 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
         kept, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * (per_layer + copies), RECOMPUTE_PEAK * per_layer + copies
     elif checkpointing is Checkpointing.selective:
-        kept, recompute = layers * selective_bytes(shape, layout, tp) * tokens, RECOMPUTE_PEAK * per_layer + copies
+        kept, recompute = layers * selective_bytes(shape, layout, tp, lora) * tokens, RECOMPUTE_PEAK * per_layer + copies
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
     # The loss's backward ends before the last layer's recompute begins: one or the other, not both.

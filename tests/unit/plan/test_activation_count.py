@@ -69,15 +69,18 @@ def test_a_layer_keeps_what_the_plan_counts(arch, layout):
     assert planned == pytest.approx(measured_bytes, rel=TOLERANCE), f"{arch} {layout.value}: measured {measured_bytes:.0f} B per token and layer, planned {planned:.0f}"
 
 
-@pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
-@pytest.mark.parametrize("dropout", [0.0, 0.05], ids=["no-dropout", "dropout"])
-def test_a_lora_layer_keeps_what_the_plan_counts(dropout, layout):
+LORA_CASES = [(layout, dropout, Checkpointing.none) for layout in Layout for dropout in (0.0, 0.05)] + [(Layout.mixed, 0.05, mode) for mode in (Checkpointing.selective, Checkpointing.full)]
+
+
+@pytest.mark.parametrize(("layout", "dropout", "mode"), LORA_CASES, ids=lambda x: getattr(x, "value", f"dropout{x}"))
+def test_a_lora_layer_keeps_what_the_plan_counts(layout, dropout, mode):
     """finetune=lora through tinytrain's own apply_adapters (peft, adapters on all seven projections):
     the frozen base in the compute dtype under autocast, everything 16-bit under DeepSpeed, fp32 on a
     CPU run. The base's own count under autocast (an fp32 residual stream) was 5% over without
-    dropout and 38% under with finetune=lora's default dropout of 0.05."""
+    dropout and 38% under with finetune=lora's default dropout of 0.05; under selective
+    checkpointing the policy keeps the adapters' matmul outputs too (the base's count: 0.55x)."""
     from tinytrain.model.lora import apply_adapters
-    from tinytrain.plan.activations import LoraShape
+    from tinytrain.plan.activations import LORA_BASE, LoraShape
     from tinytrain.plan.finetune import FinetunePlan
 
     plan = FinetunePlan("lora", 16, 32.0, dropout, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 0, (), "", 0, "bf16", "test")
@@ -86,11 +89,14 @@ def test_a_lora_layer_keeps_what_the_plan_counts(dropout, layout):
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config("llama", layers), attn_implementation="sdpa")
         model = apply_adapters(model, plan, torch.bfloat16 if layout is Layout.mixed else None)
-        return model.to(torch.bfloat16) if layout is Layout.sixteen_bit else model
+        model = model.to(torch.bfloat16) if layout is Layout.sixteen_bit else model
+        apply_checkpointing(model, mode.value)
+        return model
 
     measured_bytes = per_layer_token(lora_model, autocast=layout is Layout.mixed)
-    planned = layer_bytes(planned_shape("llama"), layout, lora=LoraShape(rank=16, dropout=dropout > 0))
-    assert planned == pytest.approx(measured_bytes, rel=TOLERANCE), f"{layout.value}: measured {measured_bytes:.0f} B per token and layer, planned {planned:.0f}"
+    shape, lora, base = planned_shape("llama"), LoraShape(rank=16, dropout=dropout > 0), LORA_BASE[layout]
+    planned = {Checkpointing.none: layer_bytes(shape, layout, lora=lora), Checkpointing.selective: selective_bytes(shape, base, lora=lora), Checkpointing.full: input_bytes(shape, base)}[mode]
+    assert planned == pytest.approx(measured_bytes, rel=TOLERANCE), f"{layout.value} {mode.value}: measured {measured_bytes:.0f} B per token and layer, planned {planned:.0f}"
 
 
 @pytest.mark.parametrize("layout", list(Layout), ids=lambda x: x.value)
