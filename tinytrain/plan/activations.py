@@ -122,14 +122,6 @@ COUNTS = {
 }
 
 
-def layer_bytes(shape, layout: Layout, tp: int = 1, lora: LoraShape | None = None) -> float:
-    """Bytes per token one layer keeps for backward without checkpointing, on one tp rank; `lora`:
-    with peft's adapters on its projections (lora_layer_bytes)."""
-    if lora is not None:
-        return lora_layer_bytes(shape, layout, tp, lora)
-    return COUNTS[shape.arch][layout].per_token(shape, tp)
-
-
 @dataclass(frozen=True)
 class LoraShape:
     rank: int
@@ -156,6 +148,14 @@ def lora_layer_bytes(shape, layout: Layout, tp: int, lora: LoraShape) -> float:
     base = COUNTS[shape.arch][LORA_BASE[layout]].per_token(shape, tp)
     delta = LayerBytes(*LORA_DELTA[layout][lora.dropout], per_head=0.0).per_token(shape, tp)
     return base + delta + LORA_PROJECTIONS * lora.rank * layout.activation_bytes
+
+
+def layer_bytes(shape, layout: Layout, tp: int = 1, lora: LoraShape | None = None) -> float:
+    """Bytes per token one layer keeps for backward without checkpointing, on one tp rank; `lora`:
+    with peft's adapters on its projections (lora_layer_bytes)."""
+    if lora is not None:
+        return lora_layer_bytes(shape, layout, tp, lora)
+    return COUNTS[shape.arch][layout].per_token(shape, tp)
 
 
 def selective_bytes(shape, layout: Layout, tp: int = 1, lora: LoraShape | None = None) -> float:
