@@ -113,3 +113,15 @@ def test_training_parts_read_a_carried_corpus_or_stop_with_the_fix(tmp_path, mon
     carried.write_text("To be, or not to be.\n")
     assert gpu_check_module.corpus() == [f"data.path={carried}"]
     assert f"data.path={carried}" in gpu_check_module.common(False, 4, 2)
+
+
+def test_the_headline_s_loss_covers_the_rows_the_plan_counts():
+    """mfu.py's TinyLlama trains on its own tokenizer (Llama-2's 32,000 pieces) where one is at hand
+    (here ../shared/data): its loss covers every row of the head, as the plan counts them. The H100
+    run of 2026-11-27 passed model.vocab_size=32000 over the bundled tokenizer, whose loss covered 4,096
+    (tinytrain/plan/memory_margin.py)."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); from mfu import tinyllama_vocab; from _common import setup; "
+            "overrides, note = tinyllama_vocab(); print(note); plan = setup(['model=tinyllama_1b', *overrides, 'mode=plan'])[2]; print('vocab', plan.vocab.true, plan.vocab.padded)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the Llama-2 tokenizer (../shared/data/llama2-tokenizer/tokenizer.model)" in result.stdout and "vocab 32000 32000" in result.stdout, result.stdout
