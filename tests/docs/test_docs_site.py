@@ -62,3 +62,17 @@ def test_every_page_is_in_the_site():
     nav = (REPO / "mkdocs.yml").read_text()
     missing = [p.name for p in (REPO / "docs").glob("*.md") if f": {p.name}" not in nav]
     assert not missing, f"docs pages not in mkdocs.yml's nav: {missing}"
+
+
+def test_the_readme_s_plan_sample_is_what_the_default_run_plans(tmp_path):
+    """The README shows `python -m tinytrain mode=plan`'s output for the default run: its planning
+    lines (model to fast paths, less the machine's own: tokenizer path, host memory, checkpoint
+    disk) are what the plan prints here."""
+    from tests.conftest import plan
+    from tinytrain.plan.run_plan import fit_lines
+
+    printed = fit_lines(plan([], tmp_path))
+    readme = (REPO / "README.md").read_text().splitlines()
+    for prefix in ("memory ", "           activations:", "recompute ", "fp8 ", "fast paths "):
+        line = next(x for x in printed if x.startswith(prefix))
+        assert line in readme, f"README.md's plan sample lacks: {line}"

@@ -137,10 +137,31 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
 class ActivationParts:
     kept: float  # what the forward keeps for backward (the plain loss's log-softmax included)
     backward: float  # what the backward adds at its peak
+    layers: float = 0.0  # of `kept`: the layers' activations (and seq^2 masks or scores)
+    copies: float = 0.0  # of `kept`: autocast's 16-bit weight copies
+    backward_from: str = ""  # what the backward's peak is: the loss's backward or a layer's recompute
 
     @property
     def peak(self) -> float:
         return self.kept + self.backward
+
+    def to_gib(self) -> dict:
+        """plan.json's memory_per_gpu.activation_parts: each part in GiB (ends_and_loss: the rest of
+        what is kept, the model's ends and the plain loss's log-softmax)."""
+        return {
+            "layers_gib": round(self.layers / GIB, 3),
+            "weight_copies_gib": round(self.copies / GIB, 3),
+            "ends_and_loss_gib": round((self.kept - self.layers - self.copies) / GIB, 3),
+            "backward_peak_gib": round(self.backward / GIB, 3),
+            "backward_peak_from": self.backward_from,
+        }
+
+
+def render_activation_parts(parts: dict) -> str:
+    """The memory line's second line: what the activation estimate is made of (before any margin)."""
+    copies = f" + {parts['weight_copies_gib']:.2f} autocast's weight copies" if parts["weight_copies_gib"] else ""
+    return (f"           activations: {parts['layers_gib']:.2f} kept by the layers{copies} + {parts['ends_and_loss_gib']:.2f} by the model's ends and the loss, "
+            f"+ {parts['backward_peak_gib']:.2f} at the backward's peak ({parts['backward_peak_from']})")
 
 
 def activation_memory(**kwargs) -> float:
@@ -188,16 +209,24 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     ends = ends_bytes(shape, layout) * tokens  # the final norm and RoPE's tables: held with the loss, freed before the layers' backward
     copies = weight_copy_bytes(shape, layout, tp)  # autocast's, per layer (none of LoRA's 16-bit base)
     if checkpointing is Checkpointing.none:
-        kept, recompute = layers * (per_layer + copies), 0.0
+        kept, plain_layers, recompute = layers * per_layer, layers, 0.0
     elif checkpointing is Checkpointing.full or every > 1:
         full = -(-layers // every)  # layers 0, every, 2 x every, ...
-        kept, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * (per_layer + copies), RECOMPUTE_PEAK * per_layer + copies
+        kept, plain_layers, recompute = full * input_bytes(shape, layout) * tokens + (layers - full) * per_layer, layers - full, RECOMPUTE_PEAK * per_layer + copies
     elif checkpointing is Checkpointing.selective:
-        kept, recompute = layers * selective_bytes(shape, layout, tp, lora) * tokens, RECOMPUTE_PEAK * per_layer + copies
+        kept, plain_layers, recompute = layers * selective_bytes(shape, layout, tp, lora) * tokens, 0, RECOMPUTE_PEAK * per_layer + copies
     else:
         raise ValueError(f"activation_memory takes a resolved mode, not {checkpointing}")
+    kept_copies = plain_layers * copies + (head_copy if logits_tokens is None else 0.0)
     # The loss's backward ends before the last layer's recompute begins: one or the other, not both.
-    return ActivationParts(kept + per_model + ends + loss_kept, max(ends + loss, recompute) - ends - loss_kept)
+    backward_from = "the loss's backward" if ends + loss >= recompute else "the last layer's recompute"
+    return ActivationParts(
+        kept + plain_layers * copies + per_model + ends + loss_kept,
+        max(ends + loss, recompute) - ends - loss_kept,
+        layers=kept + per_model,
+        copies=kept_copies,
+        backward_from=backward_from,
+    )
 
 
 @dataclass(frozen=True)
@@ -212,6 +241,7 @@ class MemoryPlan:
     note: str
     reference_gib: float = 0.0  # a frozen DPO/IPO reference copy (finetune.objective, full fine-tuning)
     margin: dict | None = None  # what a GPU run measured against the activation formula (plan/memory_margin.py)
+    activation_parts: dict | None = None  # the activation formula's parts (ActivationParts.to_gib)
 
     def to_dict(self) -> dict:
         return asdict(self)

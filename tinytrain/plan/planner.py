@@ -36,7 +36,7 @@ from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
-from tinytrain.plan.memory import GIB, activation_memory, plan_memory
+from tinytrain.plan.memory import GIB, activation_parts, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import ModelShape, parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -233,9 +233,11 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     reference_bytes = state.preference.reference_bytes if state.preference else 0.0
     base_step = step_seconds(hardware=hardware, precision=precision, params=state.params, tokens_per_step=batch.tokens_per_step, world=world)
 
+    def rows_of(micro: int) -> int:
+        return micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
+
     def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
-        rows = micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
-        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora_shape(cfg))
+        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
@@ -254,7 +256,8 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     memory = plan_memory(state.states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
     measured = memory_margin.measured(par.strategy.value, precision.lightning, ckpt.mode)
-    memory = replace(memory, margin=measured.to_dict() if measured else None)
+    parts = activation_formula(model, par, precision, op_off, Checkpointing(ckpt.mode), seq=batch.seq_len, cp=cp, rows=rows_of(batch.micro_batch_size), lora=lora_shape(cfg))
+    memory = replace(memory, margin=measured.to_dict() if measured else None, activation_parts=parts.to_gib())
     preference_plan.memory_problem(state.preference, memory)
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
@@ -354,9 +357,16 @@ def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpoin
     and loss, counted at what a GPU run measured where one measured more for this layout and mode
     (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree.
     `lora`: finetune=lora's adapters (plan/activations.py lora_layer_bytes)."""
+    formula = activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora).peak
+    measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
+    return formula * (measured.factor if measured else 1.0)
+
+
+def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None):
+    """block_activations' count before any measured margin, in its parts (plan/memory.py ActivationParts)."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
     kernel = model.attention.implementation
-    formula = activation_memory(
+    return activation_parts(
         shape=model.shape,
         layout=layout,
         seq=seq,
@@ -370,8 +380,6 @@ def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpoin
         logits_tokens=model.logits_tokens,
         lora=lora,
     )
-    measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
-    return formula * (measured.factor if measured else 1.0)
 
 
 def uses_sliding_window(model_cfg, pretrained, fam) -> bool:

@@ -33,7 +33,7 @@ from tinytrain.plan.host_memory import HostMemoryPlan
 from tinytrain.plan.host_memory import render as render_host
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.plan.layout_change import run_layout
-from tinytrain.plan.memory import MemoryPlan
+from tinytrain.plan.memory import MemoryPlan, render_activation_parts
 from tinytrain.plan.memory_margin import render as render_margin
 from tinytrain.plan.mixture import MixturePlan
 from tinytrain.plan.mixture import render as render_mixture
@@ -313,6 +313,8 @@ def fit_lines(plan: dict) -> list[str]:
         f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
         f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}{render_margin(m.get('margin'))}"
     )
+    if m.get("activation_parts"):
+        lines.append(render_activation_parts(m["activation_parts"]))
     if plan.get("host_memory"):
         lines += render_host(plan["host_memory"])
     if plan.get("context"):

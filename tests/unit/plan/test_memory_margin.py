@@ -87,3 +87,21 @@ def test_auto_micro_batch_picks_from_the_measured_memory(tmp_path, measured_more
     states = memory["params_gib"] + memory["grads_gib"] + memory["optimizer_gib"]
     assert states + formula[4] < 0.9 * 40e9 / GIB < states + 1.2 * formula[4]
     assert p["batch"]["micro_batch_size"] == 2 and memory["activations_gib"] == pytest.approx(1.2 * formula[2], abs=0.01)
+
+
+@pytest.mark.parametrize(("mode", "vocab", "peak_from"), [("none", 32000, "the loss's backward"), ("full", 4096, "the last layer's recompute")])
+def test_the_memory_line_says_what_the_activations_are_made_of(tmp_path, mode, vocab, peak_from):
+    """plan.json's activation_parts add up to the activations counted, and the line under the
+    memory line prints them: TinyLlama in bf16-mixed on one H100, autocast's copies of every
+    projection kept without checkpointing, the lm_head's alone under full (where, with a small
+    vocab, the last layer's recompute outgrows the loss's backward)."""
+    run = [x if not x.startswith("model.vocab_size=") else f"model.vocab_size={vocab}" for x in HEADLINE]
+    p = plan([*run, "trainer.micro_batch_size=8", f"trainer.activation_checkpointing={mode}"], tmp_path)
+    memory, parts = p["memory_per_gpu"], p["memory_per_gpu"]["activation_parts"]
+    assert sum(parts[k] for k in ("layers_gib", "weight_copies_gib", "ends_and_loss_gib", "backward_peak_gib")) == pytest.approx(memory["activations_gib"], abs=0.01)
+    head = 2 * vocab * TINYLLAMA.hidden / GIB
+    assert parts["weight_copies_gib"] > 10 * head if mode == "none" else parts["weight_copies_gib"] == pytest.approx(head, abs=1e-3)
+    assert parts["backward_peak_from"] == peak_from
+    lines = fit_lines(p)
+    line = lines[next(i for i, x in enumerate(lines) if x.startswith("memory ")) + 1]
+    assert line.startswith("           activations: ") and f"({peak_from})" in line and "autocast's weight copies" in line
