@@ -19,36 +19,19 @@ import types
 import lightning.pytorch as pl
 import torch
 from _common import raw_steps, setup, synthetic_batches, tinytrain_steps
-from allocator_count import OperatorPeak, allocated, has_mallinfo2
+from allocator_count import OperatorPeak, allocated, has_mallinfo2, step_peak_callback
 
 # hidden, layers, heads, intermediate (benchmarks/host_memory.py's sizes), the bundled 4096-token tokenizer
 SIZES = {"5M": (256, 4, 4, 704), "40M": (640, 8, 10, 1728), "150M": (1024, 12, 16, 2816)}
 MIB = 2**20
 
 
-def gradient_bytes(params) -> int:
-    return sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-
-
-class StepPeak(pl.Callback):
-    """Each step's peak above its start, its gradients left from the step before not counted."""
-
-    def __init__(self, lightning_order: bool):
-        self.lightning_order, self.peaks = lightning_order, []
+class LightningOrder(pl.Callback):
+    """The LightningModule's own optimizer_step on tinytrain's module: the gradients wait for the
+    next step's closure, after its forward (the order before tinytrain freed them with the step)."""
 
     def setup(self, trainer, pl_module, stage):
-        if self.lightning_order:  # the LightningModule's own step: the gradients wait for the next closure
-            pl_module.optimizer_step = types.MethodType(pl.LightningModule.optimizer_step, pl_module)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        gc.collect()
-        self.start = allocated() - gradient_bytes(pl_module.parameters())
-        self.reading = OperatorPeak()
-        self.reading.__enter__()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.reading.__exit__(None, None, None)
-        self.peaks.append(self.reading.most - self.start)
+        pl_module.optimizer_step = types.MethodType(pl.LightningModule.optimizer_step, pl_module)
 
 
 def raw_peaks(cfg, plan, model_config, loader) -> list[int]:
@@ -78,8 +61,8 @@ def measure(size: str, micro: int, seq: int, steps: int) -> dict:
     loader = torch.utils.data.DataLoader(synthetic_batches(steps, plan.vocab.true, micro, seq), batch_size=micro, collate_fn=collate_windows)
     row = {"size": size, "micro": micro, "plan_mib": (plan.memory.activations_gib + plan.memory.grads_gib) * 1024}
     for name, lightning_order in (("tinytrain", False), ("lightning_order", True)):
-        reading = StepPeak(lightning_order)
-        tinytrain_steps(cfg, tokenizer, plan, loader, 0, extra_callbacks=[reading])
+        reading = step_peak_callback()
+        tinytrain_steps(cfg, tokenizer, plan, loader, 0, extra_callbacks=[reading, *([LightningOrder()] if lightning_order else [])])
         row[name] = max(reading.peaks[1:]) / MIB  # after the first step, which builds AdamW's state
     row["raw"] = max(raw_peaks(cfg, plan, model_config, loader)[1:]) / MIB
     return row

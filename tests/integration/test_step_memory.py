@@ -4,8 +4,6 @@ beside that forward's activations (4 B a parameter at its end; on an H100, TinyL
 tinytrain step peaked 3.4 GiB above the raw loop's: benchmarks/README.md).
 `python benchmarks/step_peak.py` measures the peak either way."""
 
-import gc
-
 import lightning.pytorch as pl
 import pytest
 
@@ -35,38 +33,18 @@ def test_gradients_do_not_outlive_their_optimizer_step(tmp_path, accumulate):
     assert all(p.grad is None for p in module.parameters())
 
 
-class StepPeak(pl.Callback):
-    """Each step's peak allocated bytes above its start less any gradients left at its start
-    (glibc's count after every operator: benchmarks/allocator_count.py)."""
-
-    def __init__(self):
-        self.peaks = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        from benchmarks.allocator_count import OperatorPeak, allocated
-
-        gc.collect()
-        self.start = allocated() - sum(p.grad.nbytes for p in pl_module.parameters() if p.grad is not None)
-        self.reading = OperatorPeak()
-        self.reading.__enter__()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.reading.__exit__(None, None, None)
-        self.peaks.append(self.reading.most - self.start)
-
-
 def test_a_step_peaks_within_what_the_plan_counts(tmp_path):
     """A whole bf16-mixed step on this CPU (forward, loss, backward, clip, AdamW) adds to the weights
     and AdamW's state at most what the plan counts for activations and gradients, and not far less
     (0.87 here; benchmarks/step_peak.py: 0.58-0.90 at 5M-150M parameters; the plan counts every
     gradient at the peak, where a single process's peak holds few)."""
-    from benchmarks.allocator_count import has_mallinfo2
+    from benchmarks.allocator_count import has_mallinfo2, step_peak_callback
     from tests.conftest import plan
 
     if not has_mallinfo2():
         pytest.skip("glibc before 2.33 has no mallinfo2")
     run = ["model.num_layers=2", "model.hidden_size=128", "model.num_heads=2", "model.num_kv_heads=2", "model.intermediate_size=352", "data.seq_len=128", "trainer.micro_batch_size=4", "precision=bf16"]
-    reading = StepPeak()
+    reading = step_peak_callback()
     train(run, tmp_path / "run", steps=3, callbacks=[reading])
     memory = plan(small_with(run), tmp_path / "plan")["memory_per_gpu"]
     counted = (memory["activations_gib"] + memory["grads_gib"]) * 2**30
