@@ -1,7 +1,8 @@
 """A whole training step's peak memory on this CPU: tinytrain's step against the same step with
 Lightning's own gradient zeroing (inside the next step's closure, after its forward) and a raw loop
 (forward, loss, backward, clip, AdamW, zero_grad), side by side in one process, at three model sizes
-and two micro batches; beside them the plan's estimate (activations + gradients).
+and two micro batches; beside them the plan's count of what a step adds to its weights and optimizer
+state (its total less them: plan/step_peak.py) and the count before it (activations + gradients).
 
 The reading is glibc's allocator count after every operator of the step (benchmarks/allocator_count.py:
 a CPU tensor is one malloc, nothing is cached), less what the step starts with apart from gradients
@@ -59,7 +60,8 @@ def measure(size: str, micro: int, seq: int, steps: int) -> dict:
     from tinytrain.data.collate import collate_windows
 
     loader = torch.utils.data.DataLoader(synthetic_batches(steps, plan.vocab.true, micro, seq), batch_size=micro, collate_fn=collate_windows)
-    row = {"size": size, "micro": micro, "plan_mib": (plan.memory.activations_gib + plan.memory.grads_gib) * 1024}
+    m = plan.memory
+    row = {"size": size, "micro": micro, "plan_mib": (m.total_gib - m.params_gib - m.optimizer_gib - m.reference_gib) * 1024, "sum_mib": (m.activations_gib + m.grads_gib) * 1024}
     for name, lightning_order in (("tinytrain", False), ("lightning_order", True)):
         reading = step_peak_callback()
         tinytrain_steps(cfg, tokenizer, plan, loader, 0, extra_callbacks=[reading, *([LightningOrder()] if lightning_order else [])])
@@ -80,12 +82,12 @@ def main() -> None:
     from tinytrain.train.trainer import quiet_lightning
 
     quiet_lightning()
-    print("| size | micro batch | tinytrain MiB | Lightning's order MiB | raw loop MiB | tinytrain / Lightning's order | tinytrain / plan |")
-    print("|---|---|---|---|---|---|---|")
+    print("| size | micro batch | tinytrain MiB | Lightning's order MiB | raw loop MiB | tinytrain / Lightning's order | tinytrain / plan | tinytrain / activations + gradients |")
+    print("|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         for micro in (int(m) for m in args.micro.split(",")):
             r = measure(size, micro, args.seq, args.steps)
-            print(f"| {size} | {micro} x {args.seq} | {r['tinytrain']:.1f} | {r['lightning_order']:.1f} | {r['raw']:.1f} | {r['tinytrain'] / r['lightning_order']:.3f} | {r['tinytrain'] / r['plan_mib']:.3f} |", flush=True)
+            print(f"| {size} | {micro} x {args.seq} | {r['tinytrain']:.1f} | {r['lightning_order']:.1f} | {r['raw']:.1f} | {r['tinytrain'] / r['lightning_order']:.3f} | {r['tinytrain'] / r['plan_mib']:.3f} | {r['tinytrain'] / r['sum_mib']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,15 @@ def test_the_readme_s_plan_sample_is_what_the_default_run_plans(tmp_path):
     for prefix in ("memory ", "           activations:", "recompute ", "fp8 ", "fast paths "):
         line = next(x for x in printed if x.startswith(prefix))
         assert line in readme, f"README.md's plan sample lacks: {line}"
+
+
+def test_the_step_peak_sample_is_what_the_plan_prints(tmp_path):
+    """docs/performance.md's "Where a step peaks" shows the memory line of the command above it."""
+    from tests.conftest import plan
+    from tinytrain.plan.run_plan import fit_lines
+
+    run = ["model=tinyllama_1b", "hardware.gpu=H100", "trainer.micro_batch_size=8", "data.seq_len=2048", "trainer.activation_checkpointing=none"]
+    page = (REPO / "docs" / "performance.md").read_text()
+    assert f"python -m tinytrain mode=plan {' '.join(run)}" in page
+    line = next(x for x in fit_lines(plan(run, tmp_path)) if x.startswith("memory "))
+    assert line in page.splitlines(), f"docs/performance.md's step peak sample lacks: {line}"

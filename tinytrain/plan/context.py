@@ -226,9 +226,9 @@ def ulysses_splits(cfg, cp: int) -> bool:
     return (cp == 1 or not ulysses_blockers(cfg, cp)) and d.seq_len % cp == 0 and bool(padded)
 
 
-def decide_cp(cfg, world: int, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> tuple[int, str]:
-    """parallel.cp as configured, or for null the smallest allowed cp whose activations fit the GPU
-    beside the model states; (cp, why) with why empty when configured."""
+def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None) -> tuple[int, str]:
+    """parallel.cp as configured, or for null the smallest allowed cp whose step fits the GPU
+    (`needed_at(seq, cp)` -> bytes per GPU, states and activations); (cp, why) with why empty when configured."""
     par = cfg.parallel
     if par.cp is not None:
         return par.cp, ""
@@ -242,37 +242,37 @@ def decide_cp(cfg, world: int, activations_at, *, state_bytes: float, gpu_memory
     gpu, seq = gpu_memory_gb * 1e9, cfg.data.seq_len
     options = allowed_cps(cfg, world)
     for c in options:
-        need = state_bytes + activations_at(seq, c)
+        need = needed_at(seq, c)
         if need <= AUTO_MARGIN * gpu:
             return c, f"parallel.cp=null: {c}, the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB)"
     return options[-1], f"parallel.cp=null: {options[-1]}, the largest this world allows; none fits"
 
 
-def longest_context(activations_at, *, state_bytes: float, gpu_bytes: float, cp: int) -> int:
-    """The longest seq_len (a multiple of CONTEXT_STEP x cp) whose activations at that cp, with the
-    model states, fit `gpu_bytes`; 0 when not even one step does. `activations_at(seq, cp)` -> bytes."""
+def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:
+    """The longest seq_len (a multiple of CONTEXT_STEP x cp) whose step at that cp fits `gpu_bytes`;
+    0 when not even one step does. `needed_at(seq, cp)` -> bytes per GPU, states and activations."""
     step = CONTEXT_STEP * cp
     lo, hi = 0, LONGEST_SEARCHED // step
     while lo < hi:  # activations grow with the sequence: the largest k with k x step fitting
         mid = (lo + hi + 1) // 2
-        if state_bytes + activations_at(mid * step, cp) <= gpu_bytes:
+        if needed_at(mid * step, cp) <= gpu_bytes:
             lo = mid
         else:
             hi = mid - 1
     return lo * step
 
 
-def with_longest(cfg, context: ContextPlan, activations_at, *, state_bytes: float, gpu_memory_gb: float | None) -> ContextPlan:
+def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None) -> ContextPlan:
     """The longest data.seq_len that fits at the planned cp, and at twice it where Ulysses allows that."""
     if not gpu_memory_gb:
         return context
     gpu = gpu_memory_gb * 1e9
     cps = (context.cp, 2 * context.cp) if ulysses_splits(cfg, 2 * context.cp) else (context.cp,)
-    longest = tuple((c, longest_context(activations_at, state_bytes=state_bytes, gpu_bytes=gpu, cp=c)) for c in cps)
+    longest = tuple((c, longest_context(needed_at, gpu_bytes=gpu, cp=c)) for c in cps)
     return ContextPlan(**{**asdict(context), "longest": longest})
 
 
-def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int, checkpointing: str = "none") -> None:
+def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, checkpointing: str = "none") -> None:
     """A context that does not fit, while the model states alone would, is refused naming the cp that fits."""
     if not context.longest or memory.fits is not False:
         return
@@ -281,10 +281,9 @@ def fit_problem(cfg, context: ContextPlan, memory, activations_at, *, world: int
     if states_gib >= memory.gpu_memory_gib:
         return  # the model itself does not fit: the memory line's note says what to change
     tp = cfg.parallel.tp
-    room = memory.gpu_memory_gib * GIB - states_gib * GIB
     # cp in powers of two that Ulysses allows (the same rules as allowed_cps), the first whose activations fit
     larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if ulysses_splits(cfg, c)]
-    fitting = next((c for c in larger if activations_at(seq, c) <= room), None)
+    fitting = next((c for c in larger if needed_at(seq, c) <= memory.gpu_memory_gib * GIB), None)
     here = context.longest_at(context.cp)
     if fitting is None:
         fix = f"use data.seq_len <= {here}"

@@ -51,7 +51,7 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw
     reasons["fused_adamw"] = (
-        "CUDA tensors" if fused else "DeepSpeed/DTensor parameters or CPU: foreach AdamW" if on_gpu else "CPU: foreach AdamW"
+        "CUDA tensors" if fused else "DeepSpeed/DTensor parameters: foreach AdamW" if on_gpu else "CPU: AdamW's per-tensor loop"
     )
     liger, liger_loss = select_liger(trainer_cfg.liger, row.liger_off, on_gpu=on_gpu, available=liger_available, zero_stage=zero_stage, reasons=reasons, logits_only=logits_only)
     chunk = trainer_cfg.loss_chunk_tokens

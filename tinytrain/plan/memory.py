@@ -9,7 +9,9 @@ model's family keeps per token in the run's layout (plan/activations.py, counted
 layers; heads and the intermediate width split over tp), plus what grows as seq^2 where no fused
 kernel takes the documents' boundaries (eager's scores, SDPA's masks); and the peak of the
 backward on top: the loss's fp32 log-softmax and its two gradients over the vocab (one chunk's
-under the chunked loss, none under liger's fused loss), or a checkpointed layer's recompute.
+under the chunked loss, none under liger's fused loss), or a checkpointed layer's recompute. The
+total is where the step peaks (plan/step_peak.py): the states and the activations, with the
+gradients beside them only where something holds them, or every gradient at the step's end.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tinytrain.plan.activations import (
     softcap_bytes,
     weight_copy_bytes,
 )
+from tinytrain.plan.step_peak import HELD, StepShape, step_peak
 
 GIB = 1024**3
 
@@ -140,6 +143,7 @@ class ActivationParts:
     layers: float = 0.0  # of `kept`: the layers' activations (and seq^2 masks or scores)
     copies: float = 0.0  # of `kept`: autocast's 16-bit weight copies
     backward_from: str = ""  # what the backward's peak is: the loss's backward or a layer's recompute
+    recompute: float = 0.0  # the first layer's recompute, at the backward's end beside every gradient (plan/step_peak.py)
 
     @property
     def peak(self) -> float:
@@ -226,6 +230,7 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
         layers=kept + per_model,
         copies=kept_copies,
         backward_from=backward_from,
+        recompute=recompute,
     )
 
 
@@ -242,13 +247,18 @@ class MemoryPlan:
     reference_gib: float = 0.0  # a frozen DPO/IPO reference copy (finetune.objective, full fine-tuning)
     margin: dict | None = None  # what a GPU run measured against the activation formula (plan/memory_margin.py)
     activation_parts: dict | None = None  # the activation formula's parts (ActivationParts.to_gib)
+    step: dict | None = None  # where the step peaks and what is beside the activations (plan/step_peak.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None, reference: float = 0.0) -> MemoryPlan:
-    total = states.total + activations + reference
+def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None, reference: float = 0.0, step: StepShape | None = None, recompute: float = 0.0) -> MemoryPlan:
+    """The per-GPU estimate: the states, and the activations' peak where the step peaks (plan/step_peak.py;
+    `recompute`: the first layer's recompute at the backward's end). Without `step`, the plain sum:
+    every gradient beside the activations (plan.json then carries no `step`)."""
+    peak = step_peak(states, activations, recompute, step or HELD, reference)
+    total = peak.total
     gpu_gib = gpu_memory_gb * 1e9 / GIB if gpu_memory_gb else None
     fits = None if gpu_gib is None else total / GIB <= gpu_gib
     if gpu_gib is None:
@@ -267,4 +277,19 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
         fits,
         note,
         round(reference / GIB, 3),
+        step=step_dict(step, peak, recompute) if step else None,
     )
+
+
+def step_dict(step: StepShape, peak, recompute: float) -> dict:
+    """plan.json's memory_per_gpu.step: where the step peaks and what is beside the activations, in GiB."""
+    return {
+        "peak_at": peak.at,
+        "grads_held": step.grads_held,
+        "why": step.why_held,
+        "gathered_gib": round(step.gathered / GIB, 3),
+        "unsharded_grads_gib": round(step.unsharded_grads / GIB, 3),
+        "recompute_gib": round(recompute / GIB, 3),
+        "optimizer_step_gib": round(step.optimizer_step / GIB, 3),
+        "optimizer_kernel": step.optimizer_kernel,
+    }

@@ -75,6 +75,9 @@ class StrategyRow:
     op_checkpoint_off: Callable = lambda zero_stage: None
     fp8_off: str | None = None  # precision.fp8: torchao's Float8Linear layers
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
+    # -- memory through a step (plan/step_peak.py): what holds the gradients from one step into the
+    # next forward, or None where they are freed with each optimizer step (model/module.py)
+    gradient_buffers: str | None = None
 
 
 def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
@@ -153,7 +156,8 @@ FSDP_WHOLE_GRAPH = "FSDP2 gathers each block's weights in hooks around the block
 # Under DeepSpeed and fsdp_tp rank 0 holds a partition only.
 STRATEGIES = {
     Strategy.single: SINGLE,
-    Strategy.ddp: replace(SINGLE, strategy=Strategy.ddp, one_process=False, cp_off=DDP_CP_OFF),  # single's row, on several processes
+    # single's row, on several processes
+    Strategy.ddp: replace(SINGLE, strategy=Strategy.ddp, one_process=False, cp_off=DDP_CP_OFF, gradient_buffers="DDP's gradient buckets hold the gradients through the run"),
     Strategy.deepspeed: StrategyRow(
         Strategy.deepspeed,
         one_process=False,
@@ -175,6 +179,7 @@ STRATEGIES = {
         op_checkpoint_off=deepspeed_op_checkpoint_off,
         fp8_off="DeepSpeed casts and partitions the weights inside its engine, and torchao's float8 layers are not checked under it",
         finetune_problems=deepspeed_finetune_problems,
+        gradient_buffers="DeepSpeed's flat gradient buffers hold the gradients through the run",
     ),
     Strategy.fsdp_tp: StrategyRow(
         Strategy.fsdp_tp,

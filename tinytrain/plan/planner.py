@@ -20,7 +20,7 @@ from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.plan import context as context_plan
-from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve
+from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
 from tinytrain.plan import evals as evals_plan
 from tinytrain.plan import fp8 as fp8_plan
 from tinytrain.plan import optimizer as optimizer_plan
@@ -36,7 +36,7 @@ from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
-from tinytrain.plan.memory import GIB, activation_parts, plan_memory
+from tinytrain.plan.memory import GIB, MemoryPlan, activation_parts, plan_memory
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import ModelShape, parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -44,6 +44,7 @@ from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
 from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.plan.step_peak import StepShape
 from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.plan.watchdog import watchdog_plan
@@ -176,9 +177,17 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     """The context-parallel size comes first: the data-parallel size, and so the batch, follow from it."""
     par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
-    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params)).total
+    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params))
     estimate = activation_estimate(cfg, model, precision, op_off=row.op_checkpoint_off(par.zero_stage))
-    return context_plan.decide_cp(cfg, world, estimate, state_bytes=full_states, gpu_memory_gb=hardware.memory_gb)
+    # Before the batch is laid out: every gradient beside the activations (the upper bound), with
+    # fsdp_tp's gathered weights (plan/step_peak.py)
+    gathered, unsharded = step_peak.fsdp_gathered(shape, par.tp) if row.tensor_parallel else (0.0, 0.0)
+    step = StepShape(grads_held=True, gathered=gathered, unsharded_grads=unsharded)
+
+    def needed_at(seq: int, cp: int) -> float:
+        return step_peak.step_peak(full_states, estimate(seq, cp), 0.0, step).total
+
+    return context_plan.decide_cp(cfg, world, needed_at, gpu_memory_gb=hardware.memory_gb)
 
 
 @dataclass(frozen=True)
@@ -236,12 +245,26 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     def rows_of(micro: int) -> int:
         return micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
 
-    def activations_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> float:
-        return block_activations(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
+    def step_for(micro: int) -> StepShape:
+        return step_peak.step_shape(
+            row,
+            accumulation=batch.global_batch_size // (micro * batch.data_parallel),
+            shape=model.shape,
+            optimizer=state.optimizer,
+            trainable=state.adapters.trainable_params if state.adapters else state.params,
+            tp=par.tp,
+            world=world,
+            on_gpu=not hardware.is_cpu,
+        )
+
+    def memory_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> MemoryPlan:
+        parts = activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
+        memory = plan_memory(state.states, with_margin(parts.peak, par, precision, mode), hardware.memory_gb, reference_bytes, step=step_for(micro), recompute=parts.recompute)
+        return replace(memory, activation_parts=parts.to_gib())
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
     micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
-    table = [mode_cost(mode, plan_memory(state.states, activations_for(mode, batch.seq_len, cp, m), hardware.memory_gb, reference_bytes), m, base_step) for m in micros for mode in BY_COST]
+    table = [mode_cost(mode, memory_for(mode, batch.seq_len, cp, m), m, base_step) for m in micros for mode in BY_COST]
     if fixed_micro is None:
         # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
         modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
@@ -251,16 +274,18 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     else:
         ckpt = choose_checkpointing(requested, table, op_off)
 
-    def activations_at(seq: int, cp: int) -> float:
-        return activations_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
+    def memory_at(seq: int, cp: int) -> MemoryPlan:
+        return memory_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
 
-    memory = plan_memory(state.states, activations_at(batch.seq_len, cp), hardware.memory_gb, reference_bytes)
     measured = memory_margin.measured(par.strategy.value, precision.lightning, ckpt.mode)
-    parts = activation_formula(model, par, precision, op_off, Checkpointing(ckpt.mode), seq=batch.seq_len, cp=cp, rows=rows_of(batch.micro_batch_size), lora=lora_shape(cfg))
-    memory = replace(memory, margin=measured.to_dict() if measured else None, activation_parts=parts.to_gib())
+    memory = replace(memory_at(batch.seq_len, cp), margin=measured.to_dict() if measured else None)
     preference_plan.memory_problem(state.preference, memory)
-    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), activations_at, state_bytes=state.states.total + reference_bytes, gpu_memory_gb=hardware.memory_gb)
-    context_plan.fit_problem(cfg, context, memory, activations_at, world=world, checkpointing=ckpt.mode)
+
+    def needed_at(seq: int, cp: int) -> float:
+        return memory_at(seq, cp).total_gib * GIB
+
+    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb)
+    context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
 
 
@@ -357,9 +382,13 @@ def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpoin
     and loss, counted at what a GPU run measured where one measured more for this layout and mode
     (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree.
     `lora`: finetune=lora's adapters (plan/activations.py lora_layer_bytes)."""
-    formula = activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora).peak
+    return with_margin(activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora).peak, par, precision, mode)
+
+
+def with_margin(activations: float, par, precision, mode: Checkpointing) -> float:
+    """The activation count at what a GPU run measured, where one measured more (plan/memory_margin.py)."""
     measured = memory_margin.measured(par.strategy.value, precision.lightning, mode)
-    return formula * (measured.factor if measured else 1.0)
+    return activations * (measured.factor if measured else 1.0)
 
 
 def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None):

@@ -46,6 +46,7 @@ from tinytrain.plan.preference import PreferencePlan
 from tinytrain.plan.schedule import Schedule
 from tinytrain.plan.schedule import picture as schedule_picture
 from tinytrain.plan.start_points import InitPoint, ResumePoint, checkpoint_metadata
+from tinytrain.plan.step_peak import render_sum
 from tinytrain.plan.stragglers import StragglerPlan
 from tinytrain.plan.vocab import VocabPlan
 from tinytrain.plan.watchdog import WatchdogPlan
@@ -307,12 +308,7 @@ def training_lines(plan: dict) -> list[str]:
 def fit_lines(plan: dict) -> list[str]:
     """How it fits the GPU: memory, context, checkpoint costs, recompute, fp8, fast paths, preflight."""
     b, m = plan["batch"], plan["memory_per_gpu"]
-    reference = f" + reference {m['reference_gib']:.2f}" if m.get("reference_gib") else ""
-    lines = []
-    lines.append(
-        f"memory     per GPU: params {m['params_gib']:.2f} + grads {m['grads_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} "
-        f"+ activations ~{m['activations_gib']:.2f} = {m['total_gib']:.2f} GiB; {m['note']}{render_margin(m.get('margin'))}"
-    )
+    lines = [f"memory     per GPU: {render_sum(m)}; {m['note']}{render_margin(m.get('margin'))}"]
     if m.get("activation_parts"):
         lines.append(render_activation_parts(m["activation_parts"]))
     if plan.get("host_memory"):
