@@ -68,8 +68,8 @@ def test_an_fsdp_rank_s_step_peaks_within_what_the_plan_counts(tmp_path, checkpo
     """Two fsdp_tp ranks (dp 2): FSDP2 gathers each block's weights, and the root's for the whole
     forward and backward, beside the activations; AdamW's per-tensor loop on a CPU. Measured 0.88
     (none) and 0.85 (full) of the count; the count before plan/step_peak.py (activations + gradients,
-    nothing gathered) was 1.02x under both, and most under where the activations are small (40M
-    parameters at full checkpointing: 1.5x)."""
+    nothing gathered) was 1.02x under both, and most under where the activations are small (the
+    worker at 40M parameters, full checkpointing: 1.51x; benchmarks/README.md)."""
     from benchmarks.allocator_count import has_mallinfo2
 
     if not has_mallinfo2():

@@ -27,8 +27,8 @@ DeepSpeed's FusedAdam and CPU Adam none of the model's size.
 
 Measured on this CPU (tests/integration/test_step_memory.py, benchmarks/step_peak.py): a single
 process's step peaks at 0.98-1.01x the count at 5M-150M parameters (the activation count's own
-precision); two fsdp_tp ranks at 0.73-0.88x it, where the count before this one (every gradient
-beside the activations, nothing gathered) was up to 1.5x under with full checkpointing.
+precision); two fsdp_tp ranks at 0.80-0.90x it, where the count before this one (every gradient
+beside the activations, nothing gathered) was up to 1.51x under with full checkpointing.
 """
 
 from __future__ import annotations
