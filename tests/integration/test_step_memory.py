@@ -76,8 +76,24 @@ def test_an_fsdp_rank_s_step_peaks_within_what_the_plan_counts(tmp_path, checkpo
         pytest.skip("glibc before 2.33 has no mallinfo2")
     run = [*RUN, "parallel=fsdp_tp", "parallel.tp=1", "cluster.devices=2", f"trainer.activation_checkpointing={checkpointing}"]
     run_ranks("tests.integration.step_peak_worker", [str(tmp_path), *run], 2, env={"MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"}, local_rank=True)
-    measured = max(json.loads((tmp_path / "step_peak.json").read_text())[1:])
+    measured = max(json.loads((tmp_path / "step_peak.json").read_text())["peaks"][1:])
     memory = plan(small_with(run), tmp_path / "plan")["memory_per_gpu"]
     assert 0.7 * above_states(memory) < measured <= above_states(memory), (measured, memory)
     if checkpointing == "full":
         assert measured > (memory["activations_gib"] + memory["grads_gib"]) * 2**30, (measured, memory)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_s_reduce_buckets_are_what_the_plan_counts(tmp_path, stage):
+    """DeepSpeed allocates its reduce buckets whatever the model (its default 5e8 elements: 2 GB of
+    bf16 under ZeRO-2's double buffer); tinytrain's config sizes them hidden^2 with a 2^24 floor, and
+    the plan counts them among the gradients (plan/deepspeed_config.py). Read from DeepSpeed's own
+    ZeRO optimizer on two ranks."""
+    from tinytrain.plan.deepspeed_config import REDUCE_BUCKET_FLOOR, bucket_bytes
+
+    run = [*RUN, f"parallel=zero{stage}", "cluster.devices=2", "parallel.deepspeed_on_cpu=true"]
+    run_ranks("tests.integration.step_peak_worker", [str(tmp_path), *run], 2, env={"OMP_NUM_THREADS": "1"}, local_rank=True)
+    read = json.loads((tmp_path / "step_peak.json").read_text())["buckets"]
+    planned = plan(small_with(run), tmp_path / "plan")
+    assert planned["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_FLOOR  # 128^2 is below the floor
+    assert set(read) == {bucket_bytes(stage, REDUCE_BUCKET_FLOOR, 2)}, read  # bf16, as the run trains

@@ -73,8 +73,29 @@ def finetune_problems(par, finetune_cfg) -> list[Problem]:
     return []
 
 
-def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False) -> dict:
-    zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
+# DeepSpeed's reduce bucket defaults to 5e8 elements, and ZeRO allocates it whatever the model:
+# stages 1 and 2 two of them (overlap_comm's double buffer) for every backward, stage 3 one for the
+# run: 2 GB of bf16 beside a model of any size (stages 1 and 2 through each backward). Transformers' "auto"
+# sizes it hidden^2 (transformers/integrations/deepspeed.py); the floor keeps one bucket for a
+# small model's gradients (and few reduce calls) at 32 MiB of bf16.
+REDUCE_BUCKET_FLOOR = 2**24
+
+
+def reduce_bucket(parallel_cfg, hidden: int) -> int:
+    """Elements of ZeRO's reduce bucket: an override's, else max(hidden^2, REDUCE_BUCKET_FLOOR)."""
+    overrides = parallel_cfg.deepspeed_overrides or {}
+    zero = overrides.get("zero_optimization") or {}
+    return int(zero.get("reduce_bucket_size") or max(hidden * hidden, REDUCE_BUCKET_FLOOR))
+
+
+def bucket_bytes(zero_stage: int, elements: int, element_bytes: int) -> float:
+    """What ZeRO's reduce buckets hold on a GPU (deepspeed/runtime/zero stage_1_and_2.py setup_buckets,
+    stage3.py's ipg buffer): two under stages 1 and 2 (overlap_comm), one under stage 3."""
+    return float((1 if zero_stage == 3 else 2) * elements * element_bytes)
+
+
+def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False, hidden: int = 0) -> dict:
+    zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": max(hidden * hidden, REDUCE_BUCKET_FLOOR)}
     if parallel_cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if parallel_cfg.offload_params:
@@ -197,10 +218,11 @@ def deepspeed_problem(ds: dict, data_parallel: int) -> tuple[str, str] | None:
     return None
 
 
-def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False) -> dict:
+def build(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False, hidden: int = 0) -> dict:
     """The validated DeepSpeed config for this run, overrides applied; `cp`: the plan's context-parallel
-    size; `muon`: trainer.optimizer=muon (MuonWithAuxAdam, also on offloaded partitions)."""
-    base = generate(parallel_cfg, batch, precision, grad_clip, cp, muon)
+    size; `muon`: trainer.optimizer=muon (MuonWithAuxAdam, also on offloaded partitions); `hidden`:
+    the model's hidden size, which sizes the reduce bucket (REDUCE_BUCKET_FLOOR)."""
+    base = generate(parallel_cfg, batch, precision, grad_clip, cp, muon, hidden)
     ranks = batch.data_parallel * cp  # what DeepSpeed sees as its data-parallel world
     if (problem := deepspeed_problem(base, ranks)) is not None:
         raise ConfigError(Problem("parallel", parallel_cfg.name, f"generated DeepSpeed config rejected: {problem[1]}", "report this as a tinytrain bug"))

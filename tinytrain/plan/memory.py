@@ -16,7 +16,7 @@ gradients beside them only where something holds them, or every gradient at the 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tinytrain.config.schema import Checkpointing
 from tinytrain.plan.activations import (
@@ -61,6 +61,7 @@ class StateLayout:
     offload_optimizer: bool = False
     offload_params: bool = False
     largest_layer_params: int = 0  # ZeRO-3 gathers one layer's full weights during its forward
+    buckets: float = 0.0  # bytes of ZeRO's reduce buckets (plan/deepspeed_config.py bucket_bytes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,13 @@ def sharded_states(params: int, layout: StateLayout) -> ModelStateMemory:
 
 
 def deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
+    """DeepSpeed's estimator's accounting, with ZeRO's reduce buckets among the gradients (its
+    estimator leaves them out; they are allocated whatever the model: plan/deepspeed_config.py)."""
+    states = _deepspeed_states(params, layout)
+    return replace(states, grads=states.grads + layout.buckets)
+
+
+def _deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
     p, n = float(params), layout.world
     opt = 0.0 if layout.offload_optimizer else (4 + 8) * p / n  # fp32 master + moments, partitioned
     if layout.zero_stage == 1:
@@ -131,9 +139,9 @@ def deepspeed_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStat
     opt = 0.0 if layout.offload_optimizer else 12 * t / n
     if layout.zero_stage == 3:
         weights = 4.0 * layout.largest_layer_params + (0.0 if layout.offload_params else 2 * (frozen + t) / n)
-        return ModelStateMemory(weights, 0.0 if layout.offload_optimizer else 4 * t / n, opt)
+        return ModelStateMemory(weights, (0.0 if layout.offload_optimizer else 4 * t / n) + layout.buckets, opt)
     grads = 2 * t + 4 * t / n if layout.zero_stage == 1 else 6 * t / n
-    return ModelStateMemory(2 * (frozen + t), 0.0 if layout.offload_optimizer else grads, opt)
+    return ModelStateMemory(2 * (frozen + t), (0.0 if layout.offload_optimizer else grads) + layout.buckets, opt)
 
 
 @dataclass(frozen=True)

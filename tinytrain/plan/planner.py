@@ -78,7 +78,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES)
-    deepspeed = deepspeed_for(cfg, fit, precision, cp, resume)
+    deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
     cluster = cluster_layout(cfg)
     checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir)
@@ -177,7 +177,7 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     """The context-parallel size comes first: the data-parallel size, and so the batch, follow from it."""
     par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
-    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params))
+    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision)))
     estimate = activation_estimate(cfg, model, precision, op_off=row.op_checkpoint_off(par.zero_stage))
     # Before the batch is laid out: every gradient beside the activations (the upper bound), with
     # fsdp_tp's gathered weights (plan/step_peak.py)
@@ -208,7 +208,7 @@ def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, 
     params = parameter_count(shape)
     base_rows = model.pretrained.vocab_size if model.pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
     adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=model.fam)
-    layout = state_layout(par, world, shape.largest_layer_params)
+    layout = state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision))
     if adapters:
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
@@ -313,11 +313,20 @@ def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardwar
     return host
 
 
-def deepspeed_for(cfg, fit: FitStage, precision, cp: int, resume) -> dict | None:
+def ds_buckets(par, shape, precision) -> float:
+    """Bytes of ZeRO's reduce buckets per GPU under a DeepSpeed strategy (plan/deepspeed_config.py),
+    in the training dtype (DeepSpeed's gradient accumulation dtype, which tinytrain leaves at it)."""
+    if not strategy_row(par.strategy).deepspeed:
+        return 0.0
+    element = 4 if precision.dtype is Dtype.fp32 else 2
+    return deepspeed_config.bucket_bytes(par.zero_stage, deepspeed_config.reduce_bucket(par, shape.hidden), element)
+
+
+def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, resume) -> dict | None:
     """The generated DeepSpeed config (a zero* strategy), resumed through a universal copy when the layout changed."""
     if not fit.row.deepspeed:
         return None
-    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp, muon=cfg.trainer.optimizer is OptimizerName.muon)
+    deepspeed = deepspeed_config.build(cfg.parallel, fit.batch, precision, cfg.trainer.grad_clip, cp, muon=cfg.trainer.optimizer is OptimizerName.muon, hidden=model.shape.hidden)
     return deepspeed_config.load_universal(deepspeed) if resume is not None and resume.universal else deepspeed
 
 

@@ -92,3 +92,21 @@ def test_training_deepspeed_without_cuda_is_refused_unless_the_test_switch_says_
     assert (problem.key, problem.value) == ("parallel", "zero2") and "only on CUDA GPUs" in problem.message
     assert "parallel.deepspeed_on_cpu" in problem.message  # named as the testing switch it is
     validate(compose(["parallel=zero2", "parallel.deepspeed_on_cpu=true"]))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_reduce_bucket_is_sized_by_the_model_and_counted_among_the_gradients(stage, tmp_path):
+    """DeepSpeed's default reduce bucket (5e8 elements) is allocated whatever the model: two under
+    ZeRO-1/2, one under ZeRO-3 (tests/integration/test_step_memory.py reads them from its optimizer).
+    tinytrain sizes it hidden^2 as Transformers' "auto" does, and the memory line counts it; an
+    override of it is counted as given."""
+    from tinytrain.plan.deepspeed_config import bucket_bytes
+
+    run = [f"parallel=zero{stage}", "cluster.devices=8", "model=llama3_8b", "hardware.gpu=H100", "trainer.activation_checkpointing=full"]
+    sized = plan(run, tmp_path / "sized")
+    assert sized["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 4096 * 4096
+    given = plan([*run, "+parallel.deepspeed_overrides.zero_optimization.reduce_bucket_size=500000000"], tmp_path / "given")
+    assert given["deepspeed"]["zero_optimization"]["reduce_bucket_size"] == 500_000_000
+    more = (given["memory_per_gpu"]["grads_gib"] - sized["memory_per_gpu"]["grads_gib"]) * 2**30
+    assert more == pytest.approx(bucket_bytes(stage, 500_000_000, 2) - bucket_bytes(stage, 4096 * 4096, 2), rel=1e-3)
+    assert more == pytest.approx((1 if stage == 3 else 2) * 2 * (5e8 - 4096**2), rel=1e-3)  # 1.8 GiB under ZeRO-2 in bf16
