@@ -8,7 +8,7 @@ model built without `deepspeed.zero.Init` (`estimate_zero3_model_states_mem_need
 zero_init=False)`: 4 B x params x GPUs per node). While training, the host holds what DeepSpeed
 offloads (the fp32 master weights, gradients and Adam moments: 16 B per trainable parameter over
 the ranks; ZeRO-3's 16-bit parameters, 2 B more), an async sharded save's staged copy, and on a
-CPU run everything (the memory line's total). Each process adds its own
+CPU run everything (the memory line's states and activations). Each process adds its own
 footprint (imports, data loader, tokenizer; a GPU rank its CUDA context): RUNTIME_BYTES.
 
 Where the plan is made on the machine that trains (mode=train, or mode=plan of this machine's own
@@ -111,10 +111,12 @@ def plan_host(
     else:
         states = (memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib) * GIB
         exact_training = states + save_host_bytes
-        # The memory line's total: the step's peak, activations counted in the run's own dtype
-        # (plan/activations.py, plan/step_peak.py).
-        training = memory.total_gib * GIB + save_host_bytes
-        training_what = "the whole run on the CPU: the memory line's total"
+        # The states and the activations (counted in the run's own dtype: plan/activations.py)
+        # summed, not the step's peak (plan/step_peak.py): glibc's heap keeps what the activations
+        # and the gradients each held at their turn, and a process's resident size follows it
+        # (benchmarks/README.md: 150M parameters read 1.02x the sum).
+        training = states + memory.activations_gib * GIB + save_host_bytes
+        training_what = "the whole run on the CPU: the memory line's states and activations"
     node_bytes, node_source = node
     export = 4.0 * params  # rank 0 loads the final fp32 weights from the checkpoint to export them
     return HostMemoryPlan(
