@@ -300,4 +300,5 @@ def step_dict(step: StepShape, peak, recompute: float) -> dict:
         "recompute_gib": round(recompute / GIB, 3),
         "optimizer_step_gib": round(step.optimizer_step / GIB, 3),
         "optimizer_kernel": step.optimizer_kernel,
+        "muon": step.muon,
     }

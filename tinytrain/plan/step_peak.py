@@ -50,6 +50,7 @@ class StepShape:
     optimizer_step: float = 0.0  # what the optimizer step allocates beside every gradient
     optimizer_kernel: str = ""  # fused | foreach | per-tensor | deepspeed (the step's temporaries)
     why_held: str = ""  # what holds the gradients, or frees them
+    muon: bool = False  # trainer.optimizer=muon: Muon's matrices step beside the AdamW kernel's rest
 
 
 HELD = StepShape(grads_held=True)  # the plain sum: every gradient beside the activations, nothing more
@@ -101,7 +102,7 @@ def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainabl
     gathered, unsharded = fsdp_gathered(shape, tp) if row.tensor_parallel else (0.0, 0.0)
     kernel = optimizer_kernel(deepspeed=row.deepspeed, on_gpu=on_gpu, fused=on_gpu and row.fused_adamw)
     shards = world if row.tensor_parallel else 1  # fsdp_tp shards the states over dp x tp (x cp); single and ddp hold them whole
-    return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards), kernel, why)
+    return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards), kernel, why, bool(optimizer.muon_params))
 
 
 def optimizer_kernel(*, deepspeed: bool, on_gpu: bool, fused: bool) -> str:
@@ -142,5 +143,5 @@ def render_sum(m: dict) -> str:
     if fsdp or s["recompute_gib"]:
         recompute = f" + first layer's recompute {s['recompute_gib']:.2f}" if s["recompute_gib"] else ""
         places.append(f"{PLACES['backward_end']}: {grads}{gathered}{recompute}")
-    places.append(f"{PLACES['optimizer_step']}: {grads} + {s['optimizer_step_gib']:.2f} ({s['optimizer_kernel']} AdamW)")
+    places.append(f"{PLACES['optimizer_step']}: {grads} + {s['optimizer_step_gib']:.2f} ({s['optimizer_kernel']} AdamW{' and Muon' if s.get('muon') else ''})")
     return f"params {m['params_gib']:.2f} + optimizer {m['optimizer_gib']:.2f}{reference} + max({'; '.join(places)}) = {total}, peak in {PLACES[s['peak_at']]} ({s['why']})"

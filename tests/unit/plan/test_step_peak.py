@@ -59,6 +59,8 @@ def test_the_memory_line_keeps_the_plain_sum_where_every_gradient_is_held(tmp_pa
     line = render_sum(single)
     assert "max(the backward: activations" in line and "the optimizer step: grads" in line and "(fused AdamW)" in line
     assert line.endswith("peak in the backward (the gradients are freed with each optimizer step)")
+    muon = memory_of(["trainer.global_batch_size=8", "trainer.micro_batch_size=8", "trainer.optimizer=muon"], tmp_path / "muon")
+    assert "(fused AdamW and Muon)" in render_sum(muon) and muon["step"]["optimizer_step_gib"] > 0  # Muon's largest matrix
     fsdp = memory_of(["parallel=fsdp_tp", "parallel.tp=1", "cluster.devices=2", "trainer.activation_checkpointing=full"], tmp_path / "fsdp")
     assert "gathered weights" in render_sum(fsdp) and "the backward's end: grads" in render_sum(fsdp) and "(foreach AdamW)" in render_sum(fsdp)
 
