@@ -81,11 +81,16 @@ def finetune_problems(par, finetune_cfg) -> list[Problem]:
 REDUCE_BUCKET_FLOOR = 2**24
 
 
+def sized_reduce_bucket(hidden: int) -> int:
+    """Elements of the reduce bucket tinytrain's config asks for: max(hidden^2, REDUCE_BUCKET_FLOOR)."""
+    return max(hidden * hidden, REDUCE_BUCKET_FLOOR)
+
+
 def reduce_bucket(parallel_cfg, hidden: int) -> int:
-    """Elements of ZeRO's reduce bucket: an override's, else max(hidden^2, REDUCE_BUCKET_FLOOR)."""
+    """Elements of ZeRO's reduce bucket as the run gets it: an override's, else sized_reduce_bucket."""
     overrides = parallel_cfg.deepspeed_overrides or {}
     zero = overrides.get("zero_optimization") or {}
-    return int(zero.get("reduce_bucket_size") or max(hidden * hidden, REDUCE_BUCKET_FLOOR))
+    return int(zero.get("reduce_bucket_size") or sized_reduce_bucket(hidden))
 
 
 def bucket_bytes(zero_stage: int, elements: int, element_bytes: int) -> float:
@@ -95,7 +100,7 @@ def bucket_bytes(zero_stage: int, elements: int, element_bytes: int) -> float:
 
 
 def generate(parallel_cfg, batch: BatchPlan, precision: PrecisionDecision, grad_clip: float, cp: int = 1, muon: bool = False, hidden: int = 0) -> dict:
-    zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": max(hidden * hidden, REDUCE_BUCKET_FLOOR)}
+    zero: dict = {"stage": parallel_cfg.zero_stage, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": sized_reduce_bucket(hidden)}
     if parallel_cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if parallel_cfg.offload_params:

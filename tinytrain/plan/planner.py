@@ -179,10 +179,7 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     row = strategy_row(par.strategy)
     full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision)))
     estimate = activation_estimate(cfg, model, precision, op_off=row.op_checkpoint_off(par.zero_stage))
-    # Before the batch is laid out: every gradient beside the activations (the upper bound), with
-    # fsdp_tp's gathered weights (plan/step_peak.py)
-    gathered, unsharded = step_peak.fsdp_gathered(shape, par.tp) if row.tensor_parallel else (0.0, 0.0)
-    step = StepShape(grads_held=True, gathered=gathered, unsharded_grads=unsharded)
+    step = step_peak.held_everything(row, shape, par.tp)
 
     def needed_at(seq: int, cp: int) -> float:
         return step_peak.step_peak(full_states, estimate(seq, cp), 0.0, step).total
@@ -318,7 +315,7 @@ def ds_buckets(par, shape, precision) -> float:
     in the training dtype (DeepSpeed's gradient accumulation dtype, which tinytrain leaves at it)."""
     if not strategy_row(par.strategy).deepspeed:
         return 0.0
-    element = 4 if precision.dtype is Dtype.fp32 else 2
+    element = layout_of(precision.dtype, deepspeed=True).activation_bytes  # 16-bit, or fp32 under 32-true
     return deepspeed_config.bucket_bytes(par.zero_stage, deepspeed_config.reduce_bucket(par, shape.hidden), element)
 
 

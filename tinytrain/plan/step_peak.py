@@ -81,13 +81,23 @@ def root_params(shape: ModelShape) -> int:
     return shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2) + shape.hidden
 
 
-def fsdp_gathered(shape: ModelShape, tp: int) -> tuple[float, float]:
-    """(gathered weights, unsharded gradients) per rank under fsdp_tp, fp32 over tp."""
+def fsdp_gathered(row, shape: ModelShape, tp: int) -> tuple[float, float]:
+    """(gathered weights, unsharded gradients) per rank under fsdp_tp, fp32 over tp; none under the
+    strategies whose `row` (plan/parallel.py) holds whole weights or DeepSpeed's partitions."""
+    if not row.tensor_parallel:
+        return 0.0, 0.0
     root = root_params(shape)
     block = (parameter_count(shape) - root) / shape.layers
     gathered = FP32 * (root + 3 * block) / tp
     unsharded = FP32 * (shape.vocab * shape.hidden + block) / tp
     return gathered, unsharded
+
+
+def held_everything(row, shape: ModelShape, tp: int) -> StepShape:
+    """Every gradient beside the activations, with fsdp_tp's gathered weights: the upper bound where
+    the accumulation and the optimizer are not known yet (the context size comes before the batch)."""
+    gathered, unsharded = fsdp_gathered(row, shape, tp)
+    return StepShape(grads_held=True, gathered=gathered, unsharded_grads=unsharded)
 
 
 def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainable: int, tp: int, world: int, on_gpu: bool) -> StepShape:
@@ -99,7 +109,7 @@ def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainabl
         held, why = True, f"accumulation {accumulation}: a window's later micro batches add to the earlier ones' gradients"
     else:
         held, why = False, "the gradients are freed with each optimizer step"
-    gathered, unsharded = fsdp_gathered(shape, tp) if row.tensor_parallel else (0.0, 0.0)
+    gathered, unsharded = fsdp_gathered(row, shape, tp)
     kernel = optimizer_kernel(deepspeed=row.deepspeed, on_gpu=on_gpu, fused=on_gpu and row.fused_adamw)
     shards = world if row.tensor_parallel else 1  # fsdp_tp shards the states over dp x tp (x cp); single and ddp hold them whole
     return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards), kernel, why, bool(optimizer.muon_params))
