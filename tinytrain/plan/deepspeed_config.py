@@ -87,10 +87,14 @@ def sized_reduce_bucket(hidden: int) -> int:
 
 
 def reduce_bucket(parallel_cfg, hidden: int) -> int:
-    """Elements of ZeRO's reduce bucket as the run gets it: an override's, else sized_reduce_bucket."""
+    """Elements of ZeRO's reduce bucket as the run gets it: an override's, else sized_reduce_bucket.
+    An override that is not a number is counted at the sized one here: build() refuses it, naming it."""
     overrides = parallel_cfg.deepspeed_overrides or {}
     zero = overrides.get("zero_optimization") or {}
-    return int(zero.get("reduce_bucket_size") or sized_reduce_bucket(hidden))
+    try:
+        return int(float(zero.get("reduce_bucket_size")))
+    except (TypeError, ValueError):
+        return sized_reduce_bucket(hidden)
 
 
 def bucket_bytes(zero_stage: int, elements: int, element_bytes: int) -> float:

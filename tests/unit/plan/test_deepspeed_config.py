@@ -45,6 +45,8 @@ def test_stage_and_offload(option, stage, offload_opt, offload_param, tmp_path):
         ("+parallel.deepspeed_overrides.fp16.loss_scale_window=-1", "loss_scale_window must be > 0"),
         ("+parallel.deepspeed_overrides.zero_optimization.bucket_sise=5", "Extra inputs are not permitted"),
         ("+parallel.deepspeed_overrides.gradient_clipping=abc", "non-negative number"),
+        # the plan counts the reduce bucket from the override before DeepSpeed reads it: no traceback
+        ("+parallel.deepspeed_overrides.zero_optimization.reduce_bucket_size=abc", "unable to parse string as an integer"),
         ("+parallel.deepspeed_overrides.zero_optimisation.stage=3", "did you mean 'zero_optimization'"),
     ],
 )
