@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from tests.integration.rank_exit import end_rank
+
 MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
 SEQ = 64
 ROWS = 2
@@ -101,7 +103,7 @@ def main(cp: int, out_dir: Path) -> None:
     dist.all_gather(losses, loss.detach().reshape(1))
     if rank == 0:
         torch.save({"grad_gap": worst, "grad_gap_param": worst_name, "packed_vs_alone": loss_gap, "group_losses": [float(x) for x in losses], "params": len(list(model.parameters()))}, out_dir / f"cp{cp}_world{world}.pt")
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

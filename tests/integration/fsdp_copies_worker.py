@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from tests.integration.rank_exit import end_rank
+
 
 def main(out_dir: Path) -> None:
     import torch
@@ -47,7 +49,7 @@ def main(out_dir: Path) -> None:
         results[mode] = {"measured": 2 * per_layer[seq] - per_layer[2 * seq], "planned": copies if mode == "none" else 0.0, "copies": copies, "copies_over_dp": copies / dp}
     if dist.get_rank() == 0:
         (out_dir / "fsdp_copies.json").write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

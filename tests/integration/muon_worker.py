@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from tests.integration.rank_exit import end_rank
+
 
 def main(out: str) -> None:
     import torch
@@ -45,7 +47,7 @@ def main(out: str) -> None:
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.integration.cp_worker import MODEL, packed_batch
+from tests.integration.rank_exit import end_rank
 
 # torch's cp block mask needs the sequence to be a multiple of cp x 128 (its block size).
 SEQ = 256
@@ -91,7 +92,7 @@ def main(cp: int, out_dir: Path) -> None:
     dist.all_gather_object(gaps, result)
     if rank == 0:
         torch.save({"ranks": gaps, "device": device.type}, out_dir / f"ring_cp{cp}_world{world}.pt")
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from tests.integration.rank_exit import end_rank
+
 
 def main(out_dir: Path) -> None:
     import torch
@@ -53,7 +55,7 @@ def main(out_dir: Path) -> None:
         results[mode] = {"measured": per_layer_token(build, autocast=True, seq=512, repeats=3), "planned": counted(mode, tp), "whole_over_tp": counted(mode, 1) / tp}
     if dist.get_rank() == 0:
         (out_dir / "tp_activations.json").write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

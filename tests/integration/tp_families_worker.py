@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from tests.integration.rank_exit import end_rank
+
 TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.tie_word_embeddings=false"]
 PRESET_OVERRIDES = {
     "gemma2_2b": ["model.head_dim=32", "model.sliding_window=8"],
@@ -74,8 +76,7 @@ def main(out_dir: Path, presets: list[str]) -> None:
         results[preset] = {"loss_tp": loss_tp.item(), "loss_ref": loss_ref.item(), "after_step": after.item(), "max_grad_diff": grad_diff[worst], "worst_grad": worst}
     if rank == 0:
         (out_dir / "tp_families.json").write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":

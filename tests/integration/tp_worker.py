@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from tests.integration.rank_exit import end_rank
+
 ODD_TOKEN = "<|odd|>"
 MODEL_OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=4", "model.intermediate_size=128"]
 
@@ -86,8 +88,7 @@ def main(out_dir: Path) -> None:
             {"loss_tp": loss_tp.item(), "loss_ref": loss_ref.item(), "losses": losses, "logits": logits, "shard_first_rows": torch.cat(shares), "padded": vocab.padded},
             out_dir / "tp2_result.pt",
         )
-    dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 if __name__ == "__main__":
