@@ -30,10 +30,11 @@ MIB = 2**20
 HERE = Path(__file__).resolve().parent
 
 
-def overrides_for(size: str, world: int, tp: int, micro: int, seq: int, checkpointing: str) -> list[str]:
+def overrides_for(size: str, strategy: str, world: int, tp: int, micro: int, seq: int, checkpointing: str) -> list[str]:
     hidden, layers, heads, intermediate = SIZES[size]
-    return [f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.num_kv_heads={heads}", f"model.intermediate_size={intermediate}",
-            "precision=bf16", "parallel=fsdp_tp", f"parallel.tp={tp}", f"cluster.devices={world}", f"trainer.activation_checkpointing={checkpointing}",
+    layout = [f"parallel={strategy}", f"parallel.tp={tp}"] if strategy == "fsdp_tp" else [f"parallel={strategy}", "parallel.deepspeed_on_cpu=true"]
+    return [*layout, f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.num_kv_heads={heads}", f"model.intermediate_size={intermediate}",
+            "precision=bf16", f"cluster.devices={world}", f"trainer.activation_checkpointing={checkpointing}",
             f"trainer.micro_batch_size={micro}", f"data.seq_len={seq}", "trainer.max_steps=3", "trainer.warmup_steps=1",
             "trainer.progress_bar=false", "trainer.val_every_n_steps=100000", "trainer.checkpoint_every_n_steps=100000"]
 
@@ -88,6 +89,7 @@ def measure(overrides: list[str], world: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="5M,40M,150M")
+    parser.add_argument("--strategies", default="fsdp_tp", help="fsdp_tp, zero1, zero2, zero3 (DeepSpeed at tp 1)")
     parser.add_argument("--layouts", default="2x1,2x2,4x1,4x2")
     parser.add_argument("--checkpointing", default="none,full")
     parser.add_argument("--micro", type=int, default=1)
@@ -100,14 +102,17 @@ def main() -> None:
 
     if not has_mallinfo2():
         raise SystemExit("step_peak_ranks.py reads glibc's mallinfo2 (glibc 2.33 and newer)")
-    print("| size | processes x tp | checkpointing | rank 0 MiB | plan MiB | read / plan | read / (activations + gradients) | plan peaks in |")
-    print("|---|---|---|---|---|---|---|---|")
-    for size in args.sizes.split(","):
-        for layout in args.layouts.split(","):
-            world, tp = (int(x) for x in layout.split("x"))
-            for checkpointing in args.checkpointing.split(","):
-                r = measure(overrides_for(size, world, tp, args.micro, args.seq, checkpointing), world)
-                print(f"| {size} | {world} x tp {tp} | {checkpointing} | {r['measured'] / MIB:.1f} | {r['counted'] / MIB:.1f} | {r['measured'] / r['counted']:.3f} | {r['measured'] / r['sum']:.3f} | {r['peak_at']} |", flush=True)
+    print("| strategy | size | processes x tp | checkpointing | rank 0 MiB | plan MiB | read / plan | read / (activations + gradients) | plan peaks in |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for strategy in args.strategies.split(","):
+        for size in args.sizes.split(","):
+            for layout in args.layouts.split(","):
+                world, tp = (int(x) for x in layout.split("x"))
+                if tp > 1 and strategy != "fsdp_tp":
+                    continue
+                for checkpointing in args.checkpointing.split(","):
+                    r = measure(overrides_for(size, strategy, world, tp, args.micro, args.seq, checkpointing), world)
+                    print(f"| {strategy} | {size} | {world} x tp {tp} | {checkpointing} | {r['measured'] / MIB:.1f} | {r['counted'] / MIB:.1f} | {r['measured'] / r['counted']:.3f} | {r['measured'] / r['sum']:.3f} | {r['peak_at']} |", flush=True)
 
 
 if __name__ == "__main__":

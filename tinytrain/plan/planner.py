@@ -252,6 +252,8 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
             tp=par.tp,
             world=world,
             on_gpu=not hardware.is_cpu,
+            zero_stage=par.zero_stage,
+            offload_optimizer=par.offload_optimizer,
         )
 
     def memory_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> MemoryPlan:

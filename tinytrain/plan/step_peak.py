@@ -22,8 +22,11 @@ GPU) none; its foreach AdamW (torch's default on CUDA where not fused: fsdp_tp's
 square root of every second moment at once, 4 B per local trainable parameter; its per-tensor loop
 (the default on a CPU) the previous tensor's denominator beside the current one's square root and
 quotient, at most 3 x the largest tensor's 4 B; torch's Muon, one matrix at a time, 3 x the largest
-matrix's fp32 bytes with bf16 Newton-Schulz, 5 x in fp32 (fsdp_tp gathers that matrix whole);
-DeepSpeed's FusedAdam and CPU Adam none of the model's size.
+matrix's fp32 bytes with bf16 Newton-Schulz, 5 x in fp32 (fsdp_tp gathers that matrix whole).
+Under DeepSpeed's ZeRO the same torch AdamW steps DeepSpeed's flat fp32 partitions, one tensor per
+parameter group (ZeRO-3: per sub-group of at most DeepSpeed's 1e9 elements): foreach on a GPU, the
+per-tensor loop on a CPU, whose largest tensor is then a whole partition; with the optimizer
+offloaded, DeepSpeed's CPU Adam steps on the host and the GPU holds none of it.
 
 Measured on this CPU (tests/integration/test_step_memory.py, benchmarks/step_peak.py): a single
 process's step peaks at 0.98-1.01x the count at 5M-150M parameters (the activation count's own
@@ -48,7 +51,7 @@ class StepShape:
     gathered: float = 0.0  # fsdp_tp: gathered weights, forward and backward
     unsharded_grads: float = 0.0  # fsdp_tp: gradients waiting for their reduce-scatter, in the backward
     optimizer_step: float = 0.0  # what the optimizer step allocates beside every gradient
-    optimizer_kernel: str = ""  # fused | foreach | per-tensor | deepspeed (the step's temporaries)
+    optimizer_kernel: str = ""  # fused | foreach | per-tensor | offloaded | deepspeed (the step's temporaries)
     why_held: str = ""  # what holds the gradients, or frees them
     muon: bool = False  # trainer.optimizer=muon: Muon's matrices step beside the AdamW kernel's rest
 
@@ -100,7 +103,7 @@ def held_everything(row, shape: ModelShape, tp: int) -> StepShape:
     return StepShape(grads_held=True, gathered=gathered, unsharded_grads=unsharded)
 
 
-def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainable: int, tp: int, world: int, on_gpu: bool) -> StepShape:
+def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainable: int, tp: int, world: int, on_gpu: bool, zero_stage: int = 0, offload_optimizer: bool = False) -> StepShape:
     """`row`: the strategy's (plan/parallel.py); `optimizer`: plan/optimizer.py OptimizerPlan;
     `trainable`: the parameters the optimizer steps."""
     if row.gradient_buffers:
@@ -110,26 +113,46 @@ def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainabl
     else:
         held, why = False, "the gradients are freed with each optimizer step"
     gathered, unsharded = fsdp_gathered(row, shape, tp)
-    kernel = optimizer_kernel(deepspeed=row.deepspeed, on_gpu=on_gpu, fused=on_gpu and row.fused_adamw)
-    shards = world if row.tensor_parallel else 1  # fsdp_tp shards the states over dp x tp (x cp); single and ddp hold them whole
-    return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards), kernel, why, bool(optimizer.muon_params))
+    kernel = optimizer_kernel(row, on_gpu=on_gpu, offload_optimizer=offload_optimizer, muon=bool(optimizer.muon_params))
+    # fsdp_tp shards the states over dp x tp (x cp), ZeRO over the world; single and ddp hold them whole
+    shards = world if row.tensor_parallel or row.deepspeed else 1
+    flat = deepspeed_flat_elements(trainable, world, zero_stage) if row.deepspeed else None
+    return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards, flat=flat), kernel, why, bool(optimizer.muon_params))
 
 
-def optimizer_kernel(*, deepspeed: bool, on_gpu: bool, fused: bool) -> str:
-    if deepspeed:
-        return "deepspeed"
-    if fused:
+def optimizer_kernel(row, *, on_gpu: bool, offload_optimizer: bool, muon: bool) -> str:
+    if row.deepspeed and offload_optimizer:
+        return "offloaded"  # DeepSpeed's CPU Adam steps on the host
+    if row.deepspeed and muon:
+        return "deepspeed"  # DeepSpeed's MuonWithAuxAdam: not measured, counted as none
+    if on_gpu and row.fused_adamw:
         return "fused"
     return "foreach" if on_gpu else "per-tensor"
 
 
-def optimizer_step_bytes(kernel: str, optimizer, shape: ModelShape, *, trainable: int, shards: int) -> float:
+# DeepSpeed's default stage3 sub_group_size (tinytrain leaves it): ZeRO-3 steps its partition in
+# sub-groups of at most this many elements.
+ZERO3_SUB_GROUP = 10**9
+
+
+def deepspeed_flat_elements(trainable: int, world: int, zero_stage: int) -> float:
+    """The largest flat fp32 tensor ZeRO hands its optimizer: a parameter group's partition (counted
+    as every trainable parameter in one group, over the world), at ZeRO-3 one sub-group of it."""
+    partition = trainable / world
+    return min(partition, ZERO3_SUB_GROUP) if zero_stage == 3 else partition
+
+
+def optimizer_step_bytes(kernel: str, optimizer, shape: ModelShape, *, trainable: int, shards: int, flat: float | None = None) -> float:
     """The optimizer step's temporaries per GPU. `optimizer`: plan/optimizer.py OptimizerPlan;
-    `trainable`: the parameters it steps (adapters under LoRA); `shards`: what divides them."""
+    `trainable`: the parameters it steps (adapters under LoRA); `shards`: what divides them; `flat`:
+    under ZeRO, the elements of the largest flat partition the optimizer steps (deepspeed_flat_elements)."""
     adamw = trainable if not optimizer.muon_params else optimizer.adamw_params
+    if flat is not None:  # one flat tensor per group: foreach's temporaries and the loop's largest tensor are a partition's
+        adamw_bytes = {"offloaded": 0.0, "deepspeed": 0.0, "foreach": FP32 * flat, "per-tensor": 3 * FP32 * flat}[kernel]
+        return adamw_bytes
     largest_tensor = min(shape.largest_layer_params, trainable)
-    adamw_bytes = {"deepspeed": 0.0, "fused": 0.0, "foreach": FP32 * adamw / shards, "per-tensor": 3 * FP32 * largest_tensor / shards}[kernel]
-    if not optimizer.muon_params or kernel == "deepspeed":
+    adamw_bytes = {"fused": 0.0, "foreach": FP32 * adamw / shards, "per-tensor": 3 * FP32 * largest_tensor / shards}[kernel]
+    if not optimizer.muon_params:
         return adamw_bytes
     rows, cols = optimizer.largest_matrix
     muon = (3 if optimizer.ns_dtype == "bfloat16" else 5) * FP32 * rows * cols

@@ -11,7 +11,7 @@ from tests.conftest import plan
 from tinytrain.plan.memory import ModelStateMemory
 from tinytrain.plan.model_shape import shape_from_hf
 from tinytrain.plan.optimizer import OptimizerPlan
-from tinytrain.plan.step_peak import HELD, StepShape, optimizer_step_bytes, render_sum, step_peak
+from tinytrain.plan.step_peak import HELD, ZERO3_SUB_GROUP, StepShape, deepspeed_flat_elements, optimizer_step_bytes, render_sum, step_peak
 
 GIB = 2**30
 STATES = ModelStateMemory(params=4.0 * GIB, grads=4.0 * GIB, optimizer=8.0 * GIB)
@@ -100,6 +100,41 @@ def test_adamw_s_step_allocates_what_the_plan_counts(kernel, options):
         assert measured == pytest.approx(counted, rel=0.02)  # the square root of every second moment
     else:
         assert 2 / 3 * counted <= measured <= counted  # two of the largest tensor's, and the one before
+
+
+@pytest.mark.parametrize("kernel", ["per-tensor", "foreach"])
+def test_zero_s_flat_partition_steps_as_the_plan_counts(kernel):
+    """ZeRO hands torch's AdamW one flat fp32 tensor per parameter group, its partition of the group:
+    foreach's square root, and the per-tensor loop's temporaries, are then a whole partition's (the
+    plan counted none under DeepSpeed: 2 CPU ranks of 150M parameters read 1.6-1.9x the count under
+    ZeRO-2, benchmarks/step_peak_ranks.py)."""
+    params, shape = llama()
+    trainable, world = sum(p.numel() for p in params), 2
+    flat = deepspeed_flat_elements(trainable, world, zero_stage=2)
+    partition = [torch.nn.Parameter(torch.randn(int(flat)))]
+    counted = optimizer_step_bytes(kernel, OptimizerPlan("adamw", 0, trainable), shape, trainable=trainable, shards=world, flat=flat)
+    measured = step_peak_of(torch.optim.AdamW(partition, lr=1e-3, foreach=kernel == "foreach"), partition)
+    if kernel == "foreach":
+        assert measured == pytest.approx(counted, rel=0.02)
+    else:
+        assert 0.6 * counted <= measured <= counted, (measured, counted)  # one tensor: its square root and quotient
+
+
+def test_zero3_steps_its_partition_in_sub_groups():
+    assert deepspeed_flat_elements(8 * 10**9, 8, zero_stage=2) == 10**9
+    assert deepspeed_flat_elements(70 * 10**9, 8, zero_stage=3) == ZERO3_SUB_GROUP
+    assert deepspeed_flat_elements(70 * 10**9, 8, zero_stage=2) == 70 * 10**9 / 8
+
+
+def test_what_zero_s_optimizer_step_allocates_on_a_gpu(tmp_path):
+    """foreach AdamW over the partition on a GPU (tinytrain hands DeepSpeed torch's AdamW); with the
+    optimizer offloaded DeepSpeed's CPU Adam steps on the host and the GPU holds none of it."""
+    run = plan(["hardware.gpu=H100", "parallel=zero2", "cluster.devices=2"], tmp_path / "zero2")
+    step = run["memory_per_gpu"]["step"]
+    assert step["optimizer_kernel"] == "foreach"
+    assert step["optimizer_step_gib"] == pytest.approx(4 * run["params"]["total"] / 2 / GIB, abs=0.001)
+    offload = memory_of(["parallel=zero2_offload", "cluster.devices=2"], tmp_path / "offload")["step"]
+    assert (offload["optimizer_kernel"], offload["optimizer_step_gib"]) == ("offloaded", 0.0)
 
 
 @pytest.mark.parametrize("ns_dtype", ["bfloat16", "float32"])
