@@ -31,7 +31,9 @@ offloaded, DeepSpeed's CPU Adam steps on the host and the GPU holds none of it.
 Measured on this CPU (tests/integration/test_step_memory.py, benchmarks/step_peak.py): a single
 process's step peaks at 0.98-1.01x the count at 5M-150M parameters (the activation count's own
 precision); two fsdp_tp ranks at 0.80-0.90x it, where the count before this one (every gradient
-beside the activations, nothing gathered) was up to 1.51x under with full checkpointing.
+beside the activations, nothing gathered) was up to 1.51x under with full checkpointing;
+benchmarks/step_peak_ranks.py reads fsdp_tp and ZeRO ranks at 2 and 4 processes (0.72-0.95 and, for
+ZeRO's step delta, 0.32-0.89 of the count; up to 2.5x over it before ZeRO's optimizer was counted).
 """
 
 from __future__ import annotations
