@@ -32,20 +32,16 @@ from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 log = logging.getLogger(__name__)
 
 
-class Preemption(pl.Callback):
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.checkpoints: StepCheckpoints | None = None  # the trainer's, found when training starts
+class SignalMemory:
+    """The installed handler: it only remembers. It holds nothing of the callback, which Lightning
+    binds to the module (its `log`): a handler left installed after fit (Lightning's teardown puts
+    back the early SIGUSR1 one) would keep the model, and fsdp_tp's process groups with their gloo
+    threads, alive into the interpreter's exit."""
+
+    def __init__(self) -> None:
         self.received: list[str] = []  # signal names, in order of arrival
-        self.step_seen = 0
-        self.stop_message: str | None = None
 
-    def handle(self, signals) -> None:
-        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-            for sig in signals:
-                signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
+    def __call__(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if name == "SIGINT" and name in self.received:
             # Ctrl-C again: the user will not wait for the step boundary.
@@ -54,6 +50,21 @@ class Preemption(pl.Callback):
         if name == "SIGINT":
             log.warning("Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, without one)")
         self.received.append(name)
+
+
+class Preemption(pl.Callback):
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.checkpoints: StepCheckpoints | None = None  # the trainer's, found when training starts
+        self.memory = SignalMemory()
+        self.received = self.memory.received
+        self.step_seen = 0
+        self.stop_message: str | None = None
+
+    def handle(self, signals) -> None:
+        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+            for sig in signals:
+                signal.signal(sig, self.memory)
 
     def install_early(self) -> None:
         """Before data and model building: a SIGUSR1 then is remembered (its default action would
