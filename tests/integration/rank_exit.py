@@ -1,11 +1,12 @@
 """How a test's rank worker ends, once its results are written.
 
-DTensor keeps gloo's default group alive past `destroy_process_group`: the first DTensor a process
-makes adds ten references to the group that nothing releases (torch 2.13, read with
-sys.getrefcount), so gloo's worker threads still run when the interpreter finalizes, and a rank
-could abort there (SIGABRT, "terminate called without an active exception": 1 run in ~60 of the
-tp-2 activation reading, after its results were written). The worker leaves without finalizing,
-as its results are on disk and its streams flushed.
+DTensor keeps gloo's groups alive past `destroy_process_group`: its caches, and
+torch.distributed.nn.functional's default arguments, hold them (tinytrain/cluster/process_group.py
+release() drops those for a run), and so do a worker's own mesh and model, alive in its frame. Gloo's
+worker threads then still run when the interpreter finalizes, and a rank could abort there (SIGABRT,
+"terminate called without an active exception": 1 run in ~60 of the tp-2 activation reading, after
+its results were written). The worker leaves without finalizing, its results on disk and its
+streams flushed.
 """
 
 import os
