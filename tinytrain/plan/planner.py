@@ -256,8 +256,11 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
             offload_optimizer=par.offload_optimizer,
         )
 
+    def parts_for(mode: Checkpointing, seq: int, cp: int, micro: int):
+        return activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
+
     def memory_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> MemoryPlan:
-        parts = activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
+        parts = parts_for(mode, seq, cp, micro)
         memory = plan_memory(state.states, with_margin(parts.peak, par, precision, mode), hardware.memory_gb, reference_bytes, step=step_for(micro), recompute=parts.recompute)
         return replace(memory, activation_parts=parts.to_gib())
 
@@ -281,7 +284,10 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     preference_plan.memory_problem(state.preference, memory)
 
     def needed_at(seq: int, cp: int) -> float:
-        return memory_at(seq, cp).total_gib * GIB
+        """Bytes per GPU at `seq` and `cp`, unrounded (the memory plan's GiB are to 1 MiB)."""
+        mode, micro = Checkpointing(ckpt.mode), batch.micro_batch_size
+        parts = parts_for(mode, seq, cp, micro)
+        return step_peak.step_peak(state.states, with_margin(parts.peak, par, precision, mode), parts.recompute, step_for(micro), reference_bytes).total
 
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb)
     context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
