@@ -14,6 +14,7 @@ after a 2-rank fsdp_tp run. Those references are dropped too, and the groups end
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 import types
 
@@ -48,8 +49,7 @@ def forget_dtensor_caches() -> None:
     meshes. Where a torch version names them otherwise, that cache is left."""
     if "torch.distributed.tensor._api" not in sys.modules:  # no DTensor was made
         return
-    from torch.distributed.tensor import _collective_utils, _redistribute, debug
-
+    _collective_utils, _redistribute, debug = (_module(f"torch.distributed.tensor.{name}") for name in ("_collective_utils", "_redistribute", "debug"))
     topology = getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)  # cost estimates, by mesh
     for clear in (
         getattr(debug, "_clear_sharding_prop_cache", None),
@@ -59,3 +59,11 @@ def forget_dtensor_caches() -> None:
     ):
         if clear is not None:
             clear()
+
+
+def _module(name: str):
+    """The module, or None where this torch has no such module (the run has ended well: no error now)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
