@@ -116,8 +116,7 @@ def step_shape(row, *, accumulation: int, shape: ModelShape, optimizer, trainabl
         held, why = False, "the gradients are freed with each optimizer step"
     gathered, unsharded = fsdp_gathered(row, shape, tp)
     kernel = optimizer_kernel(row, on_gpu=on_gpu, offload_optimizer=offload_optimizer, muon=bool(optimizer.muon_params))
-    # fsdp_tp shards the states over dp x tp (x cp), ZeRO over the world; single and ddp hold them whole
-    shards = world if row.tensor_parallel or row.deepspeed else 1
+    shards = world if row.tensor_parallel else 1  # fsdp_tp shards the states over dp x tp (x cp); single and ddp hold them whole
     flat = deepspeed_flat_elements(trainable, world, zero_stage) if row.deepspeed else None
     return StepShape(held, gathered, unsharded, optimizer_step_bytes(kernel, optimizer, shape, trainable=trainable, shards=shards, flat=flat), kernel, why, bool(optimizer.muon_params))
 
@@ -147,11 +146,11 @@ def deepspeed_flat_elements(trainable: int, world: int, zero_stage: int) -> floa
 def optimizer_step_bytes(kernel: str, optimizer, shape: ModelShape, *, trainable: int, shards: int, flat: float | None = None) -> float:
     """The optimizer step's temporaries per GPU. `optimizer`: plan/optimizer.py OptimizerPlan;
     `trainable`: the parameters it steps (adapters under LoRA); `shards`: what divides them; `flat`:
-    under ZeRO, the elements of the largest flat partition the optimizer steps (deepspeed_flat_elements)."""
-    adamw = trainable if not optimizer.muon_params else optimizer.adamw_params
+    under ZeRO, the elements of the largest flat partition the optimizer steps (deepspeed_flat_elements),
+    which then stands for both."""
     if flat is not None:  # one flat tensor per group: foreach's temporaries and the loop's largest tensor are a partition's
-        adamw_bytes = {"offloaded": 0.0, "deepspeed": 0.0, "foreach": FP32 * flat, "per-tensor": 3 * FP32 * flat}[kernel]
-        return adamw_bytes
+        return {"offloaded": 0.0, "deepspeed": 0.0, "foreach": FP32 * flat, "per-tensor": 3 * FP32 * flat}[kernel]
+    adamw = trainable if not optimizer.muon_params else optimizer.adamw_params
     largest_tensor = min(shape.largest_layer_params, trainable)
     adamw_bytes = {"fused": 0.0, "foreach": FP32 * adamw / shards, "per-tensor": 3 * FP32 * largest_tensor / shards}[kernel]
     if not optimizer.muon_params:
