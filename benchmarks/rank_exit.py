@@ -1,4 +1,4 @@
-"""How a test's rank worker ends, once its results are written.
+"""How a rank of a test's worker or a benchmark ends, once its results are written.
 
 DTensor keeps gloo's groups alive past `destroy_process_group`: its caches, and
 torch.distributed.nn.functional's default arguments, hold them (tinytrain/cluster/process_group.py

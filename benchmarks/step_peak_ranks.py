@@ -45,6 +45,7 @@ def rank(out_dir: Path, overrides: list[str]) -> None:
     import torch.distributed as dist
     from _common import setup, synthetic_batches, tinytrain_steps
     from allocator_count import step_peak_callback
+    from rank_exit import end_rank
 
     from tinytrain.data.collate import collate_windows
     from tinytrain.train.trainer import quiet_lightning
@@ -59,12 +60,7 @@ def rank(out_dir: Path, overrides: list[str]) -> None:
         m = plan.memory
         counted = (m.total_gib - m.params_gib - m.optimizer_gib - m.reference_gib) * 2**30
         (out_dir / "reading.json").write_text(json.dumps({"peaks": reading.peaks, "counted": counted, "sum": (m.activations_gib + m.grads_gib) * 2**30, "peak_at": m.step["peak_at"]}))
-    # DTensor keeps gloo's group alive past destroy_process_group (tests/integration/rank_exit.py):
-    # leave without the interpreter's finalization once the reading is written.
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    end_rank()
 
 
 def free_port() -> int:

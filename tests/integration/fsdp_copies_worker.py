@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.integration.rank_exit import end_rank
+from benchmarks.rank_exit import end_rank
 
 
 def main(out_dir: Path) -> None:

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from tests.integration.rank_exit import end_rank
+from benchmarks.rank_exit import end_rank
 
 
 def main(out: str) -> None:

@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from benchmarks.rank_exit import end_rank
 from tests.integration.cp_worker import MODEL, packed_batch
-from tests.integration.rank_exit import end_rank
 
 # torch's cp block mask needs the sequence to be a multiple of cp x 128 (its block size).
 SEQ = 256

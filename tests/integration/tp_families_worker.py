@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.integration.rank_exit import end_rank
+from benchmarks.rank_exit import end_rank
 
 TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128", "model.tie_word_embeddings=false"]
 PRESET_OVERRIDES = {

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.integration.rank_exit import end_rank
+from benchmarks.rank_exit import end_rank
 
 ODD_TOKEN = "<|odd|>"
 MODEL_OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=4", "model.intermediate_size=128"]
