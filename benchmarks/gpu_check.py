@@ -15,8 +15,9 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
   e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) at cp 2: the loss,
      every token's logits and every gradient against whole sequences (tests/integration/ring_worker.py),
      one rank per GPU over nccl: needs 2 GPUs (both ranks on one GPU over gloo crashed, SIGSEGV, on
-     an H100 with torch 2.11; nccl refuses two ranks on one device). Its gradients are what parallel.cp_kind=ring waits for (plan/parallel.py
-     RING_OFF): torch 2.13 has no flex-attention backward on CPU.
+     an H100 with torch 2.11; nccl refuses two ranks on one device). On a GPU the kernel is compiled
+     flex attention, whose gradients the CPU cannot check (torch 2.13 has no flex-attention backward
+     on CPU: ring trains there with SDPA over the same block mask).
   f  long context on one GPU (benchmarks/long_context_layer.py): one Llama-3-8B layer in bf16 at 32k,
      64k and 128k tokens on torch's varlen kernel and on SDPA's flash: what it keeps for backward
      against the plan's count (plan/activations.py), its peak in backward against the plan's count of a

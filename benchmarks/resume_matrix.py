@@ -5,7 +5,9 @@ across layouts for real).
 
 Layouts: single; ddp, zero1, zero2, zero3 (DeepSpeed on its CPU accelerator) and fsdp_tp tp1 at
 world sizes 1, 2, 4; fsdp_tp tp2 at 2 and 4 (dp = world / tp); zero2 and zero3 with cp 2 (Ulysses,
-dp = world / cp) at 2 and 4; `--offload` adds zero2_offload.
+dp = world / cp) at 2 and 4; `--offload` adds zero2_offload. With `--seq-len 256` (ring splits
+128-token blocks: cp x 128 must divide it) also fsdp_tp_ring (torch's ring, tp 1 x cp 2) at 2 and 4
+and fsdp_tp_tp2_ring (tp 2 x cp 2) at 4.
 
 1. Each layout trains a tiny Llama (2 layers, hidden 64) for 4 steps, saving at steps 2 and 4.
 2. Each pair: a copy of the saved run without its step-4 and final checkpoints is planned
@@ -22,7 +24,7 @@ Cells: `exact` (step-3 loss bit-equal), `close <diff>` (within --tol), `refused`
 naming both layouts and the fix), `FAILED <why>` (a traceback, a crash, another loss, a refusal
 without the fix). The table is printed and written to `<dir>/resume_matrix.md` as cells finish.
 
-    python benchmarks/resume_matrix.py [--worlds 1,2,4] [--only zero2,fsdp_tp_tp2] [--offload] [--dir /tmp/resume-matrix]
+    python benchmarks/resume_matrix.py [--worlds 1,2,4] [--only zero2,fsdp_tp_tp2] [--offload] [--seq-len 256] [--dir /tmp/resume-matrix]
 
 Cells decided by an earlier run into the same --dir are kept (FAILED ones run again), so the
 matrix can be filled in parts; `--table-only` prints what is decided.
@@ -76,7 +78,15 @@ class Layout:
         return [*self.options, f"cluster.devices={self.world}"]
 
 
-def layouts(worlds: list[int], offload: bool, only: set[str] | None) -> list[Layout]:
+# Ring's layouts and the world size each needs a multiple of (tp x cp).
+RING = {
+    "fsdp_tp_ring": (["parallel=fsdp_tp", "parallel.tp=1", "parallel.cp=2", "parallel.cp_kind=ring"], 2),
+    "fsdp_tp_tp2_ring": (["parallel=fsdp_tp", "parallel.tp=2", "parallel.cp=2"], 4),
+}
+RING_UNIT = 256  # cp 2 x flex attention's 128-token blocks
+
+
+def layouts(worlds: list[int], offload: bool, only: set[str] | None, seq_len: int = 32) -> list[Layout]:
     kinds = {
         "single": ["parallel=single"],
         "ddp": ["parallel=ddp"],
@@ -89,6 +99,8 @@ def layouts(worlds: list[int], offload: bool, only: set[str] | None) -> list[Lay
         # Context parallelism (Ulysses): a cp change is a data-layout change (dp alone orders the data)
         "zero2_cp2": ["parallel=zero2", *ON_CPU, "parallel.cp=2"],
         "zero3_cp2": ["parallel=zero3", *ON_CPU, "parallel.cp=2"],
+        # Ring (torch's context parallel under fsdp_tp), where the sequence splits into its blocks
+        **({name: options for name, (options, _) in RING.items()} if seq_len % RING_UNIT == 0 else {}),
     }
     out = []
     for world in worlds:  # the 4-rank saves last: the slowest
@@ -96,6 +108,8 @@ def layouts(worlds: list[int], offload: bool, only: set[str] | None) -> list[Lay
             if only and name not in only:
                 continue
             if (name == "single" and world != 1) or (name in ("fsdp_tp_tp2", "zero2_cp2", "zero3_cp2") and world % 2):
+                continue
+            if name in RING and world % RING[name][1]:
                 continue
             out.append(Layout(name, world, tuple(options)))
     return out
@@ -190,16 +204,18 @@ def table(rows: list[Layout], cols: list[Layout], cells: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="1,2,4")
-    p.add_argument("--only", default="", help="comma-separated layout names (single, ddp, zero1, zero2, zero3, zero2_offload, fsdp_tp_tp1, fsdp_tp_tp2)")
+    p.add_argument("--only", default="", help="comma-separated layout names (single, ddp, zero1, zero2, zero3, zero2_offload, fsdp_tp_tp1, fsdp_tp_tp2, zero2_cp2, zero3_cp2, fsdp_tp_ring, fsdp_tp_tp2_ring)")
     p.add_argument("--offload", action="store_true", help="add zero2_offload (builds DeepSpeed's CPU Adam on first use)")
     p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--seq-len", type=int, default=32, help=f"data.seq_len of every run; a multiple of {RING_UNIT} adds ring's layouts")
     p.add_argument("--cli-refusals", action="store_true", help="also run the CLI for each refused pair (exit 2, no traceback)")
     p.add_argument("--dir", default="/tmp/resume-matrix")
     p.add_argument("--table-only", action="store_true", help="print the table of the cells decided so far in --dir (blank: not run), run nothing")
     a = p.parse_args()
     root = Path(a.dir)
     root.mkdir(parents=True, exist_ok=True)
-    all_layouts = layouts([int(w) for w in a.worlds.split(",")], a.offload, set(a.only.split(",")) - {""} or None)
+    RUN[RUN.index("data.seq_len=32")] = f"data.seq_len={a.seq_len}"
+    all_layouts = layouts([int(w) for w in a.worlds.split(",")], a.offload, set(a.only.split(",")) - {""} or None, a.seq_len)
     if a.table_only:
         decided = json.loads((root / "resume_matrix.json").read_text())
         print(table(all_layouts, all_layouts, {tuple(k.split(" -> ")): v for k, v in decided.items()}))

@@ -1,6 +1,7 @@
 """parallel.cp for real: DeepSpeed's Ulysses attention under Lightning's DeepSpeedStrategy (zero2,
-zero3) and ModelParallelStrategy (fsdp_tp, tp 1) on two CPU ranks over gloo equals one rank holding
-whole sequences, for the same batches and weights.
+zero3) and ModelParallelStrategy (fsdp_tp, tp 1) on two CPU ranks over gloo, and torch's ring under
+fsdp_tp (dp 1 x cp 2 x tp 1 on two ranks, dp 1 x cp 2 x tp 2 on four), equals one rank holding whole
+sequences, for the same batches and weights.
 
 The windows are packed pretraining documents (position ids restart per document), so equality with
 cp=1, whose SDPA masks documents apart, is also the proof that documents stay isolated after
@@ -34,6 +35,13 @@ RUN = [
 ]
 RTOL = 1e-5
 SFT = ["data=alpaca", "data.seq_len=128", "data.group_by_length=false"]
+RING_SEQ = ["data.seq_len=256"]
+# Ring's kernel on a CPU attends each rank's half of the queries (SDPA over the block mask), so its
+# sums round differently from the whole sequence's: the gradients agree to ~3e-7
+# (test_ring_attention.py), the losses to ~1e-7, and AdamW's first steps, which divide each
+# gradient by its own magnitude, carry that rounding into the weights of near-zero gradients
+# (up to ~4e-5 after four steps).
+RING_WEIGHTS_RTOL = 1e-4
 
 
 def train(tmp_path, name: str, *args: str):
@@ -59,6 +67,10 @@ def runs(tmp_path_factory):
         "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"],
         "fsdp_cp1": [*fsdp, "cluster.devices=1"],
         "fsdp_tp": [*fsdp, "cluster.devices=2", "parallel.cp=2"],
+        # ring: whole 128-token blocks per rank
+        "ring_cp1": [*fsdp, *RING_SEQ, "cluster.devices=1"],
+        "ring": [*fsdp, *RING_SEQ, "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring"],
+        "ring_tp2": ["parallel=fsdp_tp", "parallel.tp=2", *RING_SEQ, "cluster.devices=4", "parallel.cp=2"],  # auto: ring, Ulysses cannot with tp 2
         # instruction tuning: padded rows (each padded to a multiple of cp), prompts masked from the loss
         "sft_cp1": [*SFT, "parallel=zero2", "cluster.devices=1"],
         "sft_zero2": [*SFT, "parallel=zero2", "cluster.devices=2", "parallel.cp=2"],
@@ -93,6 +105,26 @@ def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     assert per_step.search(result.stdout)[1] == per_step.search(runs("cp1")[1].stdout)[1]
 
 
+@pytest.mark.parametrize("name, layout", [("ring", "tp 1 x cp 2 x dp 1"), ("ring_tp2", "tp 2 x cp 2 x dp 1")])
+def test_ring_over_ranks_equals_one_rank(runs, name, layout):
+    """torch's ring under fsdp_tp, packed documents: every step's loss, gradient norm and validation
+    loss and the final weights equal one rank's with whole sequences."""
+    run_dir, result = runs(name)
+    baseline, _ = runs("ring_cp1")
+    assert "cp 2 (ring, torch's context parallel" in result.stdout and f"= {layout}" in result.stdout
+    assert "rank 0 of a cp group of 2 (torch's ring, SDPA over the block mask" in result.stderr + result.stdout
+    assert "under ring (parallel.cp), every layer attends through torch's context parallel instead" in result.stdout
+    for key in ("loss", "grad_norm", "val_loss"):
+        got, want = logged(run_dir, key), logged(baseline, key)
+        assert len(got) == len(want) > 0, key
+        assert got == pytest.approx(want, rel=5e-5 if key == "grad_norm" else RTOL), key
+    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
+    worst = max((relative(got[k], want[k]), k) for k in want)
+    assert worst[0] < RING_WEIGHTS_RTOL, worst
+    per_step = re.compile(r"tokens     (\S+) per step")
+    assert per_step.search(result.stdout)[1] == per_step.search(runs("ring_cp1")[1].stdout)[1]
+
+
 def test_instruction_tuning_under_ulysses_equals_one_rank(runs):
     """Alpaca-format rows, padded (not packed) and with the prompt tokens masked: split over two cp
     ranks, every step's loss and gradient norm and the final weights equal one rank's."""
@@ -122,6 +154,22 @@ def test_a_cp_run_resumes_on_one_rank(tmp_path, runs):
     (run_dir / "checkpoints" / "final.consolidated.ckpt").unlink(missing_ok=True)
     _, result = train(tmp_path, "resumed", "parallel=zero2", "cluster.devices=1", "resume=auto")
     assert "step0000002.ckpt" in result.stdout and "universal" in result.stdout, result.stdout[-3000:]
+    assert logged(run_dir, "loss") == pytest.approx(logged(baseline, "loss"), rel=RTOL)
+
+
+def test_a_ring_run_resumes_on_one_rank(tmp_path, runs):
+    """The ring run's step-2 checkpoint (fsdp_tp's shards, two ranks) resumed with cp=1 on one rank:
+    a cp change is a data-layout change, and the run ends as the uninterrupted cp=1 run."""
+    import shutil
+
+    saved, _ = runs("ring")
+    baseline, _ = runs("ring_cp1")
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(saved, run_dir)
+    for later in ("step0000004.ckpt", "final.ckpt"):
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    _, result = train(tmp_path, "resumed", "parallel=fsdp_tp", "parallel.tp=1", *RING_SEQ, "cluster.devices=1", "resume=auto")
+    assert "step0000002.ckpt" in result.stdout, result.stdout[-3000:]
     assert logged(run_dir, "loss") == pytest.approx(logged(baseline, "loss"), rel=RTOL)
 
 

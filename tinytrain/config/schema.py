@@ -106,7 +106,7 @@ class ContextParallelKind(Enum):
 
     auto = "auto"
     ulysses = "ulysses"  # all-to-all of heads: DeepSpeed's UlyssesSPAttentionHF (deepspeed.runtime.sequence_parallel)
-    ring = "ring"  # torch's context parallel (flex path: keys/values gathered over cp); refused for training until its gradients are proven on GPUs
+    ring = "ring"  # torch's context parallel (flex path: keys/values gathered over cp), under fsdp_tp
 
 
 class CheckLevel(Enum):

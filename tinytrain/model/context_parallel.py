@@ -79,6 +79,11 @@ class ContextGroup:
                 out[key] = torch.cat([value, pad.expand(missing, -1)])
         return out
 
+    def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, **_) -> dict:
+        """The model's inputs for a slice: Ulysses gathers the position ids over the group and the
+        attention finds the documents in them; a mask of the local slice means nothing."""
+        return {"input_ids": input_ids, "position_ids": position_ids if position_ids is not None else self.positions(input_ids), "use_cache": False}
+
     def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Position ids of this rank's slice of unpacked rows (Ulysses needs them in every forward)."""
         chunk = input_ids.shape[1]

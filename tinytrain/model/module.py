@@ -99,8 +99,8 @@ class CausalLMModule(pl.LightningModule):
         self.objective = spec.objective
         self.reference = reference
         self.deepspeed_config = spec.deepspeed_config
-        # parallel.cp > 1: this rank's place in its Ulysses group, set at setup once
-        # deepspeed.comm is up (train/callbacks/context_parallel.py); batches are split by it.
+        # parallel.cp > 1: this rank's place in its cp group (Ulysses' or ring's), set at setup
+        # (train/callbacks/context_parallel.py); batches are split by it.
         self.context = None
 
     @classmethod
@@ -127,9 +127,9 @@ class CausalLMModule(pl.LightningModule):
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
         if self.context is not None:
-            # Ulysses gathers the position ids over the group and the attention finds the
-            # documents in them (model/context_parallel.py); a mask of the local slice means nothing.
-            return {"input_ids": input_ids, "position_ids": position_ids if position_ids is not None else self.context.positions(input_ids), "use_cache": False}
+            # The cp group's kind says what a shard's forward takes (Ulysses: the position ids the
+            # documents are found in; ring: its block mask as well).
+            return self.context.model_kwargs(input_ids, attention_mask, position_ids)
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
         # attention_mask alongside), transformers would let them attend to each other. On
         # a varlen kernel (torch's or flash-attn's) the rows go in as one flattened row with the

@@ -1,6 +1,6 @@
 """Ring-style context parallelism on a Hugging Face model through PyTorch's own engine
 (`torch.distributed.tensor.experimental`), its flex-attention path, on the cp dimension of a
-dp x cp x tp device mesh.
+dp x cp x tp device mesh: parallel.cp_kind=ring under parallel=fsdp_tp.
 
 Why the flex path and not `context_parallel()` around SDPA: SDPA's ring has handlers for the CUDA
 kernels only (flash, efficient, cudnn); CPU SDPA fails with "Operator
@@ -12,18 +12,17 @@ position ids (documents restart at 0, data/collate.py) and torch rewrites it for
 What torch does, per attention call: each rank holds seq / cp query tokens (head-tail load
 balanced: rank r holds chunk r and chunk 2cp-1-r of the causal sequence, so every rank has the same
 share of the causal triangle); keys and values are all-gathered over the cp group (their gradients
-reduce-scattered back), and flex attention runs the local queries against the whole sequence under
-the rewritten block mask.
-
-What does not run (torch 2.13): flex attention's backward on CPU ("FlexAttention does not support
-backward on CPU"), eager or compiled. So on CPU this path is proven forward only (the loss equals
-cp=1's, tests/integration/test_ring_attention.py) and the plan refuses parallel.cp_kind=ring for
-training until the GPU check (benchmarks/gpu_check.py part e) proves the gradients.
+reduce-scattered back), and this rank's queries attend to the whole sequence under the rewritten
+block mask. The kernel: compiled flex attention on GPUs; on a CPU, where flex attention has no
+backward (torch 2.13), SDPA over the same rewritten mask in dense form (`dense_flex_attention`).
+Everything around the kernel (sharding, load balancing, the mask's rewrite, the gather and its
+gradient) is torch's, the same on both.
 
 The batch, labels and loss follow the Ulysses path (model/context_parallel.py): every rank of a cp
 group receives the same micro batch; the labels are already shifted by the data stage, so the
 shard of labels is taken with the same load-balancing order as the tokens; the loss is the mean over
-the whole sequence from each rank's sum and count (`group_mean_loss`).
+the whole sequence from each rank's sum and count (`group_mean_loss`). FSDP averages the gradients
+over dp x cp, which makes the cp ranks' partial gradients the whole sequence's.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from tinytrain.model.context_parallel import group_mean_loss
+from tinytrain.plan.context import RING_BLOCK
 
 ATTENTION = "tinytrain_ring_flex"
 MESH_DIMS = ("dp", "cp", "tp")
@@ -54,17 +54,30 @@ def build_mesh(device_type: str, world: int, *, cp: int, tp: int):
 
 
 class _FlexCore(torch.nn.Module):
-    """The module torch's `_ContextParallel` hooks: its pre-hook all-gathers key and value."""
+    """The module torch's `_ContextParallel` hooks: its pre-hook all-gathers key and value over the
+    cp group (their gradients reduce-scattered back), and this rank's queries attend to them."""
 
-    def __init__(self, compiled: bool):
+    def __init__(self, device_type: str):
         super().__init__()
         from torch.nn.attention.flex_attention import flex_attention
 
-        # Eager flex attention materialises the scores; on GPUs the compiled kernel is the real one.
-        self.attend = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+        # On GPUs the compiled flex kernel (eager flex materialises the scores). On a CPU flex
+        # attention has no backward (torch 2.13), so the same block mask runs through SDPA instead.
+        self.attend = torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else dense_flex_attention
 
     def forward(self, query, key, value, *, block_mask, scale, enable_gqa):
         return self.attend(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def dense_flex_attention(query, key, value, *, block_mask, scale, enable_gqa):
+    """flex_attention's result under `block_mask`, computed by SDPA on the mask's dense form: the
+    CPU's kernel (it has a backward there). Every query keeps at least itself (causal masks
+    only), so no row of the mask is empty."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    rows, _, q_len, _ = query.shape
+    mask = create_mask(block_mask.mask_mod, rows, None, q_len, key.shape[2], device=query.device)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
 def _document_mask(position_ids: torch.Tensor):
@@ -100,6 +113,8 @@ class RingGroup:
 
         ids = batch["input_ids"]
         rows, seq = ids.shape
+        if seq % (self.cp * RING_BLOCK):
+            raise ValueError(f"a batch of {seq} tokens per row cannot be split over cp {self.cp} ranks by ring (a multiple of cp x {RING_BLOCK} is needed; the plan checks data.seq_len and data.pad_to_multiple_of)")
         positions = batch.get("position_ids")
         if positions is None:
             positions = torch.arange(seq, device=ids.device).expand(rows, seq)
@@ -108,6 +123,11 @@ class RingGroup:
         names = ("input_ids", "labels", "position_ids")
         parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions, block_mask], [1, 1, 1, 2], load_balancer=balancer)
         return {**dict(zip(names, parts[:3], strict=True)), "attention_mask": parts[3]}
+
+    def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, **_) -> dict:
+        """The model's inputs for a shard: its block mask goes in as the attention mask (Hugging
+        Face passes a BlockMask through to the attention function untouched)."""
+        return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask, "use_cache": False}
 
     def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return group_mean_loss(local_mean, labels, self.group)
@@ -121,13 +141,19 @@ class RingGroup:
         return context_parallel_unshard(self.mesh, [local], [1], load_balancer=balancer)[0]
 
 
+def enable_ring_on(model, device_type: str, world: int, *, cp: int, tp: int) -> RingGroup:
+    """Build the dp x cp x tp mesh (every rank, after the process group is up) and route `model`'s
+    attention through its cp dimension."""
+    return enable_ring(model, build_mesh(device_type, world, cp=cp, tp=tp)["cp"])
+
+
 def enable_ring(model, cp_mesh) -> RingGroup:
     """Route `model`'s attention through torch's context parallel on `cp_mesh` (the cp sub-mesh)."""
     from torch.distributed.tensor.experimental._attention import _ContextParallel
     from torch.distributed.tensor.parallel import parallelize_module
     from transformers import AttentionInterface
 
-    core = _FlexCore(compiled=cp_mesh.device_type == "cuda")
+    core = _FlexCore(cp_mesh.device_type)
     parallelize_module(core, cp_mesh, _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX))
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

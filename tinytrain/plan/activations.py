@@ -190,6 +190,13 @@ def attention_matrix_bytes(layout: Layout, *, heads: int, seq: int, cp: int, tp:
     return layout.activation_bytes * pairs, pairs
 
 
+def ring_gather_bytes(shape, layout: Layout, *, seq: int, cp: int, tp: int) -> float:
+    """Bytes per sequence one layer keeps beyond its own seq / cp tokens under ring (parallel.cp_kind=ring):
+    the keys and values all-gathered over the cp group, which the attention kernel saves for its
+    backward (layer_bytes counts the rank's own share of them). Heads split over tp."""
+    return 2.0 * shape.kv_heads * shape.head_dim / tp * layout.activation_bytes * seq * (cp - 1) / cp
+
+
 # The final RMSNorm's bytes per token per hidden unit, per layout: the residual, its fp32 copy and
 # the normed output (the head's input). Gemma's (1 + weight) norm keeps its fp32 product in 16-bit too.
 FINAL_NORM_DEFAULT = by_layout(8, 10, 12)

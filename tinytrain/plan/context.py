@@ -4,7 +4,9 @@ With cp > 1 the ranks of a cp group share one micro batch: each holds seq_len / 
 between attention calls, and attention sees the whole sequence through the engine the strategy
 runs (plan/parallel.py's `cp_kinds`): DeepSpeed's Ulysses under the ZeRO strategies and under
 fsdp_tp with tp 1 (an all-to-all trades the sequence split for a head split, so every rank attends
-over all tokens with heads / cp heads). Data parallelism is world / (tp x cp) (plan/layout.py).
+over all tokens with heads / cp heads); torch's ring under fsdp_tp where Ulysses cannot split (tp > 1,
+or heads that cp does not divide: each rank's queries attend to keys and values gathered over the cp
+group). Data parallelism is world / (tp x cp) (plan/layout.py).
 
 The planner owns activation memory as a function of seq_len, cp, micro batch and activation
 checkpointing (plan/memory.py), so it can print the longest `data.seq_len` that fits the GPU for
@@ -20,16 +22,15 @@ from dataclasses import asdict, dataclass
 from tinytrain.config.schema import Attention, ContextParallelKind, DataFormat, Objective
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.memory import GIB
-from tinytrain.plan.parallel import RING_OFF, STRATEGIES, strategy_row
+from tinytrain.plan.parallel import STRATEGIES, strategy_row
 
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of sequence split: what runs it, where it was proven, and why it cannot train (None: it can)."""
+    """One kind of sequence split: what runs it, and where it was proven."""
 
     engine: str
     proven: str
-    off: str | None = None
 
 
 # Printed in the plan and docs/parallelism.md, "Long context".
@@ -40,8 +41,8 @@ KINDS = {
     ),
     "ring": Kind(
         "torch's context parallel, flex-attention path (torch.distributed.tensor.experimental: head-tail load balancing, keys and values all-gathered over cp)",
-        "forward equal to cp=1 on CPU over gloo with packed documents (tests/integration/test_ring_attention.py); gradients not yet",
-        RING_OFF,
+        "equal to cp=1 in loss and gradients on CPU over gloo with packed documents, its kernel there SDPA over the same block mask "
+        "(tests/integration/test_ring_attention.py, test_context_parallel.py); the GPU's compiled flex kernel not yet (benchmarks/gpu_check.py part e)",
     ),
 }
 # torch's cp block mask splits the sequence in blocks of this many tokens per rank (flex attention's).
@@ -100,12 +101,8 @@ def problems(cfg) -> list[Problem]:
     found = []
     if kind not in row.cp_kinds:
         found.append(Problem("parallel.cp_kind", kind, f"does not run under parallel={par.name}: parallel={par.name} runs {', '.join(row.cp_kinds)}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)"))
-    elif KINDS[kind].off:
-        found.append(Problem("parallel.cp_kind", par.cp_kind.value, f"{why}; {KINDS[kind].off}", ulysses_fix(cfg, par.cp)))
     if kind == "ring":
-        if cfg.data.seq_len % (par.cp * RING_BLOCK):
-            found.append(Problem("data.seq_len", cfg.data.seq_len, f"must be a multiple of parallel.cp({par.cp}) x {RING_BLOCK} for ring: torch's context parallel splits flex attention's {RING_BLOCK}-token blocks over the cp ranks", f"use data.seq_len={max(1, cfg.data.seq_len // (par.cp * RING_BLOCK)) * par.cp * RING_BLOCK}"))
-        return found + shared_problems(cfg, par.cp)
+        return found + ring_problems(cfg, par.cp, why)
     found += head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
     if not row.deepspeed and par.tp > 1:
         # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
@@ -123,11 +120,27 @@ def problems(cfg) -> list[Problem]:
     return found
 
 
+def ring_problems(cfg, cp: int, why: str) -> list[Problem]:
+    """Ring splits flex attention's blocks: every row a multiple of cp x RING_BLOCK tokens."""
+    d, unit = cfg.data, cp * RING_BLOCK
+    found = []
+    if d.seq_len % unit:
+        found.append(Problem("data.seq_len", d.seq_len, f"must be a multiple of parallel.cp({cp}) x {RING_BLOCK} for ring ({why}): torch's context parallel splits flex attention's {RING_BLOCK}-token blocks over the cp ranks", f"use data.seq_len={max(1, d.seq_len // unit) * unit}"))
+    if padded_rows(d) and d.pad_to_multiple_of % unit:
+        found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({cp}) x {RING_BLOCK} for ring: fine-tuning rows are padded to a multiple of it, and ring splits {RING_BLOCK}-token blocks over the cp ranks", f"use data.pad_to_multiple_of={unit}"))
+    return found + shared_problems(cfg, cp)
+
+
+def padded_rows(d) -> bool:
+    """Fine-tuning rows, padded to their batch's longest (rounded up to data.pad_to_multiple_of)."""
+    return d.format != DataFormat.text and not d.sources
+
+
 def shared_problems(cfg, cp: int) -> list[Problem]:
     """What every kind of split needs: padded fine-tuning rows that cp divides, an objective whose
     loss is a mean over tokens."""
     found, d = [], cfg.data
-    if d.format != DataFormat.text and not d.sources and d.pad_to_multiple_of % cp:
+    if padded_rows(d) and d.pad_to_multiple_of % cp:
         # Fine-tuning batches are padded to their longest row, rounded up to this multiple.
         found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({cp}): fine-tuning rows are padded to a multiple of it, and each of the {cp} ranks takes an equal share of a row", f"use data.pad_to_multiple_of={cp * max(1, d.pad_to_multiple_of // cp)}"))
     if cfg.finetune.objective != Objective.sft:
@@ -180,15 +193,9 @@ def choose_kind(cfg, cp: int) -> tuple[str, str]:
     return kinds[0], f"auto: parallel={par.name} runs {kinds[0]}"
 
 
-def ulysses_fix(cfg, cp: int) -> str:
-    """What makes a run that wanted ring train with Ulysses today."""
-    par, m = cfg.parallel, cfg.model
-    steps = ["parallel.cp_kind=auto"] if par.cp_kind != ContextParallelKind.auto else []
-    if par.tp > 1:
-        steps.append("parallel.tp=1")
-    if head_blockers(m, cp):
-        steps.append(f"a parallel.cp that divides num_heads({m.num_heads}) and num_kv_heads({m.num_kv_heads}) (or that they divide)")
-    return f"use {' with '.join(steps)} (Ulysses), or parallel=zero3 with parallel.cp" if steps else "use parallel=zero3 with parallel.cp (Ulysses)"
+def is_ring(cfg, cp: int) -> bool:
+    """Whether the plan splits sequences over `cp` ranks by ring (what the activation count asks)."""
+    return cp > 1 and bool(strategy_row(cfg.parallel.strategy).cp_kinds) and choose_kind(cfg, cp)[0] == "ring"
 
 
 def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
@@ -206,24 +213,42 @@ def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
 
 
 def allowed_cps(cfg, world: int) -> list[int]:
-    """Powers of two up to world / tp that the layout, heads and sequence allow (Ulysses' rules)."""
+    """Powers of two up to world / tp that the layout, heads and sequence allow (`splits`)."""
     tp = cfg.parallel.tp
     found, c = [], 1
     while c <= world // tp:
-        if (world // tp) % c == 0 and ulysses_splits(cfg, c):
+        if (world // tp) % c == 0 and splits(cfg, c):
             found.append(c)
         c *= 2
     return found
 
 
+def splits(cfg, cp: int) -> bool:
+    """Whether a kind this run may use (parallel.cp_kind, or for auto any its strategy runs) splits
+    its sequences over `cp` ranks, the world aside: the cps the plan may choose or suggest. A strategy
+    without context parallelism is asked Ulysses' rules: the fix names the presets that run it."""
+    if cp == 1:
+        return True
+    wanted = cfg.parallel.cp_kind
+    kinds = strategy_row(cfg.parallel.strategy).cp_kinds or ("ulysses",)
+    ulysses = wanted in (ContextParallelKind.auto, ContextParallelKind.ulysses) and "ulysses" in kinds and ulysses_splits(cfg, cp)
+    ring = wanted in (ContextParallelKind.auto, ContextParallelKind.ring) and "ring" in kinds and ring_splits(cfg, cp)
+    return ulysses or ring
+
+
 def ulysses_splits(cfg, cp: int) -> bool:
-    """Ulysses' rules for a cp, the world aside: whole heads per rank (query heads divisible by cp;
-    kv heads divisible by cp, or replicated when cp is a multiple of them), tp 1 under fsdp_tp, and a
-    sequence (and a fine-tuning batch's padding) that cp divides. Ulysses is the kind that trains
-    today (ring waits for its GPU proof), so these are the cps the plan may choose or suggest."""
+    """Ulysses' rules for a cp: whole heads per rank (query heads divisible by cp; kv heads divisible
+    by cp, or replicated when cp is a multiple of them), tp 1 under fsdp_tp, and a sequence (and a
+    fine-tuning batch's padding) that cp divides."""
     d = cfg.data
-    padded = d.format == DataFormat.text or d.sources or d.pad_to_multiple_of % cp == 0
-    return (cp == 1 or not ulysses_blockers(cfg, cp)) and d.seq_len % cp == 0 and bool(padded)
+    padded = not padded_rows(d) or d.pad_to_multiple_of % cp == 0
+    return (cp == 1 or not ulysses_blockers(cfg, cp)) and d.seq_len % cp == 0 and padded
+
+
+def ring_splits(cfg, cp: int) -> bool:
+    """Ring's rules for a cp: a sequence (and a fine-tuning batch's padding) in whole blocks per rank."""
+    d, unit = cfg.data, cp * RING_BLOCK
+    return d.seq_len % unit == 0 and (not padded_rows(d) or d.pad_to_multiple_of % unit == 0)
 
 
 def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None) -> tuple[int, str]:
@@ -263,11 +288,11 @@ def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:
 
 
 def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None) -> ContextPlan:
-    """The longest data.seq_len that fits at the planned cp, and at twice it where Ulysses allows that."""
+    """The longest data.seq_len that fits at the planned cp, and at twice it where a kind splits that."""
     if not gpu_memory_gb:
         return context
     gpu = gpu_memory_gb * 1e9
-    cps = (context.cp, 2 * context.cp) if ulysses_splits(cfg, 2 * context.cp) else (context.cp,)
+    cps = (context.cp, 2 * context.cp) if splits(cfg, 2 * context.cp) else (context.cp,)
     longest = tuple((c, longest_context(needed_at, gpu_bytes=gpu, cp=c)) for c in cps)
     return ContextPlan(**{**asdict(context), "longest": longest})
 
@@ -281,8 +306,8 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
     if states_gib >= memory.gpu_memory_gib:
         return  # the model itself does not fit: the memory line's note says what to change
     tp = cfg.parallel.tp
-    # cp in powers of two that Ulysses allows (the same rules as allowed_cps), the first whose activations fit
-    larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if ulysses_splits(cfg, c)]
+    # cp in powers of two that a kind splits (the same rules as allowed_cps), the first whose activations fit
+    larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if splits(cfg, c)]
     fitting = next((c for c in larger if needed_at(seq, c) <= memory.gpu_memory_gib * GIB), None)
     here = context.longest_at(context.cp)
     if fitting is None:

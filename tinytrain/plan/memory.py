@@ -31,6 +31,7 @@ from tinytrain.plan.activations import (
     head_copy_bytes,
     input_bytes,
     layer_bytes,
+    ring_gather_bytes,
     selective_bytes,
     softcap_bytes,
     weight_copy_bytes,
@@ -181,7 +182,7 @@ def activation_memory(**kwargs) -> float:
     return activation_parts(**kwargs).peak
 
 
-def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False, lora: LoraShape | None = None) -> ActivationParts:
+def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: int, flash: bool, cp: int = 1, ring: bool = False, checkpointing: Checkpointing = Checkpointing.none, every: int = 1, logits_tokens: int | None = None, eager: bool = False, lora: LoraShape | None = None) -> ActivationParts:
     """Bytes per GPU of activations, in two parts whose sum is a training step's peak: what the
     forward keeps for backward (plan/activations.py counts a layer of `shape`'s family in `layout`,
     and the model's ends: the final norm and RoPE's tables) and, on top of it, the larger of the
@@ -189,7 +190,8 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     every layer's activations and the ends are still held) and, under checkpointing, the last
     layer's recompute (one layer's activations again, with its gradients: RECOMPUTE_PEAK).
     Under context parallelism (cp) a rank holds seq / cp tokens between attention calls; Ulysses'
-    attention sees all seq tokens with heads / cp heads. Without a fused kernel (`flash` false: SDPA
+    attention sees all seq tokens with heads / cp heads; `ring`'s keeps the keys and values of all
+    seq tokens (ring_gather_bytes) and runs a fused kernel (flex attention: no seq^2 held). Without a fused kernel (`flash` false: SDPA
     with a block-diagonal mask, or `eager`) attention keeps masks or scores that grow as seq^2
     (plan/activations.py attention_matrix_bytes). Tensor parallelism splits heads and the
     intermediate width over tp; the hidden-wide tensors and the logits (gathered for the loss:
@@ -207,7 +209,9 @@ def activation_parts(*, shape, layout: Layout, seq: int, micro_batch: int, tp: i
     tokens = seq / cp * micro_batch
     per_layer = layer_bytes(shape, layer_layout, tp, lora) * tokens
     per_model = 0.0
-    if not flash:
+    if ring:
+        per_layer += ring_gather_bytes(shape, layer_layout, seq=seq, cp=cp, tp=tp) * micro_batch
+    if not flash and not ring:
         layer_matrix, model_matrix = attention_matrix_bytes(layout, heads=shape.heads, seq=seq, cp=cp, tp=tp, eager=eager)
         per_layer += layer_matrix * micro_batch
         per_model = model_matrix * micro_batch

@@ -140,15 +140,6 @@ SINGLE = StrategyRow(
 # Ulysses runs inside DeepSpeed's engine (deepspeed.runtime.sequence_parallel): its attention's
 # all-to-all needs deepspeed.comm, which torch DDP does not start.
 DDP_CP_OFF = "DeepSpeed's Ulysses attention runs under its own engine, and ddp is torch's DistributedDataParallel; parallel=zero1 is the same data parallelism (optimizer states sharded) with Ulysses"
-# Ring (torch's context parallel) runs forward on CPU but cannot train there in torch 2.13: its
-# gradients wait for the GPU check (plan/context.py KINDS, docs/parallelism.md "Long context").
-RING_OFF = (
-    "ring does not train yet: torch 2.13 has no CPU backward to prove its gradients on (SDPA's ring: "
-    "'aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered'; "
-    "the flex-attention path: 'FlexAttention does not support backward on CPU'), and benchmarks/gpu_check.py "
-    "part e (GPU) has not run; its forward equals cp=1 on CPU (tests/integration/test_ring_attention.py)"
-)
-
 # FSDP2 gathers and frees each block's weights in hooks around it; torch compiles an FSDP2 model
 # block by block (as torchtitan does), not as one graph.
 FSDP_WHOLE_GRAPH = "FSDP2 gathers each block's weights in hooks around the block, which one whole-model graph would have to hold; torch compiles FSDP2 models block by block"
@@ -199,7 +190,7 @@ STRATEGIES = {
         lora_off=LORA_TP,
         qlora=False,
         # Ulysses with tp 1 (FSDP shards over the cp ranks too); ring (dp x cp x tp) where Ulysses
-        # cannot, refused for training until its gradients are proven (plan/context.py KINDS).
+        # cannot (plan/context.py choose_kind).
         cp_kinds=("ulysses", "ring"),
         compile_model_off=FSDP_WHOLE_GRAPH,
         fp8_off="tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use",

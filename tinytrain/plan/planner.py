@@ -257,7 +257,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
         )
 
     def parts_for(mode: Checkpointing, seq: int, cp: int, micro: int):
-        return activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg))
+        return activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows_of(micro), lora=lora_shape(cfg), ring=context_plan.is_ring(cfg, cp))
 
     def memory_for(mode: Checkpointing, seq: int, cp: int, micro: int) -> MemoryPlan:
         parts = parts_for(mode, seq, cp, micro)
@@ -379,7 +379,7 @@ def activation_estimate(cfg, model: ModelStage, precision, *, op_off):
     mode = Checkpointing.full if mode is Checkpointing.auto else mode
 
     def at(seq: int, cp: int) -> float:
-        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora_shape(cfg))
+        return block_activations(model, cfg.parallel, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora_shape(cfg), ring=context_plan.is_ring(cfg, cp))
 
     return at
 
@@ -390,13 +390,13 @@ def lora_shape(cfg) -> LoraShape | None:
     return None if f.method is FinetuneMethod.full else LoraShape(rank=f.rank, dropout=f.dropout > 0)
 
 
-def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None) -> float:
+def block_activations(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None, ring: bool = False) -> float:
     """Activation bytes per GPU for `rows` sequences of `seq` tokens split over `cp` ranks under a
     checkpointing mode (with its every-k-block fallback), for the model's family, attention kernel
     and loss, counted at what a GPU run measured where one measured more for this layout and mode
     (plan/memory_margin.py): what both the cp sizing and the plan's memory line estimate, so they agree.
-    `lora`: finetune=lora's adapters (plan/activations.py lora_layer_bytes)."""
-    return with_margin(activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora).peak, par, precision, mode)
+    `lora`: finetune=lora's adapters (plan/activations.py lora_layer_bytes); `ring`: cp's kind is ring."""
+    return with_margin(activation_formula(model, par, precision, op_off, mode, seq=seq, cp=cp, rows=rows, lora=lora, ring=ring).peak, par, precision, mode)
 
 
 def with_margin(activations: float, par, precision, mode: Checkpointing) -> float:
@@ -405,7 +405,7 @@ def with_margin(activations: float, par, precision, mode: Checkpointing) -> floa
     return activations * (measured.factor if measured else 1.0)
 
 
-def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None):
+def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpointing, *, seq: int, cp: int, rows: int, lora: LoraShape | None = None, ring: bool = False):
     """block_activations' count before any measured margin, in its parts (plan/memory.py ActivationParts)."""
     layout = layout_of(precision.dtype, strategy_row(par.strategy).deepspeed)
     kernel = model.attention.implementation
@@ -418,6 +418,7 @@ def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpoi
         flash=kernel in VARLEN_KERNELS,  # no seq^2 masks or scores held
         eager=kernel == "eager",
         cp=cp,
+        ring=ring,
         checkpointing=mode,
         every=every_for(mode, op_off),
         logits_tokens=model.logits_tokens,

@@ -53,6 +53,9 @@ from tinytrain.plan.watchdog import WatchdogPlan
 from tinytrain.preflight.checks import PreflightReport
 from tinytrain.preflight.pretrained_tokenizer import TokenizerMatch
 
+# Under parallel.cp's ring the model's attention is replaced (model/ring_attention.py).
+RING_ATTENTION = "           under ring (parallel.cp), every layer attends through torch's context parallel instead: compiled flex attention on GPUs, SDPA over its block mask on a CPU"
+
 
 @dataclass(frozen=True)
 class ClusterLayout:
@@ -246,6 +249,7 @@ def model_lines(plan: dict) -> list[str]:
         f"model      {plan['model']['name']}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
         *([f"           note: {plan['model']['note']}"] if plan["model"].get("note") else []),
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
+        *([RING_ATTENTION] if (plan.get("context") or {}).get("kind") == "ring" else []),
         f"vocab      {v['true']} -> {v['padded']} (multiple {v['multiple']} x tp {v['tp']}; {v['padding_rows']} padding rows, masked out of the loss)",
         f"tokenizer  {plan['tokenizer']['path']} (fingerprint {plan['tokenizer']['fingerprint']})",
         *([f"           {TokenizerMatch(**plan['tokenizer']['pretrained']).line()}"] if plan["tokenizer"].get("pretrained") else []),

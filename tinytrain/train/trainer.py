@@ -184,7 +184,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
         # First: a batch's beat is written before any other callback's work on it.
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
-        *([ContextParallel(cp, b.micro_batch_size)] if cp > 1 else []),
+        *([ContextParallel(cp, b.micro_batch_size, plan.context.kind, plan.parallel.tp)] if cp > 1 else []),
         throughput,
         *([stragglers] if stragglers else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),

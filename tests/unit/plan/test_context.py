@@ -73,6 +73,24 @@ def test_the_longest_context_is_the_last_step_that_fits():
     assert with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=None).longest == ()
 
 
+def test_ring_counts_the_keys_and_values_each_rank_gathers(tmp_path):
+    """Ring: a rank's queries attend to keys and values gathered over the cp group, which every
+    layer keeps for its backward: the plan holds (cp - 1) / cp x seq more tokens of them per layer
+    than Ulysses at the same layout (fsdp_tp, tp 1, heads cp divides), and names ring's kernel."""
+    from tinytrain.config.dtype import Dtype
+    from tinytrain.plan.activations import layout_of, ring_gather_bytes
+
+    args = ["model=llama3_1_8b", "parallel=fsdp_tp", "parallel.tp=1", "cluster.devices=8", "hardware.gpu=H200", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=32768", "parallel.cp=4", "trainer.activation_checkpointing=none"]
+    ulysses = plan([*args, "parallel.cp_kind=ulysses"], tmp_path / "ulysses")
+    ring = plan([*args, "parallel.cp_kind=ring"], tmp_path / "ring")
+    assert (ulysses["context"]["kind"], ring["context"]["kind"]) == ("ulysses", "ring")
+    layout = layout_of(Dtype.bf16, False)
+    gathered = 32 * ring_gather_bytes(LLAMA3_8B, layout, seq=32768, cp=4, tp=1)
+    assert gathered / 2**30 == pytest.approx(3.0)  # 32 layers x 2 x 1024 wide x 2 B x 24576 tokens
+    extra = (ring["memory_per_gpu"]["activations_gib"] - ulysses["memory_per_gpu"]["activations_gib"]) * 2**30
+    assert extra == pytest.approx(gathered, rel=1e-3)
+
+
 def test_a_long_context_plan_prints_the_split_and_the_longest_fit(tmp_path):
     one = plan(LONG, tmp_path / "cp1")
     two = plan([*LONG, "parallel.cp=2"], tmp_path / "cp2")
@@ -123,7 +141,7 @@ def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
 )
 def test_auto_picks_ulysses_where_it_splits_and_ring_where_it_cannot(args, cp, kind, why):
     """cp_kind=auto per strategy and heads: DeepSpeed runs Ulysses only; fsdp_tp runs Ulysses with
-    tp 1 and whole heads per rank, ring otherwise (refused for training until proven: the reason says so)."""
+    tp 1 and whole heads per rank, ring otherwise (the reason says why)."""
     from tinytrain.plan.context import choose_kind
 
     assert choose_kind(compose(args), cp) == (kind, why)
@@ -135,6 +153,9 @@ def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
 
     assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=1", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1, 2, 4]
     assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "model.num_heads=4", "model.num_kv_heads=2"]), 4) == [1]
+    # Ring splits where Ulysses cannot (tp 2), in whole 128-token blocks per rank.
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "data.seq_len=512"]), 8) == [1, 2, 4]
+    assert allowed_cps(compose(["parallel=fsdp_tp", "parallel.tp=2", "data.seq_len=512", "parallel.cp_kind=ulysses"]), 8) == [1]
 
 
 def test_each_problem_is_named_once():
@@ -143,18 +164,21 @@ def test_each_problem_is_named_once():
     found = problems(compose(["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "data.seq_len=255"]))
     assert [p.key for p in found] == ["data.seq_len"]
     ring = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data.seq_len=384"]))
-    assert [p.key for p in ring] == ["parallel.cp_kind", "data.seq_len"]
+    assert [p.key for p in ring] == ["data.seq_len"]
+    padded = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data=alpaca", "data.seq_len=512"]))
+    assert [(p.key, p.fix) for p in padded] == [("data.pad_to_multiple_of", "use data.pad_to_multiple_of=256")]
 
 
 def test_the_plan_line_for_ring_names_torch_s_engine_and_its_proof():
-    """What mode=plan prints once ring trains (today the plan refuses it before this line)."""
+    """What mode=plan prints for ring: torch's engine and what proved it."""
     from tinytrain.plan.context import choose, render
 
     cfg = compose(["parallel=fsdp_tp", "parallel.tp=2", "data.seq_len=4096"])
     lines = render(choose(cfg, 2).to_dict(), 4096)
     assert lines[0].startswith("context    cp 2 (ring, torch's context parallel, flex-attention path")
     assert "auto: ring, since Ulysses cannot: tp 2" in lines[0] and "each rank holds 2048 of 4096 tokens" in lines[0]
-    assert lines[1] == "           proven: forward equal to cp=1 on CPU over gloo with packed documents (tests/integration/test_ring_attention.py); gradients not yet"
+    assert lines[1].startswith("           proven: equal to cp=1 in loss and gradients on CPU over gloo with packed documents, its kernel there SDPA")
+    assert lines[1].endswith("the GPU's compiled flex kernel not yet (benchmarks/gpu_check.py part e)")
 
 
 def test_the_docs_memory_table_is_what_the_plan_prints(tmp_path):
