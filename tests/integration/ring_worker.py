@@ -1,7 +1,10 @@
 """One rank of a ring (torch context parallel, flex path) check: tinytrain's model/ring_attention.py
 on a dp x cp x tp mesh against the same model with whole sequences.
 
-Usage: RANK=r WORLD_SIZE=w MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.ring_worker CP OUT_DIR
+Usage: RANK=r WORLD_SIZE=w MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.ring_worker CP OUT_DIR [TP]
+
+With TP > 1 the ring model's projections are also split by tinytrain's tensor-parallel plan
+(model/tensor_parallel.py) on the mesh's tp dimension, and its gradients are gathered whole.
 
 Each data-parallel group trains its own packed batch (cp_worker.packed_batch: documents of several
 lengths, position ids restarting per document); every rank takes torch's load-balanced share of it
@@ -22,7 +25,7 @@ from tests.integration.cp_worker import MODEL, packed_batch
 SEQ = 256
 
 
-def main(cp: int, out_dir: Path) -> None:
+def main(cp: int, out_dir: Path, tp: int = 1) -> None:
     import torch
     import torch.distributed as dist
 
@@ -31,6 +34,7 @@ def main(cp: int, out_dir: Path) -> None:
     from tinytrain.model.build import build_model, hf_config
     from tinytrain.model.module import causal_lm_loss
     from tinytrain.model.ring_attention import build_mesh, enable_ring
+    from tinytrain.model.tensor_parallel import tp_plan
     from tinytrain.plan.attention import AttentionChoice
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -47,7 +51,7 @@ def main(cp: int, out_dir: Path) -> None:
         torch.manual_seed(0)
         models.append(build_model(cfg.model, hf_config(cfg.model, vocab, tok), AttentionChoice("sdpa", "test")).to(device))
     reference, model = models
-    groups = world // cp
+    groups = world // (cp * tp)
 
     whole, whole_logits = [], []
     for g in range(groups):
@@ -58,21 +62,27 @@ def main(cp: int, out_dir: Path) -> None:
         whole.append(float(loss))
         whole_logits.append(logits.detach())
 
-    mesh = build_mesh(device.type, world, cp=cp, tp=1)
+    mesh = build_mesh(device.type, world, cp=cp, tp=tp)
+    if tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        parallelize_module(model, mesh["tp"], tp_plan(model))
     ring = enable_ring(model, mesh["cp"])
-    batch = {k: v.to(device) for k, v in packed_batch(rank // cp, vocab, SEQ)[0].items()}  # the sampler's dp rank
+    group = rank // (cp * tp)  # the sampler's dp rank
+    batch = {k: v.to(device) for k, v in packed_batch(group, vocab, SEQ)[0].items()}
     local = ring.shard(batch)
     inputs = {"input_ids": local["input_ids"], "position_ids": local["position_ids"], "attention_mask": local["attention_mask"], "use_cache": False}
     logits = model(**inputs).logits
     loss = ring.mean_loss(causal_lm_loss(logits, local["labels"], vocab), local["labels"])
     # Every token's logits, gathered back into order: stricter than the loss (a random model's loss barely moves).
-    want = whole_logits[rank // cp]
+    want = whole_logits[group]
     logits_gap = float((ring.unshard(logits.detach()) - want).abs().max() / want.abs().max())
-    result = {"loss_gap": abs(float(loss) - whole[rank // cp]) / whole[rank // cp], "logits_gap": logits_gap, "local_tokens": int(local["input_ids"].shape[1])}
+    result = {"loss_gap": abs(float(loss) - whole[group]) / whole[group], "logits_gap": logits_gap, "local_tokens": int(local["input_ids"].shape[1])}
     loss.backward()
     worst, compared = 0.0, 0
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
-        grad = p.grad.clone()
+        # Whole on every tp rank, then the mean over the world: over dp x cp, as FSDP takes it.
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
         dist.all_reduce(grad)
         grad /= world
         worst = max(worst, float((grad - q.grad).norm() / q.grad.norm().clamp(min=1e-12)))
@@ -81,9 +91,9 @@ def main(cp: int, out_dir: Path) -> None:
     gaps = [None] * world
     dist.all_gather_object(gaps, result)
     if rank == 0:
-        torch.save({"ranks": gaps, "device": device.type}, out_dir / f"ring_cp{cp}_world{world}.pt")
+        torch.save({"ranks": gaps, "device": device.type}, out_dir / f"ring_cp{cp}_tp{tp}_world{world}.pt")
     end_rank()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), Path(sys.argv[2]))
+    main(int(sys.argv[1]), Path(sys.argv[2]), *(int(a) for a in sys.argv[3:4]))

@@ -25,7 +25,16 @@ def two_ranks(tmp_path_factory):
     # has it, so the ranks fork from it instead of paying a fresh interpreter's imports.
     hide_gpus = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
     run_ranks("tests.integration.ring_worker", ["2", str(out)], 2, {"OMP_NUM_THREADS": "1", **hide_gpus}, local_rank=True)
-    return torch.load(out / "ring_cp2_world2.pt", weights_only=False)
+    return torch.load(out / "ring_cp2_tp1_world2.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    """dp 1 x cp 2 x tp 2: the ring model's projections split by tinytrain's tensor-parallel plan too."""
+    out = tmp_path_factory.mktemp("ring_tp")
+    hide_gpus = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
+    run_ranks("tests.integration.ring_worker", ["2", str(out), "2"], 4, {"OMP_NUM_THREADS": "1", **hide_gpus}, local_rank=True)
+    return torch.load(out / "ring_cp2_tp2_world4.pt", weights_only=False)
 
 
 def test_ring_forward_over_two_ranks_equals_whole_sequences(two_ranks):
@@ -40,4 +49,12 @@ def test_ring_forward_over_two_ranks_equals_whole_sequences(two_ranks):
 
 def test_ring_gradients_over_two_ranks_equal_whole_sequences(two_ranks):
     for rank in two_ranks["ranks"]:
+        assert rank["grads_compared"] > 10 and rank["grad_gap"] < 1e-5, rank
+
+
+def test_ring_with_tensor_parallel_equals_whole_sequences(four_ranks):
+    """On four ranks, dp 1 x cp 2 x tp 2: loss, logits and every gradient (gathered whole over tp)."""
+    for rank in four_ranks["ranks"]:
+        assert rank["local_tokens"] == 128
+        assert rank["loss_gap"] < 1e-6 and rank["logits_gap"] < 1e-5, rank
         assert rank["grads_compared"] > 10 and rank["grad_gap"] < 1e-5, rank
