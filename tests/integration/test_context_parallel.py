@@ -71,6 +71,8 @@ def runs(tmp_path_factory):
         "ring_cp1": [*fsdp, *RING_SEQ, "cluster.devices=1"],
         "ring": [*fsdp, *RING_SEQ, "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring"],
         "ring_tp2": ["parallel=fsdp_tp", "parallel.tp=2", *RING_SEQ, "cluster.devices=4", "parallel.cp=2"],  # auto: ring, Ulysses cannot with tp 2
+        # selective checkpointing recomputes the layer around the ring's gather (the gather again)
+        "ring_selective": [*fsdp, *RING_SEQ, "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring", "trainer.activation_checkpointing=selective"],
         # instruction tuning: padded rows (each padded to a multiple of cp), prompts masked from the loss
         "sft_cp1": [*SFT, "parallel=zero2", "cluster.devices=1"],
         "sft_zero2": [*SFT, "parallel=zero2", "cluster.devices=2", "parallel.cp=2"],
@@ -105,7 +107,7 @@ def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     assert per_step.search(result.stdout)[1] == per_step.search(runs("cp1")[1].stdout)[1]
 
 
-@pytest.mark.parametrize("name, layout", [("ring", "tp 1 x cp 2 x dp 1"), ("ring_tp2", "tp 2 x cp 2 x dp 1")])
+@pytest.mark.parametrize("name, layout", [("ring", "tp 1 x cp 2 x dp 1"), ("ring_tp2", "tp 2 x cp 2 x dp 1"), ("ring_selective", "tp 1 x cp 2 x dp 1")])
 def test_ring_over_ranks_equals_one_rank(runs, name, layout):
     """torch's ring under fsdp_tp, packed documents: every step's loss, gradient norm and validation
     loss and the final weights equal one rank's with whole sequences."""
