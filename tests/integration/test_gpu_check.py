@@ -61,6 +61,17 @@ def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
     assert 0.5 < sdpa_4k["peak_over_plan"] <= 1.0, sdpa_4k  # the layer's backward within the recompute the plan counts
 
 
+def test_the_ring_part_compares_two_ranks_with_whole_sequences(tmp_path):
+    """Part e on a CPU: the ring worker on two gloo ranks (SDPA over the block mask), its loss,
+    logits and worst gradient read back into the row, as a 2-GPU lease would read the flex kernel's."""
+    result = gpu_check("--part", "e", "--out", str(tmp_path), "--dry-run", timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert row["check"] == "ring cp 2 (2 CPU ranks, gloo)" and row["status"] == "ok", row
+    assert "vs whole sequences: loss " in row["note"] and "worst gradient " in row["note"], row
+    assert float(row["note"].split("worst gradient ")[1].split()[0]) < 1e-5
+
+
 def test_an_unknown_part_names_the_parts(tmp_path):
     result = gpu_check("--part", "g", "--out", str(tmp_path), timeout=30)
     assert result.returncode == 2 and "--part 'g' is not a part: use headline (the MFU table, first), a (isolation + bf16 run), b (DeepSpeed), c (mfu.py), d (memory), e (ring) or f (long-context layer)" in result.stderr
