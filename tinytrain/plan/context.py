@@ -5,8 +5,8 @@ between attention calls, and attention sees the whole sequence through the engin
 runs (plan/parallel.py's `cp_kinds`): DeepSpeed's Ulysses under the ZeRO strategies and under
 fsdp_tp with tp 1 (an all-to-all trades the sequence split for a head split, so every rank attends
 over all tokens with heads / cp heads); torch's ring under fsdp_tp where Ulysses cannot split (tp > 1,
-or heads that cp does not divide: each rank's queries attend to keys and values gathered over the cp
-group). Data parallelism is world / (tp x cp) (plan/layout.py).
+heads that cp does not divide, or no DeepSpeed installed: each rank's queries attend to keys and
+values gathered over the cp group). Data parallelism is world / (tp x cp) (plan/layout.py).
 
 The planner owns activation memory as a function of seq_len, cp, micro batch and activation
 checkpointing (plan/memory.py), so it can print the longest `data.seq_len` that fits the GPU for
@@ -165,8 +165,11 @@ def head_problems(cp: int, heads: int, kv_heads: int, model_name: str, *, pretra
 def ulysses_blockers(cfg, cp: int) -> list[str]:
     """Why Ulysses cannot split this run's sequences over `cp` ranks ([]: it can)."""
     par = cfg.parallel
-    tp = [f"tp {par.tp} takes the consecutive ranks its groups need under parallel={par.name}"] if not strategy_row(par.strategy).deepspeed and par.tp > 1 else []
-    return tp + head_blockers(cfg.model, cp)
+    outside_deepspeed = not strategy_row(par.strategy).deepspeed
+    tp = [f"tp {par.tp} takes the consecutive ranks its groups need under parallel={par.name}"] if outside_deepspeed and par.tp > 1 else []
+    # Under fsdp_tp Ulysses is still DeepSpeed's; ring is torch's own.
+    missing = ["DeepSpeed, whose Ulysses it is, is not installed"] if outside_deepspeed and importlib.util.find_spec("deepspeed") is None else []
+    return tp + missing + head_blockers(cfg.model, cp)
 
 
 def head_blockers(m, cp: int) -> list[str]:

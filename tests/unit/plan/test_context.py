@@ -147,6 +147,23 @@ def test_auto_picks_ulysses_where_it_splits_and_ring_where_it_cannot(args, cp, k
     assert choose_kind(compose(args), cp) == (kind, why)
 
 
+def test_auto_picks_ring_under_fsdp_tp_where_deepspeed_is_not_installed(monkeypatch):
+    """Ulysses is DeepSpeed's, under fsdp_tp too; ring is torch's own: without the deepspeed extra
+    auto picks ring, and an explicit ulysses names the install."""
+    import importlib.util
+
+    from tinytrain.plan.context import choose_kind, problems
+
+    auto = compose(["parallel=fsdp_tp", "parallel.tp=1", "cluster.devices=2", "parallel.cp=2", "data.seq_len=256"])
+    ulysses = compose(["parallel=fsdp_tp", "parallel.tp=1", "cluster.devices=2", "parallel.cp=2", "data.seq_len=256", "parallel.cp_kind=ulysses"])
+    assert choose_kind(auto, 2)[0] == "ulysses"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "deepspeed" else real(name, *args))
+    assert choose_kind(auto, 2) == ("ring", "auto: ring, since Ulysses cannot: DeepSpeed, whose Ulysses it is, is not installed")
+    assert problems(auto) == []
+    assert [(p.key, p.fix) for p in problems(ulysses)] == [("parallel.cp", "pip install 'tinytrain-llm[deepspeed]'")]
+
+
 def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
     """Ring does not train yet, so parallel.cp=null never lands on a cp only ring could split."""
     from tinytrain.plan.context import allowed_cps
