@@ -43,6 +43,7 @@ SFT_RING = [*SFT, *RING_SEQ, "data.pad_to_multiple_of=256"]
 # gradient by its own magnitude, carry that rounding into the weights of near-zero gradients
 # (up to ~4e-5 after four steps).
 RING_WEIGHTS_RTOL = 1e-4
+FSDP_GRAD_NORM_RTOL = 5e-5  # fsdp_tp's norm sums shards' squares; one rank's is the whole gradient's
 
 
 def train(tmp_path, name: str, *args: str):
@@ -54,6 +55,18 @@ def train(tmp_path, name: str, *args: str):
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def assert_equals_one_rank(run_dir, baseline, *, grad_norm_rtol: float = RTOL, weights_rtol: float = RTOL) -> None:
+    """Every step's loss and gradient norm, the validation loss and the exported weights of a cp run
+    against the one-rank run's."""
+    for key in ("loss", "grad_norm", "val_loss"):
+        got, want = logged(run_dir, key), logged(baseline, key)
+        assert len(got) == len(want) > 0, key
+        assert got == pytest.approx(want, rel=grad_norm_rtol if key == "grad_norm" else RTOL), key
+    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
+    worst = max((relative(got[k], want[k]), k) for k in want)
+    assert worst[0] < weights_rtol, worst
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +110,9 @@ def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     assert "cp 2 (ulysses" in result.stdout and "world size 2 = tp 1 x cp 2 x dp 1" in result.stdout
     assert "rank 0 of a cp group of 2 (DeepSpeed Ulysses, attention sdpa_documents)" in result.stderr + result.stdout
     assert "deepspeed_shm_comm_op built" not in result.stderr + result.stdout  # inference-only, ~50 CPU-s to build
-    for key in ("loss", "grad_norm", "val_loss"):
-        got, want = logged(run_dir, key), logged(baseline, key)
-        assert len(got) == len(want) > 0, key
-        # fsdp_tp's one-rank norm is torch's fp32 norm of whole gradients, off ~1e-5 relative from
-        # the per-shard sum (the 4-rank worker below compares every gradient itself to 2.5e-7).
-        assert got == pytest.approx(want, rel=5e-5 if key == "grad_norm" and parallel == "fsdp_tp" else RTOL), key
-    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
-    worst = max((relative(got[k], want[k]), k) for k in want)
-    assert worst[0] < RTOL, worst
+    # fsdp_tp's one-rank norm is torch's fp32 norm of whole gradients, off ~1e-5 relative from the
+    # per-shard sum (the 4-rank worker below compares every gradient itself to 2.5e-7).
+    assert_equals_one_rank(run_dir, baseline, grad_norm_rtol=FSDP_GRAD_NORM_RTOL if parallel == "fsdp_tp" else RTOL)
     # Each token counted once across the cp group: the tokens per step are the one-rank run's.
     per_step = re.compile(r"tokens     (\S+) per step")
     assert per_step.search(result.stdout)[1] == per_step.search(runs("cp1")[1].stdout)[1]
@@ -120,13 +127,7 @@ def test_ring_over_ranks_equals_one_rank(runs, name, layout):
     assert "cp 2 (ring, torch's context parallel" in result.stdout and f"= {layout}" in result.stdout
     assert "rank 0 of a cp group of 2 (torch's ring, SDPA over the block mask" in result.stderr + result.stdout
     assert "under ring (parallel.cp), every layer attends through torch's context parallel instead" in result.stdout
-    for key in ("loss", "grad_norm", "val_loss"):
-        got, want = logged(run_dir, key), logged(baseline, key)
-        assert len(got) == len(want) > 0, key
-        assert got == pytest.approx(want, rel=5e-5 if key == "grad_norm" else RTOL), key
-    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
-    worst = max((relative(got[k], want[k]), k) for k in want)
-    assert worst[0] < RING_WEIGHTS_RTOL, worst
+    assert_equals_one_rank(run_dir, baseline, grad_norm_rtol=FSDP_GRAD_NORM_RTOL, weights_rtol=RING_WEIGHTS_RTOL)
     per_step = re.compile(r"tokens     (\S+) per step")
     assert per_step.search(result.stdout)[1] == per_step.search(runs("ring_cp1")[1].stdout)[1]
 
@@ -138,45 +139,32 @@ def test_instruction_tuning_under_cp_equals_one_rank(runs, name, baseline_name, 
     run_dir, result = runs(name)
     baseline, _ = runs(baseline_name)
     assert f"cp 2 ({kind}" in result.stdout and "format: instruction" in (run_dir / "config_resolved.yaml").read_text()
-    for key in ("loss", "grad_norm", "val_loss"):
-        got, want = logged(run_dir, key), logged(baseline, key)
-        assert len(got) == len(want) > 0, key
-        assert got == pytest.approx(want, rel=5e-5 if key == "grad_norm" and kind == "ring" else RTOL), key
-    got, want = load_file(run_dir / "hf_export" / "model.safetensors"), load_file(baseline / "hf_export" / "model.safetensors")
-    worst = max((relative(got[k], want[k]), k) for k in want)
-    assert worst[0] < weights_rtol, worst
+    assert_equals_one_rank(run_dir, baseline, grad_norm_rtol=FSDP_GRAD_NORM_RTOL if kind == "ring" else RTOL, weights_rtol=weights_rtol)
 
 
-def test_a_cp_run_resumes_on_one_rank(tmp_path, runs):
-    """The cp=2 run's step-2 checkpoint resumed with cp=1 on one rank (DeepSpeed's partitions
-    converted as for a dp change; the data stream is the same) ends as the uninterrupted cp=1 run."""
+@pytest.mark.parametrize(
+    "saved_name, baseline_name, resumed_args, converted",
+    [
+        # DeepSpeed's partitions converted as for a dp change (a universal checkpoint)
+        ("zero2", "cp1", ["parallel=zero2", "cluster.devices=1"], "universal"),
+        # fsdp_tp's shards, saved by two ring ranks, resharded by the distributed checkpoint
+        ("ring", "ring_cp1", ["parallel=fsdp_tp", "parallel.tp=1", *RING_SEQ, "cluster.devices=1"], ""),
+    ],
+)
+def test_a_cp_run_resumes_on_one_rank(tmp_path, runs, saved_name, baseline_name, resumed_args, converted):
+    """The cp=2 run's step-2 checkpoint resumed with cp=1 on one rank (a cp change is a data-layout
+    change: the data stream is the same) ends as the uninterrupted cp=1 run."""
     import shutil
 
-    saved, _ = runs("zero2")
-    baseline, _ = runs("cp1")
+    saved, _ = runs(saved_name)
+    baseline, _ = runs(baseline_name)
     run_dir = tmp_path / "resumed"
     shutil.copytree(saved, run_dir)
     for later in ("step0000004.ckpt", "final.ckpt"):
         shutil.rmtree(run_dir / "checkpoints" / later)
     (run_dir / "checkpoints" / "final.consolidated.ckpt").unlink(missing_ok=True)
-    _, result = train(tmp_path, "resumed", "parallel=zero2", "cluster.devices=1", "resume=auto")
-    assert "step0000002.ckpt" in result.stdout and "universal" in result.stdout, result.stdout[-3000:]
-    assert logged(run_dir, "loss") == pytest.approx(logged(baseline, "loss"), rel=RTOL)
-
-
-def test_a_ring_run_resumes_on_one_rank(tmp_path, runs):
-    """The ring run's step-2 checkpoint (fsdp_tp's shards, two ranks) resumed with cp=1 on one rank:
-    a cp change is a data-layout change, and the run ends as the uninterrupted cp=1 run."""
-    import shutil
-
-    saved, _ = runs("ring")
-    baseline, _ = runs("ring_cp1")
-    run_dir = tmp_path / "resumed"
-    shutil.copytree(saved, run_dir)
-    for later in ("step0000004.ckpt", "final.ckpt"):
-        shutil.rmtree(run_dir / "checkpoints" / later)
-    _, result = train(tmp_path, "resumed", "parallel=fsdp_tp", "parallel.tp=1", *RING_SEQ, "cluster.devices=1", "resume=auto")
-    assert "step0000002.ckpt" in result.stdout, result.stdout[-3000:]
+    _, result = train(tmp_path, "resumed", *resumed_args, "resume=auto")
+    assert "step0000002.ckpt" in result.stdout and converted in result.stdout, result.stdout[-3000:]
     assert logged(run_dir, "loss") == pytest.approx(logged(baseline, "loss"), rel=RTOL)
 
 
