@@ -107,9 +107,13 @@ class RingGroup:
     def shard(self, batch: dict) -> dict:
         """This rank's load-balanced share of input ids, labels and position ids, and the block
         mask of its queries against the whole sequence (BlockMask: handed to the model as its
-        attention mask, which Hugging Face passes through untouched)."""
+        attention mask, which Hugging Face passes through untouched).
+
+        The rank's mask is torch's `_create_cp_block_mask` over the whole rows' mask_mod (what
+        `_context_parallel_shard` makes of a BlockMask buffer), called directly: a whole-sequence
+        BlockMask built eagerly first would materialise the dense seq x seq mask (17 GB per row
+        at 128k tokens) only for its mask_mod and lengths to be read."""
         from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _HeadTailLoadBalancer
-        from torch.nn.attention.flex_attention import create_block_mask
 
         ids = batch["input_ids"]
         rows, seq = ids.shape
@@ -118,11 +122,11 @@ class RingGroup:
         positions = batch.get("position_ids")
         if positions is None:
             positions = torch.arange(seq, device=ids.device).expand(rows, seq)
-        block_mask = create_block_mask(_document_mask(positions), rows, None, seq, seq, device=ids.device.type)
         balancer = _HeadTailLoadBalancer(seq, self.cp, ids.device)
         names = ("input_ids", "labels", "position_ids")
-        parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions, block_mask], [1, 1, 1, 2], load_balancer=balancer)
-        return {**dict(zip(names, parts[:3], strict=True)), "attention_mask": parts[3]}
+        parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions], [1, 1, 1], load_balancer=balancer)
+        block_mask = create_cp_block_mask()(_document_mask(positions), rows, 1, seq, seq, self.mesh, balancer)
+        return {**dict(zip(names, parts, strict=True)), "attention_mask": block_mask}
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, **_) -> dict:
         """The model's inputs for a shard: its block mask goes in as the attention mask (Hugging
@@ -139,6 +143,17 @@ class RingGroup:
 
         balancer = _HeadTailLoadBalancer(local.shape[1] * self.cp, self.cp, local.device)
         return context_parallel_unshard(self.mesh, [local], [1], load_balancer=balancer)[0]
+
+
+def create_cp_block_mask():
+    """torch's `_create_cp_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device_mesh, load_balancer)`:
+    the block mask of a rank's load-balanced queries against the whole sequence, built block by block
+    (compiled), never as a dense mask."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel._attention import _create_cp_block_mask
+    except ImportError:  # torch before the module moved
+        from torch.distributed.tensor.experimental._attention import _create_cp_block_mask
+    return _create_cp_block_mask
 
 
 def enable_ring_on(model, device_type: str, world: int, *, cp: int, tp: int) -> RingGroup:
