@@ -17,24 +17,25 @@ from tests.conftest import run_ranks
 pytestmark = pytest.mark.slow
 
 
-
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ring")
+def ring_ranks(out, tp: int) -> dict:
+    """The ring worker at cp 2 on 2 x tp ranks (dp 1), its saved results."""
+    world = 2 * tp
     # The CPU's ring on a GPU machine too; where there is no GPU the variable is left as the test zygote
     # has it, so the ranks fork from it instead of paying a fresh interpreter's imports.
     hide_gpus = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
-    run_ranks("tests.integration.ring_worker", ["2", str(out)], 2, {"OMP_NUM_THREADS": "1", **hide_gpus}, local_rank=True)
-    return torch.load(out / "ring_cp2_tp1_world2.pt", weights_only=False)
+    run_ranks("tests.integration.ring_worker", ["2", str(out), str(tp)], world, {"OMP_NUM_THREADS": "1", **hide_gpus}, local_rank=True)
+    return torch.load(out / f"ring_cp2_tp{tp}_world{world}.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return ring_ranks(tmp_path_factory.mktemp("ring"), tp=1)
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     """dp 1 x cp 2 x tp 2: the ring model's projections split by tinytrain's tensor-parallel plan too."""
-    out = tmp_path_factory.mktemp("ring_tp")
-    hide_gpus = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
-    run_ranks("tests.integration.ring_worker", ["2", str(out), "2"], 4, {"OMP_NUM_THREADS": "1", **hide_gpus}, local_rank=True)
-    return torch.load(out / "ring_cp2_tp2_world4.pt", weights_only=False)
+    return ring_ranks(tmp_path_factory.mktemp("ring_tp"), tp=2)
 
 
 def test_ring_forward_over_two_ranks_equals_whole_sequences(two_ranks):

@@ -125,7 +125,7 @@ class RingGroup:
         balancer = _HeadTailLoadBalancer(seq, self.cp, ids.device)
         names = ("input_ids", "labels", "position_ids")
         parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions], [1, 1, 1], load_balancer=balancer)
-        block_mask = create_cp_block_mask()(_document_mask(positions), rows, 1, seq, seq, self.mesh, balancer)
+        block_mask = rank_block_mask(_document_mask(positions), rows, seq, self.mesh, balancer)
         return {**dict(zip(names, parts, strict=True)), "attention_mask": block_mask}
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, **_) -> dict:
@@ -145,15 +145,15 @@ class RingGroup:
         return context_parallel_unshard(self.mesh, [local], [1], load_balancer=balancer)[0]
 
 
-def create_cp_block_mask():
-    """torch's `_create_cp_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device_mesh, load_balancer)`:
-    the block mask of a rank's load-balanced queries against the whole sequence, built block by block
-    (compiled), never as a dense mask."""
+def rank_block_mask(mask_mod, rows: int, seq: int, cp_mesh, balancer):
+    """The block mask of this rank's load-balanced queries against the whole sequence (one head
+    dimension, shared), by torch's `_create_cp_block_mask`: built block by block (compiled), never
+    as a dense mask."""
     try:
         from torch.distributed.tensor.experimental._context_parallel._attention import _create_cp_block_mask
     except ImportError:  # torch before the module moved
         from torch.distributed.tensor.experimental._attention import _create_cp_block_mask
-    return _create_cp_block_mask
+    return _create_cp_block_mask(mask_mod, rows, 1, seq, seq, cp_mesh, balancer)
 
 
 def enable_ring_on(model, device_type: str, world: int, *, cp: int, tp: int) -> RingGroup:

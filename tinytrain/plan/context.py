@@ -16,11 +16,11 @@ would.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict, dataclass
 
 from tinytrain.config.schema import Attention, ContextParallelKind, DataFormat, Objective
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.extras import installed
 from tinytrain.plan.memory import GIB
 from tinytrain.plan.parallel import STRATEGIES, strategy_row
 
@@ -107,7 +107,7 @@ def problems(cfg) -> list[Problem]:
     if not row.deepspeed and par.tp > 1:
         # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
         found.append(Problem("parallel.cp", par.cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
-    if not row.deepspeed and importlib.util.find_spec("deepspeed") is None:
+    if not row.deepspeed and not installed("deepspeed"):
         found.append(Problem("parallel.cp", par.cp, f"Ulysses is DeepSpeed's (deepspeed.runtime.sequence_parallel), also under parallel={par.name}, and DeepSpeed is not installed", "pip install 'tinytrain-llm[deepspeed]'"))
     seq = cfg.data.seq_len
     if seq % par.cp:
@@ -121,6 +121,10 @@ def problems(cfg) -> list[Problem]:
 
 
 def ring_problems(cfg, cp: int, why: str) -> list[Problem]:
+    return ring_block_problems(cfg, cp, why) + shared_problems(cfg, cp)
+
+
+def ring_block_problems(cfg, cp: int, why: str) -> list[Problem]:
     """Ring splits flex attention's blocks: every row a multiple of cp x RING_BLOCK tokens."""
     d, unit = cfg.data, cp * RING_BLOCK
     found = []
@@ -128,7 +132,7 @@ def ring_problems(cfg, cp: int, why: str) -> list[Problem]:
         found.append(Problem("data.seq_len", d.seq_len, f"must be a multiple of parallel.cp({cp}) x {RING_BLOCK} for ring ({why}): torch's context parallel splits flex attention's {RING_BLOCK}-token blocks over the cp ranks", f"use data.seq_len={max(1, d.seq_len // unit) * unit}"))
     if padded_rows(d) and d.pad_to_multiple_of % unit:
         found.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, f"must be a multiple of parallel.cp({cp}) x {RING_BLOCK} for ring: fine-tuning rows are padded to a multiple of it, and ring splits {RING_BLOCK}-token blocks over the cp ranks", f"use data.pad_to_multiple_of={unit}"))
-    return found + shared_problems(cfg, cp)
+    return found
 
 
 def padded_rows(d) -> bool:
@@ -168,7 +172,7 @@ def ulysses_blockers(cfg, cp: int) -> list[str]:
     outside_deepspeed = not strategy_row(par.strategy).deepspeed
     tp = [f"tp {par.tp} takes the consecutive ranks its groups need under parallel={par.name}"] if outside_deepspeed and par.tp > 1 else []
     # Under fsdp_tp Ulysses is still DeepSpeed's; ring is torch's own.
-    missing = ["DeepSpeed, whose Ulysses it is, is not installed"] if outside_deepspeed and importlib.util.find_spec("deepspeed") is None else []
+    missing = ["DeepSpeed, whose Ulysses it is, is not installed"] if outside_deepspeed and not installed("deepspeed") else []
     return tp + missing + head_blockers(cfg.model, cp)
 
 
@@ -250,8 +254,7 @@ def ulysses_splits(cfg, cp: int) -> bool:
 
 def ring_splits(cfg, cp: int) -> bool:
     """Ring's rules for a cp: a sequence (and a fine-tuning batch's padding) in whole blocks per rank."""
-    d, unit = cfg.data, cp * RING_BLOCK
-    return d.seq_len % unit == 0 and (not padded_rows(d) or d.pad_to_multiple_of % unit == 0)
+    return not ring_block_problems(cfg, cp, "a cp the plan may choose")
 
 
 def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None) -> tuple[int, str]:
