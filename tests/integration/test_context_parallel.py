@@ -43,6 +43,10 @@ SFT_RING = [*SFT, *RING_SEQ, "data.pad_to_multiple_of=256"]
 # gradient by its own magnitude, carry that rounding into the weights of near-zero gradients
 # (up to ~4e-5 after four steps).
 RING_WEIGHTS_RTOL = 1e-4
+# Two of the fsdp_tp runs take the loss from hidden states a chunk of tokens at a time (the
+# one-rank baselines take the plain loss): inside FSDP2's root forward at tp 1, and through the
+# vocab-sharded lm_head's gather at tp 2; rows straddle the chunks.
+CHUNKED = {"fsdp_tp": 24, "ring_tp2": 96}
 FSDP_GRAD_NORM_RTOL = 5e-5  # fsdp_tp's norm sums shards' squares; one rank's is the whole gradient's
 
 
@@ -51,6 +55,12 @@ def train(tmp_path, name: str, *args: str):
     result = run_cli([*RUN, *args], run_dir, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return run_dir, result
+
+
+def chunked_loss_tokens(stdout: str) -> int | None:
+    """The chunk the plan's fast-paths line names, None for the plain loss."""
+    found = re.search(r"chunked loss \((\d+) tokens\)", stdout)
+    return int(found[1]) if found else None
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -80,11 +90,12 @@ def runs(tmp_path_factory):
         "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2"],
         "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2"],
         "fsdp_cp1": [*fsdp, "cluster.devices=1"],
-        "fsdp_tp": [*fsdp, "cluster.devices=2", "parallel.cp=2"],
+        "fsdp_tp": [*fsdp, "cluster.devices=2", "parallel.cp=2", f"trainer.loss_chunk_tokens={CHUNKED['fsdp_tp']}"],
         # ring: whole 128-token blocks per rank
         "ring_cp1": [*fsdp, *RING_SEQ, "cluster.devices=1"],
         "ring": [*fsdp, *RING_SEQ, "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring"],
-        "ring_tp2": ["parallel=fsdp_tp", "parallel.tp=2", *RING_SEQ, "cluster.devices=4", "parallel.cp=2"],  # auto: ring, Ulysses cannot with tp 2
+        # auto: ring, Ulysses cannot with tp 2
+        "ring_tp2": ["parallel=fsdp_tp", "parallel.tp=2", *RING_SEQ, "cluster.devices=4", "parallel.cp=2", f"trainer.loss_chunk_tokens={CHUNKED['ring_tp2']}"],
         # selective checkpointing recomputes the layer around the ring's gather (the gather again)
         "ring_selective": [*fsdp, *RING_SEQ, "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring", "trainer.activation_checkpointing=selective"],
         # instruction tuning: padded rows (each padded to a multiple of cp), prompts masked from the loss
@@ -110,6 +121,7 @@ def test_ulysses_over_two_ranks_equals_one_rank(runs, parallel):
     assert "cp 2 (ulysses" in result.stdout and "world size 2 = tp 1 x cp 2 x dp 1" in result.stdout
     assert "rank 0 of a cp group of 2 (DeepSpeed Ulysses, attention sdpa_documents)" in result.stderr + result.stdout
     assert "deepspeed_shm_comm_op built" not in result.stderr + result.stdout  # inference-only, ~50 CPU-s to build
+    assert chunked_loss_tokens(result.stdout) == CHUNKED.get(parallel)
     # fsdp_tp's one-rank norm is torch's fp32 norm of whole gradients, off ~1e-5 relative from the
     # per-shard sum (the 4-rank worker below compares every gradient itself to 2.5e-7).
     assert_equals_one_rank(run_dir, baseline, grad_norm_rtol=FSDP_GRAD_NORM_RTOL if parallel == "fsdp_tp" else RTOL)
@@ -127,6 +139,7 @@ def test_ring_over_ranks_equals_one_rank(runs, name, layout):
     assert "cp 2 (ring, torch's context parallel" in result.stdout and f"= {layout}" in result.stdout
     assert "rank 0 of a cp group of 2 (torch's ring, SDPA over the block mask" in result.stderr + result.stdout
     assert "under ring (parallel.cp), every layer attends through torch's context parallel instead" in result.stdout
+    assert chunked_loss_tokens(result.stdout) == CHUNKED.get(name)
     assert_equals_one_rank(run_dir, baseline, grad_norm_rtol=FSDP_GRAD_NORM_RTOL, weights_rtol=RING_WEIGHTS_RTOL)
     per_step = re.compile(r"tokens     (\S+) per step")
     assert per_step.search(result.stdout)[1] == per_step.search(runs("ring_cp1")[1].stdout)[1]

@@ -6,7 +6,9 @@ A Llama with grouped-query heads, sharded by tinytrain's own tensor-parallel pla
 fp32 weights under bf16 autocast (fsdp_tp's layout), checkpointing none / selective / full through
 model/activation_checkpointing.py: bytes per layer and token on this rank (tests/activation_bytes.py),
 written by rank 0 beside the plan's count for that tp (kv heads: 2, or tp where tp is larger, so
-they split).
+they split). Then the chunked loss through the vocab-sharded lm_head (tinytrain's own
+CausalLMModule.batch_loss): its backward's peak per chunk token and vocab row, from two chunk
+sizes, beside the plan's count (tp_chunked_loss.json).
 """
 
 import json
@@ -53,9 +55,48 @@ def main(out_dir: Path) -> None:
 
         # 512 tokens, the middle of 3: a collective's buffer freed early or late moves one reading by ~0.4 MB.
         results[mode] = {"measured": per_layer_token(build, autocast=True, seq=512, repeats=3), "planned": counted(mode, tp), "whole_over_tp": counted(mode, 1) / tp}
+    chunked = chunked_loss_peak(mesh)
     if dist.get_rank() == 0:
         (out_dir / "tp_activations.json").write_text(json.dumps(results, indent=2))
+        (out_dir / "tp_chunked_loss.json").write_text(json.dumps(chunked, indent=2))
     end_rank()
+
+
+def chunked_loss_peak(mesh, vocab: int = 4096, seq: int = 1024, chunks: tuple[int, int] = (128, 512)) -> dict:
+    """Bytes per chunk token and vocab row that the chunked loss's backward adds to the peak, as
+    measured (the middle of three readings per chunk size) and as planned. A 4096-row vocab over a
+    128-wide model, so the vocab terms dominate."""
+    import torch
+    import transformers
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from tests.activation_bytes import kept_and_peak_by_loss
+    from tinytrain.model.module import CausalLMModule
+    from tinytrain.model.module_spec import ModuleSpec
+    from tinytrain.model.tensor_parallel import tp_plan
+    from tinytrain.plan.activations import Layout
+    from tinytrain.plan.memory import activation_parts
+    from tinytrain.plan.model_shape import shape_from_hf
+
+    tp = mesh.size()
+    heads = max(2, tp)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=heads, num_key_value_heads=heads, head_dim=128 // heads, num_hidden_layers=1, vocab_size=vocab, use_cache=False, pad_token_id=0)
+    excess, planned = {}, {}
+    for chunk in chunks:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
+        parallelize_module(model, mesh, tp_plan(model))
+        module = CausalLMModule(model, ModuleSpec(vocab, loss_chunk_tokens=chunk))
+        readings = []
+        for _ in range(3):
+            kept, peak = kept_and_peak_by_loss(module.batch_loss, autocast=True, seq=seq)
+            readings.append(peak - kept)
+            module.zero_grad(set_to_none=True)
+        excess[chunk] = sorted(readings)[1]
+        planned[chunk] = activation_parts(shape=shape_from_hf(cfg, vocab), layout=Layout.mixed, seq=seq, micro_batch=1, tp=tp, flash=True, logits_tokens=chunk).backward
+    small, large = chunks
+    per_row = lambda bytes_by_chunk: (bytes_by_chunk[large] - bytes_by_chunk[small]) / (large - small) / vocab  # noqa: E731
+    return {"measured": per_row(excess), "planned": per_row(planned)}
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from tinytrain.checkpoint.format import MODULE_PREFIX as checkpoint_prefix
 from tinytrain.checkpoint.format import name_optimizer_state, repad_optimizer_state, repad_vocab, unpad_vocab, vocab_param_names
@@ -18,7 +19,7 @@ from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
-from tinytrain.model.tensor_parallel import parallelize
+from tinytrain.model.tensor_parallel import in_root_forward, parallelize
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
@@ -141,16 +142,22 @@ class CausalLMModule(pl.LightningModule):
     def batch_loss(self, batch: dict) -> torch.Tensor:
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         if self.loss_chunk_tokens or self.liger_loss:
-            # The loss from hidden states: liger's fused kernel, or a chunk of tokens at a time.
-            hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
-            hidden = hidden.view(*batch["input_ids"].shape, -1)  # back to rows if flattened for a varlen kernel
-            weight = self.model.get_output_embeddings().weight
-            if self.liger_loss:
-                from tinytrain.model.liger import fused_linear_cross_entropy
-
-                return fused_linear_cross_entropy(hidden, weight, batch["labels"], self.true_vocab)
-            return chunked_lm_loss(hidden, weight, batch["labels"], true_vocab=self.true_vocab, chunk_tokens=self.loss_chunk_tokens)
+            # FSDP2 gathers the root's weights (the embedding, final norm and lm_head) only in a forward.
+            return in_root_forward(self.model, self.loss_from_hidden, inputs, batch["labels"])
         return causal_lm_loss(self(**inputs), batch["labels"], self.true_vocab)
+
+    def loss_from_hidden(self, inputs: dict, labels: torch.Tensor) -> torch.Tensor:
+        """liger's fused kernel, or the logits a chunk of tokens at a time."""
+        hidden = self.model.base_model(**self.model_kwargs(**inputs)).last_hidden_state
+        hidden = hidden.view(*inputs["input_ids"].shape, -1)  # back to rows if flattened for a varlen kernel
+        head = self.model.get_output_embeddings()
+        if self.liger_loss:
+            from tinytrain.model.liger import fused_linear_cross_entropy
+
+            return fused_linear_cross_entropy(hidden, head.weight, labels, self.true_vocab)
+        # A vocab-sharded head (tensor parallelism) gathers each chunk's logits through its own style.
+        vocab_sharded = isinstance(head.weight, DTensor)
+        return chunked_lm_loss(hidden, head if vocab_sharded else head.weight, labels, true_vocab=self.true_vocab, chunk_tokens=self.loss_chunk_tokens)
 
     def token_loss(self, batch: dict) -> torch.Tensor:
         """The mean token loss of a batch; under context parallelism this rank's slice of it, the

@@ -14,6 +14,12 @@ Replicate DTensor and hands the norm its input as the heads' shard of the whole 
 heads dimension): the forward is local, and the weight's gradient (a sum over every head) comes
 out Partial and is all-reduced over the tensor-parallel ranks, so the replicas stay equal.
 
+A loss from hidden states (the chunked loss) reads the final norm's output and calls the lm_head
+outside the model's forward, but FSDP2 gathers the root's weights (embedding, final norm, lm_head)
+only around a forward: the root gets one more forward method (torch's
+register_fsdp_forward_method), IN_ROOT_FORWARD, which runs a function between the root's pre- and
+post-forward hooks, so those weights are gathered for it and their gradients reduced after it.
+
 Which layers are split how is read from the built model: transformers' `base_model_tp_plan` of
 its family (layer patterns -> colwise/rowwise), matched against the model's module names; a family
 whose plan is not plainly column/row-wise (Phi-3's fused qkv_proj) is refused by name.
@@ -86,9 +92,21 @@ def tp_plan(model) -> dict:
     return plan
 
 
+IN_ROOT_FORWARD = "tinytrain_in_root_forward"
+
+
+def _call(fn, *args):
+    return fn(*args)
+
+
+def in_root_forward(model, fn, *args):
+    """fn(*args) inside the FSDP root's forward hooks where `model` is sharded; a plain call otherwise."""
+    return getattr(model, IN_ROOT_FORWARD, _call)(fn, *args)
+
+
 def parallelize(model, device_mesh) -> None:
     """Shard `model` (an HF causal LM) in place over mesh dims 'tensor_parallel' and 'data_parallel'."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
     from torch.distributed.tensor.parallel import parallelize_module
 
     tp_mesh = device_mesh["tensor_parallel"]
@@ -98,3 +116,5 @@ def parallelize(model, device_mesh) -> None:
     for layer in getattr(model, model.base_model_prefix).layers:
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
+    setattr(model, IN_ROOT_FORWARD, _call)
+    register_fsdp_forward_method(model, IN_ROOT_FORWARD)

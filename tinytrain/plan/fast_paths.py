@@ -60,18 +60,13 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
         reasons["loss_chunk_tokens"] = "off: liger's fused linear cross-entropy never builds the logits"
     elif chunk is None:
         why = large_logits(padded_vocab, seq_len)
-        chunk = 1024 if why and not row.chunked_loss_off else 0
+        chunk = 1024 if why else 0
         if chunk:
             reasons["loss_chunk_tokens"] = f"{why}: logits computed 1024 tokens at a time"
-        elif why:
-            reasons["loss_chunk_tokens"] = f"off: {row.chunked_loss_off}"
         else:
             reasons["loss_chunk_tokens"] = f"off: vocab {padded_vocab} < {CHUNKED_LOSS_MIN_VOCAB}"
     else:
         reasons["loss_chunk_tokens"] = "as configured"
-    if chunk and row.chunked_loss_off:
-        chunk = 0
-        reasons["loss_chunk_tokens"] = f"off: {row.chunked_loss_off}"
     if chunk and logits_only:
         if trainer_cfg.loss_chunk_tokens:
             raise ConfigError(Problem("trainer.loss_chunk_tokens", chunk, f"the chunked loss computes logits from hidden states, but {logits_only}", "set trainer.loss_chunk_tokens=0 (or null)"))

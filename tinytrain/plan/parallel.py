@@ -59,7 +59,6 @@ class StrategyRow:
     rank0_holds_model: bool  # rank 0's module holds every weight (sample generations need it)
     # -- fast paths: why each is off under it (None: allowed)
     fused_adamw: bool  # torch's fused AdamW on CUDA (plain tensors: not DeepSpeed's, not DTensors)
-    chunked_loss_off: str | None  # the loss from hidden states in chunks
     liger_off: str | None  # liger-kernel's Triton kernels
     # -- fine-tuning
     lora_off: str | None  # why peft's LoRA layers cannot wrap its projections
@@ -130,7 +129,6 @@ SINGLE = StrategyRow(
     deepspeed=False,
     rank0_holds_model=True,
     fused_adamw=True,
-    chunked_loss_off=None,
     liger_off=None,
     lora_off=None,
     qlora=True,
@@ -162,7 +160,6 @@ STRATEGIES = {
         deepspeed=True,
         rank0_holds_model=False,
         fused_adamw=False,
-        chunked_loss_off=None,
         liger_off=None,
         lora_off=None,
         qlora=False,
@@ -185,7 +182,6 @@ STRATEGIES = {
         deepspeed=False,
         rank0_holds_model=False,
         fused_adamw=False,
-        chunked_loss_off="the lm_head is vocab-sharded under fsdp_tp",
         liger_off="fsdp_tp: the kernels are not checked on tensor-parallel (DTensor) weights",
         lora_off=LORA_TP,
         qlora=False,

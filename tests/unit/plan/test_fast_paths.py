@@ -34,9 +34,9 @@ def test_never_on_cpu_and_an_explicit_request_there_is_an_error():
         select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=False, padded_vocab=4096, liger_available=True)
 
 
-def test_fsdp_tp_keeps_neither_and_zero3_keeps_the_kernels_but_not_the_fused_loss():
+def test_fsdp_tp_chunks_the_loss_without_liger_and_zero3_keeps_the_kernels_but_not_the_fused_loss():
     f = select_fast_paths(trainer(), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256, liger_available=True)
-    assert (f.liger, f.liger_loss, f.loss_chunk_tokens) == (False, False, 0)
+    assert (f.liger, f.liger_loss, f.loss_chunk_tokens) == (False, False, 1024)
     with pytest.raises(ConfigError, match="fsdp_tp"):
         select_fast_paths(trainer(liger=True), Strategy.fsdp_tp, on_gpu=True, padded_vocab=4096, liger_available=True)
     z3 = select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=128256, liger_available=True, zero_stage=3)
@@ -53,7 +53,7 @@ def test_a_long_sequence_turns_the_chunked_loss_on_whatever_the_vocab():
     assert at[32768].loss_chunk_tokens == 1024
     assert at[32768].reasons["loss_chunk_tokens"] == "32768 tokens x vocab 32000: the plain loss's backward would hold 12 GiB a sequence: logits computed 1024 tokens at a time"
     fsdp = select_fast_paths(trainer(), Strategy.fsdp_tp, on_gpu=True, padded_vocab=32000, seq_len=32768)
-    assert fsdp.loss_chunk_tokens == 0 and fsdp.reasons["loss_chunk_tokens"] == "off: the lm_head is vocab-sharded under fsdp_tp"
+    assert fsdp.loss_chunk_tokens == 1024  # the vocab-sharded head gathers each chunk's logits
     assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, on_gpu=True, padded_vocab=32000, seq_len=32768).loss_chunk_tokens == 0
 
 

@@ -66,7 +66,7 @@ def trainer(**kw):
         (Strategy.ddp, True, 128256, True, 1024),
         (Strategy.single, False, 128256, False, 1024),
         (Strategy.deepspeed, True, 128256, False, 1024),
-        (Strategy.fsdp_tp, True, 128256, False, 0),
+        (Strategy.fsdp_tp, True, 128256, False, 1024),
         (Strategy.single, False, 4096, False, 0),
     ],
 )
@@ -83,7 +83,8 @@ def test_fast_path_overrides():
     f = select_fast_paths(trainer(compile="blocks", activation_checkpointing="selective"), Strategy.single, on_gpu=False, padded_vocab=4096)
     assert (f.compile, f.activation_checkpointing, f.checkpoint_every) == ("blocks", "selective", 1)
     assert select_fast_paths(trainer(loss_chunk_tokens=0), Strategy.single, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
-    assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 0
+    # fsdp_tp's vocab-sharded head gathers each chunk's logits (model/chunked_loss.py)
+    assert select_fast_paths(trainer(loss_chunk_tokens=256), Strategy.fsdp_tp, on_gpu=True, padded_vocab=128256).loss_chunk_tokens == 256
 
 
 def test_chunked_loss_equals_full_loss_and_gradients():
