@@ -236,3 +236,23 @@ def test_a_chunked_loss_holds_one_chunk_of_logits_not_the_context_s(tmp_path):
     assert chunked["memory_per_gpu"]["activations_gib"] == pytest.approx(expected, abs=0.01)
     with pytest.raises(ConfigError, match="does not fit at parallel.cp=1"):
         plan([*LONG, *vocab, "parallel.cp=1", "trainer.loss_chunk_tokens=0"], tmp_path / "plain")
+
+
+def test_fsdp_tp_at_128k_holds_one_chunk_of_logits_not_the_shard_s(tmp_path):
+    """docs/parallelism.md's fsdp_tp figures: Llama-3.1-8B's vocab at 128k tokens on 16 H100s, tp 2 x
+    cp 8. The chunked loss (on by default for a 128,256-row vocab) holds one chunk's logits; the
+    plain loss holds the rank's 16k tokens' logits, gathered whole over tp."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "parallelism.md").read_text()
+    command = re.search(r"python -m tinytrain (mode=plan model=llama3_1_8b model.vocab_size=128256 parallel=fsdp_tp [^\n]*)", doc)[1].split()
+    chunked = plan(command, tmp_path / "chunked")
+    whole = plan([*command, "trainer.loss_chunk_tokens=0"], tmp_path / "whole")
+    assert chunked["fast_paths"]["loss_chunk_tokens"] == 1024 and whole["fast_paths"]["loss_chunk_tokens"] == 0
+    figures = [f"{chunked['memory_per_gpu']['total_gib']:.2f} GiB per GPU, {chunked['memory_per_gpu']['activations_gib']:.2f} of it activations", f"cp 8\n{chunked['context']['longest']['8']:,} tokens"]
+    figures += [f"plans {whole['memory_per_gpu']['total_gib']:.2f} GiB", f"of its {whole['memory_per_gpu']['activations_gib']:.1f} GiB of activations", f"longest context is {whole['context']['longest']['8']:,} tokens"]
+    flat = " ".join(doc.split())
+    for figure in figures:
+        assert " ".join(figure.split()) in flat, figure
+    assert chunked["memory_per_gpu"]["total_gib"] < 0.6 * whole["memory_per_gpu"]["total_gib"]
