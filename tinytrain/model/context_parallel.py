@@ -99,11 +99,11 @@ def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group) -> to
     token losses reduced over the cp group differentiably (its backward sums the group's gradients
     into every rank's share), the counts of labelled tokens as plain numbers."""
     import torch.distributed as dist
-    from torch.distributed.nn.functional import all_reduce
+    from torch.distributed._functional_collectives import all_reduce  # differentiable (torch.distributed.nn's is deprecated)
 
     count = (labels != -100).sum()
     local_sum = local_mean.float() * count if count > 0 else local_mean.float().nan_to_num(0.0) * 0.0
-    total = all_reduce(local_sum, group=group)
+    total = all_reduce(local_sum, "sum", group)
     tokens = count.to(torch.float32).reshape(1)
     dist.all_reduce(tokens, group=group)
     return total / tokens.clamp(min=1.0)[0]
