@@ -176,6 +176,18 @@ def test_the_chunked_loss_through_the_vocab_sharded_head_peaks_where_the_plan_co
     assert r["planned"] == pytest.approx(r["measured"], rel=0.1), r
 
 
+def test_compiled_blocks_train_at_tp2_except_checkpointed_in_full(tmp_path):
+    """What the plan refuses (plan/levers.py TP_COMPILED_FULL: full checkpointing of compiled blocks
+    at tp > 1) fails in torch itself, and what its fix names trains: blocks sharded as fsdp_tp
+    shards them, compiled, through two backwards. When a torch trains "full" here, lift the refusal."""
+    import json
+
+    run_ranks("tests.integration.tp_compile_worker", [str(tmp_path)], 2)
+    results = json.loads((tmp_path / "tp_compile.json").read_text())
+    assert results["none"] == results["selective"] == "trained", results
+    assert "tensors_saved_with_vc_check" in results["full"] and "DeviceMesh" in results["full"], results
+
+
 def test_fsdp_ranks_keep_autocast_s_copies_of_the_gathered_weights(tmp_path):
     """Under fsdp_tp each rank gathers a layer's weights for its forward, and autocast's 16-bit copy of
     each (kept for the backward) is of the whole weight: the plan counts the copies per layer over

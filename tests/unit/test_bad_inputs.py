@@ -119,6 +119,9 @@ CASES = {
     "fp8 on a V100": (["mode=plan", "hardware.gpu=V100", "precision=fp16", "precision.fp8=true"], ["precision.fp8=True", "V100 (compute capability 7.0) has less"]),
     "fp8 under fsdp_tp": (["mode=plan", "hardware.gpu=H100", "parallel=fsdp_tp", "cluster.devices=2", "precision.fp8=true"], ["precision.fp8=True", "torchao's float8 parallel styles", "Fix: use precision.fp8=false"]),
     "fp8 a word": (["mode=plan", "precision.fp8=maybe"], ["precision.fp8='maybe'", "must be false, true or auto", "Fix: use precision.fp8=auto"]),
+    # torch 2.13 cannot train it (tests/integration/test_tensor_parallel.py runs it and the fixes)
+    "full checkpointing of compiled blocks at tp 2": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2", "trainer.compile=blocks", "trainer.activation_checkpointing=full"], ["trainer.activation_checkpointing='full'", "with trainer.compile=blocks at parallel.tp=2 cannot train", "saves the DeviceMesh", "Fix: use trainer.activation_checkpointing=selective", "trainer.compile=none", "parallel.tp=1"]),
+    "auto choosing full for compiled blocks at tp 2": (["mode=plan", "model=llama3_1_8b", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=8", "hardware.gpu=H100", "data.seq_len=8192", "trainer.micro_batch_size=4", "trainer.global_batch_size=64", "trainer.compile=blocks", "trainer.activation_checkpointing=auto"], ["trainer.activation_checkpointing='auto'", "full checkpointing (auto: the cheapest mode that fits", "Fix: use a smaller trainer.micro_batch_size"]),
     "compile backend unknown": (["mode=plan", "trainer.compile=blocks", "trainer.compile_backend=turbo"], ["trainer.compile_backend='turbo'", "is not a torch.compile backend (this torch has", "inductor", "Fix: use trainer.compile_backend=inductor"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),

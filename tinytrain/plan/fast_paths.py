@@ -9,7 +9,7 @@ from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.activations import LOSS_PEAK_BYTES
 from tinytrain.plan.checkpointing import CheckpointingPlan, choose
-from tinytrain.plan.levers import checkpointing_mode, compile_mode
+from tinytrain.plan.levers import checkpointing_mode, compile_mode, compiled_full_problem
 from tinytrain.plan.parallel import strategy_row
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
@@ -41,12 +41,13 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0, tp: int = 1) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels.
     `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
     `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
-    (auto: none, as where no GPU memory is known)."""
+    (auto: none, as where no GPU memory is known). `tp`: parallel.tp (full checkpointing of compiled
+    blocks cannot train under it, levers.TP_COMPILED_FULL)."""
     reasons = {}
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw
@@ -80,6 +81,9 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     }[compiling]
     if checkpointing is None:
         checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
+    problem = compiled_full_problem(compiling, checkpointing, strategy, tp)
+    if problem:
+        raise ConfigError(problem)
     reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"
     return FastPaths(fused, compiling.value, int(chunk), checkpointing.mode, reasons, liger, liger_loss, checkpointing.every, trainer_cfg.compile_backend)
 

@@ -90,3 +90,28 @@ def compile_problems(cfg, mode: CompileMode, *, dynamo_supported: bool | None = 
     if cfg.trainer.compile_backend not in backends:
         return [Problem("trainer.compile_backend", cfg.trainer.compile_backend, f"is not a torch.compile backend (this torch has {', '.join(sorted(backends))})", "use trainer.compile_backend=inductor (or aot_eager to trace without generating code)")]
     return []
+
+
+# torch 2.13: a compiled block checkpointed in full whose projections are tensor-parallel (DTensor
+# weights) fails in its first backward: AOT autograd lists the DeviceMesh among the tensors it saves
+# for the recompute ("expected all tensors_saved_with_vc_check to be Tensors"), with the aot_eager
+# and inductor backends, on two CPU ranks; outside tinytrain's loop too (torch's parallel styles,
+# transformers' checkpointing, nn.Module.compile: tests/integration/tp_compile_worker.py, which
+# says when a torch can). Selective and none train compiled there, and full trains eagerly.
+TP_COMPILED_FULL = "torch.compile's AOT autograd of a block checkpointed in full with tensor-parallel (DTensor) weights fails in the first backward: it saves the DeviceMesh among the recompute's tensors (torch 2.13)"
+
+
+def compiled_full_problem(compiling: CompileMode, checkpointing, strategy, tp: int) -> Problem | None:
+    """Full checkpointing (a plan/checkpointing.py CheckpointingPlan: asked for, or auto's choice)
+    with trainer.compile=blocks under tp > 1: TP_COMPILED_FULL."""
+    if compiling is not CompileMode.blocks or checkpointing.mode != Checkpointing.full.value or tp <= 1 or not strategy_row(strategy).tensor_parallel:
+        return None
+    chosen = checkpointing.requested != checkpointing.mode
+    # auto chose full because nothing cheaper fits: selective is no fix then, a smaller micro batch may be
+    cheaper = "a smaller trainer.micro_batch_size (selective may fit then)" if chosen else "trainer.activation_checkpointing=selective (compiled blocks train with it)"
+    return Problem(
+        "trainer.activation_checkpointing",
+        checkpointing.requested,
+        f"full checkpointing{f' ({checkpointing.reason})' if chosen else ''} with trainer.compile=blocks at parallel.tp={tp} cannot train: {TP_COMPILED_FULL}",
+        f"use {cheaper}, trainer.compile=none (full checkpointing then runs eagerly), or parallel.tp=1",
+    )

@@ -1,0 +1,56 @@
+"""One rank of compiled blocks under tensor parallelism, by checkpointing mode (gloo, CPU, tp = the world).
+
+Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.tp_compile_worker OUT_DIR
+A small Llama sharded as fsdp_tp shards it (model/tensor_parallel.py: torch's ColwiseParallel /
+RowwiseParallel on a dp 1 x tp mesh, FSDP2 around), fp32 weights under bf16 autocast, checkpointed
+through model/activation_checkpointing.py, each block compiled (model/compile.py, aot_eager), two
+forward and backward passes per mode. Rank 0 writes what each mode did
+(tp_compile.json): "trained", or the error torch raised. The plan refuses the mode torch cannot
+train (plan/levers.py TP_COMPILED_FULL); this is what says whether it still cannot.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.rank_exit import end_rank
+
+
+def main(out_dir: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import transformers
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tinytrain.model.activation_checkpointing import apply_checkpointing
+    from tinytrain.model.compile import apply_compile
+    from tinytrain.model.tensor_parallel import parallelize
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, vocab_size=256, use_cache=False)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for mode in ("none", "selective", "full"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
+        parallelize(model, mesh)
+        apply_checkpointing(model, mode)
+        apply_compile(model, "blocks", "aot_eager")
+        try:
+            for _ in range(2):
+                with torch.autocast("cpu", torch.bfloat16):
+                    logits = model(input_ids=ids).logits
+                F.cross_entropy(logits[:, :-1].reshape(-1, 256), ids[:, 1:].reshape(-1)).backward()
+            results[mode] = "trained"
+        except Exception as error:  # what torch raised, for the test to read
+            results[mode] = f"{type(error).__name__}: {error}"[:500]
+        torch._dynamo.reset()
+    if dist.get_rank() == 0:
+        (out_dir / "tp_compile.json").write_text(json.dumps(results, indent=2))
+    end_rank()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
