@@ -5,8 +5,9 @@ A small Llama sharded as fsdp_tp shards it (model/tensor_parallel.py: torch's Co
 RowwiseParallel on a dp 1 x tp mesh, FSDP2 around), fp32 weights under bf16 autocast, checkpointed
 through model/activation_checkpointing.py, each block compiled (model/compile.py, aot_eager), two
 forward and backward passes per mode. Rank 0 writes what each mode did
-(tp_compile.json): "trained", or the error torch raised. The plan refuses the mode torch cannot
-train (plan/levers.py TP_COMPILED_FULL); this is what says whether it still cannot.
+(tp_compile.json): "trained", or the error torch raised. The plan refuses the mode that cannot
+train with the installed transformers (plan/levers.py COMPILED_TP_FAILS); this says whether it
+still cannot.
 """
 
 import json

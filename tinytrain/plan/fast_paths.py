@@ -9,7 +9,7 @@ from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.activations import LOSS_PEAK_BYTES
 from tinytrain.plan.checkpointing import CheckpointingPlan, choose
-from tinytrain.plan.levers import checkpointing_mode, compile_mode, compiled_full_problem
+from tinytrain.plan.levers import checkpointing_mode, compile_mode, compiled_tp_problem
 from tinytrain.plan.parallel import strategy_row
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
@@ -46,8 +46,8 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     inside its forward), which rules out the losses from hidden states and liger's kernels.
     `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
     `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
-    (auto: none, as where no GPU memory is known). `tp`: parallel.tp (full checkpointing of compiled
-    blocks cannot train under it, levers.TP_COMPILED_FULL)."""
+    (auto: none, as where no GPU memory is known). `tp`: parallel.tp (compiled blocks cannot train
+    under it with one checkpointing mode, levers.COMPILED_TP_FAILS)."""
     reasons = {}
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw
@@ -81,7 +81,7 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     }[compiling]
     if checkpointing is None:
         checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
-    problem = compiled_full_problem(compiling, checkpointing, strategy, tp)
+    problem = compiled_tp_problem(compiling, checkpointing, strategy, tp)
     if problem:
         raise ConfigError(problem)
     reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"

@@ -92,26 +92,43 @@ def compile_problems(cfg, mode: CompileMode, *, dynamo_supported: bool | None = 
     return []
 
 
-# torch 2.13: a compiled block checkpointed in full whose projections are tensor-parallel (DTensor
-# weights) fails in its first backward: AOT autograd lists the DeviceMesh among the tensors it saves
-# for the recompute ("expected all tensors_saved_with_vc_check to be Tensors"), with the aot_eager
-# and inductor backends, on two CPU ranks; outside tinytrain's loop too (torch's parallel styles,
-# transformers' checkpointing, nn.Module.compile: tests/integration/tp_compile_worker.py, which
-# says when a torch can). Selective and none train compiled there, and full trains eagerly.
-TP_COMPILED_FULL = "torch.compile's AOT autograd of a block checkpointed in full with tensor-parallel (DTensor) weights fails in the first backward: it saves the DeviceMesh among the recompute's tensors (torch 2.13)"
+# Compiled blocks at tp > 1 (fsdp_tp's DTensor projections) cannot train under one checkpointing
+# mode, which one depending on where transformers puts the checkpoint (torch 2.13, aot_eager and
+# inductor alike, two CPU ranks; tests/integration/tp_compile_worker.py runs all three modes and
+# says when a version can):
+# - transformers 5.23 checkpoints the block's `forward`, inside the compiled call: full fails in the
+#   first backward, AOT autograd listing the DeviceMesh among the tensors it saves for the recompute.
+# - transformers 5.17 (the GPU image's) checkpoints around the block's `__call__`, outside it:
+#   selective fails, its policy's cached collectives not found when the backward recomputes.
+COMPILED_TP_FAILS = {
+    "full": "torch.compile's AOT autograd of a block checkpointed in full (the checkpoint inside the compiled call, as this transformers places it) saves the DeviceMesh among the recompute's tensors and fails in the first backward",
+    "selective": "the selective policy around a compiled block (the checkpoint outside the compiled call, as this transformers places it) cannot find its cached collectives when the backward recomputes ('_c10d_functional.wait_tensor.default ... not found in storage')",
+}
 
 
-def compiled_full_problem(compiling: CompileMode, checkpointing, strategy, tp: int) -> Problem | None:
-    """Full checkpointing (a plan/checkpointing.py CheckpointingPlan: asked for, or auto's choice)
-    with trainer.compile=blocks under tp > 1: TP_COMPILED_FULL."""
-    if compiling is not CompileMode.blocks or checkpointing.mode != Checkpointing.full.value or tp <= 1 or not strategy_row(strategy).tensor_parallel:
+def compiled_tp_failing_mode() -> str:
+    """The checkpointing mode compiled blocks cannot train at tp > 1 with the installed transformers."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return "selective" if "__call__" in vars(GradientCheckpointingLayer) else "full"
+
+
+def compiled_tp_problem(compiling: CompileMode, checkpointing, strategy, tp: int) -> Problem | None:
+    """trainer.compile=blocks at tp > 1 with the checkpointing mode that cannot train there
+    (COMPILED_TP_FAILS); `checkpointing` a plan/checkpointing.py CheckpointingPlan: asked for, or
+    auto's choice."""
+    if compiling is not CompileMode.blocks or checkpointing.mode == Checkpointing.none.value or tp <= 1 or not strategy_row(strategy).tensor_parallel:
         return None
+    failing = compiled_tp_failing_mode()
+    if checkpointing.mode != failing:
+        return None
+    other = "selective" if failing == "full" else "full"
     chosen = checkpointing.requested != checkpointing.mode
     # auto chose full because nothing cheaper fits: selective is no fix then, a smaller micro batch may be
-    cheaper = "a smaller trainer.micro_batch_size (selective may fit then)" if chosen else "trainer.activation_checkpointing=selective (compiled blocks train with it)"
+    modes = "a smaller trainer.micro_batch_size (selective may fit then)" if chosen and failing == "full" else f"trainer.activation_checkpointing={other} (compiled blocks train with it)"
     return Problem(
         "trainer.activation_checkpointing",
         checkpointing.requested,
-        f"full checkpointing{f' ({checkpointing.reason})' if chosen else ''} with trainer.compile=blocks at parallel.tp={tp} cannot train: {TP_COMPILED_FULL}",
-        f"use {cheaper}, trainer.compile=none (full checkpointing then runs eagerly), or parallel.tp=1",
+        f"{failing} checkpointing{f' ({checkpointing.reason})' if chosen else ''} with trainer.compile=blocks at parallel.tp={tp} cannot train: {COMPILED_TP_FAILS[failing]}",
+        f"use {modes}, trainer.compile=none ({failing} checkpointing then runs eagerly), or parallel.tp=1",
     )
