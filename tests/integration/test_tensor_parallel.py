@@ -177,11 +177,12 @@ def test_the_chunked_loss_through_the_vocab_sharded_head_peaks_where_the_plan_co
 
 
 def test_compiled_blocks_train_at_tp2_except_in_the_mode_the_plan_refuses(tmp_path):
-    """The checkpointing mode the plan refuses for compiled blocks at tp > 1 (plan/levers.py
-    COMPILED_TP_FAILS: full with transformers 5.23, selective with 5.17, by where the checkpoint
-    sits) fails in torch itself, with the error the refusal names, and the other modes train:
-    blocks sharded as fsdp_tp shards them, compiled, through two backwards. When the refused mode
-    trains here, lift the refusal."""
+    """Compiled blocks sharded as fsdp_tp shards them train through two backwards in every
+    checkpointing mode but the one the plan refuses (plan/levers.py COMPILED_TP_FAILS: full where
+    transformers checkpoints inside the compiled call, 5.23; none with 5.17), which fails in torch
+    itself with the error the refusal names; and every mode that trains gets every parameter's
+    gradients of the eager model (the embedding's among them: without model/compile.py's `waited`
+    hook it got none, and with 5.17 selective failed). When the refused mode trains here, lift the refusal."""
     import json
 
     from tinytrain.plan.levers import compiled_tp_failing_mode
@@ -189,9 +190,11 @@ def test_compiled_blocks_train_at_tp2_except_in_the_mode_the_plan_refuses(tmp_pa
     run_ranks("tests.integration.tp_compile_worker", [str(tmp_path)], 2)
     results = json.loads((tmp_path / "tp_compile.json").read_text())
     failing = compiled_tp_failing_mode()
-    assert [mode for mode, result in results.items() if result != "trained"] == [failing], results
-    named = {"full": ("tensors_saved_with_vc_check", "DeviceMesh"), "selective": ("wait_tensor", "not found in storage")}[failing]
-    assert all(words in results[failing] for words in named), results
+    assert [mode for mode, r in results.items() if r["result"] != "trained"] == ([failing] if failing else []), results
+    if failing:
+        assert all(words in results[failing]["result"] for words in ("tensors_saved_with_vc_check", "DeviceMesh")), results
+    # aot_eager runs the eager kernels: bit-equal here (0.0), 1e-6 leaves room for a recompute's order.
+    assert all(r["relative_difference"] < 1e-6 for r in results.values() if r["result"] == "trained"), results
 
 
 def test_fsdp_ranks_keep_autocast_s_copies_of_the_gathered_weights(tmp_path):

@@ -47,7 +47,7 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
     `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
     (auto: none, as where no GPU memory is known). `tp`: parallel.tp (compiled blocks cannot train
-    under it with one checkpointing mode, levers.COMPILED_TP_FAILS)."""
+    under it checkpointed in full with transformers 5.23: levers.COMPILED_TP_FAILS)."""
     reasons = {}
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw

@@ -92,25 +92,24 @@ def compile_problems(cfg, mode: CompileMode, *, dynamo_supported: bool | None = 
     return []
 
 
-# Compiled blocks at tp > 1 (fsdp_tp's DTensor projections) cannot train under one checkpointing
-# mode, which one depending on where transformers puts the checkpoint (torch 2.13, aot_eager and
-# inductor alike, two CPU ranks; tests/integration/tp_compile_worker.py runs all three modes and
-# says when a version can):
-# - transformers 5.23 checkpoints the block's `forward`, inside the compiled call: full fails in the
-#   first backward, AOT autograd listing the DeviceMesh among the tensors it saves for the recompute.
-# - transformers 5.17 (the GPU image's) checkpoints around the block's `__call__`, outside it:
-#   selective fails, its policy's cached collectives not found when the backward recomputes.
+# Compiled blocks at tp > 1 (fsdp_tp's DTensor projections) cannot train checkpointed in full where
+# transformers puts the checkpoint inside the compiled call (torch 2.13, aot_eager and inductor
+# alike, two CPU ranks): 5.23 checkpoints the block's `forward`, and AOT autograd lists the
+# DeviceMesh among the tensors it saves for the recompute, failing in the first backward.
+# transformers 5.17 (the GPU image's) checkpoints around the block's `__call__`, outside it, and
+# every mode trains. tests/integration/tp_compile_worker.py runs all three modes, compares their
+# gradients with the eager model's and says when a version can.
 COMPILED_TP_FAILS = {
     "full": "torch.compile's AOT autograd of a block checkpointed in full (the checkpoint inside the compiled call, as this transformers places it) saves the DeviceMesh among the recompute's tensors and fails in the first backward",
-    "selective": "the selective policy around a compiled block (the checkpoint outside the compiled call, as this transformers places it) cannot find its cached collectives when the backward recomputes ('_c10d_functional.wait_tensor.default ... not found in storage')",
 }
 
 
-def compiled_tp_failing_mode() -> str:
-    """The checkpointing mode compiled blocks cannot train at tp > 1 with the installed transformers."""
+def compiled_tp_failing_mode() -> str | None:
+    """The checkpointing mode compiled blocks cannot train at tp > 1 with the installed
+    transformers: full where it checkpoints inside the compiled call, none where outside."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return "selective" if "__call__" in vars(GradientCheckpointingLayer) else "full"
+    return None if "__call__" in vars(GradientCheckpointingLayer) else "full"
 
 
 def compiled_tp_problem(compiling: CompileMode, checkpointing, strategy, tp: int) -> Problem | None:
@@ -120,12 +119,11 @@ def compiled_tp_problem(compiling: CompileMode, checkpointing, strategy, tp: int
     if compiling is not CompileMode.blocks or checkpointing.mode == Checkpointing.none.value or tp <= 1 or not strategy_row(strategy).tensor_parallel:
         return None
     failing = compiled_tp_failing_mode()
-    if checkpointing.mode != failing:
+    if failing is None or checkpointing.mode != failing:
         return None
-    other = "selective" if failing == "full" else "full"
     chosen = checkpointing.requested != checkpointing.mode
     # auto chose full because nothing cheaper fits: selective is no fix then, a smaller micro batch may be
-    modes = "a smaller trainer.micro_batch_size (selective may fit then)" if chosen and failing == "full" else f"trainer.activation_checkpointing={other} (compiled blocks train with it)"
+    modes = "a smaller trainer.micro_batch_size (selective may fit then)" if chosen else "trainer.activation_checkpointing=selective (compiled blocks train with it)"
     return Problem(
         "trainer.activation_checkpointing",
         checkpointing.requested,
