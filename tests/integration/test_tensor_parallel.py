@@ -181,8 +181,8 @@ def test_compiled_blocks_train_at_tp2_except_in_the_mode_the_plan_refuses(tmp_pa
     checkpointing mode but the one the plan refuses (plan/levers.py COMPILED_TP_FAILS: full where
     transformers checkpoints inside the compiled call, 5.23; none with 5.17), which fails in torch
     itself with the error the refusal names; and every mode that trains gets every parameter's
-    gradients of the eager model (the embedding's among them: without model/compile.py's `waited`
-    hook it got none, and with 5.17 selective failed). When the refused mode trains here, lift the refusal."""
+    gradients of the eager model (the embedding's among them: without model/tensor_parallel.py's
+    `plain_output` hook it got none, and with 5.17 selective failed). When the refused mode trains here, lift the refusal."""
     import json
 
     from tinytrain.plan.levers import compiled_tp_failing_mode

@@ -9,7 +9,7 @@ with the parameter whose gradients (summed over both passes) differ most from th
 uncheckpointed model's, or the error torch raised. The plan refuses the mode that cannot train with
 the installed transformers (plan/levers.py COMPILED_TP_FAILS); this says whether it still cannot,
 and whether the modes that train get every gradient (the embedding's is the one a compiled block
-can lose: model/compile.py).
+can lose: model/tensor_parallel.py plain_output).
 """
 
 import json
@@ -38,10 +38,12 @@ def main(out_dir: Path) -> None:
     def gradients(mode: str, compiled: bool) -> dict:
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
-        parallelize(model, mesh)
+        # In train/fit.py's order: checkpointing and compile on the built model, sharding after
+        # (the module's configure_model), so hooks the sharding adds run after any added before.
         apply_checkpointing(model, mode)
         if compiled:
             apply_compile(model, "blocks", "aot_eager")
+        parallelize(model, mesh)
         for _ in range(2):
             with torch.autocast("cpu", torch.bfloat16):
                 logits = model(input_ids=ids).logits

@@ -20,6 +20,12 @@ only around a forward: the root gets one more forward method (torch's
 register_fsdp_forward_method), IN_ROOT_FORWARD, which runs a function between the root's pre- and
 post-forward hooks, so those weights are gathered for it and their gradients reduced after it.
 
+The embedding's all-reduced output is torch's AsyncCollectiveTensor (the parallel style
+redistributes asynchronously), and a compiled block (trainer.compile=blocks) takes such an input's
+waited tensor as a leaf: the embedding got no gradient at all, silently (torch 2.13; every other
+gradient was right; tests/integration/tp_compile_worker.py compares each with the eager model's).
+`plain_output`, a hook after the style's own, hands the first block a plain tensor instead.
+
 Which layers are split how is read from the built model: transformers' `base_model_tp_plan` of
 its family (layer patterns -> colwise/rowwise), matched against the model's module names; a family
 whose plan is not plainly column/row-wise (Phi-3's fused qkv_proj) is refused by name.
@@ -57,6 +63,15 @@ def head_norm_parallel(heads: int):
             return distribute_module(module, mesh, replicate, shard_input, lambda mod, out, mesh: out.to_local())
 
     return HeadNormParallel()
+
+
+def plain_output(module, inputs, output):
+    """A forward hook: an AsyncCollectiveTensor output as a plain tensor that keeps its autograd
+    history (an op on it waits and returns a plain tensor; `wait()` alone would drop the history).
+    One copy of the hidden states per step."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
 def module_name(model, module) -> str:
@@ -112,6 +127,7 @@ def parallelize(model, device_mesh) -> None:
     tp_mesh = device_mesh["tensor_parallel"]
     if tp_mesh.size() > 1:
         parallelize_module(model, tp_mesh, tp_plan(model))
+        model.get_input_embeddings().register_forward_hook(plain_output)  # after the style's hook
     dp_mesh = device_mesh["data_parallel"]
     for layer in getattr(model, model.base_model_prefix).layers:
         fully_shard(layer, mesh=dp_mesh)
