@@ -16,11 +16,13 @@ would.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
-from tinytrain.config.schema import Attention, ContextParallelKind, DataFormat, Objective
+from tinytrain.config.schema import Attention, CompileMode, ContextParallelKind, DataFormat, Objective
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.extras import installed
+from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
 from tinytrain.plan.parallel import STRATEGIES, strategy_row
 
@@ -45,6 +47,10 @@ KINDS = {
         "(tests/integration/test_ring_attention.py, test_context_parallel.py); the GPU's compiled flex kernel not yet (benchmarks/gpu_check.py part e)",
     ),
 }
+# DeepSpeed's Ulysses exchange inside compiled layers: before this release dynamo traced its
+# autograd function's forward (an all_to_all into an empty tensor) as carrying no data from its
+# input, so q, k and v got no gradient at all, silently (DeepSpeed PR 8491, in 0.19.7).
+ULYSSES_COMPILED_FIXED_IN = "0.19.7"
 # torch's cp block mask splits the sequence in blocks of this many tokens per rank (flex attention's).
 RING_BLOCK = 128
 # The longest context is searched in steps of this many tokens per cp rank.
@@ -104,6 +110,10 @@ def problems(cfg) -> list[Problem]:
     if kind == "ring":
         return found + ring_problems(cfg, par.cp, why)
     found += head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
+    compiled = ulysses_compile_blocker(cfg)
+    if compiled:
+        ring = ", or parallel.cp_kind=ring" if "ring" in row.cp_kinds else ""
+        found.append(Problem("trainer.compile", cfg.trainer.compile, f"cannot run with Ulysses (parallel.cp={par.cp}): {compiled}", f"pip install 'deepspeed>={ULYSSES_COMPILED_FIXED_IN}', or trainer.compile=none{ring}"))
     if not row.deepspeed and par.tp > 1:
         # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
         found.append(Problem("parallel.cp", par.cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
@@ -173,7 +183,32 @@ def ulysses_blockers(cfg, cp: int) -> list[str]:
     tp = [f"tp {par.tp} takes the consecutive ranks its groups need under parallel={par.name}"] if outside_deepspeed and par.tp > 1 else []
     # Under fsdp_tp Ulysses is still DeepSpeed's; ring is torch's own.
     missing = ["DeepSpeed, whose Ulysses it is, is not installed"] if outside_deepspeed and not installed("deepspeed") else []
-    return tp + missing + head_blockers(cfg.model, cp)
+    compiled = ulysses_compile_blocker(cfg)
+    return tp + missing + ([compiled] if compiled else []) + head_blockers(cfg.model, cp)
+
+
+@functools.cache
+def deepspeed_version() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def ulysses_compile_blocker(cfg) -> str | None:
+    """Why this DeepSpeed's Ulysses cannot run in this run's compiled blocks (None: it can)."""
+    if read_mode(cfg.trainer.compile, CompileMode) in (None, CompileMode.none):
+        return None
+    version = deepspeed_version()
+    if version is None:
+        return None
+    from packaging.version import Version
+
+    if Version(version) >= Version(ULYSSES_COMPILED_FIXED_IN):
+        return None
+    return f"DeepSpeed {version}'s Ulysses exchange gives compiled layers no gradient for q, k and v (fixed in DeepSpeed {ULYSSES_COMPILED_FIXED_IN})"
 
 
 def head_blockers(m, cp: int) -> list[str]:

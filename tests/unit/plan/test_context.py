@@ -164,6 +164,27 @@ def test_auto_picks_ring_under_fsdp_tp_where_deepspeed_is_not_installed(monkeypa
     assert [(p.key, p.fix) for p in problems(ulysses)] == [("parallel.cp", "pip install 'tinytrain-llm[deepspeed]'")]
 
 
+@pytest.mark.parametrize("version, refused", [("0.19.6", True), ("0.19.7", False), ("0.19.8", False)])
+def test_ulysses_in_compiled_blocks_needs_the_deepspeed_that_gives_q_k_v_gradients(monkeypatch, version, refused):
+    """Before DeepSpeed 0.19.7 its Ulysses exchange inside compiled layers gave q, k and v no
+    gradient (DeepSpeed PR 8491): with compiled blocks an older DeepSpeed is refused under the ZeRO
+    strategies naming the upgrade, and fsdp_tp's auto picks ring instead; eager runs are untouched."""
+    from tinytrain.plan import context
+
+    monkeypatch.setattr(context, "deepspeed_version", lambda: version)
+    common = ["cluster.devices=2", "parallel.cp=2", "data.seq_len=256"]
+    compiled = ["trainer.compile=blocks", "trainer.compile_backend=aot_eager"]
+    found = context.problems(compose(["parallel=zero2", *common, *compiled]))
+    assert [(p.key, p.fix) for p in found] == ([("trainer.compile", "pip install 'deepspeed>=0.19.7', or trainer.compile=none")] if refused else [])
+    if refused:
+        assert f"DeepSpeed {version}'s Ulysses exchange gives compiled layers no gradient for q, k and v" in found[0].message
+    assert context.problems(compose(["parallel=zero2", *common])) == []
+    fsdp = compose(["parallel=fsdp_tp", "parallel.tp=1", *common, *compiled])
+    assert context.choose_kind(fsdp, 2)[0] == ("ring" if refused else "ulysses")
+    explicit = context.problems(compose(["parallel=fsdp_tp", "parallel.tp=1", *common, *compiled, "parallel.cp_kind=ulysses"]))
+    assert [p.fix for p in explicit] == (["pip install 'deepspeed>=0.19.7', or trainer.compile=none, or parallel.cp_kind=ring"] if refused else [])
+
+
 def test_cp_null_chooses_only_among_cps_a_trainable_kind_splits():
     """Ring does not train yet, so parallel.cp=null never lands on a cp only ring could split."""
     from tinytrain.plan.context import allowed_cps
