@@ -114,6 +114,19 @@ def test_lean_paths_train_the_same(smoke_run, tmp_path):
     assert ours == pytest.approx(base, rel=1e-4)
 
 
+def test_compiled_blocks_compile_once_whatever_the_depth(tmp_path):
+    """Ten compiled blocks share one graph: torch's recompile log shows at most a recompile or two
+    (validation's inputs), never the recompile limit (8), after which dynamo runs the deeper blocks
+    eagerly. The non-finite guard's forward-order hooks ran inside every block's graph and made
+    dynamo compile each block anew on its name (callbacks/nonfinite_guard.py; without checkpointing:
+    inside a checkpointed block they broke the first step's graph instead)."""
+    model = ["model.num_layers=10", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
+    r = run_cli(["experiment=smoke", *model, "trainer.max_steps=3", "trainer.warmup_steps=1", "trainer.progress_bar=false", "generate.sample_prompts=[]", "trainer.compile=blocks", "trainer.compile_backend=aot_eager"], tmp_path / "run", env={"TORCH_LOGS": "recompiles"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert log.count("Recompiling function") <= 2 and "recompile_limit" not in log, log[-3000:]
+
+
 def test_a_run_shorter_than_the_log_interval_writes_metrics_and_the_curve(tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(["experiment=smoke", "trainer.max_steps=3", "trainer.warmup_steps=1", "trainer.log_every_n_steps=50", "trainer.progress_bar=false", "generate.sample_prompts=[]"], run_dir)

@@ -79,7 +79,7 @@ def guard_callbacks(cfg, plan: RunPlan, run_dir: Path) -> list:
     policy = plan.precision.loss_scale
     pref = plan.preference
     loss_settings = f"finetune.objective={pref.name} finetune.beta={pref.beta:g} finetune.label_smoothing={pref.label_smoothing:g} finetune.simpo_gamma={pref.simpo_gamma:g}" if pref else None
-    nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints", loss_settings)
+    nonfinite = NonFiniteGuard(g.nonfinite.value, g.max_consecutive_skips, run_dir / "checkpoints", loss_settings, compiled=plan.fast_paths.compile != "none")
     loss_scale = [LossScaleGuard(g.loss_scale_halvings, policy, plan.preflight.unfixed_rows, nonfinite)] if policy else []
     return [
         nonfinite,

@@ -32,18 +32,24 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteGuard(pl.Callback):
-    def __init__(self, policy: str, max_consecutive_skips: int, checkpoint_dir: Path, loss_settings: str | None = None):
+    def __init__(self, policy: str, max_consecutive_skips: int, checkpoint_dir: Path, loss_settings: str | None = None, compiled: bool = False):
         self.policy = policy  # "skip" | "stop"
         self.loss_settings = loss_settings  # e.g. "finetune.objective=dpo finetune.beta=0.1"
         self.loss: torch.Tensor | None = None  # this step's, read only once a gradient is non-finite (no sync)
         self.max_skips = max_consecutive_skips
         self.checkpoint_dir = checkpoint_dir
         self.order = ForwardOrder()
+        # Compiled modules run their forward hooks inside the graph: dynamo would guard on each
+        # module's name in the recording hook and compile every block anew until its recompile
+        # limit (8), running the deeper blocks eagerly. Compiled runs name parameters in module
+        # order, which differs from forward order only within a layer.
+        self.compiled = compiled
         self.consecutive = 0
         self.last_bad_parameter: str | None = None
 
     def on_train_start(self, trainer, pl_module):
-        self.order.attach(pl_module)
+        if not self.compiled:
+            self.order.attach(pl_module)
 
     def on_before_backward(self, trainer, pl_module, loss):
         self.loss = loss.detach()
@@ -71,7 +77,7 @@ class NonFiniteGuard(pl.Callback):
         self.last_bad_parameter = name
         self.consecutive += 1
         scale = current_loss_scale(trainer)
-        where = f"step {trainer.global_step}: first non-finite gradient (forward order) in {name}"
+        where = f"step {trainer.global_step}: first non-finite gradient ({'module' if self.compiled else 'forward'} order) in {name}"
         scale_text = f", loss scale {scale:g}" if scale is not None else ""
         scaling = scale is not None
         if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
