@@ -327,7 +327,8 @@ def fit_lines(plan: dict) -> list[str]:
         lines.append(f"fp8        {'on' if plan['fp8']['enabled'] else 'off'}: {plan['fp8']['reason']}")
     f = plan["fast_paths"]
     on = [k for k in ("fused_adamw", "liger") if f[k]] + [f"{k} {f[k]}" for k in ("compile", "activation_checkpointing") if f[k] != "none"] + ([f"chunked loss ({f['loss_chunk_tokens']} tokens)"] if f["loss_chunk_tokens"] else [])
-    lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}")
+    compiled = f"; compile: {f['reasons']['compile']}" if f["compile"] != "none" else ""
+    lines.append(f"fast paths {', '.join(on) if on else 'none beyond ' + plan['model']['attention']}; loss: {f['reasons']['loss_chunk_tokens']}; liger: {f['reasons']['liger']}{compiled}")
     if plan.get("evals"):
         lines.append(render_evals(plan["evals"], plan["max_steps"]))
     if plan.get("watchdog"):

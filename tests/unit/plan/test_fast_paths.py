@@ -45,6 +45,16 @@ def test_fsdp_tp_chunks_the_loss_without_liger_and_zero3_keeps_the_kernels_but_n
     assert (z2.liger, z2.liger_loss) == (True, True)
 
 
+def test_the_plan_says_zero3_breaks_compiled_blocks():
+    """ZeRO-3's parameter gathers break each compiled block's graph (measured: plan/fast_paths.py);
+    ZeRO-2 compiles them whole, and the plan says so only where it happens."""
+    blocks = trainer(compile="blocks")
+    z3 = select_fast_paths(blocks, Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3)
+    assert z3.compile == "blocks" and "under ZeRO-3 DeepSpeed gathers each layer's parameters in module hooks that break the block's graph" in z3.reasons["compile"]
+    for quiet in (select_fast_paths(blocks, Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=2), select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3)):
+        assert "ZeRO-3" not in quiet.reasons["compile"]
+
+
 def test_a_long_sequence_turns_the_chunked_loss_on_whatever_the_vocab():
     """Llama-2's 32,000 rows at 32k tokens: the plain loss's backward would hold 12 GiB a sequence
     (its log-softmax and two gradients), so the loss is chunked; at 16k (6 GiB) it stays plain."""
