@@ -82,13 +82,12 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
         chunk = 0
         reasons["loss_chunk_tokens"] = f"off: {logits_only}"
     compiling = compile_mode(trainer_cfg.compile)
+    zero3 = f", but {ZERO3_COMPILE}" if row.deepspeed and zero_stage == 3 else ""
     reasons["compile"] = {
         CompileMode.none: "off (trainer.compile=blocks compiles each transformer block)",
-        CompileMode.blocks: f"each transformer block compiled on its own ({trainer_cfg.compile_backend}): compile time does not grow with depth",
-        CompileMode.model: f"the whole model as one graph ({trainer_cfg.compile_backend})",
+        CompileMode.blocks: f"each transformer block compiled on its own ({trainer_cfg.compile_backend})" + (zero3 or ": compile time does not grow with depth"),
+        CompileMode.model: f"the whole model as one graph ({trainer_cfg.compile_backend}){zero3}",
     }[compiling]
-    if compiling is not CompileMode.none and row.deepspeed and zero_stage == 3:
-        reasons["compile"] = reasons["compile"].split(": compile time")[0] + f", but {ZERO3_COMPILE}"
     if checkpointing is None:
         checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
     problem = compiled_tp_problem(compiling, checkpointing, strategy, tp)
