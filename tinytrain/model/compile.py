@@ -1,7 +1,12 @@
 """torch.compile on a built model, by the plan's mode: each transformer block on its own
 (`blocks`: one graph per block class, reused by every layer, so compile time does not grow with
-depth) or the whole model as one graph (`model`). In place (`nn.Module.compile`): parameter names,
-and so checkpoints, stay unchanged."""
+depth) or the whole model as one graph (`model`). In place: parameter names, and so checkpoints,
+stay unchanged.
+
+Under ZeRO-3 a block's forward is compiled, not its call: `Module.compile` traces a module's own
+hooks into its graph, and DeepSpeed's hooks guard on each layer's id, so every layer would compile
+anew up to torch's recompile limit. Its layers gather their weights whole (model/zero3_layers.py),
+so the forward holds no hook and compiles as one graph."""
 
 from __future__ import annotations
 
@@ -13,8 +18,13 @@ def blocks(model) -> list:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def apply_compile(model, mode: str, backend: str) -> None:
-    if mode == "blocks":
+def apply_compile(model, mode: str, backend: str, *, zero3: bool = False) -> None:
+    if mode == "blocks" and zero3:
+        import torch
+
+        for block in blocks(model):
+            block.forward = torch.compile(block.forward, backend=backend)
+    elif mode == "blocks":
         for block in blocks(model):
             block.compile(backend=backend)
     elif mode == "model":

@@ -70,7 +70,8 @@ class StrategyRow:
     compile_blocks_off: str | None = None  # trainer.compile=blocks
     compile_model_off: str | None = None  # trainer.compile=model
     # (zero_stage) -> why selective checkpointing's op-level policy cannot run, or None; where it
-    # cannot, selective checkpoints every SELECTIVE_EVERY-th block in full instead
+    # cannot, selective checkpoints every SELECTIVE_EVERY-th block in full instead (ZeRO-3 could not
+    # while it gathered weights inside a layer: model/zero3_layers.py)
     op_checkpoint_off: Callable = lambda zero_stage: None
     fp8_off: str | None = None  # precision.fp8: torchao's Float8Linear layers
     finetune_problems: Callable = lambda cfg: []  # (cfg) -> [Problem], beyond the two above
@@ -97,17 +98,6 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
 
 def deepspeed_problems(cfg, world: int) -> list[Problem]:
     return deepspeed_config.stage_problems(cfg.parallel, cfg.mode == Mode.train)
-
-
-# Seen on CPU (DeepSpeed 0.19.8, torch 2.13): ZeRO-3 gathers a block's weights in hooks inside the
-# block, and their state differs between the forward and its recompute, so torch's selective
-# checkpoint finds an all-gather in backward that it did not store ("c10d._allgather_base_.default
-# encountered during backward but not found in storage"). Stages 1 and 2 hold whole weights.
-ZERO3_GATHERS = "ZeRO-3 gathers each block's weights in hooks inside the block, which torch's selective checkpoint cannot replay"
-
-
-def deepspeed_op_checkpoint_off(zero_stage: int) -> str | None:
-    return ZERO3_GATHERS if zero_stage == 3 else None
 
 
 def deepspeed_finetune_problems(cfg) -> list[Problem]:
@@ -164,7 +154,6 @@ STRATEGIES = {
         lora_off=None,
         qlora=False,
         cp_kinds=("ulysses",),
-        op_checkpoint_off=deepspeed_op_checkpoint_off,
         fp8_off="DeepSpeed casts and partitions the weights inside its engine, and torchao's float8 layers are not checked under it",
         finetune_problems=deepspeed_finetune_problems,
         gradient_buffers="DeepSpeed's flat gradient buffers hold the gradients through the run",

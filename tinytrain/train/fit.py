@@ -25,6 +25,7 @@ from tinytrain.model.liger import apply_kernels
 from tinytrain.model.lora import apply_adapters, load_quantized_base
 from tinytrain.model.module import CausalLMModule
 from tinytrain.model.reference import FrozenReference
+from tinytrain.model.zero3_layers import gather_layers_whole
 from tinytrain.plan.run_plan import RunPlan
 from tinytrain.preflight.checks import data_findings, report
 from tinytrain.preflight.embedding_health import fix_rows, reinit_rows, vocab_tables
@@ -75,8 +76,11 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
     if plan.fp8.enabled:
         log.info("float8 training: %d linear layers converted (%s)", apply_fp8(model, plan.fp8.emulate), plan.fp8.reason)
+    zero3 = plan.parallel.row.deepspeed and plan.parallel.zero_stage == 3
+    if zero3:
+        gather_layers_whole(model)
     apply_checkpointing(model, fast.activation_checkpointing, fast.checkpoint_every)
-    apply_compile(model, fast.compile, fast.compile_backend)  # after checkpointing: a block's graph holds its recompute
+    apply_compile(model, fast.compile, fast.compile_backend, zero3=zero3)  # after checkpointing: a block's graph holds its recompute
     return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
 
 

@@ -67,11 +67,12 @@ def test_old_booleans_and_modes_resolve_into_the_config(value, mode, tmp_path):
     assert f"activation_checkpointing: {mode}" in (tmp_path / "config_resolved.yaml").read_text()
 
 
-def test_zero3_checkpoints_every_second_block_for_selective(tmp_path):
-    """ZeRO-3's gathers inside a block cannot be replayed by the op policy (plan/parallel.py)."""
-    p = plan(["parallel=zero3", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path)
-    assert p["fast_paths"]["checkpoint_every"] == 2 and "ZeRO-3 gathers" in p["activation_checkpointing"]["how"]
-    assert plan(["parallel=zero2", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path / "z2")["fast_paths"]["checkpoint_every"] == 1
+def test_zero3_takes_the_op_policy_for_selective(tmp_path):
+    """ZeRO-3 gathers each layer's weights whole (model/zero3_layers.py), so no gather inside a
+    block stands in the op policy's replay: every block selective, as under ZeRO-2."""
+    for zero in ("zero3", "zero2"):
+        p = plan([f"parallel={zero}", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path / zero)
+        assert p["fast_paths"]["checkpoint_every"] == 1 and "selective checkpoint policy" in p["activation_checkpointing"]["how"]
 
 
 def test_the_row_decides_the_op_policy(monkeypatch, tmp_path):

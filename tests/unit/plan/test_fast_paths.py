@@ -45,14 +45,15 @@ def test_fsdp_tp_chunks_the_loss_without_liger_and_zero3_keeps_the_kernels_but_n
     assert (z2.liger, z2.liger_loss) == (True, True)
 
 
-def test_the_plan_says_zero3_breaks_compiled_blocks():
-    """ZeRO-3's parameter gathers break each compiled block's graph (measured: plan/fast_paths.py);
-    ZeRO-2 compiles them whole, and the plan says so only where it happens."""
-    blocks = trainer(compile="blocks")
-    z3 = select_fast_paths(blocks, Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3)
-    assert z3.compile == "blocks" and "under ZeRO-3 DeepSpeed gathers each layer's parameters in module hooks that break the block's graph" in z3.reasons["compile"]
-    for quiet in (select_fast_paths(blocks, Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=2), select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3)):
-        assert "ZeRO-3" not in quiet.reasons["compile"]
+def test_the_plan_says_how_zero3_compiles():
+    """Under ZeRO-3 compiled blocks run inside DeepSpeed's hooks and compile once, the whole model
+    breaks at every layer (measured: plan/fast_paths.py); the plan says so only under ZeRO-3."""
+    z3 = {mode: select_fast_paths(trainer(compile=mode), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3) for mode in ("blocks", "model")}
+    assert z3["blocks"].compile == "blocks" and "inside DeepSpeed's hooks" in z3["blocks"].reasons["compile"] and "no graph break" in z3["blocks"].reasons["compile"]
+    assert z3["model"].compile == "model" and "41 graph breaks" in z3["model"].reasons["compile"] and "trainer.compile=blocks compiles each layer whole" in z3["model"].reasons["compile"]
+    for mode in ("blocks", "model"):
+        assert "ZeRO-3" not in select_fast_paths(trainer(compile=mode), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=2).reasons["compile"]
+    assert "ZeRO-3" not in select_fast_paths(trainer(), Strategy.deepspeed, on_gpu=True, padded_vocab=32000, zero_stage=3).reasons["compile"]
 
 
 def test_a_long_sequence_turns_the_chunked_loss_on_whatever_the_vocab():
