@@ -137,7 +137,10 @@ def _masked_sdpa(sdpa):
 
     def forward(module, query, key, value, attention_mask, **kwargs):
         positions = kwargs["position_ids"]  # (rows, seq): the gathered whole sequence
-        if "mask" not in last or last["positions"].shape != positions.shape or not torch.equal(last["positions"], positions):
+        # The comparison runs in every call, hit or miss: selective checkpointing replays a layer's
+        # ops in its recompute, which hits the cache, and stops at an op the layer's forward did not
+        # run (the first call compares the positions with themselves; torch.equal of two shapes is False).
+        if not torch.equal(last.get("positions", positions), positions) or "mask" not in last:
             doc = _document_ids(positions)
             seq = doc.shape[1]
             causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
