@@ -21,7 +21,7 @@ BASE_VOCAB, TRUE_VOCAB = 4096, 4098  # the base knows the bundled tokenizer; the
 # ZeRO-3 stands for DeepSpeed (partitioned parameters are the harder case; LoRA under ZeRO-2 trains
 # in tests/integration/test_preference.py): the suite's time goes to what adds coverage.
 # single takes the throughput levers (selective checkpointing through peft's layers, compiled blocks).
-VARIANTS = {"single": LEVERS, "ddp": ["parallel=ddp", "cluster.devices=2"], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU]}
+VARIANTS = {"single": LEVERS, "ddp": ["parallel=ddp", "cluster.devices=2"], "zero3": ["parallel=zero3", *DEEPSPEED_ON_CPU, *LEVERS]}
 COMPARED = ("loss", "lr", "grad_norm", "val_loss")
 PROBE = "<|im_start|>user\nHow do I reverse a list?<|im_end|>\n<|im_start|>assistant\n"
 
