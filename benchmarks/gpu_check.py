@@ -8,7 +8,8 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
      float8 linears (torchao) with per-block compile. Run it first.
   a  packed-document isolation on the real kernels (torch varlen, SDPA; flash-attn where installed)
      and a 30-step bf16 single-GPU TinyLlama-1.1B run (seq 2048) with its export reloaded
-  b  DeepSpeed zero2 and zero3 in bf16, and zero2 in fp16 with the loss-scale policy (1 GPU each)
+  b  DeepSpeed zero2 and zero3 in bf16 (zero3 also with compiled blocks), and zero2 in fp16 with the
+     loss-scale policy (1 GPU each)
   c  benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16, tinytrain vs the raw loop on the same attention
      kernel: plain, --compile, --liger
   d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
@@ -167,6 +168,8 @@ def part_b(part: Part) -> None:
     if part.gpu:
         train(part, "zero2_bf16", common(True, steps, 4) + ["parallel=zero2"], export=False)
         train(part, "zero3_bf16", common(True, steps, 4) + ["parallel=zero3"], export=False)
+        # compiled blocks inside ZeRO-3's hooks (each layer gathered whole): its tokens/s against the row above
+        train(part, "zero3_bf16_blocks", common(True, steps, 4) + ["parallel=zero3", "trainer.compile=blocks"], export=False)
     else:
         part.add({"check": "train zero2_bf16 / zero3_bf16", "status": "skipped (dry run: zero2 fp16 below shows the DeepSpeed path on a CPU)"})
     train(part, "zero2_fp16", common(part.gpu, steps, 4) + ["parallel=zero2", *fp16, *deepspeed], export=False)
