@@ -135,8 +135,11 @@ def _masked_sdpa(sdpa):
     # built once and shared (one tensor saved for backward, not one per layer).
     last: dict = {}
 
-    def forward(module, query, key, value, attention_mask, **kwargs):
-        positions = kwargs["position_ids"]  # (rows, seq): the gathered whole sequence
+    # Outside compiled graphs: a block's graph is then the same whether the cache hit or missed, so
+    # a checkpoint's recompute, which hits it, replays what the block's forward ran (with transformers
+    # 5.17, which checkpoints around the compiled call, a graph of its own for a miss broke that).
+    @torch.compiler.disable
+    def documents_mask(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # The comparison runs in every call, hit or miss: selective checkpointing replays a layer's
         # ops in its recompute, which hits the cache, and stops at an op the layer's forward did not
         # run (the first call compares the positions with themselves; torch.equal of two shapes is False).
@@ -146,9 +149,13 @@ def _masked_sdpa(sdpa):
             causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
             allowed = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
             # Additive, in the attention's dtype: SDPA would turn a boolean mask into one per call.
-            mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, torch.finfo(query.dtype).min)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, torch.finfo(dtype).min)
             last.update(positions=positions, mask=mask)
-        return sdpa(module, query, key, value, last["mask"], **kwargs)
+        return last["mask"]
+
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        positions = kwargs["position_ids"]  # (rows, seq): the gathered whole sequence
+        return sdpa(module, query, key, value, documents_mask(positions, query.dtype), **kwargs)
 
     return forward
 
