@@ -365,4 +365,6 @@ def start_lines(plan: dict) -> list[str]:
         dtype = "bf16" if "bf16" in ds else "fp16" if "fp16" in ds else "fp32"
         on_cpu = " (on DeepSpeed's CPU accelerator: parallel.deepspeed_on_cpu, for tests only)" if plan["parallel"]["deepspeed_on_cpu"] else ""
         lines.append(f"deepspeed  ZeRO stage {zero['stage']}{' offload ' + '+'.join(offload) if offload else ''}, {dtype}, written to deepspeed_config.json{on_cpu}")
+        if zero["stage"] == 3:
+            lines.append("           each decoder layer gathered whole, around its call (a DeepSpeed leaf module, as FSDP2 gathers per block)")
     return lines

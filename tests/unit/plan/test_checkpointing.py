@@ -67,12 +67,15 @@ def test_old_booleans_and_modes_resolve_into_the_config(value, mode, tmp_path):
     assert f"activation_checkpointing: {mode}" in (tmp_path / "config_resolved.yaml").read_text()
 
 
-def test_zero3_takes_the_op_policy_for_selective(tmp_path):
+def test_zero3_takes_the_op_policy_for_selective(tmp_path, capsys):
     """ZeRO-3 gathers each layer's weights whole (model/zero3_layers.py), so no gather inside a
-    block stands in the op policy's replay: every block selective, as under ZeRO-2."""
+    block stands in the op policy's replay: every block selective, as under ZeRO-2. The plan says
+    how ZeRO-3 gathers."""
     for zero in ("zero3", "zero2"):
+        capsys.readouterr()
         p = plan([f"parallel={zero}", "hardware.gpu=A100", "trainer.activation_checkpointing=selective"], tmp_path / zero)
         assert p["fast_paths"]["checkpoint_every"] == 1 and "selective checkpoint policy" in p["activation_checkpointing"]["how"]
+        assert ("each decoder layer gathered whole" in capsys.readouterr().out) == (zero == "zero3")
 
 
 def test_the_row_decides_the_op_policy(monkeypatch, tmp_path):
