@@ -11,14 +11,13 @@ from __future__ import annotations
 from tinytrain.model.compile import blocks
 
 
-def gather_layers_whole(model) -> int:
-    """Before deepspeed.initialize, which installs its hooks on every module not inside a leaf.
-    Returns the number of layers marked."""
+def gather_layers_whole(model) -> None:
+    """Before deepspeed.initialize, which installs its hooks on every module not inside a leaf."""
     from deepspeed.utils import set_z3_leaf_modules
 
     layers = blocks(model)
     if not layers:
-        return 0
+        return
     set_z3_leaf_modules(model, list({type(layer) for layer in layers}))
     if not any(p.requires_grad for p in model.get_input_embeddings().parameters()):
         # DeepSpeed reduces a leaf's gradients in a full backward hook, which torch fires before the
@@ -26,4 +25,3 @@ def gather_layers_whole(model) -> int:
         # frozen embedding (LoRA). There it reduced the first layer's adapters before their gradients
         # existed ("The size of tensor a (0) must match ..."), so the embedding's output needs one.
         model.enable_input_require_grads()
-    return len(layers)
