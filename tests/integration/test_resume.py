@@ -7,9 +7,11 @@
   processes, and DeepSpeed on two ranks (ZeRO-2 fp32, ZeRO-3 fp16; a checkpoint is a folder of
   shards), with the signal sent to rank 0 only; FSDP2 x TP is stopped by Ctrl-C's SIGINT instead, and
   the fp32 run once more by SIGTERM (scancel, kill).
-- The interrupted run checkpoints activations selectively and its resumption in full, while the
-  uninterrupted reference keeps every activation: recomputation changes no bit, so the mode may
-  change between runs under every strategy (issue 34).
+- The interrupted run checkpoints activations selectively and its resumption in full with compiled
+  blocks (aot_eager: dynamo's and AOT autograd's graphs, eager kernels), while the uninterrupted
+  reference keeps every activation, eagerly: recomputation and the compiled block change no bit, so
+  the modes may change between runs under every strategy (issue 34), FSDP2 x TP at tp 2 among them,
+  where a block checkpointed whole has its checkpoint around its compiled forward.
 - SIGKILL while a checkpoint is being written (a slow disk): the previous checkpoint still loads,
   the partial file is ignored and removed, and the resumed run again equals the uninterrupted one.
 """
@@ -67,8 +69,9 @@ SIGNAL = {"fp32": signal.SIGUSR1, "fp32-sigterm": signal.SIGTERM, "fp16-fsdp_tp"
 # Variants that are the same run as another, stopped by another signal, share its reference.
 REFERENCE = {"fp32-sigterm": "fp32"}
 COMPARED = ("loss", "lr", "grad_norm", "loss_scale", "val_loss")
-# The interrupted run's two halves change the checkpointing mode (the reference runs none).
-FIRST_HALF, SECOND_HALF = ["trainer.activation_checkpointing=selective"], ["trainer.activation_checkpointing=full"]
+# The interrupted run's two halves change the checkpointing mode and compile (the reference runs none, eagerly).
+FIRST_HALF = ["trainer.activation_checkpointing=selective"]
+SECOND_HALF = ["trainer.activation_checkpointing=full", "trainer.compile=blocks", "trainer.compile_backend=aot_eager"]
 
 
 def start(run_dir, args, env=None) -> subprocess.Popen:
@@ -155,7 +158,7 @@ def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one
     out = finish(proc, run_dir)
     assert proc.returncode == 0, out[-3000:]
     assert f"resuming from checkpoints/step{step:07d}.ckpt (step {step})" in out
-    assert "activation_checkpointing full" in out
+    assert "activation_checkpointing full" in out and "each transformer block compiled on its own (aot_eager)" in out
 
     reference = uninterrupted(REFERENCE.get(variant, variant))
     assert metrics(run_dir) == metrics(reference)

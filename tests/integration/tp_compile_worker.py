@@ -6,10 +6,8 @@ RowwiseParallel on a dp 1 x tp mesh, FSDP2 around), fp32 weights under bf16 auto
 through model/activation_checkpointing.py, each block compiled (model/compile.py, aot_eager), two
 forward and backward passes per mode. Rank 0 writes what each mode did (tp_compile.json): "trained"
 with the parameter whose gradients (summed over both passes) differ most from the eager,
-uncheckpointed model's, or the error torch raised. The plan refuses the mode that cannot train with
-the installed transformers (plan/levers.py COMPILED_TP_FAILS); this says whether it still cannot,
-and whether the modes that train get every gradient (the embedding's is the one a compiled block
-can lose: model/tensor_parallel.py plain_output).
+uncheckpointed model's, or the error torch raised: whether every mode trains, and gets every
+gradient (the embedding's is the one a compiled block can lose: model/tensor_parallel.py plain_output).
 """
 
 import json

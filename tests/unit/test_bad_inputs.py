@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.cli_in_process import run_in_process
-from tinytrain.plan.levers import compiled_tp_failing_mode
 
 # ~330 commands, about two minutes on one worker: started before the short unit modules, so it does not
 # end the run alone while the other worker idles (tests/conftest.py orders the modules).
@@ -31,10 +30,6 @@ ZERO2 = ["parallel=zero2", "hardware.gpu=A100"]
 CP2 = ["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=2"]
 LONG = ["mode=plan", "model=llama3_1_8b", "parallel=zero3", "cluster.devices=8", "hardware.gpu=H100", "trainer.micro_batch_size=1"]
 EVALS = ["mode=plan", "eval.tasks=[tiny_mc]", "eval.include=[{F}/evals/tasks]"]
-# The checkpointing mode compiled blocks cannot train at tp > 1 with this transformers (full with
-# 5.23, none with 5.17: plan/levers.py), and the modes they can.
-COMPILED_TP_FAILING = compiled_tp_failing_mode()
-COMPILED_TP_TRAINS = [mode for mode in ("none", "selective", "full") if mode != COMPILED_TP_FAILING]
 CASES = {
     # the hang watchdog (plan/watchdog.py)
     "hang timeout zero": (["mode=plan", "cluster.hang_timeout_s=0"], ["cluster.hang_timeout_s=0", "must be a positive number of seconds", "cluster.hang_timeout_s=300", "cluster.watchdog=false"]),
@@ -124,13 +119,6 @@ CASES = {
     "fp8 on a V100": (["mode=plan", "hardware.gpu=V100", "precision=fp16", "precision.fp8=true"], ["precision.fp8=True", "V100 (compute capability 7.0) has less"]),
     "fp8 under fsdp_tp": (["mode=plan", "hardware.gpu=H100", "parallel=fsdp_tp", "cluster.devices=2", "precision.fp8=true"], ["precision.fp8=True", "torchao's float8 parallel styles", "Fix: use precision.fp8=false"]),
     "fp8 a word": (["mode=plan", "precision.fp8=maybe"], ["precision.fp8='maybe'", "must be false, true or auto", "Fix: use precision.fp8=auto"]),
-    # torch 2.13 cannot train full checkpointing compiled at tp 2 where transformers checkpoints inside
-    # the compiled call (5.23; plan/levers.py; tests/integration/test_tensor_parallel.py runs all three)
-    **({
-        "compiled blocks at tp 2 checkpointed in full": (["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2", "trainer.compile=blocks", "trainer.activation_checkpointing=full"], ["trainer.activation_checkpointing='full'", "full checkpointing with trainer.compile=blocks at parallel.tp=2 cannot train", "as this transformers places it", "Fix: use trainer.activation_checkpointing=selective", "trainer.compile=none", "parallel.tp=1"]),
-        # auto's choice at micro batch 4 is full (neither none nor selective fits)
-        "auto choosing full for compiled blocks at tp 2": (["mode=plan", "model=llama3_1_8b", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=8", "hardware.gpu=H100", "data.seq_len=8192", "trainer.micro_batch_size=4", "trainer.global_batch_size=64", "trainer.compile=blocks", "trainer.activation_checkpointing=auto"], ["trainer.activation_checkpointing='auto'", "full checkpointing (auto: the cheapest mode that fits", "Fix: use a smaller trainer.micro_batch_size"]),
-    } if COMPILED_TP_FAILING == "full" else {}),
     "compile backend unknown": (["mode=plan", "trainer.compile=blocks", "trainer.compile_backend=turbo"], ["trainer.compile_backend='turbo'", "is not a torch.compile backend (this torch has", "inductor", "Fix: use trainer.compile_backend=inductor"]),
     # model sizes
     "hidden size zero": (["mode=plan", "model.hidden_size=0"], ["model.hidden_size=0", "positive", "Fix: use e.g. model.hidden_size=192"]),
@@ -583,11 +571,16 @@ def test_every_problem_is_reported_at_once(clean_env, tmp_path):
         assert key in err
 
 
-@pytest.mark.parametrize("mode", COMPILED_TP_TRAINS)
-def test_compiled_blocks_at_tp2_plan_in_every_mode_this_transformers_trains(mode, clean_env, tmp_path):
-    """The refusal above names only the mode torch cannot train compiled at tp > 1 with the installed
-    transformers; the others plan (and train: tests/integration/test_tensor_parallel.py)."""
-    code, err = run_in_process(["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2", "trainer.compile=blocks", f"trainer.activation_checkpointing={mode}", f"hydra.run.dir={tmp_path / 'run'}"])
+# auto at micro batch 4 chooses full: neither none nor selective fits an 8B layer's 8192 tokens
+AUTO_CHOOSING_FULL = ["model=llama3_1_8b", "cluster.devices=8", "hardware.gpu=H100", "data.seq_len=8192", "trainer.micro_batch_size=4", "trainer.global_batch_size=64", "trainer.activation_checkpointing=auto"]
+
+
+@pytest.mark.parametrize(("args", "mode"), [(["trainer.activation_checkpointing=none"], "none"), (["trainer.activation_checkpointing=selective"], "selective"), (["trainer.activation_checkpointing=full"], "full"), (AUTO_CHOOSING_FULL, "full")], ids=["none", "selective", "full", "auto choosing full"])
+def test_compiled_blocks_at_tp2_plan_in_every_checkpointing_mode(args, mode, clean_env, tmp_path):
+    """Every mode, auto's choice of full among them, plans compiled at tp > 1, as each trains there
+    (tests/integration/test_tensor_parallel.py): a block checkpointed whole has its checkpoint around
+    the compiled forward (model/compile.py), where with transformers 5.23 full was refused."""
+    code, err = run_in_process(["mode=plan", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2", "trainer.compile=blocks", *args, f"hydra.run.dir={tmp_path / 'run'}"])
     assert code == 0, err
     assert json.loads((tmp_path / "run" / "plan.json").read_text())["fast_paths"]["activation_checkpointing"] == mode
 

@@ -34,6 +34,12 @@ def selective_context():
     return create_selective_checkpoint_contexts(saved_ops())
 
 
+def checkpointed_whole(block) -> bool:
+    """Whether transformers checkpoints this block whole, recomputing every op (full, or selective's
+    every-k-th blocks): checkpointing is on and the checkpoint call has no op policy."""
+    return block.gradient_checkpointing and "context_fn" not in block._gradient_checkpointing_func.keywords
+
+
 def apply_checkpointing(model, mode: str, every: int = 1) -> None:
     """`mode`: none | full | selective (resolved, never auto); `every`: checkpoint every n-th block
     (selective where the strategy cannot take the op policy checkpoints whole blocks instead)."""

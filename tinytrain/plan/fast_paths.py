@@ -9,7 +9,7 @@ from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.activations import LOSS_PEAK_BYTES
 from tinytrain.plan.checkpointing import CheckpointingPlan, choose
-from tinytrain.plan.levers import checkpointing_mode, compile_mode, compiled_tp_problem
+from tinytrain.plan.levers import checkpointing_mode, compile_mode
 from tinytrain.plan.parallel import strategy_row
 
 # A 128k-vocab logit tensor in fp32 for 8 x 2048 tokens is 8 GiB: above this size the loss is
@@ -51,13 +51,12 @@ ZERO3_MODEL = (
 )
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0, tp: int = 1) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels.
     `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
     `checkpointing`: the planner's choice (plan/checkpointing.py); without one, the configured mode
-    (auto: none, as where no GPU memory is known). `tp`: parallel.tp (compiled blocks cannot train
-    under it checkpointed in full with transformers 5.23: levers.COMPILED_TP_FAILS)."""
+    (auto: none, as where no GPU memory is known)."""
     reasons = {}
     row = strategy_row(strategy)
     fused = on_gpu and row.fused_adamw
@@ -92,9 +91,6 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     }[compiling]
     if checkpointing is None:
         checkpointing = choose(checkpointing_mode(trainer_cfg.activation_checkpointing), [], row.op_checkpoint_off(zero_stage))
-    problem = compiled_tp_problem(compiling, checkpointing, strategy, tp)
-    if problem:
-        raise ConfigError(problem)
     reasons["activation_checkpointing"] = f"{checkpointing.how} ({checkpointing.reason})"
     return FastPaths(fused, compiling.value, int(chunk), checkpointing.mode, reasons, liger, liger_loss, checkpointing.every, trainer_cfg.compile_backend)
 

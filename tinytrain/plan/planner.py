@@ -167,7 +167,7 @@ def logits_tokens(cfg, fam, vocab, hardware) -> int | None:
     loss's path does not depend on the checkpointing mode the fit chooses (fast_paths_for)."""
     if cfg.finetune.objective != Objective.sft:
         return None  # preference losses read the policy's logits whole (preference_plan.logits_loss)
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=fam.logits_only, seq_len=cfg.data.seq_len, tp=cfg.parallel.tp)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=fam.logits_only, seq_len=cfg.data.seq_len)
     if fast.liger_loss:
         return 0
     return fast.loss_chunk_tokens or None
@@ -336,7 +336,7 @@ def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, res
 
 
 def fast_paths_for(cfg, model: ModelStage, state: StateStage, fit: FitStage, vocab, hardware):
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=model.fam.logits_only, checkpointing=fit.checkpointing, seq_len=cfg.data.seq_len, tp=cfg.parallel.tp)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=model.fam.logits_only, checkpointing=fit.checkpointing, seq_len=cfg.data.seq_len)
     return preference_plan.logits_loss(fast) if state.preference else fast
 
 
