@@ -11,7 +11,9 @@ tinytrain.model.compile). Printed as ratios to none (checkpointing) and eager (c
     python benchmarks/throughput_levers.py [--layers 8 --hidden 768 --batch 2 --seq 256] [--all]
 Expect: full's memory well below none's at ~4/3 of its step time; selective between them at
 close to none's time; blocks' gradients equal to eager's within 1e-6 under aot_eager, its step
-faster than eager's under inductor once compiled (compile time is reported apart).
+faster than eager's under inductor once compiled (compile time is reported apart). --all adds full
+with compiled blocks twice: the checkpoint around each block's compiled forward (what tinytrain
+runs, tinytrain/model/compile.py) and inside its graph (where transformers 5.23 puts it).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def child(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = LlamaForCausalLM(config).to(device).train()
     apply_checkpointing(model, args.checkpointing)
+    if args.checkpoint_in_graph:  # where transformers 5.23 puts a whole block's checkpoint; tinytrain puts it around the graph
+        import tinytrain.model.compile
+
+        tinytrain.model.compile.checkpoints_in_forward = lambda: False
     apply_compile(model, args.compile, args.backend)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device) for _ in range(args.warmup + args.steps)]
@@ -97,7 +103,7 @@ def child(args) -> dict:
 
 
 def run(variant: dict, shape: list[str], folder: Path) -> dict:
-    name = f"checkpointing={variant['checkpointing']} compile={variant['compile']}" + (f" ({variant['backend']})" if variant["compile"] != "none" else "")
+    name = f"checkpointing={variant['checkpointing']} compile={variant['compile']}" + (f" ({variant['backend']})" if variant["compile"] != "none" else "") + (" in graph" if variant.get("checkpoint_in_graph") else "")
     grads = folder / f"{len(list(folder.iterdir()))}.pt"
     cmd = [sys.executable, __file__, "--child", "--grads", str(grads), *shape, *(f"--{k}={v}" for k, v in variant.items())]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -123,12 +129,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--all", action="store_true", help="also compile=model, and blocks under aot_eager")
+    parser.add_argument("--all", action="store_true", help="also compile=model, blocks under aot_eager, and full + blocks with the checkpoint around the graph and in it")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--grads", type=str)
     parser.add_argument("--checkpointing", default="none")
     parser.add_argument("--compile", default="none")
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--checkpoint_in_graph", type=int, default=0)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args)))
@@ -139,13 +146,14 @@ def main() -> None:
         levers += [{"checkpointing": "none", "compile": "blocks", "backend": "inductor"}]
         if args.all:
             levers += [{"checkpointing": "none", "compile": "blocks", "backend": "aot_eager"}, {"checkpointing": "none", "compile": "model", "backend": "inductor"}]
+            levers += [{"checkpointing": "full", "compile": "blocks", "backend": "inductor"}, {"checkpointing": "full", "compile": "blocks", "backend": "inductor", "checkpoint_in_graph": 1}]
         results = [run(v, shape, Path(folder)) for v in levers]
         base = results[0]
         print(f"model {args.layers} layers x hidden {args.hidden}, vocab {args.vocab}: {base['params_mb']:.0f} MB of fp32 weights; batch {args.batch}x{args.seq}; {args.steps} timed steps after {args.warmup} on {base['device']} ({base['threads']} threads)")
-        print(f"{'variant':<46} {'step':>9} {'x base':>7} {'peak MB':>9} {'x base':>7} {'first step':>11} {'max |grad - base|':>18}")
+        print(f"{'variant':<56} {'step':>9} {'x base':>7} {'peak MB':>9} {'x base':>7} {'first step':>11} {'max |grad - base|':>18}")
         for r in results:
             diff = max_difference(r["grads"], base["grads"])
-            print(f"{r['name']:<46} {r['step_s']:8.3f}s {r['step_s'] / base['step_s']:7.2f} {r['peak_mb']:9.1f} {r['peak_mb'] / base['peak_mb']:7.2f} {r['first_s']:10.1f}s {diff:18.2e}{'' if diff <= 1e-6 else '  (> 1e-6)'}")
+            print(f"{r['name']:<56} {r['step_s']:8.3f}s {r['step_s'] / base['step_s']:7.2f} {r['peak_mb']:9.1f} {r['peak_mb'] / base['peak_mb']:7.2f} {r['first_s']:10.1f}s {diff:18.2e}{'' if diff <= 1e-6 else '  (> 1e-6)'}")
 
 
 if __name__ == "__main__":
