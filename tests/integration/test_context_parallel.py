@@ -90,7 +90,9 @@ def runs(tmp_path_factory):
     fsdp = ["parallel=fsdp_tp", "parallel.tp=1"]
     args = {
         "cp1": ["parallel=zero2", "cluster.devices=1"],
-        "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2", *COMPILED],
+        # full checkpointing around each compiled forward (model/compile.py): the recompute runs
+        # Ulysses' exchanges again
+        "zero2": ["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "trainer.activation_checkpointing=full", *COMPILED],
         # selective checkpointing replays each layer around the packed documents' cached mask
         # (model/context_parallel.py), its compiled forward inside ZeRO-3's hooks (model/compile.py)
         "zero3": ["parallel=zero3", "cluster.devices=2", "parallel.cp=2", "trainer.activation_checkpointing=selective", *COMPILED],
