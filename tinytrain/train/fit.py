@@ -80,7 +80,7 @@ def build_module(cfg, plan: RunPlan, tokenizer):
     if zero3:
         gather_layers_whole(model)
     apply_checkpointing(model, fast.activation_checkpointing, fast.checkpoint_every)
-    apply_compile(model, fast.compile, fast.compile_backend, zero3=zero3)  # after checkpointing: a block's graph holds its recompute
+    apply_compile(model, fast.compile, fast.compile_backend, zero3=zero3)  # after checkpointing: it places each block's checkpoint (model/compile.py)
     return CausalLMModule.for_plan(model, cfg.trainer, plan, reference)
 
 
