@@ -51,7 +51,8 @@ def compile_inside_checkpoint(block, backend: str) -> None:
 
 
 def apply_compile(model, mode: str, backend: str, *, zero3: bool = False) -> None:
-    """After checkpointing (model/activation_checkpointing.py), which decides where each block's checkpoint goes."""
+    """After checkpointing (model/activation_checkpointing.py): a block it checkpoints whole gets the
+    checkpoint around its compiled forward."""
     import torch
 
     if mode == "model":
