@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tinytrain.config.schema import Arch
 from tinytrain.model.activation_checkpointing import apply_checkpointing, saved_ops
 from tinytrain.model.compile import apply_compile, blocks
 
@@ -104,6 +105,31 @@ def saved_outside_checkpoints(model) -> int:
         loss = model(input_ids=BATCH, labels=BATCH).loss
     loss.backward()
     return count
+
+
+def family_model(arch, seed: int = 0):
+    """A tiny model of a family (transformers' model_type), eager attention (Gemma-2's soft-capping)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch.value, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_cache=False, pad_token_id=0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+
+
+@pytest.mark.parametrize("arch", list(Arch), ids=lambda a: a.value)
+def test_every_family_s_blocks_checkpointed_whole_compile_with_eager_s_gradients(arch):
+    """model/compile.py compiles the layer's own forward under the checkpoint: whatever wraps each
+    family's decoder layer (transformers 5.23 wraps its forward), full checkpointing with compiled
+    blocks gives the eager, uncheckpointed model's gradients, bit for bit under aot_eager."""
+    torch._dynamo.reset()
+    reference = gradients(family_model(arch))
+    model = family_model(arch)
+    apply_checkpointing(model, "full")
+    apply_compile(model, "blocks", "aot_eager")
+    got = gradients(model)
+    assert got.keys() == reference.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, reference[name], atol=0, rtol=0, msg=name)
 
 
 def test_compiled_blocks_checkpointed_whole_keep_what_eager_full_keeps():
