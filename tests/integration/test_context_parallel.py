@@ -196,7 +196,18 @@ def four_ranks(tmp_path_factory):
     results = {}
     for cp in (4, 2):
         run_ranks("tests.integration.cp_worker", [str(cp), str(out)], 4, {"OMP_NUM_THREADS": "1"}, local_rank=True)
-        results[cp] = torch.load(out / f"cp{cp}_world4.pt", weights_only=False)
+        results[cp] = torch.load(out / f"cp{cp}_world4_sdpa.pt", weights_only=False)
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """tests/integration/cp_worker.py on 2 processes (cp 2) for each kernel Ulysses wraps."""
+    out = tmp_path_factory.mktemp("cp_kernels")
+    results = {}
+    for attention in ("sdpa", "varlen", "flash"):
+        run_ranks("tests.integration.cp_worker", ["2", str(out), attention], 2, {"OMP_NUM_THREADS": "1"}, local_rank=True)
+        results[attention] = torch.load(out / f"cp2_world2_{attention}.pt", weights_only=False)
     return results
 
 
@@ -212,3 +223,17 @@ def test_every_gradient_on_four_ranks_equals_whole_sequences(four_ranks, cp):
     assert all(x == pytest.approx(losses[g // cp * cp], rel=1e-6) for g, x in enumerate(losses))
     if cp == 2:
         assert losses[0] != pytest.approx(losses[2], rel=1e-3)
+    assert r["host_reads"] == r["cp1_host_reads"]  # the attention reads nothing to the host under cp
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "varlen", "flash"])
+def test_every_kernel_under_ulysses_equals_whole_sequences_reading_no_more_than_cp1(two_ranks, attention):
+    """SDPA, torch's varlen kernel and transformers' flash-attn path (the CPU's stand-in kernel
+    behind the last two) under Ulysses, each fed the whole rows' boundaries by the training forward:
+    every gradient equals whole sequences', and the forward reads to the host (a device sync each on
+    a GPU) exactly as often as cp=1's on the same kernel, never once per layer. A flash core keeps
+    its name: transformers loads flash kernels by the model's implementation name."""
+    r = two_ranks[attention]
+    assert r["grad_gap"] < RTOL and r["packed_vs_alone"] < 1e-6, r
+    assert r["host_reads"] == r["cp1_host_reads"], r
+    assert r["attention"] == {"sdpa": "sdpa_documents", "varlen": "torch_varlen_reference_documents", "flash": "flash_attention_reference"}[attention]

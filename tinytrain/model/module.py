@@ -128,9 +128,9 @@ class CausalLMModule(pl.LightningModule):
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, cu_seq_lens=None, max_length=None) -> dict:
         if self.context is not None:
-            # The cp group's kind says what a shard's forward takes (Ulysses: the position ids the
-            # documents are found in; ring: its block mask as well).
-            return self.context.model_kwargs(input_ids, attention_mask, position_ids)
+            # The cp group's kind says what a shard's forward takes (Ulysses: the position ids and
+            # the whole rows' document boundaries; ring: its block mask as well).
+            return self.context.model_kwargs(input_ids, attention_mask, position_ids, cu_seq_lens=cu_seq_lens, max_length=max_length)
         # position_ids restarting per document isolate packed documents; with use_cache on (or an
         # attention_mask alongside), transformers would let them attend to each other. On
         # a varlen kernel (torch's or flash-attn's) the rows go in as one flattened row with the
