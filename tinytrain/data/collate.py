@@ -11,7 +11,9 @@ Packed batches also carry their document boundaries for flash-attn's varlen kern
 the CPU (in the loader workers) so the GPU never waits on a device-to-host copy to find them:
 `cu_seq_lens`, where every document starts in the batch flattened to one row (and the total), and
 `max_length`, the longest. Packed SFT rows carry `padding` (padding tokens per row), so throughput
-can leave padding out.
+can leave padding out. Every batch carries the counts its FLOPs are measured by (`COUNTS`: real
+tokens and the sum of squared attention spans) as plain numbers for the same reason: counted on the
+device after the step, they would make the host wait for each micro batch to finish.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 from torch.utils.data import default_collate
 
 IGNORE = -100
+# (real tokens, sum of squared attention spans) of a batch: what ThroughputMonitor counts FLOPs by.
+COUNTS = "tokens_and_squares"
 
 
 def document_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -33,9 +37,32 @@ def document_boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def with_document_boundaries(batch: dict) -> dict:
+    """The batch with its documents' boundaries (packed rows) and its throughput counts."""
     if "position_ids" in batch:
         batch["cu_seq_lens"], batch["max_length"] = document_boundaries(batch["position_ids"])
+    batch[COUNTS] = tokens_and_squares(batch)
     return batch
+
+
+def tokens_and_squares(batch: dict) -> tuple[int, int]:
+    """Real tokens in a batch and sum(attention span^2): packed documents by their position ids,
+    padded SFT rows by their attention mask (padding is compute, not model FLOPs). The padding of a
+    packed SFT row is one more segment of position ids (PaddedCollator), of `padding` tokens. On a
+    device batch each read waits for the device; the collators count on the CPU."""
+    rows, seq = batch["input_ids"].shape
+    if "position_ids" in batch:
+        cu = batch["cu_seq_lens"] if "cu_seq_lens" in batch else document_boundaries(batch["position_ids"].cpu())[0]
+        spans = cu.diff().long()
+        tokens, squares = rows * seq, int((spans * spans).sum())
+        if "padding" in batch:
+            pad = batch["padding"]
+            tokens, squares = tokens - int(pad.sum()), squares - int((pad * pad).sum())
+        return tokens, squares
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        lengths = mask.sum(dim=1)
+        return int(lengths.sum()), int((lengths * lengths).sum())
+    return rows * seq, rows * seq * seq
 
 
 def collate_windows(samples: list[dict[str, torch.Tensor]]) -> dict:

@@ -8,6 +8,7 @@ import torch
 
 from tests.conftest import compose, run_cli
 from tinytrain.cli import run_stages
+from tinytrain.data.collate import COUNTS
 from tinytrain.data.datamodule import DataModule
 from tinytrain.errors import ConfigError
 from tinytrain.plan.validate import validate
@@ -60,7 +61,7 @@ def test_pretraining_batches(tmp_path, bundled_tokenizer):
     cfg = compose(["data=text", f"data.path={write_text(tmp_path)}", f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=16", "data.tokenize_workers=0"]).data
     data = DataModule(cfg, bundled_tokenizer, micro_batch_size=4, seed=0, progress=False)
     batch = next(iter(data.train_dataloader()))
-    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens", "max_length"}  # boundaries for flash-attn
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens", "max_length", COUNTS}  # boundaries for flash-attn, throughput's counts
     assert batch["input_ids"].shape == (4, 16) and batch["input_ids"].dtype == torch.long
     assert batch["cu_seq_lens"][0] == 0 and batch["cu_seq_lens"][-1] == 4 * 16 and batch["max_length"] <= 16
     assert len(data.val) >= 1 and "isolated" in data.describe()

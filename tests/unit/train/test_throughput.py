@@ -34,8 +34,15 @@ def test_batch_flops_by_hand():
 
 
 def test_packed_batches_use_squared_document_lengths():
+    from tinytrain.data.collate import COUNTS, collate_windows
+
     position_ids = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
     assert sum_squared_document_lengths(position_ids) == (9 + 4) + 25
+    # The collator's count (from the boundaries it finds on the CPU) is the same; a row that starts
+    # inside a document (a window of a long one) counts its span from the row's start.
+    position_ids = torch.tensor([[0, 1, 2, 0, 1], [7, 8, 0, 1, 2]])
+    batch = collate_windows([{"input_ids": torch.zeros(5, dtype=torch.long), "position_ids": row} for row in position_ids])
+    assert batch[COUNTS] == (10, sum_squared_document_lengths(position_ids)) == (10, (9 + 4) + (4 + 9))
 
 
 def test_peak_by_precision_and_graceful_omission():
@@ -109,16 +116,16 @@ def test_chunked_loss_equals_full_loss_and_gradients():
 def test_packed_sft_rows_count_no_padding():
     import numpy as np
 
-    from tinytrain.data.collate import PaddedCollator
+    from tinytrain.data.collate import COUNTS, PaddedCollator, tokens_and_squares
     from tinytrain.data.packing import PackedSamples
     from tinytrain.data.sft import SftSample
-    from tinytrain.train.callbacks.throughput import batch_tokens_and_squares
 
     lengths = [9, 5, 12, 3, 7]  # rows of capacity 16: [12, 3], [9, 7], [5] -> padded to width 16
     samples = [SftSample(np.arange(n) + 5, np.full(n, -100)) for n in lengths]
     rows = PackedSamples(samples, capacity=16)
     batch = PaddedCollator(pad_id=0, multiple=8)([rows[i] for i in range(len(rows))])
     assert batch["input_ids"].shape == (3, 16)
-    tokens, squares = batch_tokens_and_squares(batch)
+    tokens, squares = tokens_and_squares(batch)
     assert tokens == sum(lengths) == 36  # not 3 x 16 = 48
     assert squares == sum(n * n for n in lengths)
+    assert batch[COUNTS] == (tokens, squares)  # counted by the collator, on the CPU

@@ -13,30 +13,13 @@ import time
 
 import lightning.pytorch as pl
 
+from tinytrain.data.collate import COUNTS, tokens_and_squares
 from tinytrain.model.module import writes_metrics_row
-from tinytrain.plan.flops import batch_flops, sum_squared_document_lengths
+from tinytrain.plan.flops import batch_flops
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.precision import Dtype
 
 log = logging.getLogger(__name__)
-
-
-def batch_tokens_and_squares(batch: dict) -> tuple[int, int]:
-    """Real tokens in a batch and Σ(attention span²): packed documents by their position ids,
-    padded SFT rows by their attention mask (padding is compute, not model FLOPs). The padding of
-    a packed SFT row is one more segment of position ids (data/collate.py), of `padding` tokens."""
-    rows, seq = batch["input_ids"].shape
-    if "position_ids" in batch:
-        tokens, squares = rows * seq, sum_squared_document_lengths(batch["position_ids"])
-        if "padding" in batch:
-            pad = batch["padding"]
-            tokens, squares = tokens - int(pad.sum()), squares - int((pad * pad).sum())
-        return tokens, squares
-    mask = batch.get("attention_mask")
-    if mask is not None:
-        lengths = mask.sum(dim=1)
-        return int(lengths.sum()), int((lengths * lengths).sum())
-    return rows * seq, rows * seq * seq
 
 
 def seconds_since_process_start() -> float:
@@ -87,7 +70,8 @@ class ThroughputMonitor(pl.Callback):
             self._paused += time.perf_counter() - self._validation_start
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        tokens, squares = batch_tokens_and_squares(batch)
+        # Counted by the collator on the CPU; a batch from elsewhere is counted here, on the device.
+        tokens, squares = batch[COUNTS] if COUNTS in batch else tokens_and_squares(batch)
         self._tokens += tokens / self.context_parallel
         self._flops += batch_flops(self.shape, tokens, squares) / self.context_parallel
         step = trainer.global_step
