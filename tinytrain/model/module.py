@@ -285,7 +285,10 @@ class CausalLMModule(pl.LightningModule):
             return
         max_norm = self.spec.optimizer.grad_clip if self.spec.optimizer.grad_clip > 0 else float("inf")
         measured, self.measured_grad_norm = self.measured_grad_norm, None
-        self.record_grad_norm(clip_grad_norm(self.parameters(), max_norm, measured))
+        # Read now, before the update: the non-finite guard and the clipping have waited for the
+        # backward already. Read after it (the spike monitor, every step), it would make the host
+        # wait for the update too, instead of queueing the next step's work behind it.
+        self.record_grad_norm(float(clip_grad_norm(self.parameters(), max_norm, measured)))
 
     def configure_optimizers(self):
         opt = optimizers.build(self.optimizer_groups(), self.spec.optimizer, cpu_adam=self.cpu_adam, fused_adamw=self.fused_adamw, deepspeed=self.deepspeed_config is not None)

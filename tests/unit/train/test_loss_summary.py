@@ -12,3 +12,16 @@ def test_means_of_the_first_and_last_quarter():
         summary.on_train_batch_end(None, None, {"loss": torch.tensor(loss)}, None, 0)
     assert (summary.first, summary.last, summary.window) == (6.0, 7.5, 2)
     assert summary.means() == (6.5, 5.25)  # falling, though the last batch is above the first
+
+
+def test_losses_read_before_each_update_keep_their_order():
+    """Kept on the device until the next update's hook, then read together, in micro-batch order."""
+    summary = LossSummary()
+    for step, losses in enumerate([[3.0, 2.0], [1.5, 1.0], [0.5]]):
+        if step:
+            summary.on_before_optimizer_step(None, None, None)
+            assert summary._pending == []
+        for loss in losses:
+            summary.on_train_batch_end(None, None, {"loss": torch.tensor(loss, dtype=torch.bfloat16)}, None, 0)
+    assert len(summary._pending) == 1  # the last micro batch's, read when asked
+    assert summary.losses == [3.0, 2.0, 1.5, 1.0, 0.5]

@@ -2,10 +2,11 @@
 first and last, and the means of the first and last few steps (one batch's loss is noisy: a LoRA
 run printed 6.25 -> 7.18 while its validation loss fell).
 
-Each micro batch's loss stays on the device until an optimizer step has run (or the losses are
-asked for), then they are read together: a read per micro batch would make the host wait for each
-micro batch to finish before it queues the next one's work, a stall per micro batch of a gradient
-accumulation. After an optimizer step the spike monitor reads the step's norm anyway."""
+Each micro batch's loss stays on the device until the next optimizer step's gradients are done
+(or the losses are asked for), then they are read together: a read per micro batch would make the
+host wait for each micro batch to finish before it queues the next one's work, a stall per micro
+batch of a gradient accumulation. Before the update the non-finite guard and the clipping wait for
+the backward anyway; read after it, the host would wait for the update too."""
 
 from __future__ import annotations
 
@@ -17,18 +18,13 @@ class LossSummary(pl.Callback):
     def __init__(self):
         self._losses: list[float] = []
         self._pending: list[torch.Tensor] = []
-        self._step: int | None = None
-
-    def on_train_start(self, trainer, pl_module):
-        self._step = trainer.global_step  # a resumed run's
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self._pending.append(loss.detach().float().reshape(()))
-        step = getattr(trainer, "global_step", None)
-        if step != self._step:  # an optimizer step ran with this micro batch
-            self._step = step
-            self._read()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self._read()  # the earlier micro batches' (this step's last one ends after the update)
 
     def _read(self) -> None:
         if self._pending:
