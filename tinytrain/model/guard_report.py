@@ -30,6 +30,14 @@ def deepspeed_engine(trainer):
     return engine if hasattr(engine, "was_step_applied") else None
 
 
+def accumulation_boundary(trainer) -> bool:
+    """Whether the optimizer step a hook precedes updates the weights. Lightning calls the hooks only
+    at accumulation boundaries, except under DeepSpeed, whose engine accumulates: there they come
+    with every micro batch, and the engine knows which one ends the accumulation."""
+    engine = deepspeed_engine(trainer) if trainer is not None else None
+    return engine is None or engine.is_gradient_accumulation_boundary()
+
+
 class ForwardOrder:
     """Parameter names in the order the forward pass first uses their modules (recorded once)."""
 

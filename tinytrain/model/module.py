@@ -94,6 +94,7 @@ class CausalLMModule(pl.LightningModule):
         # The pre-clip norm the non-finite guard measured this step (remember_grad_norm), so
         # clipping needs no second pass over the gradients; used once.
         self.measured_grad_norm: torch.Tensor | None = None
+        self.engine_steps_read: int | None = None  # DeepSpeed's step count when its norm was last read
         # This step's loss and pre-clip gradient norm, logged only on the steps that read them
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
@@ -254,8 +255,14 @@ class CausalLMModule(pl.LightningModule):
         # DeepSpeed clips inside its engine; report the norm it measured (pre-clip). Logged here
         # and not in on_train_batch_end: a step's metrics row is written before its checkpoint, in
         # a callback's on_train_batch_end (metrics_csv.py), which runs before the module's.
+        # Lightning calls this with every micro batch there (the engine accumulates): the norm is
+        # read only after a step the engine took, a read after every micro batch would make the
+        # host wait for each one's backward.
         engine = deepspeed_engine(self.trainer)
-        norm = engine.get_global_grad_norm() if engine is not None else None
+        if engine is None or engine.global_steps == self.engine_steps_read:
+            return
+        self.engine_steps_read = engine.global_steps
+        norm = engine.get_global_grad_norm()
         if norm is not None:
             self.record_grad_norm(float(norm))
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
+from tinytrain.model.guard_report import accumulation_boundary
+
 
 class LossSummary(pl.Callback):
     def __init__(self):
@@ -24,7 +26,8 @@ class LossSummary(pl.Callback):
         self._pending.append(loss.detach().float().reshape(()))
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self._read()  # the earlier micro batches' (this step's last one ends after the update)
+        if accumulation_boundary(trainer):
+            self._read()  # the earlier micro batches' (this step's last one ends after the update)
 
     def _read(self) -> None:
         if self._pending:
