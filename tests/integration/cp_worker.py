@@ -12,8 +12,8 @@ runs the training forward's inputs (the whole rows' boundaries with the slice), 
 mean loss and backpropagates through Ulysses' all-to-alls; the gradients are then averaged over all
 ranks, as DeepSpeed's engine does. Rank 0 saves, for every parameter, the relative difference to
 the reference: the mean over the groups of each batch's gradient with whole sequences, and the loss
-of each packed batch against its documents run one by one; and the ops of its forward that read a
-value to the host (a device sync each on a GPU), beside cp=1's forward on the same kernel.
+of each packed batch against its documents run one by one; and the ops of its forward and loss that
+read a value to the host (a device sync each on a GPU), beside cp=1's on the same kernel.
 """
 
 import os
@@ -107,13 +107,14 @@ def main(cp: int, out_dir: Path, attention: str = "sdpa") -> None:
 
     batch, _ = packed_batch(rank // cp, vocab)  # the sampler's data-parallel rank
     batch = with_document_boundaries(batch)  # as the collator gives it
-    with torch.no_grad(), HostReads() as cp1_reads:  # cp=1's training forward on the same kernel
-        model(**CausalLMModule(model, ModuleSpec(vocab)).model_kwargs(**{k: batch[k] for k in MODEL_INPUTS if k in batch}))
+    with torch.no_grad(), HostReads() as cp1_reads:  # cp=1's training forward and loss on the same kernel
+        logits = model(**CausalLMModule(model, ModuleSpec(vocab)).model_kwargs(**{k: batch[k] for k in MODEL_INPUTS if k in batch})).logits
+        causal_lm_loss(logits.view(*batch["input_ids"].shape, -1), batch["labels"], vocab)
     context = enable_ulysses(model, cp=cp, micro_batch_size=ROWS)
     local = context.shard(batch)
-    with HostReads() as reads:
+    with HostReads() as reads:  # the forward and the group's mean loss
         out = model(**context.model_kwargs(**local)).logits
-    loss = context.mean_loss(causal_lm_loss(out, local["labels"], vocab), local["labels"])
+        loss = context.mean_loss(causal_lm_loss(out, local["labels"], vocab), local["labels"])
     loss.backward()
     worst = 0.0
     worst_name = ""

@@ -46,6 +46,9 @@ def test_ring_forward_over_two_ranks_equals_whole_sequences(two_ranks):
         # too. Every token's logits, gathered back into order, are compared besides the loss (a
         # causal-only block mask moves this random model's loss by ~1e-4 but its logits by ~1).
         assert rank["loss_gap"] < 1e-6 and rank["logits_gap"] < 1e-5, rank
+        # The forward and the group's mean loss read nothing back to the host (a device sync each
+        # on a GPU; tests/host_reads.py): the loss's empty-slice case is chosen on the device.
+        assert rank["host_reads"] == 0, rank
 
 
 def test_ring_gradients_over_two_ranks_equal_whole_sequences(two_ranks):

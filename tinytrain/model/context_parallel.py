@@ -125,7 +125,9 @@ def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group) -> to
     from torch.distributed._functional_collectives import all_reduce  # differentiable (torch.distributed.nn's is deprecated)
 
     count = (labels != -100).sum()
-    local_sum = local_mean.float() * count if count > 0 else local_mean.float().nan_to_num(0.0) * 0.0
+    # A slice with no labelled token has a NaN mean (0 / 0): it adds nothing. Chosen on the device
+    # (a Python `if` on `count` would wait for it); a non-finite mean of labelled tokens stays one.
+    local_sum = torch.where(count > 0, local_mean.float() * count, torch.zeros((), device=local_mean.device))
     total = all_reduce(local_sum, "sum", group)
     tokens = count.to(torch.float32).reshape(1)
     dist.all_reduce(tokens, group=group)
