@@ -94,8 +94,9 @@ def raw_inputs(model, batch: dict, device) -> dict:
     return {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
 
 
-def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmup: int, autocast_dtype=None, scheduler=None) -> list[float]:
-    """A raw PyTorch loop: forward, loss, backward, clip, step; seconds per step after warm-up."""
+def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmup: int, autocast_dtype=None, scheduler=None, accumulation: int = 1) -> list[float]:
+    """A raw PyTorch loop: forward, loss, backward (`accumulation` micro batches, each loss divided
+    by it, nothing read back between them), clip, step; seconds per step after warm-up."""
     import time
 
     import torch
@@ -104,11 +105,13 @@ def raw_steps(model, optimizer, loader, true_vocab: int, grad_clip: float, warmu
 
     device = next(model.parameters()).device
     times, last = [], None
-    for batch in loader:
+    for i, batch in enumerate(loader):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logits = model(**raw_inputs(model, batch, device)).logits
             loss = causal_lm_loss(logits, batch["labels"].to(device), true_vocab)
-        loss.backward()
+        (loss / accumulation).backward()
+        if (i + 1) % accumulation:
+            continue
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         if scheduler is not None:
@@ -136,9 +139,12 @@ def tinytrain_steps(cfg, tokenizer, plan, loader, warmup: int, extra_callbacks=(
 
     class StepTimer(pl.Callback):
         def __init__(self):
-            self.times, self.last = [], None
+            self.times, self.last, self.step = [], None, 0
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == self.step:  # inside a gradient accumulation: not a step's end
+                return
+            self.step = trainer.global_step
             _sync(pl_module.device)
             now = time.perf_counter()
             if self.last is not None:

@@ -11,7 +11,7 @@ On one NVIDIA GPU, each part in <= 8 minutes of an H100 with its imports:
   b  DeepSpeed zero2 and zero3 in bf16 (zero3 also with compiled blocks), and zero2 in fp16 with the
      loss-scale policy (1 GPU each)
   c  benchmarks/mfu.py TinyLlama-1.1B seq 2048 bf16, tinytrain vs the raw loop on the same attention
-     kernel: plain, --compile, --liger
+     kernel: plain, --compile, --liger, and packed rows one per micro batch, 8 per optimizer step
   d  peak GPU memory of single / zero2 / zero3 at mfu.py's batch (8 x 2048) against the plan's estimate
   e  ring context parallel (torch's, flex-attention path; model/ring_attention.py) at cp 2: the loss,
      every token's logits and every gradient against whole sequences (tests/integration/ring_worker.py),
@@ -223,6 +223,9 @@ def part_c(part: Part) -> None:
     liger = importlib.util.find_spec("liger_kernel") is not None
     variants = [("plain", [])] + ([("compile", ["--compile"])] + ([("liger", ["--liger"])] if liger else []) if part.gpu else [])
     mfu_args = ["--steps", "10", "--warmup", "3"] if part.gpu else ["--steps", "3", "--warmup", "1", "--tiny"]
+    # The long-context shape: one row per micro batch, 8 per optimizer step. tinytrain reads nothing
+    # back from the GPU between them (tests/integration/test_host_reads.py), as the raw loop doesn't.
+    variants.append(("packed micro 1 x 8", ["--packed", "--micro-batch", "1", "--accumulation", "8" if part.gpu else "2"]))
     for name, extra in variants:
         mfu(part, name, [*mfu_args, *extra])
     if not part.gpu:

@@ -11,6 +11,7 @@ per second / the hardware table's dense peak.
     python benchmarks/mfu.py --compile --liger    # torch.compile (whole model) and liger-kernel on both sides
     python benchmarks/mfu.py --packed --checkpointing selective --compile blocks   # the levers, on packed documents
     python benchmarks/mfu.py --packed --fp8 --compile blocks   # float8 linears (torchao; compute capability >= 8.9)
+    python benchmarks/mfu.py --packed --micro-batch 1 --accumulation 8   # the long-context shape: a step of 8 micro batches
 `--packed`: rows packed from documents (position ids restart; the varlen kernel's boundaries), on
 both sides; MFU then counts each document's own attention, as tinytrain's throughput callback does.
 `--checkpointing` and `--compile` are the trainer's modes, applied to the raw model by the same
@@ -90,6 +91,7 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="precision.fp8=true (torchao float8 linears, Hopper and newer) on the tinytrain side, the same conversion on the raw side")
     parser.add_argument("--packed", action="store_true", help="rows packed from documents of ~512 tokens (position ids restart per document)")
     parser.add_argument("--liger", action="store_true", help="trainer.liger=true on the tinytrain side and liger's kernels on the raw side (CUDA only)")
+    parser.add_argument("--accumulation", type=int, default=1, help="micro batches per optimizer step on both sides (trainer.global_batch_size = micro x this); timed per step")
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--profile", help="after the timed steps, profile 3 more steps of the raw loop (the same kernels: where the time goes) into this op table; the JSON gets the top costs")
     args = parser.parse_args()
@@ -102,6 +104,7 @@ def main() -> None:
     overrides = [
         *model,
         f"trainer.micro_batch_size={micro}",
+        f"trainer.global_batch_size={micro * args.accumulation}",
         f"data.seq_len={seq}",
         f"trainer.max_steps={n}",
         "trainer.warmup_steps=1",
@@ -126,14 +129,15 @@ def main() -> None:
     from tinytrain.train.callbacks.throughput import peak_tflops
 
     peak, note = peak_tflops(plan.hardware, plan.precision.dtype)
-    rows = (packed_batches if args.packed else synthetic_batches)(n, plan.vocab.true, micro, seq)
+    acc = args.accumulation
+    rows = (packed_batches if args.packed else synthetic_batches)(n * acc, plan.vocab.true, micro, seq)
     loader = torch.utils.data.DataLoader(rows, batch_size=micro, shuffle=False, collate_fn=collate_windows)
-    tokens = micro * seq
-    # Each step's attention spans: whole rows, or the packed documents (the mean over the batches).
+    tokens = micro * seq * acc  # per optimizer step
+    # Each micro batch's attention spans: whole rows, or the packed documents (the mean over the batches).
     squares = [sum_squared_document_lengths(b["position_ids"]) for b in loader] if args.packed else [micro * seq * seq]
-    flops = batch_flops(plan.shape, tokens, sum(squares) / len(squares))
+    flops = batch_flops(plan.shape, tokens, acc * sum(squares) / len(squares))
     cuda = torch.cuda.is_available()
-    print(f"{cfg.model.name}: batch {micro}x{seq}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "
+    print(f"{cfg.model.name}: batch {micro}x{seq}{f' x {acc} micro batches per step' if acc > 1 else ''}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "
           f"checkpointing {args.checkpointing}, compile {args.compile}{', fp8' if plan.fp8.enabled else ''}, {note}; plan: {plan.memory.total_gib:.1f} GiB per GPU; vocab: {vocab_note}", flush=True)
 
     ours = median(tinytrain_steps(cfg, tokenizer, plan, loader, args.warmup))
@@ -158,7 +162,7 @@ def main() -> None:
     apply_compile(raw_model, args.compile, "inductor")
     opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.trainer.lr, fused=device.type == "cuda")
     dtype = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}.get(plan.precision.dtype)
-    raw = median(raw_steps(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype))
+    raw = median(raw_steps(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, args.warmup, autocast_dtype=dtype, accumulation=acc))
     raw_peak = peak_gib(cuda)
     top = profile(raw_model, opt, loader, plan.vocab.true, cfg.trainer.grad_clip, dtype, args.profile) if args.profile else None
 
@@ -174,7 +178,7 @@ def main() -> None:
     if args.json:
         mfu = (lambda seconds: flops / seconds / (peak * 1e12)) if peak else (lambda seconds: None)
         figures = {"attention": attention.implementation, "vocab": vocab_note, "precision": plan.precision.lightning, "compile": args.compile, "liger": args.liger,
-                   "checkpointing": args.checkpointing, "packed": args.packed, "fp8": plan.fp8.enabled, "batch": f"{micro}x{seq}",
+                   "checkpointing": args.checkpointing, "packed": args.packed, "fp8": plan.fp8.enabled, "batch": f"{micro}x{seq}" + (f" x {acc}" if acc > 1 else ""),
                    "tinytrain_tokens_per_s": tokens / ours, "raw_tokens_per_s": tokens / raw, "ratio": raw / ours,
                    "tinytrain_mfu": mfu(ours), "raw_mfu": mfu(raw), "peak_memory_gib": ours_peak if cuda else None,
                    "raw_peak_memory_gib": raw_peak if cuda else None, "plan_memory_gib": plan.memory.total_gib, "profile_top": top}
