@@ -137,7 +137,7 @@ def main() -> None:
     squares = [sum_squared_document_lengths(b["position_ids"]) for b in loader] if args.packed else [micro * seq * seq]
     flops = batch_flops(plan.shape, tokens, acc * sum(squares) / len(squares))
     cuda = torch.cuda.is_available()
-    print(f"{cfg.model.name}: batch {micro}x{seq}{f' x {acc} micro batches per step' if acc > 1 else ''}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "
+    print(f"{cfg.model.name}: batch {micro}x{seq}{f' x {plan.batch.accumulate_grad_batches} micro batches per step (plan)' if acc > 1 else ''}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "
           f"checkpointing {args.checkpointing}, compile {args.compile}{', fp8' if plan.fp8.enabled else ''}, {note}; plan: {plan.memory.total_gib:.1f} GiB per GPU; vocab: {vocab_note}", flush=True)
 
     ours = median(tinytrain_steps(cfg, tokenizer, plan, loader, args.warmup))

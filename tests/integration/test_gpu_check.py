@@ -45,6 +45,18 @@ def test_parts_append_to_one_results_table(tmp_path):
     assert table.count("\n| b | ") == 2 and table.count("\n| headline | ") == 4 and "- part headline: " in table
 
 
+def test_the_mfu_part_runs_accumulated_micro_batches_on_both_sides(tmp_path):
+    """Part c on a CPU: mfu.py plain, and packed rows with several micro batches per optimizer step
+    on both sides (8 on a GPU, 2 here), timed per step."""
+    result = gpu_check("--part", "c", "--out", str(tmp_path), "--dry-run")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {r["check"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())["rows"]}
+    assert rows["mfu.py plain"]["status"] == rows["mfu.py packed micro 1 x 8"]["status"] == "ok", rows
+    assert "batch 2x128 x 2 packed" in rows["mfu.py packed micro 1 x 8"]["note"]
+    log = (tmp_path / "part_c" / "mfu_packed_micro_1_x_8.log").read_text()
+    assert "x 2 micro batches per step (plan)" in log and "`max_steps=5` reached" in log  # 5 steps of 2 micro batches
+
+
 def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
     """Part f on a CPU: a small Llama layer at 1k-4k tokens, each kernel's row with what the layer
     kept against plan/activations.py's count, and its peak in backward against the plan's count of a
