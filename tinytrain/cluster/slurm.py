@@ -9,9 +9,12 @@ nodes x devices differ from the job's is caught here, before any data or weights
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,6 +38,20 @@ def job_id(env: Mapping[str, str] = os.environ) -> str | None:
     return env.get("SLURM_JOB_ID") or None
 
 
+@contextlib.contextmanager
+def sigterm_ignored():
+    """SIGTERM ignored inside the block (in the main thread; elsewhere it cannot be changed): a
+    requeue sends it to every process of the job, the one asking included, which still has to
+    say what the requeue did. Slurm's SIGKILL after KillWait ends it all the same."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
+
+
 def requeue(job: str) -> tuple[bool, str]:
     """`scontrol requeue <job>`: (worked, what happened). Slurm then ends this job's processes
     (SIGTERM, SIGKILL after KillWait) and starts the job again."""
@@ -52,14 +69,9 @@ def requeue_excluding(job: str, nodes: list[str]) -> tuple[bool, str]:
     only while it is pending: `scontrol requeuehold` (pending, held), `scontrol update
     ExcNodeList` (as `sbatch --exclude` would), `scontrol release`. The requeue sends this process
     SIGTERM; it is ignored until the job is released."""
-    import signal
-    import threading
-
     listed = ",".join(nodes)
     steps = [["requeuehold", job], ["update", f"JobId={job}", f"ExcNodeList={listed}"], ["release", job]]
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
-    try:
+    with sigterm_ignored():
         for step in steps:
             try:
                 done = subprocess.run(["scontrol", *step], capture_output=True, text=True, timeout=60)
@@ -67,9 +79,6 @@ def requeue_excluding(job: str, nodes: list[str]) -> tuple[bool, str]:
                 return False, f"scontrol {' '.join(step)} failed: {e}"
             if done.returncode != 0:
                 return False, f"scontrol {' '.join(step)} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, before)
     return True, f"Slurm job {job} requeued with --exclude={listed}"
 
 

@@ -81,6 +81,18 @@ def test_requeue_reports_a_missing_scontrol(no_slurm):
     assert not ok and "scontrol requeue 4242 failed" in what
 
 
+def test_a_requeue_s_sigterm_is_ignored_while_its_outcome_is_said():
+    """The requeue's SIGTERM arrives inside the block and changes nothing; the handler before it is back after."""
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with slurm.sigterm_ignored():
+        os.kill(os.getpid(), signal.SIGTERM)  # would end this process with the default handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_task_read_from_srun_environment():
     assert current_task({}) is None
     assert current_task(SRUN_2x4) == SlurmTask("4242", nodes=2, tasks=8, tasks_per_node=4, from_srun=True)
