@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.host_reads import HostReads
-from tinytrain.data.collate import with_document_boundaries
+from tests.unit.model.test_varlen_attention import packed_batch as varlen_packed_batch
 from tinytrain.model import context_parallel
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.compile import apply_compile
@@ -51,17 +51,10 @@ def tiny(attention: str):
 
 
 def packed_batch(rows: int = 2, seq: int = 40, seed: int = 0) -> dict:
-    """Rows of several documents (position ids restarting per document), the collator's boundaries."""
-    g = torch.Generator().manual_seed(seed)
-    positions = []
-    for _ in range(rows):
-        lengths, left = [], seq
-        while left > 0:
-            lengths.append(min(left, int(torch.randint(3, 18, (1,), generator=g))))
-            left -= lengths[-1]
-        positions.append(torch.cat([torch.arange(n) for n in lengths]))
-    ids = torch.randint(0, 512, (rows, seq), generator=g)
-    return with_document_boundaries({"input_ids": ids, "position_ids": torch.stack(positions), "labels": ids})
+    """Rows of several documents (position ids restarting per document), the collator's boundaries,
+    the tokens as labels (test_varlen_attention.py's batch)."""
+    batch = varlen_packed_batch(rows, seq, seed)
+    return {**batch, "labels": batch["input_ids"]}
 
 
 def training_kwargs(batch: dict) -> dict:
