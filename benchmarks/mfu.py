@@ -120,11 +120,11 @@ def main() -> None:
     cfg, tokenizer, plan, model_config = setup(overrides)
     attention = plan.attention
 
-    from tinytrain.data.collate import collate_windows
+    from tinytrain.data.collate import COUNTS, collate_windows
     from tinytrain.model.activation_checkpointing import apply_checkpointing
     from tinytrain.model.compile import apply_compile
     from tinytrain.model.fp8 import apply_fp8
-    from tinytrain.plan.flops import batch_flops, sum_squared_document_lengths
+    from tinytrain.plan.flops import batch_flops
     from tinytrain.plan.precision import Dtype
     from tinytrain.train.callbacks.throughput import peak_tflops
 
@@ -133,8 +133,9 @@ def main() -> None:
     rows = (packed_batches if args.packed else synthetic_batches)(n * acc, plan.vocab.true, micro, seq)
     loader = torch.utils.data.DataLoader(rows, batch_size=micro, shuffle=False, collate_fn=collate_windows)
     tokens = micro * seq * acc  # per optimizer step
-    # Each micro batch's attention spans: whole rows, or the packed documents (the mean over the batches).
-    squares = [sum_squared_document_lengths(b["position_ids"]) for b in loader] if args.packed else [micro * seq * seq]
+    # Each micro batch's attention spans as the collator counts them for the throughput monitor: whole
+    # rows, or the packed documents (the mean over the batches).
+    squares = [b[COUNTS][1] for b in loader]
     flops = batch_flops(plan.shape, tokens, acc * sum(squares) / len(squares))
     cuda = torch.cuda.is_available()
     print(f"{cfg.model.name}: batch {micro}x{seq}{f' x {plan.batch.accumulate_grad_batches} micro batches per step (plan)' if acc > 1 else ''}{' packed' if args.packed else ''}, precision {plan.precision.lightning}, attention {attention.implementation}, "

@@ -44,6 +44,14 @@ def with_document_boundaries(batch: dict) -> dict:
     return batch
 
 
+def batch_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
+    """The packed batch's (cu_seq_lens, max_length): the collator's, or found in its position ids
+    (a batch from another loader, or one given rows since; on a device batch, a wait for it)."""
+    if "cu_seq_lens" in batch and "max_length" in batch:
+        return batch["cu_seq_lens"], int(batch["max_length"])
+    return document_boundaries(batch["position_ids"].cpu())
+
+
 def tokens_and_squares(batch: dict) -> tuple[int, int]:
     """Real tokens in a batch and sum(attention span^2): packed documents by their position ids,
     padded SFT rows by their attention mask (padding is compute, not model FLOPs). The padding of a
@@ -51,8 +59,7 @@ def tokens_and_squares(batch: dict) -> tuple[int, int]:
     device batch each read waits for the device; the collators count on the CPU."""
     rows, seq = batch["input_ids"].shape
     if "position_ids" in batch:
-        cu = batch["cu_seq_lens"] if "cu_seq_lens" in batch else document_boundaries(batch["position_ids"].cpu())[0]
-        spans = cu.diff().long()
+        spans = batch_boundaries(batch)[0].diff().long()
         tokens, squares = rows * seq, int((spans * spans).sum())
         if "padding" in batch:
             pad = batch["padding"]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tinytrain.data.collate import document_boundaries
+from tinytrain.data.collate import batch_boundaries, document_boundaries
 
 DOCUMENTS_SUFFIX = "_documents"
 
@@ -108,13 +108,10 @@ def whole_rows_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
     """(cu_seq_lens, max_length) of the batch's whole rows flattened to one: the collator's when it
     made them (packed rows), every row one document when there are no position ids (no device
     sync either way), else found in the position ids (a short batch given extra rows)."""
-    if "cu_seq_lens" in batch and "max_length" in batch:
-        return batch["cu_seq_lens"], int(batch["max_length"])
-    ids = batch["input_ids"]
-    rows, seq = ids.shape
     if "position_ids" not in batch:
-        return torch.arange(0, rows * seq + 1, seq, device=ids.device, dtype=torch.int32), seq
-    return document_boundaries(batch["position_ids"].cpu())
+        rows, seq = batch["input_ids"].shape
+        return torch.arange(0, rows * seq + 1, seq, device=batch["input_ids"].device, dtype=torch.int32), seq
+    return batch_boundaries(batch)
 
 
 def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group) -> torch.Tensor:

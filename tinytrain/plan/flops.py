@@ -4,7 +4,8 @@ Per sequence of length T: 6 * N * T + 12 * L * H * Q * T^2, with N the parameter
 in matmuls (all parameters minus the input embedding table, whose lookup is not a matmul; the
 lm_head counts with its padded rows, which the GPU computes too), L layers, H heads of size Q.
 For packed batches the attention term uses the sum of squared document lengths, since attention
-does not cross documents: 12 * L * H * Q * sum(d_i^2).
+does not cross documents: 12 * L * H * Q * sum(d_i^2), which the collators count on the CPU
+(data/collate.py, tokens_and_squares).
 """
 
 from __future__ import annotations
@@ -23,17 +24,3 @@ def batch_flops(shape: ModelShape, tokens: int, sum_squared_lengths: int) -> flo
     dense = 6.0 * matmul_parameters(shape) * tokens
     attention = 12.0 * shape.layers * shape.heads * shape.head_dim * sum_squared_lengths
     return dense + attention
-
-
-def sum_squared_document_lengths(position_ids) -> int:
-    """Σ d_i² over documents in a packed batch: a document starts wherever position_ids is 0."""
-    import torch
-
-    total = 0
-    for row in position_ids:
-        starts = torch.nonzero(row == 0).flatten().tolist()
-        if not starts or starts[0] != 0:
-            starts = [0, *starts]
-        bounds = [*starts, row.numel()]
-        total += sum((b - a) ** 2 for a, b in zip(bounds, bounds[1:]))
-    return total

@@ -8,11 +8,7 @@ from tinytrain.config.schema import Strategy
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.module import causal_lm_loss
 from tinytrain.plan.fast_paths import select_fast_paths
-from tinytrain.plan.flops import (
-    batch_flops,
-    matmul_parameters,
-    sum_squared_document_lengths,
-)
+from tinytrain.plan.flops import batch_flops, matmul_parameters
 from tinytrain.plan.hardware import CPU, gpu_from_device_name, lookup_gpu
 from tinytrain.plan.model_shape import ModelShape, parameter_count
 from tinytrain.plan.precision import Dtype
@@ -34,15 +30,17 @@ def test_batch_flops_by_hand():
 
 
 def test_packed_batches_use_squared_document_lengths():
-    from tinytrain.data.collate import COUNTS, collate_windows
+    from tinytrain.data.collate import COUNTS, collate_windows, tokens_and_squares
 
-    position_ids = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
-    assert sum_squared_document_lengths(position_ids) == (9 + 4) + 25
-    # The collator's count (from the boundaries it finds on the CPU) is the same; a row that starts
-    # inside a document (a window of a long one) counts its span from the row's start.
-    position_ids = torch.tensor([[0, 1, 2, 0, 1], [7, 8, 0, 1, 2]])
-    batch = collate_windows([{"input_ids": torch.zeros(5, dtype=torch.long), "position_ids": row} for row in position_ids])
-    assert batch[COUNTS] == (10, sum_squared_document_lengths(position_ids)) == (10, (9 + 4) + (4 + 9))
+    def windows(position_ids):
+        return collate_windows([{"input_ids": torch.zeros(5, dtype=torch.long), "position_ids": row} for row in position_ids])
+
+    assert windows(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]))[COUNTS] == (10, (9 + 4) + 25)
+    # A row that starts inside a document (a window of a long one) counts its span from the row's
+    # start; a batch without the collator's boundaries (one from elsewhere) is counted the same.
+    batch = windows(torch.tensor([[0, 1, 2, 0, 1], [7, 8, 0, 1, 2]]))
+    assert batch[COUNTS] == (10, (9 + 4) + (4 + 9))
+    assert tokens_and_squares({"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}) == batch[COUNTS]
 
 
 def test_peak_by_precision_and_graceful_omission():
