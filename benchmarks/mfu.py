@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--profile", help="after the timed steps, profile 3 more steps of the raw loop (the same kernels: where the time goes) into this op table; the JSON gets the top costs")
     args = parser.parse_args()
+    if args.accumulation < 1:
+        parser.error(f"--accumulation {args.accumulation}: a step needs at least one micro batch (use --accumulation 1 for none)")
     if args.tiny:
         model, micro, seq, vocab_note = ["model=tiny"], 2, 128, "the bundled tokenizer"
     else:

@@ -55,6 +55,8 @@ def test_the_mfu_part_runs_accumulated_micro_batches_on_both_sides(tmp_path):
     assert "batch 2x128 x 2 packed" in rows["mfu.py packed micro 1 x 8"]["note"]
     log = (tmp_path / "part_c" / "mfu_packed_micro_1_x_8.log").read_text()
     assert "x 2 micro batches per step (plan)" in log and "`max_steps=5` reached" in log  # 5 steps of 2 micro batches
+    refused = subprocess.run([sys.executable, "benchmarks/mfu.py", "--tiny", "--accumulation", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--accumulation 0: a step needs at least one micro batch (use --accumulation 1" in refused.stderr
 
 
 def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
