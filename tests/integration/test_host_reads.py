@@ -26,11 +26,13 @@ STRATEGIES = {"single": [], "zero2": ["parallel=zero2", "parallel.deepspeed_on_c
 # Lightning's precision plugin runs the hooks between a step's backward and its update there
 # (on_before_optimizer_step, then the module's gradient clipping).
 BEFORE_UPDATE = "lightning/pytorch/plugins/precision/"
+EVALUATION_LOOP = "lightning/pytorch/loops/evaluation_loop.py"
 
 
-def tinytrain_reads(tmp_path, strategy: str, accumulation: int) -> list[tuple[str, ...]]:
-    run_dir, out = tmp_path / f"{strategy}_{accumulation}", tmp_path / f"{strategy}_{accumulation}.json"
-    args = [*RUN, *STRATEGIES[strategy], f"trainer.global_batch_size={accumulation}"]
+def tinytrain_reads(tmp_path, strategy: str, accumulation: int, *extra: str) -> list[tuple[str, ...]]:
+    name = "_".join([strategy, str(accumulation), *extra]).replace("=", "-")
+    run_dir, out = tmp_path / name, tmp_path / f"{name}.json"
+    args = [*RUN, *STRATEGIES[strategy], f"trainer.global_batch_size={accumulation}", *extra]
     result = run_cli(args, run_dir, env={"TT_TEST_HOST_READS": str(out)}, module="tests.integration.host_reads_cli")
     assert result.returncode == 0, result.stderr[-3000:]
     return [tuple(chain) for chain in json.loads(out.read_text())]
@@ -49,3 +51,14 @@ def test_micro_batches_inside_an_accumulation_read_nothing_back(tmp_path, strate
         # step's losses after the loop). DeepSpeed's engine measures the norm inside its step.
         in_loop = [chain for chain in two if any(frame.startswith("lightning/pytorch/loops/") for frame in chain)]
         assert in_loop and all(any(frame.startswith(BEFORE_UPDATE) for frame in chain) for chain in in_loop), [chain[:3] for chain in in_loop]
+
+
+def test_validation_batches_read_nothing_back(tmp_path):
+    # Each batch's loss is weighed by its labelled tokens, counted on the device (the epoch's mean
+    # is Lightning's, on the device too); the samples generated at the epoch's end read their tokens.
+    def validation_sites(batches: int) -> collections.Counter:
+        chains = tinytrain_reads(tmp_path, "single", 2, f"trainer.val_batches={batches}", f"trainer.val_every_n_steps={STEPS}")
+        return collections.Counter(chain[0] for chain in chains if any(frame.startswith(EVALUATION_LOOP) for frame in chain))
+
+    two, four = validation_sites(2), validation_sites(4)
+    assert four == two, f"reads per site with 4 validation batches {dict(four)}, with 2 {dict(two)}"

@@ -38,9 +38,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float, vocab_tables_decay
     return [g for g in adamw_groups(model, trainable, weight_decay, vocab_tables_decay) if g["params"]]
 
 
-def labelled_tokens(batch: dict) -> int:
-    """The tokens a batch's loss averages over (labels not -100), at least 1 for a weight."""
-    return max(int((batch["labels"] != -100).sum()), 1)
+def labelled_tokens(batch: dict) -> torch.Tensor:
+    """The tokens a batch's loss averages over (labels not -100), at least 1 for a weight. Kept on
+    the device: Lightning accumulates a logged mean's weights there, and reading the count back
+    would make the host wait for each validation batch before queueing the next."""
+    return (batch["labels"] != -100).sum().clamp(min=1)
 
 
 def writes_metrics_row(trainer) -> bool:
