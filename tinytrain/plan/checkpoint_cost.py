@@ -10,7 +10,8 @@ Size of one step checkpoint, per parameter P (the padded count the plan prints) 
   over its world (each rank writes world^-1 of them).
 - DeepSpeed ZeRO-1/2: rank 0's module states hold the weights in the training dtype (2 B in
   bf16/fp16, 4 B in fp32); every rank's optimizer partition holds the fp32 master weights and
-  the moments, 12 B/P over the dp ranks: 14 or 16 B/P in all.
+  the moments, 12 B/P over its partitions (every rank: dp x cp, since DeepSpeed partitions over
+  a context-parallel group's ranks too): 14 or 16 B/P in all.
 - ZeRO-3: the weights are partitioned (the module states hold none); the optimizer partitions
   hold fp32 master + moments: 12 B/P.
 - LoRA: moments (and DeepSpeed's fp32 master) only for the trainable parameters.
@@ -21,7 +22,7 @@ Host memory one rank needs at most while saving (on GPUs: what is copied to host
 a file save streams tensor by tensor (the largest tensor); a sharded save the same, unless async,
 which stages the rank's whole shard in host memory (held from the first async save to the end of the
 run: each later save copies into the same buffers); DeepSpeed the rank's largest flat
-partition (4 B/P over the dp ranks). Gathering on rank 0 (fsdp_tp before sharded saves) would need
+partition (4 B/P over the partitions). Gathering on rank 0 (fsdp_tp before sharded saves) would need
 the whole checkpoint there; the plan prints that figure beside it.
 """
 
@@ -75,21 +76,21 @@ def step_checkpoint_bytes(strategy: Strategy, *, zero_stage: int, sixteen_bit: b
     return 4 * params, 8 * trainable, rest
 
 
-def largest_rank_bytes(strategy: Strategy, *, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, dp: int) -> int:
+def largest_rank_bytes(strategy: Strategy, *, zero_stage: int, weights: int, optimizer: int, rest: int, world: int, partitions: int) -> int:
     row = strategy_row(strategy)
     if row.checkpoint_format is CheckpointFormat.sharded:
         return (weights + optimizer) // world + rest
     if row.deepspeed:
-        return (weights if zero_stage < 3 else 0) + optimizer // dp + rest  # rank 0: module states + its partition
+        return (weights if zero_stage < 3 else 0) + optimizer // partitions + rest  # rank 0: module states + its partition
     return weights + optimizer + rest
 
 
-def save_host_bytes(strategy: Strategy, *, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, dp: int) -> int:
+def save_host_bytes(strategy: Strategy, *, async_save: bool, rank_bytes: int, largest_tensor: int, trainable: int, partitions: int) -> int:
     row = strategy_row(strategy)
     if row.checkpoint_format is CheckpointFormat.sharded and async_save:
         return rank_bytes  # the staging copy of the whole shard
     if row.deepspeed:
-        return max(largest_tensor, 4 * trainable // dp)
+        return max(largest_tensor, 4 * trainable // partitions)
     return largest_tensor
 
 
@@ -119,7 +120,7 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, dp: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0) -> CheckpointPlan:
+def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, partitions: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0) -> CheckpointPlan:
     """The checkpoint line's numbers; raises ConfigError (run.root) when a training run's disk
     cannot hold keep_last + 1 checkpoints."""
     c, par = cfg.checkpoint, cfg.parallel
@@ -127,8 +128,8 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
     weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params, trainable=trainable, world=world)
     optimizer -= 4 * muon_params  # trainer.optimizer=muon: one fp32 momentum, not two moments (plan/optimizer.py)
     step = weights + optimizer + rest
-    rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, dp=dp)
-    host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, dp=dp)
+    rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, partitions=partitions)
+    host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, partitions=partitions)
     needed = max(step, (c.keep_last + 1) * step - existing_bytes(run_dir / "checkpoints"))
     free = free_space(run_dir)
     save_seconds = step / (c.write_gbps * GB)

@@ -81,7 +81,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
     cluster = cluster_layout(cfg)
-    checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, precision, run_dir)
+    checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, layout.dp, precision, run_dir)
     host = host_stage(cfg, model, state, fit, hardware, precision, world, cluster.devices_per_node, checkpoint.save_host_bytes)
     return RunPlan(
         model_name=cfg.model.name,
@@ -353,14 +353,15 @@ def parallel_layout(par, batch, cp: int, deepspeed_on_this_cpu: bool) -> Paralle
     )
 
 
-def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, precision, run_dir: Path):
+def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, partitions: int, precision, run_dir: Path):
+    """`partitions`: the run layout's dp, DeepSpeed's optimizer partitions (dp x cp under it)."""
     return checkpoint_plan(
         cfg,
         params=state.params,
         trainable=state.adapters.trainable_params if state.adapters else state.params,
         largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
         world=world,
-        dp=fit.batch.data_parallel,
+        partitions=partitions,
         sixteen_bit=precision.dtype.value != "fp32",
         step_seconds=fit.base_step,
         run_dir=run_dir,

@@ -81,3 +81,17 @@ def test_a_run_root_without_room_for_keep_last_plus_one_is_refused_before_traini
     # mode=plan (planning for a cluster from elsewhere) says it instead of stopping.
     plan = run_stages(compose(["mode=plan", "experiment=smoke", *model, "data.seq_len=32"]), tiny_disk / "plan")
     assert any(w.startswith("run.root='runs': has ") and "need 28.9 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings
+
+
+@pytest.mark.parametrize("parallel", ["zero2", "zero3"])
+def test_deepspeed_partitions_over_every_rank_of_a_context_parallel_group(tmp_path, parallel):
+    # Ulysses' ranks are DeepSpeed's data-parallel ranks: each holds 1/world of the optimizer
+    # state whatever the cp, so what a rank writes and copies to the host at a save does not grow
+    # with it (it grew x cp when divided by dp = world / cp).
+    long = [f"parallel={parallel}", "model=llama3_1_8b", "hardware.gpu=H100", "trainer.micro_batch_size=1", "trainer.global_batch_size=8", "data.seq_len=32768", "trainer.activation_checkpointing=full"]
+    figures = {}
+    for cp in (1, 2, 8):
+        saved, plan = checkpoint(tmp_path, *long, f"parallel.cp={cp}")
+        figures[cp] = (saved.step_bytes, saved.largest_rank_bytes, saved.save_host_bytes, plan.host.training_bytes, plan.host.peak_bytes)
+    assert figures[2] == figures[1] and figures[8] == figures[1], figures
+    assert figures[1][1] < figures[1][0] / 2  # rank 0 writes an eighth of the optimizer state (and ZeRO-2 the weights)
