@@ -165,9 +165,10 @@ def prepare_data(cfg: DictConfig, data):
         lines = parts.prepare_one(Source.from_config(data.settings), data.settings, data.tokenizer)
         print("\n".join(f"data       {line}" for line in lines), flush=True)
         return lines
-    from tinytrain.plan.layout import batch_layout, world_size
+    from tinytrain.plan.layout import world_size
+    from tinytrain.plan.parallel import unplanned_batch
 
-    batch, _ = batch_layout(cfg, world_size(cfg))  # what training will draw (no plan is made)
+    batch = unplanned_batch(cfg, world_size(cfg))  # what training will draw (no plan is made)
     built = data.build(batch)
     if is_rank_zero():
         print(built.describe(), flush=True)

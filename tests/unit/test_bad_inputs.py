@@ -172,6 +172,8 @@ CASES = {
     # batch
     "micro batch zero": (["mode=plan", "trainer.micro_batch_size=0"], ["trainer.micro_batch_size=0", ">= 1"]),
     "micro batch negative": (["mode=plan", "trainer.micro_batch_size=-1"], ["trainer.micro_batch_size=-1", ">= 1"]),
+    "cp null with a batch no cp lays out": (["mode=plan", "experiment=long_context", "hardware.gpu=H100", "cluster.devices=6", "trainer.global_batch_size=5"], ["trainer.global_batch_size=5", "data_parallel(6) = 6", "use a multiple of 6"]),
+    "cp null choosing a cp the batch does not divide": (["mode=plan", "experiment=long_context", "hardware.gpu=H100", "cluster.devices=8", "trainer.global_batch_size=4", "data.seq_len=32767"], ["trainer.global_batch_size=4", "data_parallel(8) = 8 (parallel.cp=null: 1, the smallest cp whose estimate fits", "use a multiple of 8"]),
     "global batch zero": (["mode=plan", "trainer.global_batch_size=0"], ["trainer.global_batch_size=0", ">= 1", "null to derive it"]),
     "global batch negative": (["mode=plan", "trainer.global_batch_size=-8"], ["trainer.global_batch_size=-8", ">= 1"]),
     "global batch not divisible by dp": (["mode=plan", "parallel=ddp", "cluster.devices=2", "trainer.global_batch_size=15"], ["trainer.global_batch_size=15", "micro_batch_size(8) x data_parallel(2) = 16"]),

@@ -24,7 +24,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.extras import installed
 from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
-from tinytrain.plan.parallel import STRATEGIES, strategy_row
+from tinytrain.plan.parallel import STRATEGIES, power_of_two_divisors, strategy_row
 
 
 @dataclass(frozen=True)
@@ -256,13 +256,7 @@ def choose(cfg, cp: int, cp_reason: str = "") -> ContextPlan:
 
 def allowed_cps(cfg, world: int) -> list[int]:
     """Powers of two up to world / tp that the layout, heads and sequence allow (`splits`)."""
-    tp = cfg.parallel.tp
-    found, c = [], 1
-    while c <= world // tp:
-        if (world // tp) % c == 0 and splits(cfg, c):
-            found.append(c)
-        c *= 2
-    return found
+    return [c for c in power_of_two_divisors(world // cfg.parallel.tp) if splits(cfg, c)]
 
 
 def splits(cfg, cp: int) -> bool:
@@ -292,9 +286,11 @@ def ring_splits(cfg, cp: int) -> bool:
     return not ring_block_problems(cfg, cp, "a cp the plan may choose")
 
 
-def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None) -> tuple[int, str]:
+def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None, lays_out=lambda cp: True) -> tuple[int, str]:
     """parallel.cp as configured, or for null the smallest allowed cp whose step fits the GPU
-    (`needed_at(seq, cp)` -> bytes per GPU, states and activations); (cp, why) with why empty when configured."""
+    (`needed_at(seq, cp)` -> bytes per GPU, states and activations) and that lays out the global
+    batch (`lays_out(cp)`: its data parallelism, world / (tp x cp), divides it); (cp, why) with why
+    empty when configured."""
     par = cfg.parallel
     if par.cp is not None:
         return par.cp, ""
@@ -303,15 +299,33 @@ def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None) -> tup
         return 1, f"parallel.cp=null: 1, since parallel={par.name} has no context parallelism"
     if cfg.finetune.objective != Objective.sft:
         return 1, "parallel.cp=null: 1, since preference objectives run whole sequences"
-    if not gpu_memory_gb:
-        return 1, "parallel.cp=null: 1, no GPU memory to size the context against (plan with hardware.gpu=...)"
-    gpu, seq = gpu_memory_gb * 1e9, cfg.data.seq_len
     options = allowed_cps(cfg, world)
-    for c in options:
-        need = needed_at(seq, c)
-        if need <= AUTO_MARGIN * gpu:
-            return c, f"parallel.cp=null: {c}, the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB)"
-    return options[-1], f"parallel.cp=null: {options[-1]}, the largest this world allows; none fits"
+    batched = [c for c in options if lays_out(c)] or options  # none: the batch's problem is named at cp 1
+    if not gpu_memory_gb:
+        cp, why = batched[0], "no GPU memory to size the context against (plan with hardware.gpu=...)"
+        return cp, f"parallel.cp=null: {cp}, {why}{batch_note(cfg, world, options, cp, None)}"
+    gpu, seq = gpu_memory_gb * 1e9, cfg.data.seq_len
+
+    def fits(c: int) -> bool:
+        return needed_at(seq, c) <= AUTO_MARGIN * gpu
+
+    cp = next((c for c in batched if fits(c)), None)
+    if cp is None:
+        return batched[-1], f"parallel.cp=null: {batched[-1]}, the largest this world allows; none fits"
+    need = needed_at(seq, cp)
+    why = f"the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB)"
+    return cp, f"parallel.cp=null: {cp}, {why}{batch_note(cfg, world, options, cp, fits)}"
+
+
+def batch_note(cfg, world: int, options: list[int], chosen: int, fits) -> str:
+    """Why a smaller cp (that fits; `fits` None: not known) was passed over: its data parallelism
+    (world / (tp x cp)) does not divide the global batch. Empty when none was."""
+    passed = [c for c in options if c < chosen and (fits is None or fits(c))]
+    if not passed:
+        return ""
+    dps = ", ".join(str(world // (cfg.parallel.tp * c)) for c in passed)
+    would = "" if fits is None else " would fit but"
+    return f"; cp {', '.join(map(str, passed))}{would} cannot lay out trainer.global_batch_size={cfg.trainer.global_batch_size} (data parallel {dps})"
 
 
 def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:

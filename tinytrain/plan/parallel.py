@@ -220,8 +220,25 @@ def parallel_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
     if (par.cp or 1) > 1 and not row.cp_kinds:
         return problems  # plan/context.py names the strategy; the batch over cp would only repeat it
+    if par.cp is None and row.cp_kinds:
+        # cp=null: the plan chooses cp, and data parallelism with it (world / (tp x cp)). The batch
+        # is checked at the cp chosen (plan/planner.py); here only refused when no cp lays it out.
+        checks = [batch_layout(cfg, world, cp)[1] for cp in power_of_two_divisors(world // par.tp if par.tp >= 1 else 1)]
+        return problems + (checks[0] if all(checks) else [])
     _, batch = batch_layout(cfg, world)
     return problems + batch
+
+
+def unplanned_batch(cfg, world: int):
+    """The batch of a mode that makes no plan (mode=prepare): at the configured cp; for cp=null at
+    the smallest cp that lays the global batch out (validate refused it when none does)."""
+    cps = [cfg.parallel.cp] if cfg.parallel.cp is not None else power_of_two_divisors(world // max(cfg.parallel.tp, 1))
+    return next((batch for batch, problems in (batch_layout(cfg, world, cp) for cp in cps) if not problems), None)
+
+
+def power_of_two_divisors(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, those that divide it: the cps a plan may choose (plan/context.py narrows them)."""
+    return [1 << k for k in range(max(n, 1).bit_length()) if n % (1 << k) == 0]
 
 
 def checkpoint_problems(cfg) -> list[Problem]:

@@ -19,6 +19,7 @@ from tinytrain.config.schema import PLANNING_MODES, Checkpointing, FinetuneMetho
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
+from tinytrain.errors import ConfigError
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
 from tinytrain.plan import evals as evals_plan
@@ -69,7 +70,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     world = world_size(cfg)
     model = model_stage(cfg, tokenizer, vocab, hardware)
     cp, cp_reason = context_size(cfg, model, world, hardware, precision)
-    batch, _ = batch_layout(cfg, world, cp)  # its problems were validate's to report
+    batch = laid_out_batch(cfg, world, cp, cp_reason)
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
@@ -184,7 +185,19 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     def needed_at(seq: int, cp: int) -> float:
         return step_peak.step_peak(full_states, estimate(seq, cp), 0.0, step).total
 
-    return context_plan.decide_cp(cfg, world, needed_at, gpu_memory_gb=hardware.memory_gb)
+    def lays_out(cp: int) -> bool:
+        return not batch_layout(cfg, world, cp)[1]
+
+    return context_plan.decide_cp(cfg, world, needed_at, gpu_memory_gb=hardware.memory_gb, lays_out=lays_out)
+
+
+def laid_out_batch(cfg, world: int, cp: int, cp_reason: str):
+    """The batch over the cp decided. Validate checked it at a configured cp; at one the plan chose
+    (parallel.cp=null) its problems are named here, with the choice."""
+    batch, problems = batch_layout(cfg, world, cp)
+    if problems:
+        raise ConfigError([replace(p, message=f"{p.message} ({cp_reason})") if cp_reason else p for p in problems])
+    return batch
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,21 @@ def test_cp_null_picks_the_smallest_cp_that_fits(tmp_path):
     assert cpu["parallel"]["cp"] == 1 and "parallel=single has no context parallelism" in cpu["context"]["reason"]
 
 
+def test_cp_null_lays_out_the_global_batch_over_the_cp_it_chooses(tmp_path):
+    """A global batch of 4 on 8 GPUs holds one sequence per data-parallel rank at cp 2, none at cp 1:
+    parallel.cp=null passes over a cp whose data parallelism does not divide the batch, and says so
+    (it was refused at cp 1, the cp never chosen). Where memory asks for a larger cp, nothing is
+    passed over."""
+    recipe = ["experiment=long_context", "cluster.devices=8", "trainer.global_batch_size=4"]
+    h100 = plan([*recipe, "hardware.gpu=H100"], tmp_path / "h100")
+    assert h100["parallel"]["cp"] == 2 and h100["parallel"]["dp"] == 4 and h100["batch"]["accumulate_grad_batches"] == 1
+    assert "cp 1 would fit but cannot lay out trainer.global_batch_size=4 (data parallel 8)" in h100["context"]["reason"]
+    a10 = plan([*recipe, "hardware.gpu=A10"], tmp_path / "a10")
+    assert a10["parallel"]["cp"] == 4 and "cannot lay out" not in a10["context"]["reason"]
+    unsized = plan(recipe, tmp_path / "cpu")
+    assert unsized["parallel"]["cp"] == 2 and "no GPU memory" in unsized["context"]["reason"] and "cp 1 cannot lay out" in unsized["context"]["reason"]
+
+
 @pytest.mark.parametrize(("gpu", "cp"), [("H100", 1), ("A10", 4), ("V100", 2)])
 def test_the_long_context_recipe_sizes_cp_to_the_gpu(tmp_path, gpu, cp):
     """experiment=long_context: Llama-3-8B's shape at 4x its 8192 positions with llama3 RoPE scaling,
