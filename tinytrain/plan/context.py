@@ -70,12 +70,13 @@ class ContextPlan:
     engine: str = ""
     proven: str = ""
     longest: tuple = ()  # ((cp, longest data.seq_len that fits), ...) for cp and 2 x cp; () without GPU memory
+    longest_gpus: tuple = ()  # ((cp, GPUs), ...) for a cp of `longest` that needs more GPUs than the run has
 
     def longest_at(self, cp: int) -> int | None:
         return dict(self.longest).get(cp)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "longest": {str(cp): seq for cp, seq in self.longest}}
+        return {**asdict(self), "longest": {str(cp): seq for cp, seq in self.longest}, "longest_gpus": {str(cp): gpus for cp, gpus in self.longest_gpus}}
 
 
 def kinds_that_run() -> str:
@@ -342,41 +343,79 @@ def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:
     return lo * step
 
 
-def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None) -> ContextPlan:
-    """The longest data.seq_len that fits at the planned cp, and at twice it where a kind splits that."""
+def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None, world: int) -> ContextPlan:
+    """The longest data.seq_len that fits at the planned cp, and at twice it where a kind splits that
+    (on tp x 2cp GPUs where that is more than the run has: `needed_at` counts their model states)."""
     if not gpu_memory_gb:
         return context
     gpu = gpu_memory_gb * 1e9
     cps = (context.cp, 2 * context.cp) if splits(cfg, 2 * context.cp) else (context.cp,)
     longest = tuple((c, longest_context(needed_at, gpu_bytes=gpu, cp=c)) for c in cps)
-    return ContextPlan(**{**asdict(context), "longest": longest})
+    more = tuple((c, cfg.parallel.tp * c) for c in cps if cfg.parallel.tp * c > world)
+    return ContextPlan(**{**asdict(context), "longest": longest, "longest_gpus": more})
 
 
 def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, checkpointing: str = "none") -> None:
-    """A context that does not fit, while the model states alone would, is refused naming the cp that fits."""
+    """A context that does not fit, while the model states alone would, is refused naming what
+    fits: a larger cp on this world; else a sequence such a cp splits, a cp on more GPUs (whose
+    model states ZeRO or FSDP partition further), a shorter sequence."""
     if not context.longest or memory.fits is not False:
         return
     seq = cfg.data.seq_len
     states_gib = memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib
     if states_gib >= memory.gpu_memory_gib:
         return  # the model itself does not fit: the memory line's note says what to change
-    tp = cfg.parallel.tp
-    # cp in powers of two that a kind splits (the same rules as allowed_cps), the first whose activations fit
-    larger = [c for c in (context.cp * 2**k for k in range(1, 8)) if splits(cfg, c)]
-    fitting = next((c for c in larger if needed_at(seq, c) <= memory.gpu_memory_gib * GIB), None)
+    tp, gpu = cfg.parallel.tp, memory.gpu_memory_gib * GIB
     here = context.longest_at(context.cp)
-    if fitting is None:
-        fix = f"use data.seq_len <= {here}"
-    elif world % (tp * fitting) == 0:
-        fix = f"use parallel.cp={fitting}"
+    kinds = "" if strategy_row(cfg.parallel.strategy).cp_kinds else f" with {kinds_that_run()}"
+    same = fitting_layout(cfg, context.cp, needed_at, worlds=[world], gpu_bytes=gpu)
+    if same:
+        fixes = [f"parallel.cp={same[0]}{kinds}"]
     else:
-        fix = f"use parallel.cp={fitting} on {tp * fitting} GPUs or a multiple (tp {tp} x cp {fitting}; this run has {world})"
-    if not strategy_row(cfg.parallel.strategy).cp_kinds and fitting:
-        fix += f" with {kinds_that_run()}"
+        fixes = []
+        unsplit = unsplit_cp(cfg, context.cp, needed_at, world=world, gpu_bytes=gpu)
+        if unsplit:
+            c, whole = unsplit
+            fixes.append(f"data.seq_len={whole} with parallel.cp={c}{kinds} (cp {c} splits a multiple of {c * RING_BLOCK}; {seq} it does not)")
+        more = fitting_layout(cfg, context.cp, needed_at, worlds=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu)
+        if more:
+            c, gpus = more
+            fixes.append(f"parallel.cp={c}{kinds} on {gpus} GPUs (tp {tp} x cp {c} x dp {gpus // (tp * c)}; this run has {world})")
+        fixes.append(f"data.seq_len <= {here}")
+    fixes += ([] if checkpointing == "full" else ["trainer.activation_checkpointing=full"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if memory_micro_batch(cfg) > 1 else [])
     need = f"{memory.total_gib:.1f} GiB needed per GPU, {memory.gpu_memory_gib:.1f} GiB on the GPU"
-    others = ([] if checkpointing == "full" else ["trainer.activation_checkpointing=full"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if memory_micro_batch(cfg) > 1 else [])
-    fix += "".join(f"; or {o}" for o in others)
-    raise ConfigError(Problem("data.seq_len", seq, f"does not fit at parallel.cp={context.cp}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", fix))
+    raise ConfigError(Problem("data.seq_len", seq, f"does not fit at parallel.cp={context.cp}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", "use " + "; or ".join(fixes)))
+
+
+def fitting_layout(cfg, cp: int, needed_at, *, worlds: list[int], gpu_bytes: float) -> tuple[int, int] | None:
+    """(cp, GPUs) of the first layout that fits, in the order of `worlds` (GPU counts, this run's
+    first), and on each the smallest cp that a kind splits: above the run's on its own world, from
+    the run's on a larger one."""
+    tp, run_world = cfg.parallel.tp, worlds[0] if len(worlds) == 1 else None
+    for gpus in worlds:
+        for c in power_of_two_divisors(gpus // tp):
+            larger = c > cp if gpus == run_world else c >= cp
+            if larger and splits(cfg, c) and needed_at(cfg.data.seq_len, c, gpus) <= gpu_bytes:
+                return c, gpus
+    return None
+
+
+def unsplit_cp(cfg, cp: int, needed_at, *, world: int, gpu_bytes: float) -> tuple[int, int] | None:
+    """(cp, data.seq_len) for the smallest larger cp on this world that would fit a sequence of whole
+    blocks of it (rounded up where that fits, else down) but does not split this data.seq_len: the
+    sequence, not the memory or the heads, is what stops it."""
+    from omegaconf import OmegaConf
+
+    seq, tp = cfg.data.seq_len, cfg.parallel.tp
+    for c in power_of_two_divisors(world // tp):
+        unit = c * RING_BLOCK
+        if c <= cp or splits(cfg, c) or seq < unit:
+            continue
+        up, down = -(-seq // unit) * unit, seq // unit * unit
+        whole = up if needed_at(up, c, world) <= gpu_bytes else down
+        if needed_at(whole, c, world) <= gpu_bytes and splits(OmegaConf.merge(cfg, {"data": {"seq_len": whole}}), c):
+            return c, whole
+    return None
 
 
 def memory_micro_batch(cfg) -> int:
@@ -394,6 +433,7 @@ def render(c: dict, seq_len: int) -> list[str]:
     if c["cp"] > 1:
         lines.append(f"           proven: {c['proven']}")
     if c["longest"]:
-        fits = ", ".join(f"{longest} at cp {cp}" for cp, longest in c["longest"].items())
+        gpus = c.get("longest_gpus", {})
+        fits = ", ".join(f"{longest} at cp {cp}" + (f" on {gpus[cp]} GPUs" if cp in gpus else "") for cp, longest in c["longest"].items())
         lines.append(f"           longest data.seq_len that fits the GPU (this layout's model states): {fits}")
     return lines

@@ -213,22 +213,29 @@ class StateStage:
 
 
 def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, precision, world: int) -> StateStage:
-    par, shape = cfg.parallel, model.shape
-    row = strategy_row(par.strategy)
+    shape = model.shape
     params = parameter_count(shape)
     base_rows = model.pretrained.vocab_size if model.pretrained is not None else init_from.saved["true_vocab"] if init_from else vocab.true
     adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=model.fam)
+    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params, fp32=precision.dtype is Dtype.fp32)
+    states = states_on(cfg, shape, params, adapters, optimizer, precision, world)
+    preference = preference_plan.make(cfg, params, world)
+    if adapters:
+        preference_plan.trainable_rows_problem(preference, adapters)
+    return StateStage(params, adapters, optimizer, preference, states)
+
+
+def states_on(cfg, shape, params: int, adapters, optimizer, precision, world: int):
+    """The model states per GPU (weights, gradients, optimizer state) on `world` GPUs: the run's, or
+    a larger world's that a fix names (ZeRO and FSDP partition them over more ranks)."""
+    par = cfg.parallel
+    row = strategy_row(par.strategy)
     layout = state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision))
     if adapters:
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:
         states = row.model_states(params, layout)
-    optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params, fp32=precision.dtype is Dtype.fp32)
-    states = optimizer_plan.states(states, optimizer, layout, partitioned=row.deepspeed or row.tensor_parallel)
-    preference = preference_plan.make(cfg, params, world)
-    if adapters:
-        preference_plan.trainable_rows_problem(preference, adapters)
-    return StateStage(params, adapters, optimizer, preference, states)
+    return optimizer_plan.states(states, optimizer, layout, partitioned=row.deepspeed or row.tensor_parallel)
 
 
 @dataclass(frozen=True)
@@ -296,13 +303,19 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     memory = replace(memory_at(batch.seq_len, cp), margin=measured.to_dict() if measured else None)
     preference_plan.memory_problem(state.preference, memory)
 
-    def needed_at(seq: int, cp: int) -> float:
-        """Bytes per GPU at `seq` and `cp`, unrounded (the memory plan's GiB are to 1 MiB)."""
+    states_by_world = {world: state.states}
+
+    def needed_at(seq: int, cp: int, gpus: int | None = None) -> float:
+        """Bytes per GPU at `seq` and `cp`, unrounded (the memory plan's GiB are to 1 MiB), on `gpus`
+        GPUs (by default this run's, or the fewest that hold tp x cp where that is more)."""
+        gpus = gpus or max(world, par.tp * cp)
+        if gpus not in states_by_world:
+            states_by_world[gpus] = states_on(cfg, model.shape, state.params, state.adapters, state.optimizer, precision, gpus)
         mode, micro = Checkpointing(ckpt.mode), batch.micro_batch_size
         parts = parts_for(mode, seq, cp, micro)
-        return step_peak.step_peak(state.states, with_margin(parts.peak, par, precision, mode), parts.recompute, step_for(micro), reference_bytes).total
+        return step_peak.step_peak(states_by_world[gpus], with_margin(parts.peak, par, precision, mode), parts.recompute, step_for(micro), reference_bytes).total
 
-    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb)
+    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb, world=world)
     context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
 

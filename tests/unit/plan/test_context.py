@@ -66,11 +66,13 @@ def test_the_longest_context_is_the_last_step_that_fits():
     longest = longest_context(at, gpu_bytes=1000.0 * 10_000, cp=2)
     assert longest == 18432 and at(longest, 2) <= 1e7 < at(longest + 2048, 2)  # steps of 1024 x cp
     cfg = compose(["data.seq_len=4096"])  # 6 heads, 2 kv heads: cp 4 splits no whole heads
-    plan_ = with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=1000.0 * 10_000 / 1e9)
-    assert plan_.longest == ((1, 9216), (2, 18432))
+    plan_ = with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=1000.0 * 10_000 / 1e9, world=2)
+    assert plan_.longest == ((1, 9216), (2, 18432)) and plan_.longest_gpus == ()
     # Twice cp 2 is cp 4, which Ulysses cannot split 6 heads over: only cp 2's longest is given.
-    assert with_longest(cfg, ContextPlan(2, "ulysses", "", 0), at, gpu_memory_gb=1000.0 * 10_000 / 1e9).longest == ((2, 18432),)
-    assert with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=None).longest == ()
+    assert with_longest(cfg, ContextPlan(2, "ulysses", "", 0), at, gpu_memory_gb=1000.0 * 10_000 / 1e9, world=2).longest == ((2, 18432),)
+    assert with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=None, world=2).longest == ()
+    # On one GPU, cp 2 needs two: said beside its longest.
+    assert with_longest(cfg, ContextPlan(1, "none", "", 0), at, gpu_memory_gb=1000.0 * 10_000 / 1e9, world=1).longest_gpus == ((2, 2),)
 
 
 def test_ring_counts_the_keys_and_values_each_rank_gathers(tmp_path):
