@@ -88,3 +88,20 @@ def test_the_step_peak_sample_is_what_the_plan_prints(tmp_path):
     assert f"python -m tinytrain mode=plan {' '.join(run)}" in page
     line = next(x for x in fit_lines(plan(run, tmp_path)) if x.startswith("memory "))
     assert line in page.splitlines(), f"docs/performance.md's step peak sample lacks: {line}"
+
+
+def test_the_recompute_sample_is_what_the_plan_prints(tmp_path):
+    """docs/performance.md's recompute table: each mode's row for the command below it, step times
+    included (FLOPs counted as MFU counts them, attention over whole rows)."""
+    from tests.conftest import plan
+    from tinytrain.plan.run_plan import fit_lines
+
+    run = ["model=llama3_1_8b", "hardware.gpu=H100", "parallel=zero3", "cluster.devices=8", "trainer.micro_batch_size=4", "data.seq_len=8192", "trainer.activation_checkpointing=auto"]
+    page = (REPO / "docs" / "performance.md").read_text()
+    assert " ".join(run) in " ".join(page.split())
+    printed = fit_lines(plan(run, tmp_path))
+    start = next(i for i, x in enumerate(printed) if x.startswith("recompute "))
+    rows = printed[start : start + 4]
+    assert len(rows) == 4 and all("s/step" in row for row in rows[1:]), rows
+    for row in rows:
+        assert row in page.splitlines(), f"docs/performance.md's recompute sample lacks: {row}"

@@ -33,6 +33,7 @@ from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_f
 from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import Family, family, family_of_model_type
 from tinytrain.plan.fast_paths import liger_installed, select_fast_paths
+from tinytrain.plan.flops import batch_flops
 from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
@@ -257,7 +258,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     op_off = row.op_checkpoint_off(par.zero_stage)
     reference_bytes = state.preference.reference_bytes if state.preference else 0.0
-    base_step = step_seconds(hardware=hardware, precision=precision, params=state.params, tokens_per_step=batch.tokens_per_step, world=world)
+    base_step = step_seconds(hardware=hardware, precision=precision, shape=model.shape, batch=batch, world=world)
 
     def rows_of(micro: int) -> int:
         return micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
@@ -460,14 +461,18 @@ def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     return fam.sliding_window and model_cfg.sliding_window is not None
 
 
-def step_seconds(*, hardware, precision, params: int, tokens_per_step: int, world: int) -> float | None:
-    """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one)."""
+def step_seconds(*, hardware, precision, shape: ModelShape, batch, world: int) -> float | None:
+    """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one),
+    its FLOPs counted as MFU counts them (plan/flops.py), attention over whole rows: the most a
+    packed row's documents cost, and at long context most of the step (Llama-3-8B at 128k tokens:
+    4.9x the dense matmuls)."""
     from tinytrain.plan.checkpoint_cost import ASSUMED_MFU
 
     peak = {"bf16": hardware.peak_bf16_tflops, "fp16": hardware.peak_fp16_tflops}.get(precision.dtype.value)
     if hardware.is_cpu or not peak:
         return None
-    return 6.0 * params * tokens_per_step / (world * peak * 1e12 * ASSUMED_MFU)
+    tokens = batch.tokens_per_step
+    return batch_flops(shape, tokens, tokens * batch.seq_len) / (world * peak * 1e12 * ASSUMED_MFU)
 
 
 def mode_cost(mode: Checkpointing, memory, micro_batch: int, base_step: float | None) -> ModeCost:
