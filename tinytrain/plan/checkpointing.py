@@ -75,7 +75,10 @@ def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: st
     else:
         fitting = next((c for c in table if c.fits), None)
         if fitting is None:
-            mode, reason = Checkpointing.full, "auto: no mode fits (full saves the most; see the memory line)"
+            # The least memory, the faster mode on a tie: where the step peaks in its gradients or
+            # optimizer step, recomputing saves nothing (the memory line says what would).
+            least = min(table, key=lambda c: c.total_gib)
+            mode, reason = Checkpointing(least.mode), f"auto: no mode fits; {least.mode} needs the least ({least.total_gib:.1f} GiB; see the memory line)"
         else:
             mode = Checkpointing(fitting.mode)
             reason = f"auto: the cheapest mode that fits ({fitting.total_gib:.1f} GiB)"

@@ -74,9 +74,11 @@ def step_peak(states, activations: float, recompute: float, step: StepShape, ref
     fsdp = step.gathered + step.unsharded_grads
     places = (
         (fixed + (states.grads if step.grads_held else 0.0) + activations + fsdp, "backward"),
-        (fixed + states.grads + fsdp + recompute, "backward_end"),
         (fixed + states.grads + step.optimizer_step, "optimizer_step"),
+        (fixed + states.grads + fsdp + recompute, "backward_end"),
     )
+    # On a tie the first: the backward's end ties with the optimizer step when it adds nothing to
+    # the gradients (no recompute, no FSDP buffers), and the memory line then leaves it out.
     total, at = max(places, key=lambda p: p[0])
     return StepPeak(total, at)
 

@@ -23,6 +23,10 @@ def test_the_total_is_the_largest_of_the_three_places_a_step_peaks():
     freed = StepShape(grads_held=False, optimizer_step=1.0 * GIB)
     assert (step_peak(STATES, 10 * GIB, 0.0, freed).total, step_peak(STATES, 10 * GIB, 0.0, freed).at) == (22 * GIB, "backward")
     assert (step_peak(STATES, 2 * GIB, 0.0, freed).total, step_peak(STATES, 2 * GIB, 0.0, freed).at) == (17 * GIB, "optimizer_step")
+    # Fused AdamW (no temporaries), no recompute: the backward's end adds nothing to the gradients and
+    # is not in the memory line, so the peak is named the optimizer step's (it was the backward's end).
+    fused = StepShape(grads_held=False, optimizer_step=0.0)
+    assert step_peak(STATES, 2 * GIB, 0.0, fused).at == "optimizer_step"
     # fsdp_tp: gathered weights beside both the activations and, with the first layer's recompute, every gradient.
     fsdp = StepShape(grads_held=False, gathered=1.0 * GIB, unsharded_grads=0.5 * GIB)
     assert step_peak(STATES, 1 * GIB, 0.25 * GIB, fsdp).total == 12 * GIB + 4 * GIB + 1.75 * GIB
