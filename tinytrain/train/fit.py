@@ -241,7 +241,8 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         print(f"loss mean of the first {k} step(s) {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
-        print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step; {mfu}")
+        left = ", ".join(f"{n} {why}" for why, n in result["left_out"].items() if n)
+        print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step{f' (steps left out: {left})' if left else ''}; {mfu}")
     if result["profile"]:
         print(result["profile"])
     if result["eval_jobs"]:

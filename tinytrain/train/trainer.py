@@ -174,11 +174,11 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     hw = build_trainer_hardware(plan)
     summary = LossSummary()
     cp = plan.parallel.cp
-    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp)
+    profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
+    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp, profiled=profiler.traces if profiler else None)
     bar = bar_on_terminal(t.progress_bar)
     dead_rank = DeadRank(run_dir)
     mixture = mixture_callback(plan, train_sampler)
-    profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
     stragglers = Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold) if plan.stragglers and plan.stragglers.enabled else None
     callbacks = [
         *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),

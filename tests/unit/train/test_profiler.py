@@ -28,6 +28,9 @@ def test_traces_the_window_and_names_the_top_costs(tmp_path):
     assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
     assert "aten::mm" in (tmp_path / "profile" / "top_ops_rank0.txt").read_text()
     assert "profile of steps 2-3" in callback.summary() and "aten::mm" in callback.summary()
+    # The steps the throughput summary leaves out: the warm-up step, the window, the step whose
+    # measured time holds the trace's writing.
+    assert [step for step in range(7) if callback.traces(step)] == [1, 2, 3, 4]
 
 
 def test_out_of_memory_leaves_a_snapshot_beside_the_estimate(tmp_path, monkeypatch):

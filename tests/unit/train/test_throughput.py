@@ -57,7 +57,27 @@ def test_peak_by_precision_and_graceful_omission():
         assert peak is None and why in note
         monitor = ThroughputMonitor(SMALL, peak, note)
         monitor.run_tokens, monitor.run_flops, monitor.run_seconds = 100, 1e6, 1.0
-        assert monitor.summary() == {"tokens_per_s_per_device": 100.0, "mfu": None, "note": note}
+        assert monitor.summary() == {"tokens_per_s_per_device": 100.0, "mfu": None, "note": note, "left_out": {"compiling": 0, "profiling": 0}}
+
+
+def test_the_summary_leaves_out_steps_that_compile_or_are_profiled():
+    """A block compiled again mid-run (its first packed-documents mask, the grad mode after
+    validation) or a step the profiler traces runs many times slower: the run's rate is the steady
+    one, and the summary says how many steps it left out."""
+    from types import SimpleNamespace
+
+    from tinytrain.data.collate import COUNTS
+
+    monitor = ThroughputMonitor(SMALL, None, "cpu", profiled=lambda n: n == 4)
+    trainer_ = SimpleNamespace(global_step=0, _logger_connector=SimpleNamespace(should_update_logs=False))
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    for step in range(1, 7):
+        if step in (1, 3):  # the first step compiles; step 3 compiles again for a new shape
+            double(torch.ones(step))
+        trainer_.global_step = step
+        monitor.on_train_batch_end(trainer_, None, None, {COUNTS: (10, 50)}, step)
+    # steps 2..6 are measured: 3 compiled, the 5th (process index 4) profiled -> 2, 4 and 6 counted
+    assert monitor.left_out == {"compiling": 1, "profiling": 1} and monitor.run_tokens == 30
 
 
 def trainer(**kw):

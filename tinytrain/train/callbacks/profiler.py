@@ -35,6 +35,14 @@ class Profiler(pl.Callback):
         self._last_step: int | None = None
         self._rank = 0
 
+    def traces(self, step: int) -> bool:
+        """Whether this process's `step`-th optimizer step (from 0) is slowed by the profiler: its
+        warm-up step and its window, which run traced, and the step after, in whose measured time
+        (callbacks before this one measure it) the trace and its table are written.
+        ThroughputMonitor leaves them out."""
+        warmup = 1 if self.start > 0 else 0
+        return self.start - warmup <= step <= self.start + self.steps
+
     def on_train_start(self, trainer, pl_module):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule

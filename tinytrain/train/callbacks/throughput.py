@@ -9,6 +9,7 @@ a GPU not in the table) MFU is omitted and the summary says why.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import lightning.pytorch as pl
@@ -40,12 +41,21 @@ def peak_tflops(hardware, dtype: Dtype) -> tuple[float | None, str]:
     return peak, f"{dtype.value} dense peak {peak:g} TFLOP/s ({hardware.name})"
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process (0 where nothing imported the compiler)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
+
+
 class ThroughputMonitor(pl.Callback):
     """Measured between consecutive optimizer steps, so data loading, every hook and checkpoint
-    writes count: it is what a user gets. Validation is left out, and so is the first step
-    (warm-up, compilation) from the run summary."""
+    writes count: it is what a user gets. Validation is left out. The run summary leaves out the
+    first step (warm-up) and every step in which torch.compile compiled (a block compiled again
+    for a new input, e.g. its first batch with a packed-documents mask, or after validation's
+    no-grad forwards) or the profiler traced (`profiled(n)`: the process's n-th step, from 0):
+    the steady rate, and how many steps it leaves out."""
 
-    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, context_parallel: int = 1):
+    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, context_parallel: int = 1, profiled=None):
         self.shape = shape
         # Under context parallelism the cp ranks of a group each see the whole batch and compute a
         # 1/cp share of it: each token is counted once across the group.
@@ -61,6 +71,10 @@ class ThroughputMonitor(pl.Callback):
         self.run_seconds = 0.0
         self._paused = 0.0  # validation time inside the current step interval
         self._validation_start: float | None = None
+        self.profiled = profiled or (lambda n: False)
+        self._steps = 0  # optimizer steps this process has taken
+        self._graphs = 0
+        self.left_out = {"compiling": 0, "profiling": 0}
 
     def on_validation_start(self, trainer, pl_module):
         self._validation_start = time.perf_counter()
@@ -80,21 +94,28 @@ class ThroughputMonitor(pl.Callback):
         now = time.perf_counter()
         if step == 1:
             log.info("first optimizer step done %.1f s after process start", seconds_since_process_start())
+        graphs, self._graphs = self._graphs, compiled_graphs()
         if self._last_time is not None:
             elapsed = now - self._last_time - self._paused
             if writes_metrics_row(trainer):  # read by the loggers and the progress lines only
                 pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
                 if self.peak:
                     pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
-            self.run_tokens += self._tokens
-            self.run_flops += self._flops
-            self.run_seconds += elapsed
+            why = "compiling" if self._graphs != graphs else "profiling" if self.profiled(self._steps) else None
+            if why:
+                self.left_out[why] += 1
+            else:
+                self.run_tokens += self._tokens
+                self.run_flops += self._flops
+                self.run_seconds += elapsed
+        self._steps += 1
         self._tokens, self._flops, self._paused = 0, 0.0, 0.0
         self._last_time, self._last_step = now, step
 
     def summary(self) -> dict:
+        left_out = dict(self.left_out)
         if self.run_seconds == 0:
-            return {"tokens_per_s_per_device": None, "mfu": None, "note": "too few steps to measure"}
+            return {"tokens_per_s_per_device": None, "mfu": None, "note": "too few steps to measure", "left_out": left_out}
         tps = self.run_tokens / self.run_seconds
         mfu = self.run_flops / self.run_seconds / (self.peak * 1e12) if self.peak else None
-        return {"tokens_per_s_per_device": tps, "mfu": mfu, "note": self.peak_note}
+        return {"tokens_per_s_per_device": tps, "mfu": mfu, "note": self.peak_note, "left_out": left_out}
