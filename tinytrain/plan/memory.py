@@ -293,6 +293,36 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
     )
 
 
+def memory_levers(par, *, deepspeed: bool, tensor_parallel: bool, checkpointing: str, micro_batch: int) -> list[str]:
+    """What would lower a run's memory that it does not use already: the fixes a memory line that
+    does not fit names (not a higher ZeRO stage to a ZeRO-3 run, not a smaller micro batch at 1)."""
+    found = []
+    if not deepspeed and not tensor_parallel:
+        found += ["parallel=zero3 on more GPUs (the model states partitioned over them)", "parallel=zero3_offload (the optimizer state and weights in host memory)"]
+    elif deepspeed and par.zero_stage < 3:
+        found.append("parallel=zero3")
+    if deepspeed and not par.offload_optimizer:
+        found.append("parallel=zero3_offload (the optimizer state and weights in host memory)" if par.zero_stage == 3 else "parallel=zero2_offload (the optimizer state in host memory)")
+    if deepspeed or tensor_parallel:
+        found.append("more GPUs (the states are partitioned over them)")
+    if tensor_parallel:
+        found.append(f"a larger parallel.tp (now {par.tp})")
+    if checkpointing != "full":
+        found.append("trainer.activation_checkpointing=full")
+    if micro_batch > 1:
+        found.append(f"a smaller trainer.micro_batch_size (now {micro_batch})")
+    return found
+
+
+def with_levers(memory: MemoryPlan, levers: list[str]) -> MemoryPlan:
+    """A memory plan that does not fit, its note naming `levers` (memory_levers)."""
+    if memory.fits is not False:
+        return memory
+    head = memory.note.split("; try ", 1)[0]
+    fix = "; try " + ", ".join(levers) if levers else "; no lever of this strategy is left: a GPU with more memory, or a smaller model"
+    return replace(memory, note=head + fix)
+
+
 def step_dict(step: StepShape, peak, recompute: float) -> dict:
     """plan.json's memory_per_gpu.step: where the step peaks and what is beside the activations, in GiB."""
     return {

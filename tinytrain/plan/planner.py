@@ -38,7 +38,7 @@ from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
-from tinytrain.plan.memory import GIB, MemoryPlan, activation_parts, plan_memory
+from tinytrain.plan.memory import GIB, MemoryPlan, activation_parts, memory_levers, plan_memory, with_levers
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import ModelShape, parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -302,6 +302,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     measured = memory_margin.measured(par.strategy.value, precision.lightning, ckpt.mode)
     memory = replace(memory_at(batch.seq_len, cp), margin=measured.to_dict() if measured else None)
+    memory = with_levers(memory, memory_levers(par, deepspeed=row.deepspeed, tensor_parallel=row.tensor_parallel, checkpointing=ckpt.mode, micro_batch=batch.micro_batch_size))
     preference_plan.memory_problem(state.preference, memory)
 
     states_by_world = {world: state.states}

@@ -39,3 +39,20 @@ def test_plan_warns_when_it_does_not_fit(tmp_path):
     assert p["memory_per_gpu"]["fits"] is False and "does NOT fit" in p["memory_per_gpu"]["note"]
     p = plan(["model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"], tmp_path)
     assert p["memory_per_gpu"]["fits"] is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named", "not_named"),
+    [
+        (["model=llama3_8b"], ["parallel=zero3 on more GPUs", "parallel=zero3_offload", "trainer.activation_checkpointing=full", "a smaller trainer.micro_batch_size (now 8)"], ["higher ZeRO stage", "parallel.tp"]),
+        (["model=llama3_1_8b", "parallel=zero3", "cluster.devices=2", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full", "data.seq_len=8192", "trainer.global_batch_size=2"], ["parallel=zero3_offload (the optimizer state and weights in host memory)", "more GPUs"], ["parallel=zero3 ", "activation_checkpointing", "micro_batch_size"]),
+        (["model=llama3_8b", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"], ["a larger parallel.tp (now 2)", "more GPUs"], ["zero3"]),
+    ],
+)
+def test_a_memory_line_that_does_not_fit_names_only_the_levers_left(tmp_path, overrides, named, not_named):
+    # A ZeRO-3 run at micro batch 1 with full checkpointing was told to try a higher ZeRO stage or a
+    # smaller micro batch.
+    note = plan(["mode=plan", "hardware.gpu=A10", *overrides], tmp_path)["memory_per_gpu"]["note"]
+    assert note.startswith("does NOT fit") and "; try " in note, note
+    fixes = note.split("; try ", 1)[1]
+    assert all(n in fixes for n in named) and not any(n in fixes for n in not_named), fixes
