@@ -13,7 +13,17 @@ class Problem:
     fix: str
 
     def render(self) -> str:
-        return f"{self.key}={self.value!r}: {self.message}. Fix: {self.fix}"
+        return f"{self.key}={as_typed(self.value)}: {self.message}. Fix: {self.fix}"
+
+
+def as_typed(value) -> str:
+    """A value as a user writes it after `key=` on the command line: true/false/null (not Python's
+    True/False/None), strings quoted, numbers and lists as they are."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 class ConfigError(Exception):

@@ -49,10 +49,10 @@ CASES = {
     "sweep additional parameter smuggling an option": ([*SWEEP, "+hydra.launcher.additional_parameters.mail-type='END --nodes=64'"], ["hydra.launcher.additional_parameters.mail-type='END --nodes=64'", "whitespace"]),
     "sweep folder with a space": ([*SWEEP, "hydra.launcher.submitit_folder='{H}/my sweep/%j'"], ["hydra.launcher.submitit_folder='{H}/my sweep/%j'", "whitespace", "Fix: choose a folder path"]),
     # 2. no code from a model folder
-    "pretrained folder with its own code": (["mode=plan", "model.pretrained={H}/remote_model"], ["model.trust_remote_code=False", "model.pretrained={H}/remote_model needs the folder's own Python code", "config.json: AutoConfig -> evil.EvilConfig", "model.trust_remote_code=true"]),
+    "pretrained folder with its own code": (["mode=plan", "model.pretrained={H}/remote_model"], ["model.trust_remote_code=false", "model.pretrained={H}/remote_model needs the folder's own Python code", "config.json: AutoConfig -> evil.EvilConfig", "model.trust_remote_code=true"]),
     "tokenizer folder with its own code": (["mode=plan", "tokenizer=hf", "tokenizer.path={H}/remote_tokenizer"], ["tokenizer.path='{H}/remote_tokenizer'", "custom tokenizer code", "never runs"]),
-    "generate from a folder with its own code": (["mode=generate", "checkpoint.path={H}/remote_model", "generate.prompts=[hi]"], ["model.trust_remote_code=False", "checkpoint.path={H}/remote_model"]),
-    "eval of a folder with its own code": (["mode=eval", "checkpoint.path={H}/remote_model"], ["model.trust_remote_code=False"]),
+    "generate from a folder with its own code": (["mode=generate", "checkpoint.path={H}/remote_model", "generate.prompts=[hi]"], ["model.trust_remote_code=false", "checkpoint.path={H}/remote_model"]),
+    "eval of a folder with its own code": (["mode=eval", "checkpoint.path={H}/remote_model"], ["model.trust_remote_code=false"]),
     # 3. incomplete exports named
     "generate from an export without weights": ([*GEN[:1], "checkpoint.path={H}/config_only", *GEN[2:]], ["checkpoint.path='{H}/config_only'", "not a complete Hugging Face model folder", "no weights", "export it again"]),
     "generate from an export cut short": ([*GEN[:1], "checkpoint.path={H}/cut_export", *GEN[2:]], ["checkpoint.path='{H}/cut_export'", "model.safetensors", "cut short"]),
@@ -97,7 +97,7 @@ CASES = {
     "pretrained weights cut short": (["mode=plan", "model.pretrained={H}/cut_export"], ["model.pretrained='{H}/cut_export'", "its weights are not whole", "cut short", "download or copy the model again"]),
     "pretrained weights pickling a callable": (["mode=plan", "model.pretrained={H}/pickled_bin", *SMALL_MODEL], ["model.pretrained='{H}/pickled_bin'", "pytorch_model.bin holds something other than tensors (it pickles posix.system)", "Fix: convert the weights to safetensors from a trusted source"]),
     "pretrained weights a stub": (["mode=plan", "model.pretrained={H}/stub_weights"], ["model.pretrained='{H}/stub_weights'", "shorter than a safetensors header"]),
-    "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=False", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
+    "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=false", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
     "too_long skip drops every sample": (["mode=prepare", "data=alpaca", "data.path={H}/long.jsonl", "data.seq_len=16", "data.too_long=skip"], ["no usable samples", "20 skipped as longer than 16", "raise data.seq_len (the shortest sample skipped has", "data.too_long=truncate"]),
     # issue 31: a pretrained model trained with another tokenizer
     "pretrained model of another tokenizer": (["mode=plan", "model.pretrained={H}/other_tokenizer"], ["model.pretrained='{H}/other_tokenizer'", "ships its own tokenizer, {H}/other_tokenizer (its own tokenizer) (vocab fingerprint", "64 tokens), not this run's tokenizer.path=", "4096 tokens): every token id would read another token's embedding row", "Fix: train with the model's tokenizer (tokenizer=hf tokenizer.path={H}/other_tokenizer), or set model.tokenizer_change=allow"]),

@@ -57,13 +57,18 @@ def installed() -> bool:
     return importlib.util.find_spec("torchao") is not None
 
 
-def decide(cfg, hardware, *, hidden: int, strategy_blocker: str | None, finetune: bool, planning: bool, available: bool | None = None) -> Fp8Plan:
+def decide(cfg, hardware, *, hidden: int, strategy_blocker: str | None, finetune: bool, planning: bool, available: bool | None = None, fp32: bool = False) -> Fp8Plan:
     """`strategy_blocker`: the strategy table's fp8_off; `planning`: mode=plan/sbatch (the machine
-    that trains needs torchao, not this one); `available`: torchao installed (asked when None)."""
+    that trains needs torchao, not this one); `available`: torchao installed (asked when None);
+    `fp32`: the run trains in fp32, which auto leaves that way (true still converts)."""
     want = read(cfg.precision.fp8)
     emulate = bool(cfg.precision.fp8_emulate)
     if want is False:
+        if emulate:
+            raise ConfigError(Problem("precision.fp8_emulate", True, "emulates float8 matmuls, which precision.fp8=false turns off: it would do nothing", "use precision.fp8=true with it (or auto), or drop precision.fp8_emulate"))
         return Fp8Plan(False, False, "off (precision.fp8=false)")
+    if want is not True and fp32:
+        return Fp8Plan(False, False, "auto: off, the run trains in fp32 (precision=fp32): float8 would undo the precision it asks for")
     capable = not hardware.is_cpu and hardware.compute_capability >= MIN_CAPABILITY
     blocker = None
     if not capable and not emulate:

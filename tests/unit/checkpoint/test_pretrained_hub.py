@@ -81,7 +81,7 @@ def gpt2_folder(tmp_path_factory):
         (["model.sliding_window=512"], ["model.sliding_window=512", "model.arch=llama has no sliding-window attention"]),
         (["model=gemma2_2b", "model.attention=sdpa"], ["model.attention='sdpa'", "no SDPA attention for the gemma2 family", "Fix: use model.attention=auto"]),
         (["model=phi3_mini", "model.head_dim=64"], ["model.head_dim=64", "model.arch=phi3 derives it as hidden_size / num_heads (3072 / 32)"]),
-        (["model=mistral_7b", "model.attention_bias=true"], ["model.attention_bias=True", "model.arch=mistral has no q/k/v biases"]),
+        (["model=mistral_7b", "model.attention_bias=true"], ["model.attention_bias=true", "model.arch=mistral has no q/k/v biases"]),
     ],
 )
 def test_family_and_pretrained_mistakes_exit_2_without_traceback(args, expected, gpt2_folder, tmp_path, monkeypatch):

@@ -33,6 +33,17 @@ def test_auto_and_true_per_gpu(value, hardware, hidden, enabled):
     assert not fp8.decide(cfg("auto"), H100, hidden=8192, strategy_blocker="not checked", finetune=False, planning=True, available=True).enabled
 
 
+def test_auto_keeps_an_fp32_run_in_fp32_and_emulation_needs_fp8():
+    def decide(c, **kw):
+        return fp8.decide(c, H100, hidden=8192, strategy_blocker=None, finetune=False, planning=True, available=True, **kw)
+
+    off = decide(cfg("auto"), fp32=True)
+    assert not off.enabled and "trains in fp32" in off.reason
+    assert decide(cfg(True), fp32=True).enabled  # asked for by name: converted
+    with pytest.raises(ConfigError, match=r"precision.fp8_emulate=true: .* precision.fp8=false turns off"):
+        decide(cfg(False, emulate=True))
+
+
 def test_emulated_float8_converts_the_blocks_and_tracks_the_loss():
     pytest.importorskip("torchao", reason="torchao (the fp8 extra) is not installed")
     from tests.unit.model.test_activation_checkpointing import BATCH, tiny_llama

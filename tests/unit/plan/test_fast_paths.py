@@ -30,7 +30,7 @@ def test_never_on_cpu_and_an_explicit_request_there_is_an_error():
     f = select_fast_paths(trainer(), Strategy.single, on_gpu=not CPU().is_cpu, padded_vocab=128256, liger_available=True)
     assert not f.liger and not f.liger_loss and f.reasons["liger"].startswith("off: CPU")
     assert f.loss_chunk_tokens == 1024  # the chunked loss stays for CPU
-    with pytest.raises(ConfigError, match=r"trainer.liger=True: liger-kernel cannot run here \(CPU"):
+    with pytest.raises(ConfigError, match=r"trainer.liger=true: liger-kernel cannot run here \(CPU"):
         select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=False, padded_vocab=4096, liger_available=True)
 
 

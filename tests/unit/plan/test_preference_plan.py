@@ -33,8 +33,8 @@ def problems_of(overrides) -> str:
         (["finetune.beta=-1", "finetune.objective=ipo"], "finetune.beta=-1.0: must be positive"),
         (["finetune.label_smoothing=0.5"], "finetune.label_smoothing=0.5: must be in [0, 0.5)"),
         (["finetune.objective=ipo", "finetune.label_smoothing=0.1"], "finetune.label_smoothing=0.1: ipo has no label smoothing"),
-        (["finetune.objective=simpo", "finetune.precompute_reference=true"], "finetune.precompute_reference=True: simpo is reference-free"),
-        (["data.pack=true"], "data.pack=True: preference pairs are scored row by row"),
+        (["finetune.objective=simpo", "finetune.precompute_reference=true"], "finetune.precompute_reference=true: simpo is reference-free"),
+        (["data.pack=true"], "data.pack=true: preference pairs are scored row by row"),
         (["data.train_on=all"], "data.train_on='all': a preference pair is scored on its answers only"),
     ],
 )
@@ -74,7 +74,7 @@ def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_f
     with pytest.raises(ConfigError) as e:
         plan(run, tmp_path / "online")
     message = str(e.value)
-    assert "finetune.precompute_reference=False: dpo on full fine-tuning holds a frozen reference copy" in message and "Fix: set finetune.precompute_reference=true" in message
+    assert "finetune.precompute_reference=false: dpo on full fine-tuning holds a frozen reference copy" in message and "Fix: set finetune.precompute_reference=true" in message
     precomputed = plan([*run, "finetune.precompute_reference=true"], tmp_path / "precomputed")
     assert precomputed["memory_per_gpu"]["fits"] and precomputed["memory_per_gpu"]["reference_gib"] == 0
     small = plan([*run, "trainer.micro_batch_size=1"], tmp_path / "small")
