@@ -73,6 +73,8 @@ CASES = {
     "cp with a padding multiple it does not divide": ([*CP2, "data=alpaca", "data.pad_to_multiple_of=3"], ["data.pad_to_multiple_of=3", "must be a multiple of parallel.cp(2)"]),
     "cp with preference tuning": ([*CP2, "data=preference", "finetune.objective=simpo"], ["finetune.objective='simpo'", "not built for parallel.cp=2", "parallel.cp=1"]),
     "cp with a tp that leaves no room": (["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.tp=2", "parallel.cp=2"], ["parallel.tp=2", "parallel=zero2 has no tensor parallelism"]),
+    "deepspeed training on a CPU": (["parallel=zero2", "trainer.max_steps=1"], ["parallel='zero2'", "DeepSpeedStrategy runs only on CUDA GPUs", "or use parallel=ddp on CPU"]),
+    "deepspeed context parallelism on a CPU": (["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "model.num_heads=4", "model.num_kv_heads=2", "trainer.max_steps=1"], ["parallel='zero2'", "DeepSpeedStrategy runs only on CUDA GPUs", "or use parallel=fsdp_tp parallel.tp=1 on CPU"]),
     "context that does not fit names the cp that does": ([*LONG, "data.seq_len=65536"], ["data.seq_len=65536", "does not fit at parallel.cp=1", "the longest that fits is", "Fix: use parallel.cp="]),
     "context that does not fit on this world": ([*LONG, "data.seq_len=131072", "parallel.cp=2"], ["data.seq_len=131072", "does not fit at parallel.cp=2", "on 16 GPUs (tp 1 x cp 16 x dp 1; this run has 8)", "trainer.activation_checkpointing=full"]),
     "context that fits a cp larger than the world": ([*LONG, "data.seq_len=1572864", "model.max_position_embeddings=1572864", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=1572864", "does not fit at parallel.cp=8", "use parallel.cp=16 on 16 GPUs"]),

@@ -54,7 +54,8 @@ def stage_problems(par, trains_here: bool) -> list[Problem]:
                 "parallel",
                 par.name,
                 "Lightning's DeepSpeedStrategy runs only on CUDA GPUs and this machine has none (parallel.deepspeed_on_cpu=true runs it on CPU for tests only: slow, and proves nothing about NCCL or GPU memory)",
-                "plan it here with mode=plan hardware.gpu=A800 (or V100), train it on a GPU node, or use parallel=ddp on CPU",
+                "plan it here with mode=plan hardware.gpu=A800 (or V100), train it on a GPU node, or use "
+                + ("parallel=fsdp_tp parallel.tp=1 on CPU (its context parallelism runs over gloo)" if (par.cp or 1) > 1 else "parallel=ddp on CPU"),
             )
         )
     return problems

@@ -178,7 +178,7 @@ STRATEGIES = {
         # cannot (plan/context.py choose_kind).
         cp_kinds=("ulysses", "ring"),
         compile_model_off=FSDP_WHOLE_GRAPH,
-        fp8_off="tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use",
+        fp8_off="parallel=fsdp_tp has no float8 path: tensor parallelism would need torchao's float8 parallel styles for the sharded projections, which tinytrain's TP plan does not use, and float8 under FSDP2's shards (tp 1 too) is not checked",
     ),
 }
 
