@@ -105,3 +105,17 @@ def test_the_recompute_sample_is_what_the_plan_prints(tmp_path):
     assert len(rows) == 4 and all("s/step" in row for row in rows[1:]), rows
     for row in rows:
         assert row in page.splitlines(), f"docs/performance.md's recompute sample lacks: {row}"
+
+
+def test_the_context_sample_is_what_the_plan_prints(tmp_path):
+    """docs/parallelism.md's long-context sample: the context lines of the command above it."""
+    from tests.conftest import plan
+    from tinytrain.plan.run_plan import render
+
+    command = "python -m tinytrain mode=plan model=llama3_1_8b parallel=zero3 cluster.devices=8 hardware.gpu=H100 trainer.micro_batch_size=1 trainer.global_batch_size=8 data.seq_len=65536 trainer.activation_checkpointing=full parallel.cp=2"
+    page = (REPO / "docs" / "parallelism.md").read_text()
+    assert command in page
+    printed = render(plan(command.split()[4:], tmp_path)).splitlines()
+    start = next(i for i, x in enumerate(printed) if x.startswith("context "))
+    for line in printed[start : start + 3]:
+        assert line in page.splitlines(), f"docs/parallelism.md's context sample lacks: {line}"

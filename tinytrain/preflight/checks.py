@@ -82,6 +82,15 @@ def hf_rope_scaling(hf_config) -> dict | None:
     return None if rope_type == "default" else {"rope_type": rope_type, **rope}
 
 
+def positions_reached(cfg, hf_config=None) -> int:
+    """The positions the model covers, as position_findings reads them (with the scaling)."""
+    m = cfg.model
+    if hf_config is None:
+        return rope.reach(m.max_position_embeddings, dict(m.rope_scaling) if m.rope_scaling else None)
+    scaling = m.rope_scaling or hf_rope_scaling(hf_config)
+    return rope.reach(hf_config.max_position_embeddings, dict(scaling) if scaling else None)
+
+
 def position_findings(cfg, hf_config=None) -> list[Finding]:
     """data.seq_len against the positions the model covers (with model.rope_scaling, or a pretrained
     model's own scaling), and the scaling against the context a pretrained model was trained at."""
