@@ -315,7 +315,8 @@ def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None, lays_o
     if cp is None:
         return batched[-1], f"parallel.cp=null: {batched[-1]}, the largest this world allows; none fits"
     need = needed_at(seq, cp)
-    why = f"the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB)"
+    sized = " at micro batch 1; trainer.micro_batch_size=auto chooses its own after cp: the memory line" if memory_micro_batch(cfg) == 1 and not isinstance(cfg.trainer.micro_batch_size, int) else ""
+    why = f"the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB{sized})"
     return cp, f"parallel.cp=null: {cp}, {why}{batch_note(cfg, world, options, cp, fits)}"
 
 

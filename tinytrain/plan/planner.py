@@ -125,6 +125,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         stragglers=straggler_plan(cfg.cluster, world),
         health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
+        profile=profile_line(cfg.trainer, on_gpu=not hardware.is_cpu),
         optimizer=state.optimizer,
         evals=evals_plan.make(cfg, data_parallel=fit.batch.data_parallel),
     )
@@ -489,3 +490,13 @@ def cluster_layout(cfg) -> ClusterLayout:
     else:
         source = f"cluster={cfg.cluster.name}"
     return ClusterLayout(cfg.cluster.name, cfg.cluster.nodes, devices_per_node(cfg), source)
+
+
+def profile_line(t, *, on_gpu: bool) -> str | None:
+    """trainer.profile: the steps traced (this process's, after a warm-up step) and what is written."""
+    if not t.profile:
+        return None
+    last = t.profile_start + t.profile_steps - 1
+    warmup = f", after a warm-up step ({t.profile_start - 1})" if t.profile_start > 0 else ""
+    oom = "; on a CUDA out-of-memory error, the allocator's snapshot beside the plan's estimate" if on_gpu else ""
+    return f"steps {t.profile_start}-{last} of this process traced{warmup} -> <run>/profile/: a torch profiler trace per rank and the top costs{oom}; the throughput summary leaves them out"

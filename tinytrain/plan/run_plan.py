@@ -124,6 +124,7 @@ class RunPlan:
     health: HealthPlan | None = None  # the health check before training, and what a bad node does (plan/health.py)
     stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
     host: HostMemoryPlan | None = None  # host memory per node: the build, offloaded states, a CPU run's whole state (plan/host_memory.py)
+    profile: str | None = None  # trainer.profile: the steps traced and where the trace goes (planner.profile_line)
 
     @property
     def on_gpu(self) -> bool:
@@ -196,6 +197,7 @@ class RunPlan:
             "watchdog": self.watchdog and self.watchdog.to_dict(),
             "stragglers": self.stragglers and self.stragglers.to_dict(),
             "health": self.health and self.health.to_dict(),
+            "profile": self.profile,
         }
 
     def resolved_config(self, cfg: DictConfig) -> dict:
@@ -337,6 +339,8 @@ def fit_lines(plan: dict) -> list[str]:
         lines.append(f"stragglers {plan['stragglers']['reason']}")
     if plan.get("health"):
         lines.append(f"health     {plan['health']['reason']}")
+    if plan.get("profile"):
+        lines.append(f"profile    {plan['profile']}")
     pf = plan["preflight"]
     warnings = [w for w in pf["findings"] if w["severity"] == "warn"]
     fixed = f"; untrained rows fixed with {pf['fix']}: {'; '.join(pf['untrained_rows'])}" if pf["fix"] else ""

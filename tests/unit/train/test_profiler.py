@@ -46,3 +46,13 @@ def test_out_of_memory_leaves_a_snapshot_beside_the_estimate(tmp_path, monkeypat
     assert dumped == [str(tmp_path / "profile" / "memory_snapshot_rank0.pickle")]
     beside = json.loads((tmp_path / "profile" / "memory_estimate_rank0.json").read_text())
     assert beside == {"plan": ESTIMATE, "measured": {"max_allocated_gib": 80.0, "reserved_gib": 81.0}}
+
+
+def test_the_plan_says_which_steps_are_traced(tmp_path):
+    from tests.conftest import plan
+    from tinytrain.plan.run_plan import render
+
+    planned = plan(["trainer.profile=true", "trainer.profile_start=4", "trainer.profile_steps=2", "trainer.max_steps=10", "trainer.warmup_steps=2"], tmp_path)
+    assert planned["profile"].startswith("steps 4-5 of this process traced, after a warm-up step (3) -> <run>/profile/")
+    assert f"profile    {planned['profile']}" in render(planned).splitlines()
+    assert plan([], tmp_path / "off")["profile"] is None
