@@ -106,12 +106,12 @@ def problems(cfg) -> list[Problem]:
     if not row.cp_kinds:
         return [Problem("parallel.cp", par.cp, f"parallel={par.name} has no context parallelism: {row.cp_off}", f"use {kinds_that_run()} with parallel.cp={par.cp}, or parallel.cp=1")]
     kind, why = choose_kind(cfg, par.cp)
-    found = []
     if kind not in row.cp_kinds:
-        found.append(Problem("parallel.cp_kind", kind, f"does not run under parallel={par.name}: parallel={par.name} runs {', '.join(row.cp_kinds)}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)"))
+        # The fix changes the kind: the other kind's rules are the ones to meet then, not this one's.
+        return [Problem("parallel.cp_kind", kind, f"does not run under parallel={par.name}: parallel={par.name} runs {', '.join(row.cp_kinds)}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)")]
     if kind == "ring":
-        return found + ring_problems(cfg, par.cp, why)
-    found += head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
+        return ring_problems(cfg, par.cp, why)
+    found = head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
     compiled = ulysses_compile_blocker(cfg)
     if compiled:
         ring = ", or parallel.cp_kind=ring" if "ring" in row.cp_kinds else ""

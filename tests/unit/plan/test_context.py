@@ -222,6 +222,9 @@ def test_each_problem_is_named_once():
     assert [p.key for p in ring] == ["data.seq_len"]
     padded = problems(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=4", "parallel.cp=2", "data=alpaca", "data.seq_len=512"]))
     assert [(p.key, p.fix) for p in padded] == [("data.pad_to_multiple_of", "use data.pad_to_multiple_of=256")]
+    # A kind the strategy does not run: its fix changes the kind, so that kind's rules are not asked too.
+    unrun = problems(compose(["parallel=zero2", "cluster.devices=2", "parallel.cp=2", "parallel.cp_kind=ring", "model.num_heads=4", "model.num_kv_heads=2"]))
+    assert [p.key for p in unrun] == ["parallel.cp_kind"]
 
 
 def test_the_plan_line_for_ring_names_torch_s_engine_and_its_proof():
