@@ -444,6 +444,7 @@ class PreflightConfig:
     data_vocab: CheckLevel = CheckLevel.error  # largest token id in the data vs len(tokenizer)
     untrained_embeddings: CheckLevel = CheckLevel.warn  # see model.untrained_tokens for the fix
     precision_risk: CheckLevel = CheckLevel.error  # fp16 with untrained rows; fp16 on fragile models
+    memory: CheckLevel = CheckLevel.error  # the plan's per-GPU memory estimate above the GPU's memory
 
 
 @dataclass

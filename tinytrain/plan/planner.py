@@ -51,7 +51,8 @@ from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.plan.watchdog import watchdog_plan
 from tinytrain.preflight import pretrained_tokenizer
-from tinytrain.preflight.checks import positions_reached
+from tinytrain.preflight.checks import memory_findings, positions_reached
+from tinytrain.preflight.checks import report as preflight_report
 from tinytrain.preflight.checks import run as run_preflight
 
 
@@ -80,6 +81,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
+    preflight = replace(preflight, findings=preflight.findings + preflight_report(memory_findings(cfg, fit.memory, hardware.name)))
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES, fp32=precision.dtype is Dtype.fp32)
     deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)

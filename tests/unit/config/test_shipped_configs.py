@@ -173,7 +173,8 @@ def test_every_group_option_says_what_it_changes():
 def test_experiment_presets_plan(experiment, tmp_path):
     if experiment == "tinyllama_pretrain" and not LLAMA2_TOKENIZER.exists():
         pytest.skip("../shared/data absent")
-    p = plan([f"experiment={experiment}", "hardware.gpu=A800"], tmp_path)
+    gpus = ["cluster.devices=8"] if experiment == "long_context" else []  # the recipe's 8B model at 32k is sized for a node
+    p = plan([f"experiment={experiment}", "hardware.gpu=A800", *gpus], tmp_path)
     assert p["precision"]["value"] == "bf16-mixed"
     if experiment == "tinyllama_pretrain":
         assert p["vocab"]["true"] == 32000 and p["batch"]["seq_len"] == 2048

@@ -34,11 +34,21 @@ def test_tp_divides_model_states():
     assert model_state_memory("ddp", PARAMS, world=8, tp=1).total == pytest.approx(16 * PARAMS)
 
 
-def test_plan_warns_when_it_does_not_fit(tmp_path):
-    p = plan(["model=llama2_7b", "hardware.gpu=V100"], tmp_path)
+def test_a_run_that_does_not_fit_is_refused_before_it_starts(tmp_path):
+    # A 7B model's states on one V100 (the whole model, fp32 Adam): refused with the estimate and the
+    # levers left; relaxed to a warning, planned with the memory line saying so.
+    from tinytrain.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        plan(["model=llama2_7b", "hardware.gpu=V100"], tmp_path)
+    message = str(refused.value)
+    assert "parallel='single': [preflight memory] the plan's estimate is" in message and "x the 29.8 GiB of the V100" in message
+    assert "Fix: try parallel=zero3 on more GPUs" in message and "(or relax with preflight.memory=warn|off)" in message
+    p = plan(["model=llama2_7b", "hardware.gpu=V100", "preflight.memory=warn"], tmp_path)
     assert p["memory_per_gpu"]["fits"] is False and "does NOT fit" in p["memory_per_gpu"]["note"]
+    assert [f["check"] for f in p["preflight"]["findings"]] == ["memory"]
     p = plan(["model=llama2_7b", "hardware.gpu=A800", "parallel=zero3", "cluster.devices=8"], tmp_path)
-    assert p["memory_per_gpu"]["fits"] is True
+    assert p["memory_per_gpu"]["fits"] is True and not p["preflight"]["findings"]
 
 
 @pytest.mark.parametrize(
@@ -52,7 +62,7 @@ def test_plan_warns_when_it_does_not_fit(tmp_path):
 def test_a_memory_line_that_does_not_fit_names_only_the_levers_left(tmp_path, overrides, named, not_named):
     # A ZeRO-3 run at micro batch 1 with full checkpointing was told to try a higher ZeRO stage or a
     # smaller micro batch.
-    note = plan(["mode=plan", "hardware.gpu=A10", *overrides], tmp_path)["memory_per_gpu"]["note"]
+    note = plan(["hardware.gpu=A10", "preflight.memory=warn", *overrides], tmp_path)["memory_per_gpu"]["note"]
     assert note.startswith("does NOT fit") and "; try " in note, note
     fixes = note.split("; try ", 1)[1]
     assert all(n in fixes for n in named) and not any(n in fixes for n in not_named), fixes
