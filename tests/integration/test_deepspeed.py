@@ -209,3 +209,18 @@ def test_chunked_loss_under_zero3_uses_the_gathered_lm_head(tmp_path):
     assert len(logged(chunked, "loss")) == 3
     assert logged(chunked, "loss") == pytest.approx(logged(plain, "loss"), rel=1e-6)
     assert logged(chunked, "grad_norm") == pytest.approx(logged(plain, "grad_norm"), rel=1e-5)
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_every_other_strategy(tmp_path):
+    """Lightning divides a micro batch's loss by the accumulation, and DeepSpeed's engine.backward
+    divided it again: the gradients, the norm DeepSpeed reports and clips, were 1/accumulation of
+    single's, so trainer.grad_clip acted at grad_clip x accumulation. The same 4 sequences a step:
+    single accumulates 4 micro batches, zero2 2 on each of 2 ranks; both log the same grad_norm
+    (zero2 logged half of it)."""
+    args = [*MODEL, "experiment=smoke", "data.seq_len=32", "trainer.micro_batch_size=1", "trainer.global_batch_size=4", "trainer.max_steps=2", "trainer.warmup_steps=0", "trainer.log_every_n_steps=1", "trainer.val_batches=0", "trainer.progress_bar=false", "trainer.plot=false", "trainer.export=false"]
+    norms = {}
+    for name, strategy in (("single", []), ("zero2", ["parallel=zero2", *DEEPSPEED_ON_CPU])):
+        r = run_cli([*args, *strategy], tmp_path / name)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        norms[name] = logged(tmp_path / name, "grad_norm")
+    assert len(norms["zero2"]) == 2 and norms["zero2"] == pytest.approx(norms["single"], rel=1e-4), norms

@@ -100,7 +100,14 @@ def pg_timeout(timeout) -> dict:
 
 class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy whose checkpoint folder appears only when every rank has
-    written its shards: saved under a temp name, renamed by rank 0 after a barrier."""
+    written its shards: saved under a temp name, renamed by rank 0 after a barrier; and whose
+    backward divides a micro batch's loss by the accumulation once."""
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        # Lightning's loop has divided the loss by accumulate_grad_batches already, and DeepSpeed's
+        # engine.backward divides it by gradient_accumulation_steps again by default: the gradients
+        # (the norm DeepSpeed clips and reports) came out 1/accumulation of every other strategy's.
+        return super().backward(closure_loss, optimizer, *args, scale_wrt_gas=False, **kwargs)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None):
         final = Path(self.broadcast(str(filepath)))  # rank 0's name (and pid) for every rank

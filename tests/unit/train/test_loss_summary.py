@@ -1,5 +1,6 @@
 """The end-of-run loss line compares means of the first and last few steps, not two single batches."""
 
+import pytest
 import torch
 
 from tinytrain.train.callbacks.loss_summary import LossSummary
@@ -25,3 +26,19 @@ def test_losses_read_before_each_update_keep_their_order():
             summary.on_train_batch_end(None, None, {"loss": torch.tensor(loss, dtype=torch.bfloat16)}, None, 0)
     assert len(summary._pending) == 1  # the last micro batch's, read when asked
     assert summary.losses == [3.0, 2.0, 1.5, 1.0, 0.5]
+
+
+def test_a_step_s_loss_is_the_mean_of_its_micro_batches():
+    """Under gradient accumulation Lightning hands each micro batch's loss divided by the
+    accumulation: a step's loss is their sum (the summary printed the first micro batch's share:
+    4.16 for a step at 8.32)."""
+    from types import SimpleNamespace
+
+    summary = LossSummary()
+    trainer = SimpleNamespace(accumulate_grad_batches=2, strategy=None, model=None)
+    micro = [8.4, 8.2, 6.0, 5.0, 3.0, 1.0]  # three steps of two micro batches
+    for i, loss in enumerate(micro):
+        if i and i % 2 == 0:
+            summary.on_before_optimizer_step(trainer, None, None)
+        summary.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss / 2)}, None, i)
+    assert summary.losses == pytest.approx([8.3, 5.5, 2.0]) and summary.last == 2.0

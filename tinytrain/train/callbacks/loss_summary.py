@@ -17,27 +17,39 @@ from tinytrain.model.guard_report import accumulation_boundary
 
 
 class LossSummary(pl.Callback):
+    """Per optimizer step: the mean of its micro batches' losses. Lightning hands each micro batch's
+    loss divided by the accumulation (what its backward takes), so a step's is their sum."""
+
     def __init__(self):
-        self._losses: list[float] = []
-        self._pending: list[torch.Tensor] = []
+        self._steps: list[float] = []  # one per optimizer step, in order
+        self._pending: list[tuple[int, torch.Tensor]] = []  # (step of this process, micro batch's share)
+        self._micro_batches = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._pending.append(loss.detach().float().reshape(()))
+        accumulation = trainer.accumulate_grad_batches if trainer is not None else 1
+        self._pending.append((self._micro_batches // accumulation, loss.detach().float().reshape(())))
+        self._micro_batches += 1
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if accumulation_boundary(trainer):
             self._read()  # the earlier micro batches' (this step's last one ends after the update)
 
     def _read(self) -> None:
-        if self._pending:
-            self._losses.extend(torch.stack(self._pending).tolist())  # one transfer
-            self._pending = []
+        if not self._pending:
+            return
+        values = torch.stack([share for _, share in self._pending]).tolist()  # one transfer
+        for (step, _), value in zip(self._pending, values):
+            if step < len(self._steps):
+                self._steps[step] += value
+            else:
+                self._steps.append(value)
+        self._pending = []
 
     @property
     def losses(self) -> list[float]:
         self._read()
-        return self._losses
+        return self._steps
 
     @property
     def first(self) -> float | None:
