@@ -56,7 +56,7 @@ def test_peak_by_precision_and_graceful_omission():
         peak, note = peak_tflops(hw, precision)
         assert peak is None and why in note
         monitor = ThroughputMonitor(SMALL, peak, note)
-        monitor.run_tokens, monitor.run_flops, monitor.run_seconds = 100, 1e6, 1.0
+        monitor._measured.extend((1, 100, 1e6, 1.0))
         assert monitor.summary() == {"tokens_per_s_per_device": 100.0, "mfu": None, "note": note, "left_out": {"compiling": 0, "profiling": 0}}
 
 
@@ -77,7 +77,12 @@ def test_the_summary_leaves_out_steps_that_compile_or_are_profiled():
         trainer_.global_step = step
         monitor.on_train_batch_end(trainer_, None, None, {COUNTS: (10, 50)}, step)
     # steps 2..6 are measured: 3 compiled, the 5th (process index 4) profiled -> 2, 4 and 6 counted
-    assert monitor.left_out == {"compiling": 1, "profiling": 1} and monitor.run_tokens == 30
+    tokens, _, _, left_out = monitor.steady()
+    assert left_out == {"compiling": 1, "profiling": 1} and tokens == 30
+    # Another rank compiled in the 6th step (index 5): this rank waited for it, and leaves it out too.
+    monitor.compiled.add(5)
+    tokens, _, _, left_out = monitor.steady()
+    assert left_out == {"compiling": 2, "profiling": 1} and tokens == 20
 
 
 def trainer(**kw):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from array import array
 
 import lightning.pytorch as pl
 
@@ -50,10 +51,12 @@ def compiled_graphs() -> int:
 class ThroughputMonitor(pl.Callback):
     """Measured between consecutive optimizer steps, so data loading, every hook and checkpoint
     writes count: it is what a user gets. Validation is left out. The run summary leaves out the
-    first step (warm-up) and every step in which torch.compile compiled (a block compiled again
-    for a new input, e.g. its first batch with a packed-documents mask, or after validation's
-    no-grad forwards) or the profiler traced (`profiled(n)`: the process's n-th step, from 0):
-    the steady rate, and how many steps it leaves out."""
+    first step (warm-up) and every step in which torch.compile compiled on any rank (a block
+    compiled again for a new input, e.g. its first batch with a packed-documents mask, or after
+    validation's no-grad forwards; the other ranks wait for it at the gradients' exchange) or the
+    profiler traced (`profiled(n)`: the process's n-th step, from 0): the steady rate, and how many
+    steps it leaves out. Each rank keeps its steps' counts (24 bytes a step) and the steps it
+    compiled in; the ranks exchange those at the end of training, once."""
 
     def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, context_parallel: int = 1, profiled=None):
         self.shape = shape
@@ -66,15 +69,13 @@ class ThroughputMonitor(pl.Callback):
         self._flops = 0.0
         self._last_time: float | None = None
         self._last_step = 0
-        self.run_tokens = 0
-        self.run_flops = 0.0
-        self.run_seconds = 0.0
         self._paused = 0.0  # validation time inside the current step interval
         self._validation_start: float | None = None
         self.profiled = profiled or (lambda n: False)
         self._steps = 0  # optimizer steps this process has taken
         self._graphs = 0
-        self.left_out = {"compiling": 0, "profiling": 0}
+        self._measured = array("d")  # (step index, tokens, FLOPs, seconds) of each measured step
+        self.compiled: set[int] = set()  # steps (this process's, from 0) any rank compiled in
 
     def on_validation_start(self, trainer, pl_module):
         self._validation_start = time.perf_counter()
@@ -101,21 +102,38 @@ class ThroughputMonitor(pl.Callback):
                 pl_module.log("tokens_per_s", self._tokens / elapsed, prog_bar=True)
                 if self.peak:
                     pl_module.log("mfu", self._flops / elapsed / (self.peak * 1e12))
-            why = "compiling" if self._graphs != graphs else "profiling" if self.profiled(self._steps) else None
-            if why:
-                self.left_out[why] += 1
-            else:
-                self.run_tokens += self._tokens
-                self.run_flops += self._flops
-                self.run_seconds += elapsed
+            self._measured.extend((self._steps, self._tokens, self._flops, elapsed))
+            if self._graphs != graphs:
+                self.compiled.add(self._steps)
         self._steps += 1
         self._tokens, self._flops, self._paused = 0, 0.0, 0.0
         self._last_time, self._last_step = now, step
 
+    def on_train_end(self, trainer, pl_module):
+        """The steps any rank compiled in (a handful): one exchange, while the ranks are together."""
+        import torch.distributed as dist
+
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            every: list = [None] * dist.get_world_size()
+            dist.all_gather_object(every, sorted(self.compiled))
+            self.compiled = set().union(*map(set, every))
+
+    def steady(self) -> tuple[float, float, float, dict]:
+        """(tokens, FLOPs, seconds) of the measured steps not left out, and the counts left out."""
+        tokens = flops = seconds = 0.0
+        left_out = {"compiling": 0, "profiling": 0}
+        for i in range(0, len(self._measured), 4):
+            step, step_tokens, step_flops, elapsed = self._measured[i : i + 4]
+            why = "compiling" if int(step) in self.compiled else "profiling" if self.profiled(int(step)) else None
+            if why:
+                left_out[why] += 1
+            else:
+                tokens, flops, seconds = tokens + step_tokens, flops + step_flops, seconds + elapsed
+        return tokens, flops, seconds, left_out
+
     def summary(self) -> dict:
-        left_out = dict(self.left_out)
-        if self.run_seconds == 0:
+        tokens, flops, seconds, left_out = self.steady()
+        if seconds == 0:
             return {"tokens_per_s_per_device": None, "mfu": None, "note": "too few steps to measure", "left_out": left_out}
-        tps = self.run_tokens / self.run_seconds
-        mfu = self.run_flops / self.run_seconds / (self.peak * 1e12) if self.peak else None
-        return {"tokens_per_s_per_device": tps, "mfu": mfu, "note": self.peak_note, "left_out": left_out}
+        mfu = flops / seconds / (self.peak * 1e12) if self.peak else None
+        return {"tokens_per_s_per_device": tokens / seconds, "mfu": mfu, "note": self.peak_note, "left_out": left_out}
