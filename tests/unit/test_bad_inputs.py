@@ -114,6 +114,7 @@ CASES = {
     "profile steps zero": (["mode=plan", "trainer.profile=true", "trainer.profile_steps=0"], ["trainer.profile_steps=0", "must be >= 1"]),
     "profile start negative": (["mode=plan", "trainer.profile=true", "trainer.profile_start=-1"], ["trainer.profile_start=-1", "must be >= 0"]),
     "micro batch auto with no GPU named": (["mode=plan", "trainer.micro_batch_size=auto", "trainer.global_batch_size=64"], ["trainer.micro_batch_size='auto'", "this run has no GPU to fit (a CPU)", "Fix: name the GPU the run trains on (e.g. hardware.gpu=H100"]),
+    "micro batch auto training on a CPU with a GPU named": (["trainer.micro_batch_size=auto", "trainer.global_batch_size=64", "hardware.gpu=H100"], ["trainer.micro_batch_size='auto'", "a CPU: hardware.gpu=H100 plans for that GPU in mode=plan", "Fix: run it on the GPU node"]),
     "micro batch auto without a global batch": (["mode=plan", "hardware.gpu=H100", "trainer.micro_batch_size=auto"], ["trainer.micro_batch_size='auto'", "trainer.global_batch_size is not set", "Fix: set trainer.global_batch_size"]),
     "micro batch auto with a fixed accumulation": (["mode=plan", "hardware.gpu=H100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=64", "trainer.accumulate_grad_batches=2"], ["trainer.accumulate_grad_batches=2", "is what trainer.micro_batch_size=auto decides"]),
     "micro batch a word": (["mode=plan", "trainer.micro_batch_size=big"], ["trainer.micro_batch_size='big'", "must be a positive integer or auto"]),

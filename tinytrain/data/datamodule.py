@@ -311,12 +311,16 @@ class DataModule:
                 raise ConfigError(Problem("data.seq_len", self.cfg.seq_len, f"the {name} split yields no sequences of {self.cfg.seq_len} tokens", "use a shorter data.seq_len or more data"))
         needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
         if len(self.train) < needed:
+            # Text is cut into windows: shorter ones make more. A fine-tuning sample cut at a shorter
+            # data.seq_len can lose every trained token and be dropped: a longer one keeps more.
+            length = "a shorter data.seq_len" if self.cfg.format == DataFormat.text else "a longer data.seq_len (samples cut at it may keep no trained token and are dropped)"
+            built = f" ({self.lines[-1]})" if self.lines else ""
             raise ConfigError(
                 Problem(
                     "trainer.micro_batch_size",
                     self.micro_batch_size,
-                    f"micro_batch_size({self.micro_batch_size}) x data_parallel({self.data_parallel}) is more than the {len(self.train)} training sequences",
-                    "use a smaller trainer.micro_batch_size, a shorter data.seq_len or more data",
+                    f"micro_batch_size({self.micro_batch_size}) x data_parallel({self.data_parallel}) is more than the {len(self.train)} training sequences{built}",
+                    f"use a smaller trainer.micro_batch_size, {length}, or more data",
                 )
             )
 

@@ -43,7 +43,10 @@ def problems(cfg, hardware) -> list[Problem]:
     elif t.accumulate_grad_batches is not None:
         found.append(Problem("trainer.accumulate_grad_batches", t.accumulate_grad_batches, "is what trainer.micro_batch_size=auto decides", "leave trainer.accumulate_grad_batches=null under trainer.micro_batch_size=auto"))
     if hardware.is_cpu or not hardware.memory_gb:
-        found.append(Problem("trainer.micro_batch_size", AUTO, f"fills a GPU's memory, and this run has no GPU to fit ({'a CPU' if hardware.is_cpu else hardware.name + ' has no memory size in the hardware table'})", "name the GPU the run trains on (e.g. hardware.gpu=H100 with mode=plan), or set a fixed trainer.micro_batch_size"))
+        named = cfg.hardware.gpu and hardware.is_cpu  # a train run fits the GPU it runs on, not the one named
+        where = f"a CPU: hardware.gpu={cfg.hardware.gpu} plans for that GPU in mode=plan, and a training run fits the one it runs on" if named else "a CPU" if hardware.is_cpu else hardware.name + " has no memory size in the hardware table"
+        fix = "run it on the GPU node, or set a fixed trainer.micro_batch_size" if named else "name the GPU the run trains on (e.g. hardware.gpu=H100 with mode=plan), or set a fixed trainer.micro_batch_size"
+        found.append(Problem("trainer.micro_batch_size", AUTO, f"fills a GPU's memory, and this run has no GPU to fit ({where})", fix))
     return found
 
 

@@ -74,7 +74,7 @@ class PrecisionDecision:
         }
 
 
-def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> PrecisionDecision:
+def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy, *, deepspeed: bool = False) -> PrecisionDecision:
     if request not in REQUESTS:
         raise ConfigError(
             Problem("precision.request", request, "unknown precision", f"use one of {', '.join(REQUESTS)}")
@@ -103,7 +103,8 @@ def resolve_precision(hw: Hardware, request: str, policy: LossScalePolicy) -> Pr
             )
         return PrecisionDecision(Dtype.bf16, f"bf16 as requested ({where} supports it)", None)
     if request == "fp16":
-        note = " through an explicit CPU GradScaler plugin" if hw.is_cpu else ""
+        # DeepSpeed scales the loss in its engine (the config's fp16 block), on a CPU too.
+        note = " through DeepSpeed's loss scaler" if deepspeed else " through an explicit CPU GradScaler plugin" if hw.is_cpu else ""
         return PrecisionDecision(Dtype.fp16, f"fp16 as requested on {where}{note}, dynamic loss scaling", policy)
     return PrecisionDecision(Dtype.fp32, f"fp32 as requested on {where}", None)
 

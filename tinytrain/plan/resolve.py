@@ -11,6 +11,7 @@ import logging
 from tinytrain.config.schema import PLANNING_MODES
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan import hardware as hw_table
+from tinytrain.plan.parallel import strategy_row
 from tinytrain.plan.precision import (
     LossScalePolicy,
     PrecisionDecision,
@@ -39,7 +40,7 @@ def loss_scale_policy(cfg) -> LossScalePolicy:
 
 
 def precision_decision(cfg, hardware: hw_table.Hardware) -> PrecisionDecision:
-    return resolve_precision(hardware, cfg.precision.request.value, loss_scale_policy(cfg))
+    return resolve_precision(hardware, cfg.precision.request.value, loss_scale_policy(cfg), deepspeed=strategy_row(cfg.parallel.strategy).deepspeed)
 
 
 def vocab_plan(cfg, true_vocab: int) -> VocabPlan:

@@ -218,3 +218,17 @@ def test_packed_sft_gives_the_unpacked_token_weighted_loss(tmp_path, chat_tokeni
         loss_packed = module.batch_loss(packed)
     assert (unpacked["labels"] != IGNORE).sum() == (packed["labels"] != IGNORE).sum()
     assert torch.allclose(loss_packed, loss_unpacked, atol=1e-5), (loss_packed, loss_unpacked)
+
+
+def test_a_batch_above_the_samples_a_short_seq_len_keeps_says_a_longer_one(tmp_path, bundled_tokenizer):
+    # Cut at 64 tokens, all but one Alpaca seed task lose every trained token and are dropped: the
+    # fix is a longer data.seq_len (a shorter one, what text windows want, drops more), and the
+    # message says what the data gave.
+    from tinytrain.data.datamodule import DataModule
+
+    cfg = compose(["data=alpaca", "data.seq_len=64", f"data.cache_dir={tmp_path}"]).data
+    with pytest.raises(ConfigError) as refused:
+        DataModule(cfg, bundled_tokenizer, 4, 0, progress=False)
+    message = str(refused.value)
+    assert "is more than the 1 training sequences (sft (instruction" in message and "train tokens trained on" in message
+    assert "Fix: use a smaller trainer.micro_batch_size, a longer data.seq_len (samples cut at it may keep no trained token" in message

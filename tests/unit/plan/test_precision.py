@@ -49,6 +49,9 @@ def test_explicit_fp16_on_cpu_keeps_policy():
     d = resolve_precision(CPU(), "fp16", POLICY)
     assert d.lightning == "16-mixed" and d.loss_scale == POLICY
     assert "GradScaler" in d.reason
+    # Under DeepSpeed its engine scales the loss (on a CPU too): the reason says whose scaler runs.
+    ds = resolve_precision(CPU(), "fp16", POLICY, deepspeed=True)
+    assert ds.loss_scale == POLICY and "DeepSpeed's loss scaler" in ds.reason and "GradScaler" not in ds.reason
 
 
 def test_policy_maps_to_deepspeed_and_grad_scaler():
