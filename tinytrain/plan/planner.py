@@ -19,7 +19,7 @@ from tinytrain.config.schema import PLANNING_MODES, Checkpointing, FinetuneMetho
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.errors import ConfigError
+from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
 from tinytrain.plan import evals as evals_plan
@@ -127,7 +127,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         stragglers=straggler_plan(cfg.cluster, world),
         health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
-        profile=profile_line(cfg.trainer, on_gpu=not hardware.is_cpu),
+        profile=profile_line(cfg.trainer, on_gpu=not hardware.is_cpu, resumed_at=resume.step if resume else 0),
         optimizer=state.optimizer,
         evals=evals_plan.make(cfg, data_parallel=fit.batch.data_parallel),
     )
@@ -494,11 +494,16 @@ def cluster_layout(cfg) -> ClusterLayout:
     return ClusterLayout(cfg.cluster.name, cfg.cluster.nodes, devices_per_node(cfg), source)
 
 
-def profile_line(t, *, on_gpu: bool) -> str | None:
-    """trainer.profile: the steps traced (this process's, after a warm-up step) and what is written."""
+def profile_line(t, *, on_gpu: bool, resumed_at: int = 0) -> str | None:
+    """trainer.profile: the steps traced (this process's, after a warm-up step) and what is written.
+    A resumed run has trainer.max_steps less `resumed_at` steps left to trace in (validate checked
+    the window against a fresh run's)."""
     if not t.profile:
         return None
     last = t.profile_start + t.profile_steps - 1
+    left = t.max_steps - resumed_at
+    if resumed_at and last >= left:
+        raise ConfigError(Problem("trainer.profile_start", t.profile_start, f"the profiled steps {t.profile_start}-{last} of this process end beyond the {left} steps left (resuming at step {resumed_at} of trainer.max_steps={t.max_steps})", f"use trainer.profile_start <= {max(0, left - t.profile_steps)} (or fewer trainer.profile_steps)"))
     warmup = f", after a warm-up step ({t.profile_start - 1})" if t.profile_start > 0 else ""
     oom = "; on a CUDA out-of-memory error, the allocator's snapshot beside the plan's estimate" if on_gpu else ""
     return f"steps {t.profile_start}-{last} of this process traced{warmup} -> <run>/profile/: a torch profiler trace per rank and the top costs{oom}; the throughput summary leaves them out"

@@ -5,6 +5,7 @@ estimate (the CUDA calls stood in for: no GPU here)."""
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tinytrain.train.callbacks.profiler import Profiler
@@ -56,3 +57,26 @@ def test_the_plan_says_which_steps_are_traced(tmp_path):
     assert planned["profile"].startswith("steps 4-5 of this process traced, after a warm-up step (3) -> <run>/profile/")
     assert f"profile    {planned['profile']}" in render(planned).splitlines()
     assert plan([], tmp_path / "off")["profile"] is None
+
+
+def test_a_resumed_run_s_window_is_checked_against_the_steps_left(tmp_path):
+    """Resumed at step 4 of 8, a window of this process's steps 3-5 would end beyond the 4 steps
+    left: only one step would be traced (validate checks the window against a fresh run's steps)."""
+    import torch
+
+    from tests.conftest import compose, plan
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.errors import ConfigError
+    from tinytrain.model.build import build_model, model_config
+    from tinytrain.plan.planner import make_plan
+
+    run = ["trainer.max_steps=8", "trainer.warmup_steps=2", "trainer.profile=true", "trainer.profile_steps=3"]
+    cfg = compose(run)
+    tokenizer = load_from_config(cfg.tokenizer)
+    planned = make_plan(cfg, tokenizer, tmp_path / "saved")
+    model = build_model(cfg.model, model_config(cfg.model, planned.vocab.padded, tokenizer), planned.attention)
+    checkpoint = tmp_path / "step0000004.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "tinytrain": planned.checkpoint_metadata(), "global_step": 4}, checkpoint)
+    with pytest.raises(ConfigError, match=r"trainer.profile_start=3: the profiled steps 3-5 of this process end beyond the 4 steps left \(resuming at step 4 of trainer.max_steps=8\). Fix: use trainer.profile_start <= 1"):
+        plan([*run, f"resume={checkpoint}"], tmp_path / "resumed")
+    assert plan([*run, f"resume={checkpoint}", "trainer.profile_start=1"], tmp_path / "fits")["profile"].startswith("steps 1-3")
