@@ -49,7 +49,7 @@ def convert(checkpoint: Path) -> Path:
     tmp.mkdir(parents=True)
     from deepspeed.checkpoint import ds_to_universal
 
-    log.info("checkpoint  converting %s to DeepSpeed's universal checkpoint %s (another data-parallel size)", checkpoint.name, final.name)
+    log.info("checkpoint  converting %s to DeepSpeed's universal checkpoint %s (another number of DeepSpeed partitions: data parallel x cp)", checkpoint.name, final.name)
     args = argparse.Namespace(
         input_folder=str(checkpoint / tag),
         output_folder=str(tmp / tag),  # DeepSpeed writes `latest_universal` (the tag) beside it

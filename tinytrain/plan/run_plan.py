@@ -360,7 +360,7 @@ def start_lines(plan: dict) -> list[str]:
         lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
         if r.get("universal"):
             lines.append(
-                f"resume     saved on another data-parallel size: rank 0 converts it to DeepSpeed's universal checkpoint {r['universal']} (deepspeed.checkpoint.ds_to_universal; the fp32 master weights and Adam moments re-partitioned exactly), loaded with load_universal; the data position is counted in global batches, so no sample repeats"
+                f"resume     saved on another number of DeepSpeed partitions (data parallel x cp): rank 0 converts it to DeepSpeed's universal checkpoint {r['universal']} (deepspeed.checkpoint.ds_to_universal; the fp32 master weights and Adam moments re-partitioned exactly), loaded with load_universal; the data position is counted in global batches, so no sample repeats"
             )
     if plan["deepspeed"]:
         ds = plan["deepspeed"]

@@ -131,7 +131,7 @@ class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
             failed = self.broadcast(failed)  # also the barrier: the others wait for rank 0
             if failed:
                 raise TrainingStopped(
-                    f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another data-parallel size) failed: {failed}. "
+                    f"converting {checkpoint_path} to DeepSpeed's universal checkpoint (for another number of DeepSpeed partitions: data parallel x cp) failed: {failed}. "
                     f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
                 )
             checkpoint_path = universal_path(Path(checkpoint_path))
