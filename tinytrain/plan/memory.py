@@ -278,7 +278,7 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
     elif fits:
         note = f"fits: {total / GIB:.1f} of {gpu_gib:.1f} GiB"
     else:
-        note = f"does NOT fit: {total / GIB:.1f} GiB needed, {gpu_gib:.1f} GiB on the GPU; try a higher ZeRO stage, offload, tp, or a smaller micro batch"
+        note = f"does NOT fit: {total / GIB:.1f} GiB needed, {gpu_gib:.1f} GiB on the GPU"  # the levers left: with_levers
     return MemoryPlan(
         round(states.params / GIB, 3),
         round(states.grads / GIB, 3),
@@ -314,13 +314,16 @@ def memory_levers(par, *, deepspeed: bool, tensor_parallel: bool, checkpointing:
     return found
 
 
+def levers_fix(levers: list[str]) -> str:
+    """What a run that does not fit is told to try (`levers`: memory_levers)."""
+    return "try " + ", ".join(levers) if levers else "no lever of this strategy is left: a GPU with more memory, or a smaller model"
+
+
 def with_levers(memory: MemoryPlan, levers: list[str]) -> MemoryPlan:
     """A memory plan that does not fit, its note naming `levers` (memory_levers)."""
     if memory.fits is not False:
         return memory
-    head = memory.note.split("; try ", 1)[0]
-    fix = "; try " + ", ".join(levers) if levers else "; no lever of this strategy is left: a GPU with more memory, or a smaller model"
-    return replace(memory, note=head + fix)
+    return replace(memory, note=f"{memory.note}; {levers_fix(levers)}")
 
 
 def step_dict(step: StepShape, peak, recompute: float) -> dict:

@@ -38,7 +38,7 @@ from tinytrain.plan.health import health_plan
 from tinytrain.plan.layout import batch_layout, devices_per_node, world_size
 from tinytrain.plan.layout_change import run_layout
 from tinytrain.plan.levers import checkpointing_mode
-from tinytrain.plan.memory import GIB, MemoryPlan, activation_parts, memory_levers, plan_memory, with_levers
+from tinytrain.plan.memory import GIB, MemoryPlan, activation_parts, levers_fix, memory_levers, plan_memory, with_levers
 from tinytrain.plan.mixture import mixture_plan
 from tinytrain.plan.model_shape import ModelShape, parameter_count, shape_from_config, shape_from_hf
 from tinytrain.plan.parallel import state_layout, strategy_row
@@ -81,7 +81,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
-    preflight = replace(preflight, findings=preflight.findings + preflight_report(memory_findings(cfg, fit.memory, hardware.name)))
+    fit, preflight = memory_check(cfg, fit, preflight, hardware)
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES, fp32=precision.dtype is Dtype.fp32)
     deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
@@ -306,7 +306,6 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     measured = memory_margin.measured(par.strategy.value, precision.lightning, ckpt.mode)
     memory = replace(memory_at(batch.seq_len, cp), margin=measured.to_dict() if measured else None)
-    memory = with_levers(memory, memory_levers(par, deepspeed=row.deepspeed, tensor_parallel=row.tensor_parallel, checkpointing=ckpt.mode, micro_batch=batch.micro_batch_size))
     preference_plan.memory_problem(state.preference, memory)
 
     states_by_world = {world: state.states}
@@ -325,6 +324,15 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb, world=world, positions=positions)
     context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
+
+
+def memory_check(cfg, fit: FitStage, preflight, hardware):
+    """(fit, preflight) with a memory line that does not fit naming the levers the run has left,
+    and the preflight check `memory` refusing it (or warning, as preflight.memory says)."""
+    levers = memory_levers(cfg.parallel, deepspeed=fit.row.deepspeed, tensor_parallel=fit.row.tensor_parallel, checkpointing=fit.checkpointing.mode, micro_batch=fit.batch.micro_batch_size)
+    fit = replace(fit, memory=with_levers(fit.memory, levers))
+    findings = preflight_report(memory_findings(cfg, fit.memory, hardware.name, levers_fix(levers)))
+    return fit, replace(preflight, findings=preflight.findings + findings)
 
 
 def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardware, precision, world: int, ranks_per_node: int, save_host_bytes: int):

@@ -161,15 +161,14 @@ def data_findings(cfg, stores, true_vocab: int) -> list[Finding]:
     return [f for f in out if f]
 
 
-def memory_findings(cfg, memory, gpu_name: str) -> list[Finding]:
-    """The plan's per-GPU estimate against the GPU's memory (`memory`: plan/memory.py MemoryPlan,
-    its note naming the levers left): a run that does not fit would spend its start on building and
-    loading the model, then die of an out-of-memory error in its first step."""
+def memory_findings(cfg, memory, gpu_name: str, fix: str) -> list[Finding]:
+    """The plan's per-GPU estimate against the GPU's memory (`memory`: plan/memory.py MemoryPlan;
+    `fix`: the levers left, plan/memory.py levers_fix): a run that does not fit would spend its
+    start on building and loading the model, then die of an out-of-memory error in its first step."""
     if memory.fits is not False:
         return []
-    levers = memory.note.split("; try ", 1)[1] if "; try " in memory.note else "a GPU with more memory"
     message = f"the plan's estimate is {memory.total_gib:.1f} GiB per GPU, {memory.total_gib / memory.gpu_memory_gib:.2f}x the {memory.gpu_memory_gib:.1f} GiB of the {gpu_name}: the first step would run out of memory"
-    found = finding(cfg, "memory", "parallel", cfg.parallel.name, message, f"try {levers}")
+    found = finding(cfg, "memory", "parallel", cfg.parallel.name, message, fix)
     return [found] if found else []
 
 
