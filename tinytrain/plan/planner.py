@@ -77,6 +77,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    profile_window_problem(cfg.trainer, resumed_at=resume.step if resume else 0)
     optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
@@ -127,7 +128,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         watchdog=watchdog_plan(cfg.cluster, checkpoint.save_seconds),
         stragglers=straggler_plan(cfg.cluster, world),
         health=health_plan(cfg.cluster, world, on_gpu=not hardware.is_cpu),
-        profile=profile_line(cfg.trainer, on_gpu=not hardware.is_cpu, resumed_at=resume.step if resume else 0),
+        profile=profile_line(cfg.trainer, on_gpu=not hardware.is_cpu),
         optimizer=state.optimizer,
         evals=evals_plan.make(cfg, data_parallel=fit.batch.data_parallel),
     )
@@ -502,16 +503,20 @@ def cluster_layout(cfg) -> ClusterLayout:
     return ClusterLayout(cfg.cluster.name, cfg.cluster.nodes, devices_per_node(cfg), source)
 
 
-def profile_line(t, *, on_gpu: bool, resumed_at: int = 0) -> str | None:
-    """trainer.profile: the steps traced (this process's, after a warm-up step) and what is written.
-    A resumed run has trainer.max_steps less `resumed_at` steps left to trace in (validate checked
-    the window against a fresh run's)."""
+def profile_window_problem(t, *, resumed_at: int) -> None:
+    """trainer.profile on a resumed run: its window of this process's steps within the
+    trainer.max_steps less `resumed_at` left (validate checked it against a fresh run's)."""
+    last = t.profile_start + t.profile_steps - 1
+    left = t.max_steps - resumed_at
+    if t.profile and resumed_at and last >= left:
+        raise ConfigError(Problem("trainer.profile_start", t.profile_start, f"the profiled steps {t.profile_start}-{last} of this process end beyond the {left} steps left (resuming at step {resumed_at} of trainer.max_steps={t.max_steps})", f"use trainer.profile_start <= {max(0, left - t.profile_steps)} (or fewer trainer.profile_steps)"))
+
+
+def profile_line(t, *, on_gpu: bool) -> str | None:
+    """trainer.profile: the steps traced (this process's, after a warm-up step) and what is written."""
     if not t.profile:
         return None
     last = t.profile_start + t.profile_steps - 1
-    left = t.max_steps - resumed_at
-    if resumed_at and last >= left:
-        raise ConfigError(Problem("trainer.profile_start", t.profile_start, f"the profiled steps {t.profile_start}-{last} of this process end beyond the {left} steps left (resuming at step {resumed_at} of trainer.max_steps={t.max_steps})", f"use trainer.profile_start <= {max(0, left - t.profile_steps)} (or fewer trainer.profile_steps)"))
     warmup = f", after a warm-up step ({t.profile_start - 1})" if t.profile_start > 0 else ""
     oom = "; on a CUDA out-of-memory error, the allocator's snapshot beside the plan's estimate" if on_gpu else ""
     return f"steps {t.profile_start}-{last} of this process traced{warmup} -> <run>/profile/: a torch profiler trace per rank and the top costs{oom}; the throughput summary leaves them out"

@@ -35,13 +35,17 @@ class Profiler(pl.Callback):
         self._last_step: int | None = None
         self._rank = 0
 
+    @property
+    def warmup(self) -> int:
+        """Steps the profiler warms up for before its window: one, where the window leaves room."""
+        return 1 if self.start > 0 else 0
+
     def traces(self, step: int) -> bool:
         """Whether this process's `step`-th optimizer step (from 0) is slowed by the profiler: its
         warm-up step and its window, which run traced, and the step after, in whose measured time
         (callbacks before this one measure it) the trace and its table are written.
         ThroughputMonitor leaves them out."""
-        warmup = 1 if self.start > 0 else 0
-        return self.start - warmup <= step <= self.start + self.steps
+        return self.start - self.warmup <= step <= self.start + self.steps
 
     def on_train_start(self, trainer, pl_module):
         import torch
@@ -53,9 +57,8 @@ class Profiler(pl.Callback):
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
-        warmup = 1 if self.start > 0 else 0
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-        self.profiler = profile(activities=activities, schedule=schedule(wait=self.start - warmup, warmup=warmup, active=self.steps, repeat=1), on_trace_ready=self.ready, profile_memory=True)
+        self.profiler = profile(activities=activities, schedule=schedule(wait=self.start - self.warmup, warmup=self.warmup, active=self.steps, repeat=1), on_trace_ready=self.ready, profile_memory=True)
         self.profiler.start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
