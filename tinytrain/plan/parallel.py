@@ -220,20 +220,25 @@ def parallel_problems(cfg) -> list[Problem]:
         problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
     if (par.cp or 1) > 1 and not row.cp_kinds:
         return problems  # plan/context.py names the strategy; the batch over cp would only repeat it
-    if par.cp is None and row.cp_kinds:
-        # cp=null: the plan chooses cp, and data parallelism with it (world / (tp x cp)). The batch
-        # is checked at the cp chosen (plan/planner.py); here only refused when no cp lays it out.
-        checks = [batch_layout(cfg, world, cp)[1] for cp in power_of_two_divisors(world // par.tp if par.tp >= 1 else 1)]
-        return problems + (checks[0] if all(checks) else [])
-    _, batch = batch_layout(cfg, world)
-    return problems + batch
+    # cp=null: the plan chooses cp, and data parallelism with it (world / (tp x cp)). The batch is
+    # checked at the cp chosen (plan/planner.py); here only refused, at the first, when no cp lays it out.
+    checks = [batch_layout(cfg, world, cp)[1] for cp in batch_cps(cfg, world)]
+    return problems + (checks[0] if all(checks) else [])
+
+
+def batch_cps(cfg, world: int) -> list[int]:
+    """The cps the batch may be laid out over: the configured one; for cp=null 1 under a strategy
+    without context parallelism, else every power of two of world / tp, smallest first."""
+    par = cfg.parallel
+    if par.cp is not None:
+        return [par.cp]
+    return power_of_two_divisors(world // max(par.tp, 1)) if strategy_row(par.strategy).cp_kinds else [1]
 
 
 def unplanned_batch(cfg, world: int):
-    """The batch of a mode that makes no plan (mode=prepare): at the configured cp; for cp=null at
-    the smallest cp that lays the global batch out (validate refused it when none does)."""
-    cps = [cfg.parallel.cp] if cfg.parallel.cp is not None else power_of_two_divisors(world // max(cfg.parallel.tp, 1))
-    return next((batch for batch, problems in (batch_layout(cfg, world, cp) for cp in cps) if not problems), None)
+    """The batch of a mode that makes no plan (mode=prepare): over the first of batch_cps that lays
+    the global batch out (validate refused it when none does)."""
+    return next((batch for batch, problems in (batch_layout(cfg, world, cp) for cp in batch_cps(cfg, world)) if not problems), None)
 
 
 def power_of_two_divisors(n: int) -> list[int]:
