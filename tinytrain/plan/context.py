@@ -24,6 +24,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.extras import installed
 from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
+from tinytrain.plan.micro_batch import is_auto
 from tinytrain.plan.parallel import STRATEGIES, power_of_two_divisors, strategy_row
 
 
@@ -315,7 +316,7 @@ def decide_cp(cfg, world: int, needed_at, *, gpu_memory_gb: float | None, lays_o
     if cp is None:
         return batched[-1], f"parallel.cp=null: {batched[-1]}, the largest this world allows; none fits"
     need = needed_at(seq, cp)
-    sized = " at micro batch 1; trainer.micro_batch_size=auto chooses its own after cp: the memory line" if memory_micro_batch(cfg) == 1 and not isinstance(cfg.trainer.micro_batch_size, int) else ""
+    sized = " at micro batch 1; trainer.micro_batch_size=auto chooses its own after cp: the memory line" if is_auto(cfg.trainer.micro_batch_size) else ""
     why = f"the smallest cp whose estimate fits with a {1 - AUTO_MARGIN:.0%} margin ({need / GIB:.1f} of {gpu / GIB:.1f} GiB{sized})"
     return cp, f"parallel.cp=null: {cp}, {why}{batch_note(cfg, world, options, cp, fits)}"
 
@@ -370,7 +371,7 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
     tp, gpu = cfg.parallel.tp, memory.gpu_memory_gib * GIB
     here = context.longest_at(context.cp)
     kinds = "" if strategy_row(cfg.parallel.strategy).cp_kinds else f" with {kinds_that_run()}"
-    same = fitting_layout(cfg, context.cp, needed_at, worlds=[world], gpu_bytes=gpu)
+    same = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world], gpu_bytes=gpu)
     if same:
         fixes = [f"parallel.cp={same[0]}{kinds}"]
     else:
@@ -379,7 +380,7 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
         if unsplit:
             c, whole = unsplit
             fixes.append(f"data.seq_len={whole} with parallel.cp={c}{kinds} (cp {c} splits a multiple of {c * RING_BLOCK}; {seq} it does not)")
-        more = fitting_layout(cfg, context.cp, needed_at, worlds=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu)
+        more = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu)
         if more:
             c, gpus = more
             fixes.append(f"parallel.cp={c}{kinds} on {gpus} GPUs (tp {tp} x cp {c} x dp {gpus // (tp * c)}; this run has {world})")
@@ -389,14 +390,14 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
     raise ConfigError(Problem("data.seq_len", seq, f"does not fit at parallel.cp={context.cp}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", "use " + "; or ".join(fixes)))
 
 
-def fitting_layout(cfg, cp: int, needed_at, *, worlds: list[int], gpu_bytes: float) -> tuple[int, int] | None:
-    """(cp, GPUs) of the first layout that fits, in the order of `worlds` (GPU counts, this run's
-    first), and on each the smallest cp that a kind splits: above the run's on its own world, from
-    the run's on a larger one."""
-    tp, run_world = cfg.parallel.tp, worlds[0] if len(worlds) == 1 else None
-    for gpus in worlds:
+def fitting_layout(cfg, cp: int, needed_at, *, world: int, gpus_tried: list[int], gpu_bytes: float) -> tuple[int, int] | None:
+    """(cp, GPUs) of the first layout that fits, in the order of `gpus_tried` (GPU counts), and on
+    each the smallest cp that a kind splits: above the run's on the run's `world`, from the run's on
+    a larger one."""
+    tp = cfg.parallel.tp
+    for gpus in gpus_tried:
         for c in power_of_two_divisors(gpus // tp):
-            larger = c > cp if gpus == run_world else c >= cp
+            larger = c > cp if gpus == world else c >= cp
             if larger and splits(cfg, c) and needed_at(cfg.data.seq_len, c, gpus) <= gpu_bytes:
                 return c, gpus
     return None
@@ -414,8 +415,13 @@ def unsplit_cp(cfg, cp: int, needed_at, *, world: int, gpu_bytes: float) -> tupl
         if c <= cp or splits(cfg, c) or seq < unit:
             continue
         up, down = -(-seq // unit) * unit, seq // unit * unit
-        whole = up if needed_at(up, c, world) <= gpu_bytes else down
-        if needed_at(whole, c, world) <= gpu_bytes and splits(OmegaConf.merge(cfg, {"data": {"seq_len": whole}}), c):
+        if needed_at(up, c, world) <= gpu_bytes:
+            whole = up
+        elif needed_at(down, c, world) <= gpu_bytes:
+            whole = down
+        else:
+            continue
+        if splits(OmegaConf.merge(cfg, {"data": {"seq_len": whole}}), c):
             return c, whole
     return None
 
