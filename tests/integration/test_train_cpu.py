@@ -136,3 +136,18 @@ def test_a_run_shorter_than_the_log_interval_writes_metrics_and_the_curve(tmp_pa
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert len(logged(run_dir, "loss")) == 1 and (run_dir / "loss_curve.png").is_file()
 
+
+
+def test_a_step_s_logged_loss_is_the_mean_of_its_micro_batches(tmp_path):
+    """Under accumulation metrics.csv's loss was the step's last micro batch's (Lightning keeps the
+    last value a step logs), not the step's: the mean of its micro batches' losses, as the backward
+    weighs them. With every label trained (predict_across_documents) rows carry equal token counts,
+    so 4 sequences as 2 micro batches of 2 give one micro batch of 4's loss, at every step (a small
+    rate keeps the two runs' rounding from growing through Adam's updates)."""
+    args = ["experiment=smoke", "data.seq_len=32", "data.predict_across_documents=true", "trainer.global_batch_size=4", "trainer.max_steps=3", "trainer.warmup_steps=0", "trainer.lr=1e-6", "trainer.log_every_n_steps=1", "trainer.val_batches=0", "trainer.progress_bar=false", "trainer.plot=false", "trainer.export=false"]
+    losses = {}
+    for micro in (4, 2):
+        r = run_cli([*args, f"trainer.micro_batch_size={micro}"], tmp_path / str(micro))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        losses[micro] = logged(tmp_path / str(micro), "loss")
+    assert len(losses[2]) == 3 and losses[2] == pytest.approx(losses[4], rel=1e-5), losses
