@@ -201,3 +201,18 @@ def test_sigkill_during_a_slow_checkpoint_write_keeps_the_previous_one(tmp_path,
     assert metrics(run_dir) == metrics(reference)  # the killed run's rows after step 4 were replaced
     expected = batches(reference)
     assert batches(run_dir) == expected[:8] + expected[4:]  # steps 5-8 trained again after the crash
+
+
+@pytest.mark.timeout(300)
+def test_a_signal_during_a_step_s_checkpoint_save_stops_on_that_checkpoint(tmp_path):
+    """The signal came after the step had asked whether to stop: the run trained a step more and
+    saved again, the save Slurm's SIGKILL lands in after its KillWait."""
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    proc = start(run_dir, [*RUN, "trainer.val_every_n_steps=6"], env={"TT_TEST_SLOW_SAVE": "3"})
+    wait_for(lambda: list(checkpoints.glob("step0000004.ckpt.tmp-*")), proc, "the step-4 save")
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc, run_dir)
+    assert proc.returncode == 75, out[-3000:]
+    assert "SIGTERM at step 4: checkpoint saved to checkpoints/step0000004.ckpt" in out
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step0000004.ckpt"]
+    assert [line.split()[0] for line in batches(run_dir)] == [str(s) for s in range(1, 5)]

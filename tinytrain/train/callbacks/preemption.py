@@ -59,6 +59,7 @@ class Preemption(pl.Callback):
         self.memory = SignalMemory()
         self.received = self.memory.received
         self.step_seen = 0
+        self.asked_after_save = 0  # the last step whose checkpoint was followed by a stop check
         self.stop_message: str | None = None
 
     def handle(self, signals) -> None:
@@ -74,7 +75,7 @@ class Preemption(pl.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.checkpoints = next(c for c in trainer.checkpoint_callbacks if isinstance(c, StepCheckpoints))
-        self.step_seen = trainer.global_step
+        self.step_seen = self.asked_after_save = trainer.global_step
         # After Lightning installed its handlers (register_signal_handlers); its teardown restores
         # the ones from before fit.
         self.handle([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
@@ -83,7 +84,11 @@ class Preemption(pl.Callback):
         if trainer.global_step == self.step_seen:  # inside gradient accumulation
             return
         self.step_seen = trainer.global_step
-        # One small all_reduce per optimizer step under DDP/FSDP/DeepSpeed; nothing on one process.
+        self.stop_if_signalled(trainer)
+
+    def stop_if_signalled(self, trainer) -> None:
+        """Whether any rank was signalled (one small all_reduce under DDP/FSDP/DeepSpeed; nothing on
+        one process); if so, save this step's checkpoint (unless saved already) and set the stop."""
         if not trainer.strategy.reduce_boolean_decision(bool(self.received), all=False):
             return
         step = trainer.global_step
@@ -110,6 +115,13 @@ class Preemption(pl.Callback):
         return " and ".join(dict.fromkeys(self.received)) or "a signal on another rank"
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # A signal that came during the step's own checkpoint save (after on_train_batch_end asked:
+        # Lightning runs checkpoint callbacks last) stops here, on that checkpoint, instead of
+        # training a step more and saving again (the save Slurm's SIGKILL would land in).
+        step = trainer.global_step
+        if self.stop_message is None and self.checkpoints.last_saved_step == step != self.asked_after_save:
+            self.asked_after_save = step
+            self.stop_if_signalled(trainer)
         # Here and not right after the save: Lightning logs the step's metrics after
         # on_train_batch_end, and a validation due at this step runs in between (a resumed run
         # does not repeat it), so metrics.csv ends up as an uninterrupted run's.
