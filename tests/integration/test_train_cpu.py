@@ -144,10 +144,15 @@ def test_a_step_s_logged_loss_is_the_mean_of_its_micro_batches(tmp_path):
     weighs them. With every label trained (predict_across_documents) rows carry equal token counts,
     so 4 sequences as 2 micro batches of 2 give one micro batch of 4's loss, at every step (a small
     rate keeps the two runs' rounding from growing through Adam's updates)."""
-    args = ["experiment=smoke", "data.seq_len=32", "data.predict_across_documents=true", "trainer.global_batch_size=4", "trainer.max_steps=3", "trainer.warmup_steps=0", "trainer.lr=1e-6", "trainer.log_every_n_steps=1", "trainer.val_batches=0", "trainer.progress_bar=false", "trainer.plot=false", "trainer.export=false"]
+    args = ["experiment=smoke", "data.seq_len=32", "data.predict_across_documents=true", "trainer.global_batch_size=4", "trainer.max_steps=3", "trainer.warmup_steps=0", "trainer.lr=1e-6", "trainer.log_every_n_steps=1", "trainer.val_batches=0", "trainer.plot=false", "trainer.export=false"]
     losses = {}
     for micro in (4, 2):
         r = run_cli([*args, f"trainer.micro_batch_size={micro}"], tmp_path / str(micro))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         losses[micro] = logged(tmp_path / str(micro), "loss")
     assert len(losses[2]) == 3 and losses[2] == pytest.approx(losses[4], rel=1e-5), losses
+    # The progress lines (no terminal here) too: one per step, with the step's loss (the first micro batch of the run
+    # printed a line "step 0/3" with its own loss).
+    progress = [line.split(" - ", 1)[1] for line in (tmp_path / "2" / "tinytrain.log").read_text().splitlines() if " - step " in line]
+    assert [p.split(":")[0] for p in progress] == ["step 1/3", "step 2/3", "step 3/3"], progress
+    assert [float(p.split("loss ")[1].split(",")[0]) for p in progress] == pytest.approx(losses[2], abs=1e-4)

@@ -22,6 +22,11 @@ class ProgressLines(pl.Callback):
         self.max_steps = max_steps
         self.last_step = -1
 
+    def on_train_start(self, trainer, pl_module):
+        # The step already done (0, or a resumed checkpoint's): a line comes when the next one ends,
+        # not after the first micro batch of an accumulation.
+        self.last_step = trainer.global_step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step == self.last_step or not trainer.is_global_zero:  # inside gradient accumulation; rank 0 says it
