@@ -127,6 +127,20 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """One batch was trained on by every rank."""
         self.consumed += self.world
 
+    def resized_position(self, consumed: int, saved_batch_size: int) -> int:
+        """The position in this run's batches of one saved in batches of another size: an epoch's
+        order is a permutation of the samples whatever the batch size, so the run continues at the
+        first sample not trained on, or (when that falls inside a batch) at the batch holding it,
+        training the samples before it in that batch again."""
+        samples = consumed * saved_batch_size
+        position, again = divmod(samples, self.batch_size)
+        log.info(
+            "data position: %d samples of epoch %d trained in batches of %d; continuing at batch %d in batches of %d%s",
+            samples, self.epoch, saved_batch_size, position, self.batch_size,
+            f" (the {again} sample(s) before sample {samples} in that batch are trained again)" if again else "",
+        )
+        return position
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "consumed_batches": self.consumed, "num_samples": self.num_samples, "batch_size": self.batch_size, "seed": self.seed}
 
@@ -134,13 +148,17 @@ class ResumableBatchSampler(Sampler[list[int]]):
         if "sources" in state:  # saved by a mixture's MixtureBatchSampler (data.sources)
             log.warning("the checkpoint's data position is a mixture's (%s); this run reads one source: starting from its first batch", ", ".join(state["sources"]))
             return
-        same_data = (state["num_samples"], state["batch_size"], state["seed"]) == (self.num_samples, self.batch_size, self.seed)
+        same_data = (state["num_samples"], state["seed"]) == (self.num_samples, self.seed)
         self.epoch = state["epoch"]
-        if not same_data:
+        if same_data and state["batch_size"] != self.batch_size and self.lengths is None:
+            self.consumed = self.resized_position(state["consumed_batches"], state["batch_size"])
+            return
+        if not same_data or state["batch_size"] != self.batch_size:
+            why = "length grouping orders batches by their size" if same_data else "other data"
             log.warning(
                 "the checkpoint's data position is for %d samples in batches of %d (seed %d); this run has %d in batches of %d "
-                "(seed %d): starting epoch %d from its first batch",
-                state["num_samples"], state["batch_size"], state["seed"], self.num_samples, self.batch_size, self.seed, self.epoch,
+                "(seed %d): starting epoch %d from its first batch (%s)",
+                state["num_samples"], state["batch_size"], state["seed"], self.num_samples, self.batch_size, self.seed, self.epoch, why,
             )
             self.consumed = 0
             return

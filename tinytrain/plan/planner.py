@@ -15,7 +15,7 @@ from tinytrain.checkpoint.export import export_spec
 from tinytrain.cluster.node_memory import node_memory
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
-from tinytrain.config.schema import PLANNING_MODES, Checkpointing, FinetuneMethod, Mode, Objective, OptimizerName
+from tinytrain.config.schema import PLANNING_MODES, Checkpointing, DataFormat, FinetuneMethod, Mode, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
@@ -45,7 +45,7 @@ from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
-from tinytrain.plan.start_points import init_point, resolve_resume
+from tinytrain.plan.start_points import batch_change_note, init_point, resolve_resume
 from tinytrain.plan.step_peak import StepShape
 from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
@@ -85,6 +85,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     fit, preflight = memory_check(cfg, fit, preflight, hardware)
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES, fp32=precision.dtype is Dtype.fp32)
     deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
+    resume = with_batch_change(cfg, resume, fit.batch)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
     cluster = cluster_layout(cfg)
     checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, layout.dp, precision, run_dir)
@@ -367,6 +368,14 @@ def ds_buckets(par, shape, precision) -> float:
         return 0.0
     element = layout_of(precision.dtype, deepspeed=True).activation_bytes  # 16-bit, or fp32 under 32-true
     return deepspeed_config.bucket_bytes(par.zero_stage, deepspeed_config.reduce_bucket(par, shape.hidden), element)
+
+
+def with_batch_change(cfg, resume, batch):
+    """The resume point, with what this run's other micro batch or accumulation does to it."""
+    if resume is None:
+        return None
+    grouped = cfg.data.format is not DataFormat.text and cfg.data.group_by_length and not cfg.data.sources
+    return replace(resume, batch_change=batch_change_note(resume, batch.micro_batch_size, batch.accumulate_grad_batches, grouped))
 
 
 def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, resume) -> dict | None:

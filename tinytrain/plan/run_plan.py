@@ -358,6 +358,8 @@ def start_lines(plan: dict) -> list[str]:
     if plan["resume"]:
         r = plan["resume"]
         lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
+        if r.get("batch_change"):
+            lines.append(f"resume     {r['batch_change']}")
         if r.get("universal"):
             lines.append(
                 f"resume     saved on another number of DeepSpeed partitions (data parallel x cp): rank 0 converts it to DeepSpeed's universal checkpoint {r['universal']} (deepspeed.checkpoint.ds_to_universal; the fp32 master weights and Adam moments re-partitioned exactly), loaded with load_universal; the data position is counted in global batches, so no sample repeats"

@@ -41,13 +41,37 @@ class ResumePoint:
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer checkpoints that did not load, and why
     stage: str = "main"  # the trainer.stage that saved it (checkpoints from before stages: main)
     universal: str | None = None  # DeepSpeed on another dp size: the universal copy it resumes through (checkpoint/universal.py)
+    saved_batch: tuple[int | None, int | None] = (None, None)  # its (micro batch, accumulation), where recorded
+    batch_change: str | None = None  # what this run's other batch layout does to the resume (batch_change_note)
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change}
+
+
+def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
+    """(micro batch, gradient accumulation) a checkpoint was trained with, from its data position
+    and train/callbacks/accumulation_change.py's record; None where it holds none."""
+    callbacks = ckpt.get("callbacks") or {}
+    position, accumulation = callbacks.get("DataPosition") or {}, callbacks.get("AccumulationChange") or {}
+    micro = None if "ramp" in position else position.get("batch_size")  # a batch ramp's is not the micro batch
+    return micro, accumulation.get("accumulate_grad_batches")
+
+
+def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, grouped: bool) -> str | None:
+    """What a resume under another micro batch or accumulation does (None: the same, or unknown).
+    The schedule and Lightning's step count follow the optimizer step; the data position is kept
+    in samples (data/sampler.py resized_position), except where length grouping cuts an epoch's
+    batches by their size."""
+    micro, acc = resume.saved_batch
+    changed = [f"{what} {old} -> {new}" for what, old, new in (("micro batch", micro, micro_batch), ("accumulation", acc, accumulation)) if old is not None and old != new]
+    if not changed:
+        return None
+    data = "its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)" if grouped and micro not in (None, micro_batch) else "its data continues at the checkpoint's sample"
+    return f"{', '.join(changed)} since the checkpoint: the schedule continues at step {resume.step}, {data}"
 
 
 def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str, stage: str = "main") -> dict:
@@ -124,7 +148,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal)
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch(ckpt))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

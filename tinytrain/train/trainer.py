@@ -12,6 +12,7 @@ from tinytrain.cluster.slurm import current_task
 from tinytrain.config.schema import Exhaustion
 from tinytrain.plan.run_plan import RunPlan
 from tinytrain.train.atomic_io import AtomicCheckpointIO
+from tinytrain.train.callbacks.accumulation_change import AccumulationChange
 from tinytrain.train.callbacks.context_parallel import ContextParallel
 from tinytrain.train.callbacks.data_position import DataPosition
 from tinytrain.train.callbacks.dead_rank import DeadRank
@@ -191,6 +192,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler, context_parallel=cp)] if train_sampler is not None else []),
+        AccumulationChange(b.accumulate_grad_batches),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *([mixture] if mixture else []),
         RNGState(cfg.seed),

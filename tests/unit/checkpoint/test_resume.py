@@ -2,6 +2,7 @@
 `never` refusing a directory with checkpoints, an explicit path, and the checks against the run."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +148,15 @@ def test_a_deepspeed_folder_without_client_state_is_named(tmp_path):
     torch.save({}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt"):
         resolve(str(tmp_path / "step0000008.ckpt"), tmp_path)
+
+
+def test_a_resume_under_another_batch_layout_says_what_continues():
+    from tinytrain.plan.start_points import ResumePoint, batch_change_note, saved_batch
+
+    ckpt = {"callbacks": {"DataPosition": {"batch_size": 4, "consumed_batches": 3}, "AccumulationChange": {"accumulate_grad_batches": 1}}}
+    point = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_batch=saved_batch(ckpt))
+    assert batch_change_note(point, 4, 1, grouped=False) is None
+    assert batch_change_note(point, 4, 2, grouped=True) == "accumulation 1 -> 2 since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
+    assert batch_change_note(point, 2, 1, grouped=True) == "micro batch 4 -> 2 since the checkpoint: the schedule continues at step 3, its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)"
+    ramp = {"callbacks": {"DataPosition": {"batch_size": 4, "ramp": [8, 32]}}}  # a ramp's batch_size is no micro batch; no accumulation recorded
+    assert batch_change_note(ResumePoint(Path("x"), 3, "resume=auto", saved_batch=saved_batch(ramp)), 2, 2, grouped=False) is None

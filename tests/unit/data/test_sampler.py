@@ -101,6 +101,26 @@ def test_a_position_that_is_not_a_multiple_of_the_new_world_size_neither_repeats
     assert [list(s)[0] for s in resumed(11, 2)] == ResumableBatchSampler(50, 4, seed=3).global_batches(1)[:2]
 
 
+def test_a_position_saved_in_batches_of_another_size_continues_at_the_same_sample(caplog):
+    """A resumed run with another micro batch (the epoch's order is the same permutation) continues
+    at the first sample not trained on: it restarted the epoch, training what it had trained again.
+    12 samples of 4 trained, resumed in batches of 2 (and of 8: the batch holding sample 12 starts
+    at 8, so samples 8-11 come again, and the log says so)."""
+    order = ResumableBatchSampler(40, 1, seed=1).global_batches(0)
+    saved = {"epoch": 0, "consumed_batches": 3, "num_samples": 40, "batch_size": 4, "seed": 1}
+    halves = ResumableBatchSampler(40, 2, seed=1)
+    halves.load_state_dict(saved)
+    assert flat(consume(halves)) == flat(order[12:])
+    caplog.set_level("INFO")
+    eights = ResumableBatchSampler(40, 8, seed=1)
+    eights.load_state_dict(saved)
+    assert flat(list(eights)) == flat(order[8:40])
+    assert "continuing at batch 1 in batches of 8 (the 4 sample(s) before sample 12 in that batch are trained again)" in caplog.text
+    grouped = ResumableBatchSampler(40, 2, seed=1, lengths=list(range(40)))  # its batches depend on their size
+    grouped.load_state_dict(saved)
+    assert grouped.consumed == 0 and "length grouping orders batches by their size" in caplog.text
+
+
 def test_length_grouping_cuts_padding_and_puts_the_longest_first():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 500, size=1000).tolist()

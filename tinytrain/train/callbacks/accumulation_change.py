@@ -1,0 +1,40 @@
+"""A run resumed under another gradient accumulation: Lightning's batch counters re-counted in it.
+
+Lightning counts micro batches, and reads the count restored from a checkpoint under the new
+accumulation: which micro batch ends a step (`current.ready % accumulation`), when validation is due
+(every `val_every_n_steps x accumulation` micro batches, from `total.ready`) and the step a metrics
+row is labelled with. A step-4 checkpoint of accumulation 1 resumed under 2 validated at step 6
+instead of 8 and labelled each row a step low. Each checkpoint records its accumulation here; a run
+under another one shifts the counters to its own count of the same optimizer steps before Lightning
+restores them (callbacks are restored before the loops).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+
+log = logging.getLogger(__name__)
+
+KEY = "accumulate_grad_batches"
+
+
+class AccumulationChange(pl.Callback):
+    def __init__(self, accumulation: int):
+        self.accumulation = accumulation
+
+    def state_dict(self) -> dict:
+        return {KEY: self.accumulation}
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        saved = checkpoint.get("callbacks", {}).get(self.state_key, {}).get(KEY)
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if saved in (None, self.accumulation) or progress is None:  # unchanged, or saved before it was recorded
+            return
+        steps = progress["current"]["ready"] // saved  # this epoch's: checkpoints are taken at step ends
+        shift = steps * self.accumulation - progress["current"]["ready"]
+        for counters in (progress["total"], progress["current"]):
+            for name in ("ready", "started", "processed", "completed"):
+                counters[name] += shift
+        log.info("gradient accumulation %d -> %d since the checkpoint: its %d step(s) of this epoch are %d micro batches now", saved, self.accumulation, steps, steps * self.accumulation)
