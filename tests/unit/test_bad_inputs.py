@@ -99,6 +99,7 @@ CASES = {
     "kto record without a label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_no_label.jsonl", "data.cache_dir={F}/cache"], ["kto_no_label.jsonl", "missing field 'label'", "data.bad_records=skip"]),
     "kto records all one label": (["mode=prepare", "experiment=dpo_smoke", "finetune.objective=kto", "data.path={F}/kto_all_true.jsonl", "data.cache_dir={F}/cache"], ["kto_all_true.jsonl", "all 20 KTO examples are label=true", "add records of the other label"]),
     "kto micro batch of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "trainer.micro_batch_size=1"], ["trainer.micro_batch_size=1", "KL term", "trainer.micro_batch_size=2"]),
+    "kto micro batch auto over one example a rank": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "hardware.gpu=A100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=1"], ["trainer.global_batch_size=1", "kto needs micro batches of 2 or more", "trainer.global_batch_size=2"]),
     "kto weight zero": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "finetune.undesirable_weight=0"], ["finetune.undesirable_weight=0.0", "positive and finite", "finetune.undesirable_weight=1.0"]),
     # throughput levers (issue 34)
     "checkpointing mode unknown": (["mode=plan", "trainer.activation_checkpointing=partial"], ["trainer.activation_checkpointing='partial'", "names no mode (the modes are none, full, selective, auto; true/false still mean full/none)", "Fix: use one of none, full, selective, auto"]),

@@ -50,20 +50,21 @@ def problems(cfg, hardware) -> list[Problem]:
     return found
 
 
-def candidates(global_batch: int, data_parallel: int) -> list[int]:
-    """Micro batches that keep `global_batch` over `data_parallel` ranks exactly, ascending."""
+def candidates(global_batch: int, data_parallel: int, smallest: int = 1) -> list[int]:
+    """Micro batches of at least `smallest` that keep `global_batch` over `data_parallel` ranks
+    exactly, ascending."""
     per_rank = global_batch // data_parallel
-    return [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+    return [m for m in range(smallest, per_rank + 1) if per_rank % m == 0]
 
 
 def choose(table: list, modes: list, gpu_memory_gib: float) -> tuple[int, str, str]:
     """(micro batch, mode, reason) from `table` (ModeCost rows for each candidate x mode in `modes`,
-    cheapest mode first). None fitting: micro batch 1 under the last mode (the memory line says
-    by how much it misses)."""
+    cheapest mode first). None fitting: the smallest candidate under the last mode (the memory line
+    says by how much it misses)."""
     limit = (1 - SAFETY_MARGIN) * gpu_memory_gib
     for mode in modes:
         fitting = [row for row in table if row.mode == mode and row.total_gib <= limit]
         if fitting:
             best = max(fitting, key=lambda row: row.micro_batch)
             return best.micro_batch, mode, f"auto: the largest micro batch whose {best.total_gib:.1f} GiB stays under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU)"
-    return 1, modes[-1], f"auto: no micro batch fits under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU); the smallest is planned"
+    return min(row.micro_batch for row in table), modes[-1], f"auto: no micro batch fits under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU); the smallest is planned"

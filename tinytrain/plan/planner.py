@@ -292,7 +292,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
         return replace(memory, activation_parts=parts.to_gib())
 
     fixed_micro = micro_batch.configured(cfg.trainer.micro_batch_size)
-    micros = [batch.micro_batch_size] if fixed_micro is not None else micro_batch.candidates(batch.global_batch_size, batch.data_parallel)
+    micros = [batch.micro_batch_size] if fixed_micro is not None else auto_candidates(cfg, batch)
     table = [mode_cost(mode, memory_for(mode, batch.seq_len, cp, m), m, base_step) for m in micros for mode in BY_COST]
     if fixed_micro is None:
         # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
@@ -368,6 +368,16 @@ def ds_buckets(par, shape, precision) -> float:
         return 0.0
     element = layout_of(precision.dtype, deepspeed=True).activation_bytes  # 16-bit, or fp32 under 32-true
     return deepspeed_config.bucket_bytes(par.zero_stage, deepspeed_config.reduce_bucket(par, shape.hidden), element)
+
+
+def auto_candidates(cfg, batch) -> list[int]:
+    """The micro batches trainer.micro_batch_size=auto chooses from; refused when there is none."""
+    smallest = preference_plan.smallest_micro_batch(cfg)
+    found = micro_batch.candidates(batch.global_batch_size, batch.data_parallel, smallest)
+    if not found:
+        per_rank = batch.global_batch_size // batch.data_parallel
+        raise ConfigError(Problem("trainer.global_batch_size", batch.global_batch_size, f"gives {per_rank} sequence(s) per data-parallel rank ({batch.data_parallel}), and {cfg.finetune.objective.value} needs micro batches of {smallest} or more", f"use trainer.global_batch_size={smallest * batch.data_parallel} or more"))
+    return found
 
 
 def with_batch_change(cfg, resume, batch):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 from tinytrain.config.schema import DataFormat, FinetuneMethod, Objective, TrainOn
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan import micro_batch
 from tinytrain.plan.memory import GIB, StateLayout
 from tinytrain.plan.parallel import strategy_row
 
@@ -82,10 +83,16 @@ def problems(cfg) -> list[Problem]:
     return found
 
 
+def smallest_micro_batch(cfg) -> int:
+    """KTO forms each example's KL row from another example of its micro batch: two at least."""
+    return 2 if cfg.finetune.objective == Objective.kto else 1
+
+
 def kto_problems(cfg) -> list[Problem]:
     f = cfg.finetune
     found = []
-    if cfg.trainer.micro_batch_size < 2:
+    micro = micro_batch.configured(cfg.trainer.micro_batch_size)  # auto chooses 2 or more (smallest_micro_batch)
+    if micro is not None and micro < 2:
         found.append(Problem("trainer.micro_batch_size", cfg.trainer.micro_batch_size, "kto estimates its KL term from each prompt paired with another example's completion in the same micro batch: one example has no other", "use trainer.micro_batch_size=2 or more (TRL requires a per-device batch > 1 too)"))
     if f.precompute_reference:
         found.append(Problem("finetune.precompute_reference", True, "kto's reference log-probs include its KL rows, which are formed per micro batch: they are not precomputed here", "set finetune.precompute_reference=false (LoRA: the base with adapters off; full: a frozen copy)"))

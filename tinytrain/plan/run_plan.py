@@ -268,6 +268,15 @@ def model_lines(plan: dict) -> list[str]:
     return lines
 
 
+def batch_rows(preference: dict | None) -> str:
+    """What the batch line counts: sequences, or a preference objective's examples and their rows."""
+    if not preference:
+        return "sequences of "
+    if preference["name"] == "kto":
+        return "examples (each a completion and a KL row: its prompt with another example's completion) of up to "
+    return "pairs (each a chosen and a rejected sequence) of up to "
+
+
 def layout_lines(plan: dict) -> list[str]:
     """Processes, batch and tokens."""
     c, b = plan["cluster"], plan["batch"]
@@ -275,7 +284,7 @@ def layout_lines(plan: dict) -> list[str]:
         f"cluster    {c['name']}: {c['nodes']} node(s) x {c['devices_per_node']} device(s) per node, from {c['source']}",
         f"parallel   {plan['parallel']['strategy']}: world size {plan['world_size']} = tp {plan['parallel']['tp']}" + (f" x cp {plan['parallel']['cp']}" if plan["parallel"]["cp"] > 1 else "") + f" x dp {plan['parallel']['dp']}",
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
-        + ("pairs (each a chosen and a rejected sequence) of up to " if plan.get("preference") else "sequences of ")
+        + batch_rows(plan.get("preference"))
         + str(b["seq_len"]),
         f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
     ]
