@@ -19,6 +19,7 @@ from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
+from tinytrain.model.step_means import StepMeans
 from tinytrain.model.tensor_parallel import in_root_forward, parallelize
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
@@ -100,8 +101,8 @@ class CausalLMModule(pl.LightningModule):
         # This step's loss and pre-clip gradient norm, logged only on the steps that read them
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
-        # (optimizer step, sum of its micro batches' losses so far, how many): see step_loss.
-        self.micro_losses: tuple[int, torch.Tensor | None, int] = (-1, None, 0)
+        # The step's loss and preference metrics: means over its micro batches (model/step_means.py).
+        self.step_losses, self.step_metrics = StepMeans(), StepMeans()
         self.objective = spec.objective
         self.reference = reference
         self.deepspeed_config = spec.deepspeed_config
@@ -229,30 +230,21 @@ class CausalLMModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         row = writes_metrics_row(self.trainer)
+        step = self.trainer.global_step
         if self.objective is None:
             loss = self.token_loss(batch)
         else:
             loss, metrics = self.preference_step(batch)
+            means = self.step_metrics.add(step, metrics)
             if row:  # averaged over the data-parallel ranks, as TRL gathers them (a collective each)
-                self.log_dict({k: v.float() for k, v in metrics.items()}, sync_dist=True, batch_size=rows(batch))
-        step_loss = self.step_loss(loss)
+                self.log_dict({k: v.float() if torch.is_tensor(v) else v for k, v in means.items()}, sync_dist=True, batch_size=rows(batch))
+        step_loss = self.step_losses.add(step, {"loss": loss})["loss"]
         self.step_values = {"loss": step_loss}
         if shows_step_loss(self.trainer):
             self.log("loss", step_loss, prog_bar=True, batch_size=rows(batch))
         if row:
             self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=rows(batch))
         return loss
-
-    def step_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The mean of this optimizer step's micro batch losses so far, each weighed alike as the
-        backward weighs them: at the step's last micro batch, the step's loss. Logged as it is,
-        Lightning would keep the last micro batch's. Summed on the device: nothing read back."""
-        step, total, count = self.micro_losses
-        if step != self.trainer.global_step:  # all of a step's micro batches see the same count
-            step, total, count = self.trainer.global_step, None, 0
-        total = loss.detach() if total is None else total + loss.detach()
-        self.micro_losses = (step, total, count + 1)
-        return total if count == 0 else total / (count + 1)
 
     def record_grad_norm(self, norm: torch.Tensor | float) -> None:
         """This step's pre-clip gradient norm: the spike monitor reads it every step, the loggers on
