@@ -56,16 +56,18 @@ def test_vocab_mismatch_stops_before_the_first_step(tmp_path):
 def test_injected_nan_is_named_by_layer_and_stops_with_last_good_state(tmp_path):
     nan_at_step_3 = lambda step, grad: grad * float("nan") if step == 3 else grad  # noqa: E731
     with pytest.raises(TrainingStopped) as e:
-        train(["guard.nonfinite=stop"], tmp_path, corrupt=nan_at_step_3)
+        train(["guard.nonfinite=stop", "trainer.log_every_n_steps=3"], tmp_path, corrupt=nan_at_step_3)
     msg = str(e.value)
-    assert f"step 3: first non-finite gradient (forward order) in {LAYER}" in msg, msg
+    assert f"step 4: first non-finite gradient (forward order) in {LAYER}" in msg, msg  # the 4th step, as progress lines count
     assert "guard.nonfinite=stop" in msg
     good = torch.load(tmp_path / "checkpoints" / "last_good.ckpt", weights_only=False)
     assert good["global_step"] == 3 and all(torch.isfinite(v).all() for v in good["state_dict"].values())
-    # The stopping step has its row although it is off the logging interval (every 10 steps):
-    # optimizer step 4 (logged as step 3, Lightning's numbering) with its loss.
+    # The stopping step has its row although it is off the logging interval (every 3 steps):
+    # optimizer step 4 (logged as step 3, Lightning's numbering) with its loss and lr, and no
+    # value of another step (Lightning keeps step 3's tokens_per_s).
     rows = metrics_rows(tmp_path)
-    assert [r["step"] for r in rows] == ["3"] and float(rows[0]["loss"]) > 0
+    assert [r["step"] for r in rows] == ["2", "3"] and float(rows[1]["loss"]) > 0 and 0 < float(rows[1]["lr"]) != float(rows[0]["lr"])
+    assert rows[0].get("tokens_per_s") and not rows[1].get("tokens_per_s"), rows
 
 
 def test_skip_policy_skips_then_stops_after_too_many(tmp_path):

@@ -104,16 +104,23 @@ class ResumableCSVLogger(CSVLogger):
         return self._experiment
 
 
-def write_step_row_now(trainer, force: bool = False) -> None:
+def write_step_row_now(trainer, force: bool = False, fresh: dict | None = None) -> None:
     """Write the current optimizer step's metrics row to metrics.csv now, not after the callbacks
-    (see the module docstring). `force`: even off the logging interval (a guard stopping the run)."""
+    (see the module docstring). `force`: even off the logging interval (a guard stopping the run),
+    with what this step measured: its loss and grad_norm (module.step_values), its lr and `fresh`
+    (the guard's own values). Lightning's logged values off the interval are earlier rows' (its
+    tokens_per_s, lr), so they are left out."""
     loggers = [lg for lg in trainer.loggers if isinstance(lg, ResumableCSVLogger)]
     connector = trainer._logger_connector
-    if not loggers or not (force or writes_metrics_row(trainer)):
+    on_interval = writes_metrics_row(trainer)
+    if not loggers or not (force or on_interval):
         return
     metrics = connector.metrics["log"]
-    if force:  # off the interval the step's loss and grad_norm were kept, not logged (module.step_values)
-        metrics = {**getattr(trainer.lightning_module, "step_values", {}), **metrics}
+    if force and not on_interval:
+        module = trainer.lightning_module
+        schedulers = trainer.lr_scheduler_configs
+        lr = {"lr": schedulers[0].scheduler.get_last_lr()[0]} if schedulers else {}
+        metrics = {**getattr(module, "step_values", {}), **lr, **(fresh or {})}
     if not metrics:
         return
     everyone = trainer.loggers

@@ -41,7 +41,7 @@ class LossScaleGuard(pl.Callback):
         if stopping or writes_metrics_row(trainer):  # on the rows alone: each `log` costs 0.3-1 ms of bookkeeping
             pl_module.log("loss_scale", scale)
         if stopping:
-            write_step_row_now(trainer, force=True)  # the stopping step's row, loss scale included
+            write_step_row_now(trainer, force=True, fresh={"loss_scale": scale})  # the stopping step's row
             self.stop(self.diagnosis(trainer.global_step, scale))
 
     def stop(self, message: str) -> None:

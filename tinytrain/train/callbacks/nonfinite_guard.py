@@ -77,7 +77,9 @@ class NonFiniteGuard(pl.Callback):
         self.last_bad_parameter = name
         self.consecutive += 1
         scale = current_loss_scale(trainer)
-        where = f"step {trainer.global_step}: first non-finite gradient ({'module' if self.compiled else 'forward'} order) in {name}"
+        # Counted as the progress lines and checkpoint names count (the step being trained, from 1);
+        # its metrics.csv row is Lightning's step - 1.
+        where = f"step {trainer.global_step + 1}: first non-finite gradient ({'module' if self.compiled else 'forward'} order) in {name}"
         scale_text = f", loss scale {scale:g}" if scale is not None else ""
         scaling = scale is not None
         if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
