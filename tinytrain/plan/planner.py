@@ -264,7 +264,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
     requested = checkpointing_mode(cfg.trainer.activation_checkpointing)
     op_off = row.op_checkpoint_off(par.zero_stage)
     reference_bytes = state.preference.reference_bytes if state.preference else 0.0
-    base_step = step_seconds(hardware=hardware, precision=precision, shape=model.shape, batch=batch, world=world)
+    base_step = step_seconds(hardware=hardware, precision=precision, shape=model.shape, batch=batch, world=world, work=state.preference.step_work if state.preference else 1.0)
 
     def rows_of(micro: int) -> int:
         return micro * (2 if state.preference else 1)  # a preference micro batch holds each pair's chosen and rejected rows
@@ -495,18 +495,19 @@ def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     return fam.sliding_window and model_cfg.sliding_window is not None
 
 
-def step_seconds(*, hardware, precision, shape: ModelShape, batch, world: int) -> float | None:
+def step_seconds(*, hardware, precision, shape: ModelShape, batch, world: int, work: float = 1.0) -> float | None:
     """An optimizer step's time at ASSUMED_MFU of the hardware table's dense peak (None without one),
     its FLOPs counted as MFU counts them (plan/flops.py), attention over whole rows: the most a
     packed row's documents cost, and at long context most of the step (Llama-3-8B at 128k tokens:
-    4.9x the dense matmuls)."""
+    4.9x the dense matmuls). `work`: sequences' training compute per batch row (a preference
+    objective's rows and reference forwards: PreferencePlan.step_work)."""
     from tinytrain.plan.checkpoint_cost import ASSUMED_MFU
 
     peak = {"bf16": hardware.peak_bf16_tflops, "fp16": hardware.peak_fp16_tflops}.get(precision.dtype.value)
     if hardware.is_cpu or not peak:
         return None
     tokens = batch.tokens_per_step
-    return batch_flops(shape, tokens, tokens * batch.seq_len) / (world * peak * 1e12 * ASSUMED_MFU)
+    return work * batch_flops(shape, tokens, tokens * batch.seq_len) / (world * peak * 1e12 * ASSUMED_MFU)
 
 
 def mode_cost(mode: Checkpointing, memory, micro_batch: int, base_step: float | None) -> ModeCost:

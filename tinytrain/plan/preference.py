@@ -45,6 +45,18 @@ class PreferencePlan:
     def precomputed(self) -> bool:
         return self.reference == PRECOMPUTED
 
+    @property
+    def step_work(self) -> float:
+        """A step's compute per example, in sequences trained (forward + backward = 1; a forward
+        alone 1/3: 2 of its 6 FLOPs per parameter and token): a pair trains its chosen and rejected
+        rows (2) and a reference scores both (2/3) unless its log-probs were precomputed or the
+        objective has none; KTO trains the example, scores its KL row without gradients (1/3), and
+        the reference scores both (2/3)."""
+        reference = self.reference not in (NONE, PRECOMPUTED)
+        if self.name == "kto":
+            return 1 + 1 / 3 + (2 / 3 if reference else 0)
+        return 2 + (2 / 3 if reference else 0)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

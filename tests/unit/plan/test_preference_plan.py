@@ -85,3 +85,19 @@ def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_f
     assert m["total_gib"] == pytest.approx(max(in_backward, m["params_gib"] + m["optimizer_gib"] + m["reference_gib"] + m["grads_gib"] + m["step"]["optimizer_step_gib"]), abs=0.01)
     out = capsys.readouterr().out
     assert "objective  dpo: beta 0.1; reference: a frozen copy of the initial weights, held like the policy" in out and f"+ reference {m['reference_gib']:.2f}" in out
+
+
+def test_the_step_time_counts_both_rows_of_a_pair_and_the_reference_forward(pairs, tmp_path):
+    """DPO was planned at SFT's step time for the same batch: a pair trains two rows, and an online
+    reference scores both (a forward: a third of a row's training)."""
+    base = ["model=tinyllama_1b", "hardware.gpu=A100", "data.seq_len=512", "trainer.micro_batch_size=2", "trainer.global_batch_size=8", "trainer.activation_checkpointing=none"]
+    dpo = [*base, "data=jsonl", "data.format=preference", f"data.path={pairs}", "data.chat_template=alpaca", "finetune.objective=dpo"]
+
+    def seconds(overrides, name):
+        table = plan(overrides, tmp_path / name)["activation_checkpointing"]["table"]
+        return next(r["step_s"] for r in table if r["mode"] == "none")
+
+    sft = seconds([*base, "data=alpaca"], "sft")
+    assert seconds(dpo, "online") == pytest.approx(sft * (2 + 2 / 3))
+    assert seconds([*dpo, "finetune.precompute_reference=true"], "precomputed") == pytest.approx(sft * 2)
+    assert seconds([*dpo, "finetune.objective=simpo"], "simpo") == pytest.approx(sft * 2)
