@@ -234,7 +234,7 @@ def test_orpo_and_kto_step_zero_is_their_definition_on_every_kind_of_strategy(tm
                 assert first["loss"] == pytest.approx(first["nll_loss"] - 0.1 * first["log_odds_ratio"], rel=1e-6), first
         if name == "single":  # it learns: the loss falls, the margins grow (orpo: every pair ranked right at the end)
             assert float(rows[-1]["loss"]) < first["loss"]
-            margins = [float(row["rewards/margins"]) for row in rows]
+            margins = [float(row["rewards/margins"]) for row in rows if row.get("rewards/margins") not in ("", "nan")]  # kto: a step with one label has none
             assert sum(margins[-3:]) / 3 > sum(margins[:2]) / 2 and margins[-1] > 0, margins
             if objective == "orpo":
                 accuracies = [float(row["rewards/accuracies"]) for row in rows]

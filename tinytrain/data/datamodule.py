@@ -107,7 +107,10 @@ class DataModule:
                 self.train_sampler = RampBatchSampler(len(self.train), ramp, seed, orders=orders)
             else:
                 self.train_sampler = ResumableBatchSampler(len(self.train), micro_batch_size, seed, shuffle=True, drop_last=True, lengths=self.train.lengths if grouped else None, orders=orders)
-            self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=False)
+            # KTO scores each example against another one's completion (its KL row): a last
+            # validation batch of one example would be scored against its own, a loss of 0.5.
+            lone = isinstance(self.val, UnpairedDataset) and len(self.val) % micro_batch_size == 1
+            self.val_sampler = ResumableBatchSampler(len(self.val), micro_batch_size, seed, shuffle=False, drop_last=lone)
 
     # -- pretraining --------------------------------------------------------------------------
 
@@ -184,13 +187,13 @@ class DataModule:
 
         return self._cached(src, "sft", SftSample, build)
 
-    def _train_and_validation(self, build, what: str) -> tuple[list, list]:
+    def _train_and_validation(self, build, what: str, smallest_val: int = 1) -> tuple[list, list]:
         """SFT samples or preference pairs: validation from data.val_path, else split off by
-        data.val_fraction."""
+        data.val_fraction (at least `smallest_val` of them)."""
         items = build(validation=False)
         if self.cfg.val_path:
             return items, build(validation=True)
-        train_ids, val_ids = split_indices(len(items), self.cfg.val_fraction, SPLIT_SEED, what)
+        train_ids, val_ids = split_indices(len(items), self.cfg.val_fraction, SPLIT_SEED, what, smallest=smallest_val)
         return [items[i] for i in train_ids], [items[i] for i in val_ids]
 
     def _sft(self):
@@ -242,7 +245,8 @@ class DataModule:
             self.lines.append(f"{src.describe()}: {summary}")
             return examples
 
-        train, val = self._train_and_validation(build, "examples")
+        # Two validation examples at least: each is scored against another one's completion.
+        train, val = self._train_and_validation(build, "examples", smallest_val=2)
         self.lines.append(
             f"kto (template {self.cfg.chat_template.value}): {len(train):,} train / {len(val):,} validation examples; a micro batch of {self.micro_batch_size} examples is "
             f"{2 * self.micro_batch_size} rows (the examples, then each prompt with the previous example's completion for the KL estimate)"
@@ -309,6 +313,8 @@ class DataModule:
         for name, ds in (("train", self.train), ("validation", self.val)):
             if len(ds) == 0:
                 raise ConfigError(Problem("data.seq_len", self.cfg.seq_len, f"the {name} split yields no sequences of {self.cfg.seq_len} tokens", "use a shorter data.seq_len or more data"))
+        if isinstance(self.val, UnpairedDataset) and len(self.val) < 2:  # data.val_path's (a split keeps 2)
+            raise ConfigError(Problem("data.val_path", self.cfg.val_path, f"holds {len(self.val)} KTO example(s); kto scores each against another example's completion (its KL row), so validation needs 2 or more", "add validation examples, or split them off the training data: data.val_path=null"))
         needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
         if len(self.train) < needed:
             # Text is cut into windows: shorter ones make more. A fine-tuning sample cut at a shorter

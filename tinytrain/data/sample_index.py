@@ -28,14 +28,14 @@ INDEX_FORMAT = 1
 DONE = "index.json"
 
 
-def split_indices(n: int, val_fraction: float, seed: int, what: str, source: str = "the source") -> tuple[np.ndarray, np.ndarray]:
-    """(train, validation) indices, sorted; at least one of each."""
-    if n < 2:
+def split_indices(n: int, val_fraction: float, seed: int, what: str, source: str = "the source", smallest: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) indices, sorted; at least one for training and `smallest` for validation."""
+    if n < smallest + 1:
         raise ConfigError(
-            Problem("data.val_fraction", val_fraction, f"{source} has {n} {what}; splitting off validation needs at least 2", "use more data, data.text_split=blank_lines, or a separate data.val_path")
+            Problem("data.val_fraction", val_fraction, f"{source} has {n} {what}; splitting off validation needs at least {smallest + 1}", "use more data, data.text_split=blank_lines, or a separate data.val_path")
         )
     order = np.random.default_rng(seed).permutation(n)
-    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    n_val = min(max(smallest, round(n * val_fraction)), n - 1)
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
