@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class DownstreamEvals(pl.Callback):
-    def __init__(self, plan, run_dir: Path, *, tokenizer, true_vocab: int, tp: int, batch_size: int, max_steps: int, tokens_at):
+    def __init__(self, plan, run_dir: Path, *, tokenizer, true_vocab: int, tp: int, batch_size: int, max_steps: int, tokens_at, watched=None):
         self.evals = plan  # plan/evals.py's EvalPlan
         self.csv = Path(run_dir) / "evals.csv"
         self.tokenizer = tokenizer
@@ -41,6 +41,7 @@ class DownstreamEvals(pl.Callback):
         self.started: float | None = None
         self.run_seconds = 0.0
         self.manager = None
+        self.watched = watched  # the hang watchdog's cluster/watched_rank.py WatchedRank, or None
 
     def on_train_start(self, trainer, pl_module):
         self.started = time.perf_counter()
@@ -61,6 +62,9 @@ class DownstreamEvals(pl.Callback):
         import torch
 
         start = time.perf_counter()
+        if self.watched is not None:
+            # No beat while lm-eval runs: a scoring longer than a step is given the slow-phase limit, as validation is.
+            self.watched.beat(phase="evals")
         was_training = pl_module.training
         pl_module.eval()
         try:
@@ -159,8 +163,8 @@ def without_environment_report():
 QUIET = {"DISABLE_MULTIPROC": "1", "TQDM_DISABLE": "1", "LOCAL_RANK": "0"}
 
 
-def eval_callback(plan, run_dir: Path, tokenizer) -> list:
-    """The callback for this run ([] without eval.tasks)."""
+def eval_callback(plan, run_dir: Path, tokenizer, watched=None) -> list:
+    """The callback for this run ([] without eval.tasks). `watched`: this rank's hang watchdog, or None."""
     if plan.evals is None or plan.evals.where != "inline":
         return []
     from tinytrain.checkpoint.export import served_tokenizer
@@ -175,5 +179,6 @@ def eval_callback(plan, run_dir: Path, tokenizer) -> list:
             batch_size=plan.batch.micro_batch_size,
             max_steps=plan.max_steps,
             tokens_at=plan.batch.tokens_over,
+            watched=watched,
         )
     ]

@@ -1,0 +1,45 @@
+"""DownstreamEvals (train/callbacks/evals.py) around its scoring, with lm-eval stood in for: the hang
+watchdog's phase while it scores. The scores themselves are tests/integration/test_evals.py's."""
+
+from types import SimpleNamespace
+
+import torch
+
+from tinytrain.cluster.heartbeat import PHASES
+from tinytrain.plan.evals import EvalPlan
+from tinytrain.plan.watchdog import WatchdogPlan
+from tinytrain.train.callbacks.evals import DownstreamEvals
+
+RESULTS = {"tiny_mc": {"acc,none": 0.5, "acc_stderr,none": 0.1}}
+
+
+class Watched:
+    """cluster/watched_rank.py's WatchedRank, its phases recorded."""
+
+    def __init__(self):
+        self.phase = "train"
+
+    def beat(self, step=None, phase=None):
+        self.phase = phase or self.phase
+
+
+def callback(tmp_path, run_tasks, watched=None) -> DownstreamEvals:
+    plan = EvalPlan(("tiny_mc",), ("tiny_mc",), (), False, "inline", 2, "every 2 steps", None, 1)
+    evals = DownstreamEvals(plan, tmp_path, tokenizer=None, true_vocab=8, tp=1, batch_size=1, max_steps=8, tokens_at=lambda step: step * 16, watched=watched)
+    evals.run_tasks = run_tasks
+    return evals
+
+
+def trainer(step: int):
+    return SimpleNamespace(global_step=step, is_global_zero=True, loggers=[], strategy=SimpleNamespace(broadcast=lambda x: x))
+
+
+def test_scoring_runs_in_the_evals_phase_under_the_slow_phase_limit(tmp_path):
+    watched = Watched()
+    seen = []
+    evals = callback(tmp_path, lambda trainer, module: seen.append(watched.phase) or RESULTS, watched)
+    evals.on_train_batch_end(trainer(2), torch.nn.Linear(2, 2), None, None, 0)
+    assert seen == ["evals"]  # a scoring longer than cluster.hang_timeout_s is no hang
+    limits = WatchdogPlan(True, hang_s=5, startup_s=60, slow_s=1800, checkpoint_s=1800, process_group_timeout_s=1860, reason="").limits()
+    assert limits["evals"] == 1800
+    assert set(limits) == set(PHASES) - {"done"}  # every phase a rank can be in has its limit
