@@ -99,6 +99,8 @@ def task_problems(e, *, inline: bool) -> list[Problem]:
     for t in resolved.leaves:
         if t.data_problem:
             found.append(Problem("eval.tasks", t.name, f"{t.data_problem}", "give it local data (a task YAML in eval.include with dataset_path: json and data_files), or run where the hub is reachable"))
+        elif eval_tasks.local(t, tuple(e.include)) and (built := eval_tasks.build_problem(t, tuple(e.include))):
+            found.append(built)
         if inline and t.output_type not in eval_tasks.INLINE_OUTPUTS:
             found.append(Problem("eval.tasks", t.name, f"is a {t.output_type or 'python-defined'} task: inline scoring serves log-likelihood and multiple-choice tasks ({', '.join(eval_tasks.INLINE_OUTPUTS)})", "drop it from eval.tasks and score it on an export with lm_eval (its hf model)"))
     return found

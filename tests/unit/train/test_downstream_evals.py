@@ -43,3 +43,17 @@ def test_scoring_runs_in_the_evals_phase_under_the_slow_phase_limit(tmp_path):
     limits = WatchdogPlan(True, hang_s=5, startup_s=60, slow_s=1800, checkpoint_s=1800, process_group_timeout_s=1860, reason="").limits()
     assert limits["evals"] == 1800
     assert set(limits) == set(PHASES) - {"done"}  # every phase a rank can be in has its limit
+
+
+def test_a_scoring_that_raises_is_a_warning_and_training_goes_on(tmp_path, caplog):
+    def broken(trainer, module):
+        raise ValueError("task tiny_mc: no such split 'test'")
+
+    evals = callback(tmp_path, broken)
+    module = torch.nn.Linear(2, 2)
+    evals.on_train_batch_end(trainer(2), module, None, None, 0)  # StepCheckpoints' save follows it
+    assert module.training  # back in train mode
+    assert not (tmp_path / "evals.csv").exists()
+    assert 2 not in evals.scored and evals.summary()["eval_failed"] == [2]
+    assert "evals at step 2 failed, tiny_mc raised ValueError: task tiny_mc: no such split 'test'; no rows for this step, training goes on" in caplog.text
+    assert "mode=eval checkpoint.path=" in caplog.text

@@ -8,6 +8,11 @@ Rank 0 appends the scores to evals.csv (step, tokens, task, metric, value, stder
 every logger but the CSV one (evals.csv is the CSV view) under eval/<task>/<metric>, and the run's
 end plots each metric against tokens seen (evals.png). The time spent is reported as a share of
 the run.
+
+A scoring that raises (a task the plan could not check, such as a hub task whose data changed) is a
+warning naming the step, the tasks and the error, as a failed eval.where=slurm job is: the step has
+no rows (mode=eval on the run scores its checkpoint later) and training goes on, so the step's
+checkpoint is still saved and a resume does not meet the same error before it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class DownstreamEvals(pl.Callback):
         self.scored: set[int] = set()
         self.seconds = 0.0
         self.scorings = 0
+        self.failed: list[int] = []  # the steps whose scoring raised
         self.started: float | None = None
         self.run_seconds = 0.0
         self.manager = None
@@ -70,6 +76,14 @@ class DownstreamEvals(pl.Callback):
         try:
             with torch.inference_mode(False), torch.no_grad(), torch.compiler.set_stance("force_eager"), quiet_lm_eval():
                 results = self.run_tasks(trainer, pl_module)
+        except Exception as e:
+            self.failed.append(step)
+            if trainer.is_global_zero:
+                log.warning(
+                    "evals at step %d failed, %s raised %s: %s; no rows for this step, training goes on. Fix the task, then score the checkpoint with `python -m tinytrain mode=eval checkpoint.path=%s`",
+                    step, ", ".join(self.evals.tasks), type(e).__name__, e, self.csv.parent,
+                )
+            return
         finally:
             pl_module.train(was_training)
         self.scored.add(step)
@@ -111,7 +125,7 @@ class DownstreamEvals(pl.Callback):
         return out["results"]
 
     def summary(self) -> dict:
-        return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None}
+        return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None, "eval_failed": self.failed}
 
 
 # Resamples for the stderr of the metrics that have no closed form (perplexities); lm-eval's default
