@@ -8,6 +8,7 @@ import torch
 from tinytrain.cluster.heartbeat import PHASES
 from tinytrain.plan.evals import EvalPlan
 from tinytrain.plan.watchdog import WatchdogPlan
+from tinytrain.train import evals_csv
 from tinytrain.train.callbacks.evals import DownstreamEvals
 
 RESULTS = {"tiny_mc": {"acc,none": 0.5, "acc_stderr,none": 0.1}}
@@ -57,3 +58,19 @@ def test_a_scoring_that_raises_is_a_warning_and_training_goes_on(tmp_path, caplo
     assert 2 not in evals.scored and evals.summary()["eval_failed"] == [2]
     assert "evals at step 2 failed, tiny_mc raised ValueError: task tiny_mc: no such split 'test'; no rows for this step, training goes on" in caplog.text
     assert "mode=eval checkpoint.path=" in caplog.text
+
+
+def test_a_resumed_run_scores_again_the_steps_after_its_checkpoint(tmp_path):
+    """Killed after scoring step 6, resumed from step 4's checkpoint: steps 5-6 are trained again,
+    so step 6's earlier rows go and step 6 is scored again; steps 2 and 4 are not."""
+    for step, value in ((2, 0.25), (4, 0.5), (6, 0.75)):
+        evals_csv.append(tmp_path / "evals.csv", evals_csv.rows_of({"tiny_mc": {"acc,none": value}}, step, step * 16))
+    scored = []
+    evals = callback(tmp_path, lambda trainer, module: scored.append(trainer.global_step) or {"tiny_mc": {"acc,none": 1.0}})
+    evals.on_train_start(trainer(4), None)
+    assert evals.scored == {2, 4}
+    assert evals_csv.scored_steps(tmp_path / "evals.csv") == {2, 4}
+    for step in (4, 6):
+        evals.on_train_batch_end(trainer(step), torch.nn.Linear(2, 2), None, None, 0)
+    assert scored == [6]
+    assert [(r["step"], r["value"]) for r in evals_csv.read(tmp_path / "evals.csv")] == [("2", "0.25"), ("4", "0.5"), ("6", "1.0")]

@@ -52,7 +52,15 @@ class DownstreamEvals(pl.Callback):
     def on_train_start(self, trainer, pl_module):
         self.started = time.perf_counter()
         # Every rank decides alike: rank 0's reading of the file (a resumed run's earlier scores).
-        self.scored = trainer.strategy.broadcast(evals_csv.scored_steps(self.csv) if trainer.is_global_zero else None)
+        self.scored = trainer.strategy.broadcast(self.earlier_scores(trainer.global_step) if trainer.is_global_zero else None)
+
+    def earlier_scores(self, step: int) -> set[int]:
+        """The steps up to `step` (where this run starts: a resumed run's checkpoint) already in
+        evals.csv. Rows of later steps were scored before a kill on weights trained again now: they go."""
+        dropped = evals_csv.drop_after(self.csv, step)
+        if dropped:
+            log.info("evals.csv: %d row(s) of steps after step %d dropped: those steps are trained again from its checkpoint and scored again", dropped, step)
+        return evals_csv.scored_steps(self.csv)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
