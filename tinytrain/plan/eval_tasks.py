@@ -220,7 +220,33 @@ def hub_reachable() -> bool:
 
 
 def closest(name: str, index) -> str:
+    return closest_of(name, list(index))
+
+
+def closest_of(name: str, names: list[str]) -> str:
     import difflib
 
-    found = difflib.get_close_matches(name, list(index), n=1, cutoff=0.6)
+    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return found[0] if found else ""
+
+
+def output_types() -> list[str]:
+    """lm-eval's output types (a YAML with another is refused as the task is built)."""
+    from lm_eval.api.task import ALL_OUTPUT_TYPES
+
+    return list(ALL_OUTPUT_TYPES)
+
+
+def unreadable_yamls(include: tuple[str, ...]) -> dict[str, str]:
+    """The task YAMLs of the eval.include folders that lm-eval's loader cannot read (their index
+    leaves them out without a word), each with the loader's error on one line."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    found = {}
+    for folder in include:
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            try:
+                load_yaml(path, resolve_func=False, recursive=True)
+            except Exception as e:  # whatever the loader raises is what the index skipped the file for
+                found[str(path)] = " ".join(f"{type(e).__name__}: {e}".split())
+    return found
