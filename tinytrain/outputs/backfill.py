@@ -86,7 +86,7 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     todo = [(step, path) for step, path in checkpoints if step not in done and ev_step(cfg) in (None, step)]
     for step, why, folder in eval_jobs.failures(run):
         print(f"eval job for step {step} failed ({why}); its log is in {folder}", flush=True)
-    print(f"evals of {run}: {len(checkpoints) - len(todo)} of {len(checkpoints)} checkpoints already in evals.csv; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
+    print(f"evals of {run}: {already_line(checkpoints, done, ev_step(cfg))}; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
     for step, path in todo:
         saved = saved_run.load(str(path), out_dir)
         rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step))
@@ -95,3 +95,10 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     plot_evals(csv_path, run / "evals.png", f"{run.name}: downstream tasks")
     return {"run": str(run), "scored": [s for s, _ in todo], "already": sorted(done)}
 
+
+def already_line(checkpoints: list[tuple[int, Path]], done: set[int], step: int | None) -> str:
+    """What evals.csv holds of what this invocation looks at: every checkpoint, or eval.step's alone
+    (each Slurm eval job's)."""
+    if step is not None:
+        return f"step {step} (eval.step) {'already' if step in done else 'not yet'} in evals.csv"
+    return f"{sum(s in done for s, _ in checkpoints)} of {len(checkpoints)} checkpoints already in evals.csv"

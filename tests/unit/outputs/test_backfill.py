@@ -1,4 +1,4 @@
-"""mode=eval on a run folder (outputs/backfill.py): the tokens its rows carry.
+"""mode=eval on a run folder (outputs/backfill.py): the tokens its rows carry and the line it prints.
 The scoring itself is tests/integration/test_evals.py's."""
 
 from __future__ import annotations
@@ -32,3 +32,9 @@ def test_tokens_under_a_batch_warmup_are_counted_as_the_inline_scoring_counts_th
     flat = saved_run(tmp_path / "flat", RAMP[:3], bundled_tokenizer)
     assert backfill.tokens_at(tmp_path / "flat", 4) == 4 * flat.batch.tokens_per_step
 
+
+def test_a_slurm_eval_jobs_line_says_what_evals_csv_holds_of_its_step():
+    checkpoints = [(4, None), (8, None), (10, None)]
+    assert backfill.already_line(checkpoints, {4, 8}, None) == "2 of 3 checkpoints already in evals.csv"
+    assert backfill.already_line(checkpoints, {4}, 8) == "step 8 (eval.step) not yet in evals.csv"
+    assert backfill.already_line(checkpoints, {4, 8}, 8) == "step 8 (eval.step) already in evals.csv"
