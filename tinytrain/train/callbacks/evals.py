@@ -136,8 +136,9 @@ class DownstreamEvals(pl.Callback):
         return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None, "eval_failed": self.failed}
 
 
-# Resamples for the stderr of the metrics that have no closed form (perplexities); lm-eval's default
-# (100,000) takes longer than the scoring. Serial: a pool forked from a training rank is unsafe.
+# Resamples for the stderr of the metrics that have no closed form (a loglikelihood task's perplexity;
+# lm-eval gives word and byte perplexities none); lm-eval's default (100,000) takes longer than the
+# scoring. Serial: a pool forked from a training rank is unsafe.
 BOOTSTRAP_ITERS = 1000
 
 
