@@ -376,6 +376,10 @@ CASES = {
     "eval include folder missing": ([*EVALS[:2], "eval.include=[{F}/evals/none]"], ["eval.include[0]='{F}/evals/none'", "no such folder"]),
     "eval task data file missing": ([*EVALS, "eval.tasks=[tiny_missing]"], ["eval.tasks='tiny_missing'", "its data file", "does not exist", "Fix: give it local data"]),
     "eval task data on an unreachable hub": ([*EVALS, "eval.tasks=[tiny_hub]"], ["eval.tasks='tiny_hub'", "hub dataset 'nobody/no_such_dataset'", "the hub is not reachable", "Fix:"]),
+    "eval task template names a missing field": ([*EVALS, "eval.tasks=[tiny_undefined]"], ["eval.tasks='tiny_undefined'", "tiny_undefined.yaml does not render its first document: UndefinedError: 'quest' is undefined", "Fix: name the data's fields"]),
+    "eval task data file broken": ([*EVALS, "eval.tasks=[tiny_broken_data]"], ["eval.tasks='tiny_broken_data'", "broken.jsonl", "does not load: ArrowInvalid: JSON parse error", "Fix: correct the data file"]),
+    "eval task YAML that does not parse": ([*EVALS[:1], "eval.tasks=[tiny_unparsed]", "eval.include=[{F}/evals/unparsed]"], ["eval.tasks='tiny_unparsed'", "lm-eval skipped {F}/evals/unparsed/tiny_unparsed.yaml, which names it: it does not load (ScannerError: while scanning a quoted scalar", "Fix: correct that YAML"]),
+    "eval task output type misspelt": ([*EVALS, "eval.tasks=[tiny_typo]"], ["eval.tasks='tiny_typo'", "tiny_typo.yaml says output_type: multiple_choise, which is none of lm-eval's (loglikelihood, multiple_choice", "Fix: set output_type: multiple_choice"]),
     "eval generation task inline": ([*EVALS, "eval.tasks=[tiny_gen]"], ["eval.tasks='tiny_gen'", "is a generate_until task", "inline scoring serves log-likelihood", "Fix: drop it from eval.tasks"]),
     "eval limit zero": ([*EVALS, "eval.limit=0"], ["eval.limit=0", "must be >= 1"]),
     "eval every zero steps": ([*EVALS, "eval.every_n_steps=0"], ["eval.every_n_steps=0", "must be >= 1"]),
@@ -470,8 +474,9 @@ def bad(tmp_path_factory):
 
 def eval_tasks(f: Path) -> None:
     """`{F}/evals/tasks`: lm-eval task YAMLs (one good, one whose data file is gone, one on the hub,
-    one generation task); `{F}/evals/empty`: a folder without any; `{F}/evals/empty_run`: a run
-    folder without checkpoints."""
+    one generation task, one whose template names a field its data lacks, one whose data has a broken
+    line, one with a misspelt output_type); `{F}/evals/unparsed`: a YAML that does not parse;
+    `{F}/evals/empty`: a folder without any; `{F}/evals/empty_run`: a run folder without checkpoints."""
     (f / "tasks").mkdir(parents=True)
     (f / "empty").mkdir()
     (f / "empty_run" / "checkpoints").mkdir(parents=True)  # a run folder that saved nothing
@@ -480,6 +485,13 @@ def eval_tasks(f: Path) -> None:
     body = "doc_to_text: '{{{{q}}}}'\ndoc_to_target: '{{{{answer}}}}'\n"
     for name, data, output in (("tiny_mc", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_missing", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'gone.jsonl'}", "multiple_choice\ndoc_to_choice: '{{{{choices}}}}'"), ("tiny_hub", "nobody/no_such_dataset", "loglikelihood"), ("tiny_gen", f"json\ndataset_kwargs:\n  data_files:\n    test: {f / 'tasks' / 'mc.jsonl'}", "generate_until")):
         (f / "tasks" / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: {data}\ntest_split: test\noutput_type: {output}\n" + body.format())
+    (f / "tasks" / "broken.jsonl").write_text(json.dumps({"q": "a", "choices": [" b", " c"], "answer": 0}) + "\n{broken json\n")
+    mc = "output_type: multiple_choice\ndoc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\ntest_split: test\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: "
+    (f / "tasks" / "tiny_undefined.yaml").write_text(f"task: tiny_undefined\ndoc_to_text: '{{{{quest}}}}'\n{mc}{f / 'tasks' / 'mc.jsonl'}\n")
+    (f / "tasks" / "tiny_typo.yaml").write_text(f"task: tiny_typo\ndoc_to_text: '{{{{q}}}}'\n{mc.replace('multiple_choice', 'multiple_choise')}{f / 'tasks' / 'mc.jsonl'}\n")
+    (f / "unparsed").mkdir()
+    (f / "unparsed" / "tiny_unparsed.yaml").write_text("task: tiny_unparsed\ndataset_path: json\ndoc_to_text: \"{{q}}\n  doc_to_choice: [unclosed\n")
+    (f / "tasks" / "tiny_broken_data.yaml").write_text(f"task: tiny_broken_data\ndoc_to_text: '{{{{q}}}}'\n{mc}{f / 'tasks' / 'broken.jsonl'}\n")
 
 
 def parted_store(f: Path) -> None:

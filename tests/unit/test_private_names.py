@@ -131,7 +131,7 @@ PRIVATE_NAMES = [
     ("deepspeed", "initialize(args.device_rank)", "train/strategy.py (DeepSpeed on CPU passes the rank this way)", source_mentions(module_attr("deepspeed.runtime.engine", "DeepSpeedEngine"), "device_rank")),
     ("lm-eval", "models.utils._add_special_kwargs", "train/eval_lm.py (tokenizes as lm-eval's hf model)", module_attr("lm_eval.models.utils", "_add_special_kwargs")),
     ("lm-eval", "tasks._index.Kind", "plan/eval_tasks.py (a group or tag expanded to its tasks)", module_attr("lm_eval.tasks._index", "Kind")),
-    ("lm-eval", "tasks._yaml_loader.load_yaml", "plan/eval_tasks.py (an included YAML's dataset_path)", module_attr("lm_eval.tasks._yaml_loader", "load_yaml")),
+    ("lm-eval", "tasks._yaml_loader.load_yaml", "plan/eval_tasks.py (an included YAML's dataset_path; the eval.include YAMLs lm-eval skips, named)", module_attr("lm_eval.tasks._yaml_loader", "load_yaml")),
     ("lm-eval", "evaluator.add_env_info, called by simple_evaluate", "train/callbacks/evals.py (the machine report left out of each scoring)", source_mentions(module_attr("lm_eval.evaluator", "simple_evaluate"), "add_env_info")),
     ("lm-eval", "simple_evaluate returns results where LOCAL_RANK is 0", "train/callbacks/evals.py (every rank sets LOCAL_RANK=0 for the scoring)", source_mentions(module_attr("lm_eval.evaluator", "simple_evaluate"), "LOCAL_RANK")),
 ]

@@ -24,7 +24,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # Every phase a rank can be in; plan/watchdog.py gives each its limit. "done": finished, not watched.
-PHASES = ("startup", "data", "first_step", "compile", "train", "validation", "checkpoint", "done")
+PHASES = ("startup", "data", "first_step", "compile", "train", "validation", "evals", "checkpoint", "done")
 MIN_INTERVAL_S = 0.5
 ATTEMPT_VARIABLE = "TINYTRAIN_WATCH_ATTEMPT"
 

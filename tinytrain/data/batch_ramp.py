@@ -28,6 +28,11 @@ class BatchRamp:
     samples: int  # the warm-up's length in samples (its tokens / seq_len)
     seq_len: int
 
+    @classmethod
+    def over_tokens(cls, start: int, final: int, increment: int, tokens: int, seq_len: int) -> BatchRamp:
+        """trainer.batch_size_warmup's ramp, its `tokens` rounded up to whole samples."""
+        return cls(start, final, increment, -(-tokens // seq_len), seq_len)
+
     @property
     def per_increment(self) -> float:
         """Samples trained at each batch size before it grows by one increment."""

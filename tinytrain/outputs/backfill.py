@@ -14,8 +14,10 @@ from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.resume import read_state
+from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
 from tinytrain.outputs import saved_run
+from tinytrain.plan.layout import BatchPlan
 from tinytrain.train import evals_csv
 
 
@@ -57,11 +59,15 @@ def problems(cfg, run: Path) -> list[Problem]:
 
 
 def tokens_at(run: Path, step: int) -> int | str:
-    """Tokens seen by `step`, from the run's plan.json ('' under a batch warm-up, whose steps differ)."""
+    """Tokens seen by `step`, counted as the inline scoring counts them (plan/layout.py's tokens_over),
+    from the run's plan.json; a batch warm-up's ramp is rebuilt with the run's
+    trainer.batch_size_warmup.tokens. '' without a plan.json."""
     plan = json.loads((run / "plan.json").read_text()) if (run / "plan.json").is_file() else {}
-    if not plan.get("tokens_per_step") or plan.get("batch_size_warmup"):
+    if not plan.get("batch"):
         return ""
-    return plan["tokens_per_step"] * step
+    b, r = plan["batch"], plan.get("batch_size_warmup")
+    ramp = r and BatchRamp.over_tokens(r["start"], r["final"], r["increment"], saved_run.run_config(run / saved_run.RUN_CONFIG).trainer.batch_size_warmup.tokens, b["seq_len"])
+    return BatchPlan(b["micro_batch_size"], b["accumulate_grad_batches"], plan["parallel"]["dp"], b["global_batch_size"], b["seq_len"], ramp or None).tokens_over(step)
 
 
 def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
@@ -80,7 +86,7 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     todo = [(step, path) for step, path in checkpoints if step not in done and ev_step(cfg) in (None, step)]
     for step, why, folder in eval_jobs.failures(run):
         print(f"eval job for step {step} failed ({why}); its log is in {folder}", flush=True)
-    print(f"evals of {run}: {len(checkpoints) - len(todo)} of {len(checkpoints)} checkpoints already in evals.csv; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
+    print(f"evals of {run}: {already_line(checkpoints, done, ev_step(cfg))}; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
     for step, path in todo:
         saved = saved_run.load(str(path), out_dir)
         rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step))
@@ -88,3 +94,11 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
         print(f"scored step {step} ({path.name}): {len(rows)} metrics appended to {csv_path}", flush=True)
     plot_evals(csv_path, run / "evals.png", f"{run.name}: downstream tasks")
     return {"run": str(run), "scored": [s for s, _ in todo], "already": sorted(done)}
+
+
+def already_line(checkpoints: list[tuple[int, Path]], done: set[int], step: int | None) -> str:
+    """What evals.csv holds of what this invocation looks at: every checkpoint, or eval.step's alone
+    (each Slurm eval job's)."""
+    if step is not None:
+        return f"step {step} (eval.step) {'already' if step in done else 'not yet'} in evals.csv"
+    return f"{sum(s in done for s, _ in checkpoints)} of {len(checkpoints)} checkpoints already in evals.csv"

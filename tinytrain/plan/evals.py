@@ -91,16 +91,35 @@ def include_problems(key: str, folder: str) -> list[Problem]:
 
 
 def task_problems(e, *, inline: bool) -> list[Problem]:
-    resolved = eval_tasks.resolve(tuple(e.tasks), tuple(e.include))
+    include = tuple(e.include)
+    resolved = eval_tasks.resolve(tuple(e.tasks), include)
     found = []
+    unreadable = eval_tasks.unreadable_yamls(include) if resolved.unknown else {}
     for name, near in zip(resolved.unknown, resolved.suggestions):
+        # lm-eval skips a YAML it cannot read without a word: the one that names the task says why.
+        skipped = [f"{path}, which names it: it does not load ({why})" for path, why in unreadable.items() if name in Path(path).read_text(errors="replace")]
+        if skipped:
+            found.append(Problem("eval.tasks", name, f"is no lm-eval task, group or tag: lm-eval skipped {skipped[0]}", "correct that YAML, then check it with mode=plan"))
+            continue
         hint = f"did you mean {near!r}? " if near else ""
         found.append(Problem("eval.tasks", name, f"is no lm-eval task, group or tag{' in eval.include or lm-eval' if e.include else ''}", f"{hint}list them with `lm_eval ls tasks`, or add its YAML to a folder in eval.include"))
     for t in resolved.leaves:
-        if t.data_problem:
-            found.append(Problem("eval.tasks", t.name, f"{t.data_problem}", "give it local data (a task YAML in eval.include with dataset_path: json and data_files), or run where the hub is reachable"))
-        if inline and t.output_type not in eval_tasks.INLINE_OUTPUTS:
-            found.append(Problem("eval.tasks", t.name, f"is a {t.output_type or 'python-defined'} task: inline scoring serves log-likelihood and multiple-choice tasks ({', '.join(eval_tasks.INLINE_OUTPUTS)})", "drop it from eval.tasks and score it on an export with lm_eval (its hf model)"))
+        found += leaf_problems(t, include, inline=inline)
+    return found
+
+
+def leaf_problems(t: eval_tasks.TaskInfo, include: tuple[str, ...], *, inline: bool) -> list[Problem]:
+    found = []
+    if t.data_problem:
+        found.append(Problem("eval.tasks", t.name, f"{t.data_problem}", "give it local data (a task YAML in eval.include with dataset_path: json and data_files), or run where the hub is reachable"))
+    types = eval_tasks.output_types()
+    if t.output_type is not None and t.output_type not in types:
+        near = eval_tasks.closest_of(t.output_type, types)
+        return found + [Problem("eval.tasks", t.name, f"{t.yaml_path} says output_type: {t.output_type}, which is none of lm-eval's ({', '.join(types)})", f"set output_type: {near or 'multiple_choice'} (or another of lm-eval's) in {t.yaml_path}")]
+    if not t.data_problem and eval_tasks.local(t, include) and (built := eval_tasks.build_problem(t, include)):
+        found.append(built)
+    if inline and t.output_type not in eval_tasks.INLINE_OUTPUTS:
+        found.append(Problem("eval.tasks", t.name, f"is a {t.output_type or 'python-defined'} task: inline scoring serves log-likelihood and multiple-choice tasks ({', '.join(eval_tasks.INLINE_OUTPUTS)})", "drop it from eval.tasks and score it on an export with lm_eval (its hf model)"))
     return found
 
 

@@ -124,7 +124,7 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
         found.append(Problem("data.group_by_length", True, "length-grouped batches are cut at one size; a batch warm-up changes it every few steps", "set data.group_by_length=false with trainer.batch_size_warmup"))
     if found:
         return None, problems + found + schedule_problems(cfg.trainer)
-    ramp = BatchRamp(w.start, final, unit, -(-w.tokens // batch.seq_len), batch.seq_len)
+    ramp = BatchRamp.over_tokens(w.start, final, unit, w.tokens, batch.seq_len)
     # The schedule counts tokens: a decay must fit in the run's tokens, fewer than max_steps final batches.
     decay = schedule_problems(cfg.trainer, total=ramp.equivalent_step(cfg.trainer.max_steps))
     if decay:

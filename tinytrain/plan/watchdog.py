@@ -24,14 +24,14 @@ class WatchdogPlan:
     enabled: bool
     hang_s: int  # training steps
     startup_s: int  # before the first step: data and op builds, rendezvous, model build
-    slow_s: int  # validation, the first step (compile, warm-up)
+    slow_s: int  # validation, inline evals (eval.tasks), the first step (compile, warm-up)
     checkpoint_s: int  # a checkpoint save: slow_s, or SAVE_MARGIN x the estimated save when longer
     process_group_timeout_s: int  # torch.distributed's collective timeout
     reason: str
 
     def limits(self) -> dict[str, int]:
         """Seconds per heartbeat phase (cluster/heartbeat.py's PHASES)."""
-        return {"startup": self.startup_s, "data": self.startup_s, "train": self.hang_s, "first_step": self.slow_s, "compile": self.slow_s, "validation": self.slow_s, "checkpoint": self.checkpoint_s}
+        return {"startup": self.startup_s, "data": self.startup_s, "train": self.hang_s, "first_step": self.slow_s, "compile": self.slow_s, "validation": self.slow_s, "evals": self.slow_s, "checkpoint": self.checkpoint_s}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +46,7 @@ def watchdog_plan(cluster, save_seconds: float) -> WatchdogPlan:
     else:
         reason = (
             f"on: no progress on any rank for {cluster.hang_timeout_s} s in a step, {cluster.startup_timeout_s} s before the first step, "
-            f"{cluster.slow_phase_timeout_s} s in the first step or validation, {checkpoint} s in a checkpoint save"
+            f"{cluster.slow_phase_timeout_s} s in the first step, validation or evals, {checkpoint} s in a checkpoint save"
             + (f" ({SAVE_MARGIN} x the ~{save_seconds:.0f} s estimated save)" if raised else "")
             + f" -> hang_report.txt, exit 76; collective timeout {longest + PG_TIMEOUT_MARGIN_S} s"
         )

@@ -3,7 +3,8 @@ inline evaluation and by mode=eval's backfill.
 
 Each scoring's rows are appended at once: the file is rewritten beside itself and renamed over the
 old one (checkpoint/files.py's temp name), so a process killed midway leaves a file without that
-step, never half of it, and the step is scored again by whoever comes next.
+step, never half of it, and the step is scored again by whoever comes next. A resumed run drops
+the rows of the steps after its checkpoint (trained again, then scored again), as metrics.csv does.
 """
 
 from __future__ import annotations
@@ -55,16 +56,30 @@ def scored_tasks(path: Path) -> dict[int, set[str]]:
 def append(path: Path, rows: list[dict]) -> None:
     """Add one scoring's rows, replacing those of the same step and task (a step trained again after
     a resume, or rescored); the step's other tasks stay."""
+    keys = {(int(r["step"]), r["task"]) for r in rows}
+    rewrite(path, lambda kept: [r for r in kept if (int(r["step"]), r["task"]) not in keys] + rows)
+
+
+def drop_after(path: Path, step: int) -> int:
+    """A resumed run's start: the rows of steps after the one it resumes from go (those weights are
+    trained again, and scored again when reached), as metrics.csv's rows do. Returns how many went."""
+    later = [r for r in read(path) if int(r["step"]) > step]
+    if later:
+        rewrite(path, lambda rows: [r for r in rows if int(r["step"]) <= step])
+    return len(later)
+
+
+def rewrite(path: Path, change) -> None:
+    """evals.csv as change(its rows), written beside it and renamed over it."""
     from filelock import FileLock
 
-    keys = {(int(r["step"]), r["task"]) for r in rows}
     with FileLock(str(path) + ".lock"):  # eval.where=slurm: jobs of several checkpoints append at once
-        kept = [r for r in read(path) if (int(r["step"]), r["task"]) not in keys]
+        rows = change(read(path))
         tmp = temp_path(path)
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             writer.writeheader()
-            writer.writerows(sorted(kept + rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))
+            writer.writerows(sorted(rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

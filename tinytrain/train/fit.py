@@ -124,7 +124,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
     preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    evals, slurm_evals = eval_callback(plan, run_dir, tokenizer), slurm_eval_callback(plan, cfg, run_dir)
+    evals, slurm_evals = eval_callback(plan, run_dir, tokenizer, watched), slurm_eval_callback(plan, cfg, run_dir)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + evals + slurm_evals
     built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=samples, preemption=preemption, watched=watched)
     trainer, summary = built.trainer, built.summary
@@ -250,7 +250,8 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if result["evals"]:
         ev = result["evals"]
         share = f", {100 * ev['eval_share']:.1f}% of the run's training time" if ev["eval_share"] is not None else ""
-        print(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share} -> {run_dir / 'evals.csv'}")
+        failed = f"; failed at step(s) {', '.join(map(str, ev['eval_failed']))} (the warnings say why)" if ev["eval_failed"] else ""
+        print(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share}{failed} -> {run_dir / 'evals.csv'}")
     if result["stragglers"]:
         print(result["stragglers"])
     print(f"run directory: {run_dir}")

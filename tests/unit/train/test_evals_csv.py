@@ -1,4 +1,4 @@
-"""evals.csv: lm-eval's results as rows, one step's rows appended at once (a rescored step replaced)."""
+"""evals.csv: lm-eval's results as rows, one step's rows appended at once (a rescored step replaced), a resumed run's later steps dropped."""
 
 from tinytrain.train import evals_csv
 
@@ -33,3 +33,13 @@ def test_append_keeps_other_steps_and_tasks_and_replaces_a_rescored_task(tmp_pat
     assert evals_csv.scored_steps(path) == {4, 8}
     assert evals_csv.scored_tasks(path) == {4: {"tiny_gen", "tiny_mc"}, 8: {"tiny_gen", "tiny_mc"}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evals.csv", "evals.csv.lock"]  # no temporary file left behind (the lock file stays)
+
+
+def test_a_resumed_run_drops_the_rows_after_its_step(tmp_path):
+    path = tmp_path / "evals.csv"
+    assert evals_csv.drop_after(path, 4) == 0 and not path.exists()  # a run without evals.csv yet
+    for step in (4, 6, 8):
+        evals_csv.append(path, evals_csv.rows_of(RESULTS, step=step, tokens=step * 256))
+    assert evals_csv.drop_after(path, 4) == 2 * 3  # steps 6 and 8, three metrics each
+    assert evals_csv.scored_steps(path) == {4}
+    assert evals_csv.drop_after(path, 4) == 0

@@ -8,6 +8,11 @@ Rank 0 appends the scores to evals.csv (step, tokens, task, metric, value, stder
 every logger but the CSV one (evals.csv is the CSV view) under eval/<task>/<metric>, and the run's
 end plots each metric against tokens seen (evals.png). The time spent is reported as a share of
 the run.
+
+A scoring that raises (a task the plan could not check, such as a hub task whose data changed) is a
+warning naming the step, the tasks and the error, as a failed eval.where=slurm job is: the step has
+no rows (mode=eval on the run scores its checkpoint later) and training goes on, so the step's
+checkpoint is still saved and a resume does not meet the same error before it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class DownstreamEvals(pl.Callback):
-    def __init__(self, plan, run_dir: Path, *, tokenizer, true_vocab: int, tp: int, batch_size: int, max_steps: int, tokens_at):
+    def __init__(self, plan, run_dir: Path, *, tokenizer, true_vocab: int, tp: int, batch_size: int, max_steps: int, tokens_at, watched=None):
         self.evals = plan  # plan/evals.py's EvalPlan
         self.csv = Path(run_dir) / "evals.csv"
         self.tokenizer = tokenizer
@@ -38,14 +43,24 @@ class DownstreamEvals(pl.Callback):
         self.scored: set[int] = set()
         self.seconds = 0.0
         self.scorings = 0
+        self.failed: list[int] = []  # the steps whose scoring raised
         self.started: float | None = None
         self.run_seconds = 0.0
         self.manager = None
+        self.watched = watched  # the hang watchdog's cluster/watched_rank.py WatchedRank, or None
 
     def on_train_start(self, trainer, pl_module):
         self.started = time.perf_counter()
         # Every rank decides alike: rank 0's reading of the file (a resumed run's earlier scores).
-        self.scored = trainer.strategy.broadcast(evals_csv.scored_steps(self.csv) if trainer.is_global_zero else None)
+        self.scored = trainer.strategy.broadcast(self.earlier_scores(trainer.global_step) if trainer.is_global_zero else None)
+
+    def earlier_scores(self, step: int) -> set[int]:
+        """The steps up to `step` (where this run starts: a resumed run's checkpoint) already in
+        evals.csv. Rows of later steps were scored before a kill on weights trained again now: they go."""
+        dropped = evals_csv.drop_after(self.csv, step)
+        if dropped:
+            log.info("evals.csv: %d row(s) of steps after step %d dropped: those steps are trained again from its checkpoint and scored again", dropped, step)
+        return evals_csv.scored_steps(self.csv)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -61,11 +76,22 @@ class DownstreamEvals(pl.Callback):
         import torch
 
         start = time.perf_counter()
+        if self.watched is not None:
+            # No beat while lm-eval runs: a scoring longer than a step is given the slow-phase limit, as validation is.
+            self.watched.beat(phase="evals")
         was_training = pl_module.training
         pl_module.eval()
         try:
             with torch.inference_mode(False), torch.no_grad(), torch.compiler.set_stance("force_eager"), quiet_lm_eval():
                 results = self.run_tasks(trainer, pl_module)
+        except Exception as e:
+            self.failed.append(step)
+            if trainer.is_global_zero:
+                log.warning(
+                    "evals at step %d failed, %s raised %s: %s; no rows for this step, training goes on. Fix the task, then score the checkpoint with `python -m tinytrain mode=eval checkpoint.path=%s`",
+                    step, ", ".join(self.evals.tasks), type(e).__name__, e, self.csv.parent,
+                )
+            return
         finally:
             pl_module.train(was_training)
         self.scored.add(step)
@@ -107,11 +133,12 @@ class DownstreamEvals(pl.Callback):
         return out["results"]
 
     def summary(self) -> dict:
-        return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None}
+        return {"eval_seconds": self.seconds, "eval_scorings": self.scorings, "eval_share": self.seconds / self.run_seconds if self.run_seconds else None, "eval_failed": self.failed}
 
 
-# Resamples for the stderr of the metrics that have no closed form (perplexities); lm-eval's default
-# (100,000) takes longer than the scoring. Serial: a pool forked from a training rank is unsafe.
+# Resamples for the stderr of the metrics that have no closed form (a loglikelihood task's perplexity;
+# lm-eval gives word and byte perplexities none); lm-eval's default (100,000) takes longer than the
+# scoring. Serial: a pool forked from a training rank is unsafe.
 BOOTSTRAP_ITERS = 1000
 
 
@@ -159,8 +186,8 @@ def without_environment_report():
 QUIET = {"DISABLE_MULTIPROC": "1", "TQDM_DISABLE": "1", "LOCAL_RANK": "0"}
 
 
-def eval_callback(plan, run_dir: Path, tokenizer) -> list:
-    """The callback for this run ([] without eval.tasks)."""
+def eval_callback(plan, run_dir: Path, tokenizer, watched=None) -> list:
+    """The callback for this run ([] without eval.tasks). `watched`: this rank's hang watchdog, or None."""
     if plan.evals is None or plan.evals.where != "inline":
         return []
     from tinytrain.checkpoint.export import served_tokenizer
@@ -175,5 +202,6 @@ def eval_callback(plan, run_dir: Path, tokenizer) -> list:
             batch_size=plan.batch.micro_batch_size,
             max_steps=plan.max_steps,
             tokens_at=plan.batch.tokens_over,
+            watched=watched,
         )
     ]

@@ -1,6 +1,7 @@
 """Tells the hang watchdog (cluster/watchdog.py) what this rank is doing: a beat per training
-batch and per validation batch, and the phase whose limit applies (the first step, validation and
-checkpoint saves are allowed longer than a step)."""
+batch and per validation batch, and the phase whose limit applies (the first step, validation,
+inline evals and checkpoint saves are allowed longer than a step). Inline evals declare their phase
+themselves (callbacks/evals.py): Lightning has no hook around them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,40 @@
+"""mode=eval on a run folder (outputs/backfill.py): the tokens its rows carry and the line it prints.
+The scoring itself is tests/integration/test_evals.py's."""
+
+from __future__ import annotations
+
+import json
+
+from omegaconf import OmegaConf
+
+from tests.conftest import compose
+from tinytrain.outputs import backfill
+from tinytrain.plan.planner import make_plan
+
+RAMP = ["trainer.max_steps=10", "trainer.micro_batch_size=4", "trainer.global_batch_size=8", "trainer.batch_size_warmup.start=2", "trainer.batch_size_warmup.tokens=576"]
+
+
+def saved_run(run, overrides, bundled_tokenizer):
+    """A run folder as training leaves it: its plan.json and config_resolved.yaml."""
+    cfg = compose(overrides)
+    plan = make_plan(cfg, bundled_tokenizer, run)
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps(plan.to_dict()))
+    (run / "config_resolved.yaml").write_text(OmegaConf.to_yaml(plan.resolved_config(cfg)))
+    return plan
+
+
+def test_tokens_under_a_batch_warmup_are_counted_as_the_inline_scoring_counts_them(tmp_path, bundled_tokenizer):
+    plan = saved_run(tmp_path / "run", RAMP, bundled_tokenizer)
+    tokens = [backfill.tokens_at(tmp_path / "run", step) for step in range(11)]
+    assert tokens == [plan.batch.tokens_over(step) for step in range(11)]  # the inline rows' tokens
+    assert tokens[2] < 2 * plan.batch.tokens_per_step  # the ramp's smaller steps counted as they are
+    flat = saved_run(tmp_path / "flat", RAMP[:3], bundled_tokenizer)
+    assert backfill.tokens_at(tmp_path / "flat", 4) == 4 * flat.batch.tokens_per_step
+
+
+def test_a_slurm_eval_jobs_line_says_what_evals_csv_holds_of_its_step():
+    checkpoints = [(4, None), (8, None), (10, None)]
+    assert backfill.already_line(checkpoints, {4, 8}, None) == "2 of 3 checkpoints already in evals.csv"
+    assert backfill.already_line(checkpoints, {4}, 8) == "step 8 (eval.step) not yet in evals.csv"
+    assert backfill.already_line(checkpoints, {4, 8}, 8) == "step 8 (eval.step) already in evals.csv"
