@@ -57,7 +57,7 @@ def test_a_scoring_that_raises_is_a_warning_and_training_goes_on(tmp_path, caplo
     assert not (tmp_path / "evals.csv").exists()
     assert 2 not in evals.scored and evals.summary()["eval_failed"] == [2]
     assert "evals at step 2 failed, tiny_mc raised ValueError: task tiny_mc: no such split 'test'; no rows for this step, training goes on" in caplog.text
-    assert "mode=eval checkpoint.path=" in caplog.text
+    assert "mode=eval checkpoint=" in caplog.text
 
 
 def test_a_resumed_run_scores_again_the_steps_after_its_checkpoint(tmp_path):

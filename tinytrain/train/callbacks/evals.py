@@ -88,7 +88,7 @@ class DownstreamEvals(pl.Callback):
             self.failed.append(step)
             if trainer.is_global_zero:
                 log.warning(
-                    "evals at step %d failed, %s raised %s: %s; no rows for this step, training goes on. Fix the task, then score the checkpoint with `python -m tinytrain mode=eval checkpoint.path=%s`",
+                    "evals at step %d failed, %s raised %s: %s; no rows for this step, training goes on. Fix the task, then score the checkpoint with `python -m tinytrain mode=eval checkpoint=%s`",
                     step, ", ".join(self.evals.tasks), type(e).__name__, e, self.csv.parent,
                 )
             return
