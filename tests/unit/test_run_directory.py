@@ -44,3 +44,16 @@ def test_a_plan_does_not_overwrite_a_trained_run(tmp_path, trained, mode):
     assert problem.key == "hydra.run.dir" and f"holds a trained run (checkpoints/{trained})" in problem.message
     assert "run.name=<new>" in problem.fix
     assert (tmp_path / "plan.json").read_text() == "the trained run's plan"
+
+
+def test_a_refused_plan_leaves_the_trained_run_s_hydra_record_as_it_was(tmp_path):
+    """Hydra writes .hydra/ (config, overrides) before tinytrain runs: a refused mode=plan in a trained
+    run's directory replaced the record of how that run was composed with its own."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step0000004.ckpt").write_bytes(b"weights")
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- trainer.max_steps=60\n")
+    r = run_cli(["mode=plan"], tmp_path)
+    assert r.returncode == 2 and "holds a trained run" in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / ".hydra").iterdir()) == ["overrides.yaml"]
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.max_steps=60\n"

@@ -1,6 +1,7 @@
 """OmegaConf resolvers, registered before Hydra composes: paths of bundled assets, what the
-Slurm environment says (tasks per node, the run name of a job), and the run directory (refused
-before Hydra creates it when run.name would escape run.root). Values tinytrain derives (vocab,
+Slurm environment says (tasks per node, the run name of a job), the run directory (refused
+before Hydra creates it when run.name would escape run.root) and whether Hydra records the
+composition there (never over a trained run's record). Values tinytrain derives (vocab,
 precision) are not resolvers: the plan decides each once (tinytrain/plan/run_plan.py)."""
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def _run_dir(root: str, name: str) -> str:
     return f"{root}/{name}"
 
 
+def _hydra_record(mode: str, run_dir: str) -> str | None:
+    """hydra.output_subdir: `.hydra`, the record of how the run was composed, except where another
+    mode (a plan, an export, an eval) would write it over a trained run's record, before anything
+    could refuse it: Hydra writes it before tinytrain runs. None: Hydra writes no record."""
+    from tinytrain.checkpoint.files import step_checkpoints
+
+    checkpoints = Path(run_dir) / "checkpoints"
+    trained = bool(step_checkpoints(checkpoints)) or (checkpoints / "final.ckpt").exists()
+    return None if str(mode) != "train" and trained else ".hydra"
+
+
 def run_name_problem(name: str) -> Problem | None:
     """The run directory is ${run.root}/${run.name}: run.name may hold sub-folders (a wandb sweep's
     sweep-<id>/<run id>) but must stay under run.root. validate reports it with the other
@@ -63,6 +75,7 @@ def register_resolvers() -> None:
         "tt.asset": _asset,
         "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
         "tt.run_dir": _run_dir,
+        "tt.hydra_record": _hydra_record,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
