@@ -48,10 +48,9 @@ def _hydra_record(mode: str, run_dir: str) -> str | None:
     """hydra.output_subdir: `.hydra`, the record of how the run was composed, except where another
     mode (a plan, an export, an eval) would write it over a trained run's record, before anything
     could refuse it: Hydra writes it before tinytrain runs. None: Hydra writes no record."""
-    from tinytrain.checkpoint.files import step_checkpoints
-
     checkpoints = Path(run_dir) / "checkpoints"
-    trained = bool(step_checkpoints(checkpoints)) or (checkpoints / "final.ckpt").exists()
+    # step<N>.ckpt (a file or DeepSpeed's folder) or final.ckpt; a save's temp name ends otherwise.
+    trained = any(checkpoints.glob("step*.ckpt")) or (checkpoints / "final.ckpt").exists()
     return None if str(mode) != "train" and trained else ".hydra"
 
 

@@ -74,3 +74,24 @@ def test_a_resumed_run_scores_again_the_steps_after_its_checkpoint(tmp_path):
         evals.on_train_batch_end(trainer(step), torch.nn.Linear(2, 2), None, None, 0)
     assert scored == [6]
     assert [(r["step"], r["value"]) for r in evals_csv.read(tmp_path / "evals.csv")] == [("2", "0.25"), ("4", "0.5"), ("6", "1.0")]
+
+
+def test_scoring_runs_no_subprocess_for_lm_eval_s_environment_report_or_git_hash(monkeypatch):
+    """lm-eval's results end with a machine report (pip list, lscpu: ~1.9 s) and `git describe` of
+    the working directory ("fatal: not a git repository" outside one), at every scoring of every rank."""
+    import subprocess
+
+    from lm_eval import evaluator
+
+    from tinytrain.train.callbacks.evals import without_environment_report
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError(f"a subprocess: {args}")
+
+    monkeypatch.setattr(subprocess, "check_output", no_subprocess)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    original = evaluator.get_git_commit_hash
+    with without_environment_report():
+        assert evaluator.get_git_commit_hash() is None
+        evaluator.add_env_info({})
+    assert evaluator.get_git_commit_hash is original

@@ -166,19 +166,21 @@ def quiet_lm_eval():
 def without_environment_report():
     """simple_evaluate ends by adding a report of the machine to its results (add_env_info: torch's
     collect_env, which runs pip list, lscpu and the compilers as subprocesses, ~1.9 s on a 2-core
-    machine), on every rank here (each is lm-eval's rank 0) at every scoring. tinytrain keeps only the
-    scores, so the report is skipped for the call; a later lm-eval without add_env_info runs as is."""
+    machine) and the git commit of the working directory (`git describe` in a subprocess, which
+    prints "fatal: not a git repository" outside one), on every rank here (each is lm-eval's rank 0)
+    at every scoring. tinytrain keeps only the scores, so both are skipped for the call; a later
+    lm-eval without them runs as is."""
     from lm_eval import evaluator
 
-    report = getattr(evaluator, "add_env_info", None)
-    if report is None:
-        yield
-        return
-    evaluator.add_env_info = lambda results: None
+    skipped = {"add_env_info": lambda results: None, "get_git_commit_hash": lambda: None}
+    before = {name: getattr(evaluator, name) for name in skipped if hasattr(evaluator, name)}
+    for name in before:
+        setattr(evaluator, name, skipped[name])
     try:
         yield
     finally:
-        evaluator.add_env_info = report
+        for name, original in before.items():
+            setattr(evaluator, name, original)
 
 
 # LOCAL_RANK 0: simple_evaluate returns its results only where LOCAL_RANK is 0 (it reads it for
