@@ -62,4 +62,6 @@ def watchdog_problems(cfg) -> list[Problem]:
             problems.append(Problem(f"cluster.{key}", value, "must be a positive number of seconds", f"use e.g. cluster.{key}={example}, or cluster.watchdog=false to run without the hang watchdog"))
     if c.hang_timeout_s > 0 and c.startup_timeout_s > 0 and c.startup_timeout_s < c.hang_timeout_s:
         problems.append(Problem("cluster.startup_timeout_s", c.startup_timeout_s, f"is shorter than cluster.hang_timeout_s({c.hang_timeout_s}): start-up (data and op builds, rendezvous) takes longer than a step", f"use cluster.startup_timeout_s >= {c.hang_timeout_s}"))
+    if c.hang_timeout_s > 0 and c.slow_phase_timeout_s > 0 and c.slow_phase_timeout_s < c.hang_timeout_s:
+        problems.append(Problem("cluster.slow_phase_timeout_s", c.slow_phase_timeout_s, f"is shorter than cluster.hang_timeout_s({c.hang_timeout_s}): the first step (compilation), validation, inline evals and checkpoint saves take longer than a step", f"use cluster.slow_phase_timeout_s >= {c.hang_timeout_s}"))
     return problems
