@@ -36,6 +36,7 @@ CASES = {
     "startup timeout negative": (["mode=plan", "cluster.startup_timeout_s=-5"], ["cluster.startup_timeout_s=-5", "must be a positive number of seconds"]),
     "slow phase timeout zero": (["mode=plan", "cluster.slow_phase_timeout_s=0"], ["cluster.slow_phase_timeout_s=0", "must be a positive number of seconds"]),
     "slow phases shorter than a step": (["mode=plan", "cluster.hang_timeout_s=300", "cluster.slow_phase_timeout_s=10"], ["cluster.slow_phase_timeout_s=10", "shorter than cluster.hang_timeout_s(300)", "cluster.slow_phase_timeout_s >= 300"]),
+    "batch ramp longer than the run": (["mode=plan", "trainer.global_batch_size=32", "trainer.micro_batch_size=4", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=100000000"], ["trainer.batch_size_warmup.tokens=100000000", "still be growing at trainer.max_steps=250", "trainer.batch_size_warmup.tokens=256000"]),
     "startup shorter than a step": (["mode=plan", "cluster.hang_timeout_s=600", "cluster.startup_timeout_s=60"], ["cluster.startup_timeout_s=60", "shorter than cluster.hang_timeout_s(600)", "cluster.startup_timeout_s >= 600"]),
     "hang timeout a word": (["mode=plan", "cluster.hang_timeout_s=soon"], ["cluster.hang_timeout_s=soon", "Fix:"]),
     "straggler threshold zero": (["mode=plan", "cluster.straggler_threshold=0"], ["cluster.straggler_threshold=0.0", "must be above 0 and at most 10", "cluster.straggler_threshold=0.2"]),

@@ -125,6 +125,11 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
     if found:
         return None, problems + found + schedule_problems(cfg.trainer)
     ramp = BatchRamp.over_tokens(w.start, final, unit, w.tokens, batch.seq_len)
+    steps = cfg.trainer.max_steps
+    # Cheap first (a run trains fewer than max_steps final batches), then the ramp's steps counted.
+    if ramp.samples >= steps * final or len(ramp.steps) >= steps:
+        run_tokens = steps * final * batch.seq_len
+        return None, [*problems, Problem("trainer.batch_size_warmup.tokens", w.tokens, f"the batch would still be growing at trainer.max_steps={steps}: the run never trains at its global batch of {final}", f"use a ramp well inside the run, e.g. trainer.batch_size_warmup.tokens={run_tokens // 4} (a quarter of the {run_tokens:,} tokens of {steps} full steps)")]
     # The schedule counts tokens: a decay must fit in the run's tokens, fewer than max_steps final batches.
     decay = schedule_problems(cfg.trainer, total=ramp.equivalent_step(cfg.trainer.max_steps))
     if decay:
