@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from tinytrain.checkpoint.average import resolve_paths
 from tinytrain.checkpoint.export import export_spec, served_tokenizer
-from tinytrain.config.schema import Mode
+from tinytrain.config.schema import DataFormat, Mode
 from tinytrain.data.bos_policy import resolve_add_bos, with_bos
 from tinytrain.data.datamodule import DataModule
 from tinytrain.errors import ConfigError, Problem, raise_if_any
@@ -138,6 +138,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         for batch in data.val_dataloader():
             if limit is not None and batches >= limit:
                 break
+            batch = scored_rows(batch, preference=data_cfg.format == DataFormat.preference)
             inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
             logits = model(**inputs, use_cache=False).logits
             n = int((batch["labels"] != -100).sum())
@@ -161,8 +162,32 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         result["lm_eval"] = lm_eval(cfg, cfg.eval, saved, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens ({batches} batches of {per_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
+    answers = PREFERRED if data_cfg.format == DataFormat.preference else ""
+    if answers:
+        result["scored"] = answers.strip(" ,")
+    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens{answers} ({batches} batches of {per_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
     return result
+
+
+# What mode=eval scores of a preference split: next-token loss is a language model's measure of the
+# answers it should give; a preference run's val_loss is its objective's loss, not this.
+PREFERRED = ", the held-out preferred answers (chosen, or KTO's desirable completions; the run's val_loss is its preference loss)"
+
+
+def scored_rows(batch: dict, preference: bool) -> dict:
+    """The rows whose next-token loss mode=eval reports: every row of a text or SFT batch; of a
+    preference batch (data/preference.py: B chosen rows, then B rejected) the chosen ones; of a KTO
+    batch (data/unpaired.py: B examples, then B KL rows pairing a prompt with another's completion)
+    the desirable examples."""
+    rows = {k: v for k, v in batch.items() if torch.is_tensor(v) and v.dim()}
+    if "kto_labels" in batch:
+        keep = torch.zeros(2 * len(batch["kto_labels"]), dtype=torch.bool)
+        keep[: len(batch["kto_labels"])] = batch["kto_labels"].bool()
+    elif preference:
+        keep = torch.arange(len(batch["input_ids"])) < len(batch["input_ids"]) // 2
+    else:
+        return batch
+    return {k: v[keep] for k, v in rows.items() if v.shape[0] == len(keep)}  # the per-row tensors
 
 
 def eval_batches(cfg, train_cfg) -> tuple[int, int | None, str]:
