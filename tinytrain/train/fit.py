@@ -218,7 +218,8 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
 
 def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
     if cfg.trainer.plot and (run_dir / "metrics.csv").exists():
-        plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}")
+        objective = plan.preference.name if plan.preference else None
+        plot_loss(run_dir / "metrics.csv", run_dir / "loss_curve.png", f"{cfg.model.name} on {cfg.data.name}", f"{objective} loss" if objective else "cross-entropy (nats/token)")
     if cfg.trainer.plot:
         plot_evals(run_dir / "evals.csv", run_dir / "evals.png", f"{cfg.model.name}: downstream tasks")
     if cfg.trainer.export:

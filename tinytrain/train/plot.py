@@ -30,7 +30,8 @@ def stage_starts(metrics_csv: Path) -> list[tuple[int, str]]:
     return starts
 
 
-def plot_loss(metrics_csv: Path, out_png: Path, title: str) -> Path:
+def plot_loss(metrics_csv: Path, out_png: Path, title: str, loss_name: str = "cross-entropy (nats/token)") -> Path:
+    """`loss_name`: what `loss` measures (a preference objective's loss is not a cross-entropy)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +43,7 @@ def plot_loss(metrics_csv: Path, out_png: Path, title: str) -> Path:
         if steps:
             ax.plot(steps, values, style, label=key, markersize=4)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(loss_name)
     ax.set_title(title)
     steps, values = read_series(metrics_csv, "lr")
     lr_ax.plot(steps, values, "-", color="tab:green")
