@@ -219,28 +219,36 @@ def test_a_signal_during_a_step_s_checkpoint_save_stops_on_that_checkpoint(tmp_p
     assert [line.split()[0] for line in batches(run_dir)] == [str(s) for s in range(1, 5)]
 
 
+LAYOUT_RUN = [*RUN, "trainer.max_steps=8", "trainer.val_every_n_steps=4"]
+
+
+@pytest.fixture(scope="module")
+def eight_steps(tmp_path_factory):
+    """A run of 8 steps, checkpointed at step 4, in micro batches of 4 without accumulation."""
+    first = tmp_path_factory.mktemp("eight_steps")
+    out = finish(start(first, LAYOUT_RUN), first)
+    assert "step0000004.ckpt" in {p.name for p in (first / "checkpoints").iterdir()}, out[-3000:]
+    return first
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("change", [["trainer.accumulate_grad_batches=2"], ["trainer.micro_batch_size=2"]])
-def test_a_run_resumed_under_another_batch_layout_keeps_its_steps_and_its_data_position(tmp_path, change):
+def test_a_run_resumed_under_another_batch_layout_keeps_its_steps_and_its_data_position(tmp_path, eight_steps, change):
     """Accumulation 1 -> 2: Lightning read its micro-batch count under the new accumulation, so the
     rows were labelled a step low and validation came at step 6, not 8. Micro batch 4 -> 2: the data
     restarted its epoch, training the first 4 steps' samples again. Both continue a step-4
     checkpoint of a run whose rows and samples the resumed run must go on from."""
-    args = [*RUN, "trainer.max_steps=8", "trainer.val_every_n_steps=4"]
-    first = tmp_path / "first"
-    out = finish(start(first, args), first)
-    assert "step0000004.ckpt" in {p.name for p in (first / "checkpoints").iterdir()}, out[-3000:]
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    shutil.copy(first / "checkpoints" / "step0000004.ckpt", run_dir / "checkpoints")
-    out = finish(start(run_dir, [*args, *change]), run_dir)
+    shutil.copy(eight_steps / "checkpoints" / "step0000004.ckpt", run_dir / "checkpoints")
+    out = finish(start(run_dir, [*LAYOUT_RUN, *change]), run_dir)
     assert "resuming from checkpoints/step0000004.ckpt (step 4)" in out, out[-3000:]
     changed = "accumulation 1 -> 2" if "accumulate" in change[0] else "micro batch 4 -> 2"
     assert f"resume     {changed} since the checkpoint: the schedule continues at step 4, its data continues at the checkpoint's sample" in out
     rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows if r.get("loss")] == ["4", "5", "6", "7"]
     assert [r["step"] for r in rows if r.get("val_loss")] == ["7"]
-    assert [r["lr"] for r in rows if r.get("lr")] == [r["lr"] for r in metrics_rows(first) if r.get("lr")][4:]  # the schedule is the step's
+    assert [r["lr"] for r in rows if r.get("lr")] == [r["lr"] for r in metrics_rows(eight_steps) if r.get("lr")][4:]  # the schedule is the step's
     position = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["callbacks"]["DataPosition"]
     per_step = 4 * 2 if "accumulate" in change[0] else 2  # sequences a step after the change
     assert position["consumed_batches"] * position["batch_size"] == 4 * 4 + 4 * per_step
