@@ -76,7 +76,7 @@ def is_glob(path: str) -> bool:
 
 def list_shards(path: str, key: str, fallback: DataSource) -> list[Path]:
     """The shards `path` names, sorted: the file itself, a folder's shards (recursive, hidden files
-    skipped) or a glob's matches (`**` reaches subfolders). ConfigError when none is readable or one
+    and folders skipped) or a glob's matches (`**` reaches subfolders). ConfigError when none is readable or one
     is compressed in a way tinytrain does not read."""
     if is_glob(path):
         candidates = sorted(Path(m) for m in glob.glob(path, recursive=True) if Path(m).is_file())
@@ -91,7 +91,8 @@ def list_shards(path: str, key: str, fallback: DataSource) -> list[Path]:
             if unread_compression(p) or shard_format(p, fallback) is None:
                 _refuse_compression(key, path, p)
             return [p]
-        candidates = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        # Hidden files and anything in a hidden folder (.ipynb_checkpoints, .git) skipped, as a glob does.
+        candidates = sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
         where = "folder holds"
     for f in candidates:
         if unread_compression(f):

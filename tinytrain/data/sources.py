@@ -91,6 +91,9 @@ def fingerprint(src: Source) -> str:
         payload["files"] = file_stats(files(src))
     if src.kind == DataSource.text:
         payload["text_split"] = src.text_split.value
+    if src.kind != DataSource.pydoc:
+        # The field records are read by (a folder may mix .txt and records): another field is other text.
+        payload["text_field"] = src.text_field
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -157,12 +160,32 @@ def _file_blocks(stream) -> Iterator[tuple[int, int, bytes]]:
     yield 0, 1, stream.read()
 
 
+def _read_chunk(stream) -> tuple[bytes, ShardDamaged | None]:
+    """Up to READ_BYTES, one decompressed piece at a time, and the damage met, if any: a single
+    read() that met damage midway dropped everything it had gathered (a truncated shard of under
+    1 MiB kept no document under data.bad_records=skip)."""
+    parts, size = [], 0
+    try:
+        while size < shards.READ_BYTES:
+            piece = stream.read1(shards.READ_BYTES - size)
+            if not piece:
+                break
+            parts.append(piece)
+            size += len(piece)
+    except ShardDamaged as e:
+        return b"".join(parts), e
+    return b"".join(parts), None
+
+
 def _blank_line_blocks(stream) -> Iterator[tuple[int, int, bytes]]:
-    """(byte offset, line number, bytes) of each block between blank lines."""
+    """(byte offset, line number, bytes) of each block between blank lines. At damage, the blocks
+    before it, then ShardDamaged (the block it cut is not a document)."""
     carry = b""
     byte, line = 0, 1  # where `carry` starts
     while True:
-        chunk = stream.read(shards.READ_BYTES)
+        chunk, damage = _read_chunk(stream)
+        if damage is not None and not chunk:
+            raise damage
         buf = carry + chunk
         # Only separators followed by more data are final: at the end of a read a separator may
         # continue (more blank lines, or "\r").
@@ -176,6 +199,8 @@ def _blank_line_blocks(stream) -> Iterator[tuple[int, int, bytes]]:
             cut = m.end()
         byte += cut
         carry = buf[cut:]
+        if damage is not None:
+            raise damage
         if not chunk:
             if carry:
                 yield byte, line, carry

@@ -90,6 +90,11 @@ def test_fingerprint_follows_content_and_options(tmp_path):
     f.write_text("hello, changed")
     assert fingerprint(src) != first
     assert len(first) == 16
+    # Another field of the same records is other text: two fields shared one token store (whichever
+    # was built first), and a mixture of a file's titles and bodies trained twice on the titles.
+    records = tmp_path / "r.jsonl"
+    write_jsonl(records, [{"text": "a body", "title": "a title"}])
+    assert fingerprint(source(DataSource.jsonl, records, text_field="title")) != fingerprint(source(DataSource.jsonl, records))
 
 
 def test_pydoc_source_has_documents():
