@@ -96,20 +96,31 @@ def stage_plans(parts, max_steps: int, stages: list[tuple[int | None, list[float
 
 
 def plan_mixture(parts, *, exhaustion: str, global_batch_size: int, max_steps: int, stages: list[tuple[int | None, list[float]]] = ()) -> MixturePlan:
-    """`parts`: the DataModule's MixtureParts; `stages`: data.stages as data/mixture.py's stage_weights."""
+    """`parts`: the DataModule's MixtureParts; `stages`: data.stages as data/mixture.py's stage_weights.
+    Under data.exhaustion=stop the drawn items and passes count the steps up to the stop."""
     pieces = stage_plans(parts, max_steps, list(stages))
     total = sum(p.weight for p in parts)
+    runs_out = {p.name: drawn_by(p, pieces, global_batch_size, max_steps)[1] for p in parts}
+    ends = [step for step in runs_out.values() if step is not None and step < max_steps]
+    stop = min(ends) if exhaustion == "stop" and ends else None
     sources = []
     for p in parts:
-        drawn, runs_out = 0.0, None
-        for piece in pieces:
-            per_step = piece.shares[p.name] * global_batch_size
-            if runs_out is None and per_step > 0 and drawn + per_step * (piece.to_step - piece.from_step) > p.items:
-                runs_out = piece.from_step + math.floor((p.items - drawn) / per_step)
-            drawn += per_step * (piece.to_step - piece.from_step)
-        sources.append(SourcePlan(p.name, p.where, p.weight, p.weight / total, p.items, p.item_kind, p.tokens, drawn, drawn / p.items, runs_out if runs_out is not None and runs_out < max_steps else None))
-    ends = [s.runs_out_step for s in sources if s.runs_out_step is not None]
-    return MixturePlan(exhaustion, tuple(sources), min(ends) if exhaustion == "stop" and ends else None, tuple(pieces) if stages else ())
+        drawn = drawn_by(p, pieces, global_batch_size, stop if stop is not None else max_steps)[0]
+        out = runs_out[p.name]
+        sources.append(SourcePlan(p.name, p.where, p.weight, p.weight / total, p.items, p.item_kind, p.tokens, drawn, drawn / p.items, out if out is not None and out < max_steps else None))
+    return MixturePlan(exhaustion, tuple(sources), stop, tuple(pieces) if stages else ())
+
+
+def drawn_by(part, pieces, global_batch_size: int, until: int) -> tuple[float, int | None]:
+    """(items of `part` expected drawn in the steps before `until`, the step its first pass ends or None)."""
+    drawn, runs_out = 0.0, None
+    for piece in pieces:
+        steps = max(0, min(piece.to_step, until) - piece.from_step)
+        per_step = piece.shares[part.name] * global_batch_size
+        if runs_out is None and per_step > 0 and drawn + per_step * steps > part.items:
+            runs_out = piece.from_step + math.floor((part.items - drawn) / per_step)
+        drawn += per_step * steps
+    return drawn, runs_out
 
 
 def render(mixture: dict, max_steps: int) -> list[str]:

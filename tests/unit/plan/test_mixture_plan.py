@@ -13,14 +13,18 @@ from tinytrain.plan.mixture import plan_mixture
 
 def test_expected_draws_passes_and_the_step_a_source_runs_out():
     parts = [MixturePart("big", "text:big.txt", 3.0, 1000, "windows", 64000), MixturePart("small", "text:small.txt", 1.0, 50, "windows", 3200)]
-    plan = plan_mixture(parts, exhaustion="stop", global_batch_size=8, max_steps=100)
+    plan = plan_mixture(parts, exhaustion="repeat", global_batch_size=8, max_steps=100)
     big, small = plan.sources
     assert (big.share, small.share) == (0.75, 0.25)
     assert (big.drawn_items, small.drawn_items) == (600.0, 200.0)  # share x 8 sequences x 100 steps
     assert (big.passes, small.passes) == (0.6, 4.0)
     assert (big.runs_out_step, small.runs_out_step) == (None, 25)  # 50 items at 2 a step
-    assert plan.stop_step == 25
-    assert plan_mixture(parts, exhaustion="repeat", global_batch_size=8, max_steps=100).stop_step is None
+    assert plan.stop_step is None
+    # data.exhaustion=stop ends the run at step 25: its draws are those of 25 steps (the table said
+    # 4.00 passes under a header saying no source repeats).
+    stopped = plan_mixture(parts, exhaustion="stop", global_batch_size=8, max_steps=100)
+    big, small = stopped.sources
+    assert stopped.stop_step == 25 and (big.drawn_items, small.drawn_items) == (150.0, 50.0) and (big.passes, small.passes) == (0.15, 1.0)
 
 
 def test_mode_plan_prints_the_mixture_table_and_writes_it_to_plan_json(tmp_path):
