@@ -119,7 +119,7 @@ def stage_problems(cfg) -> list[Problem]:
             problems.append(Problem(f"{key}.weights.{name}", stage.weights[name], f"names no mixture source (the sources are {', '.join(names)})", "use one of those names (data.sources[i].name, or the file name without suffix)"))
         bad = {n: w for n, w in stage.weights.items() if not (math.isfinite(w) and w >= 0)}
         for name, w in bad.items():
-            problems.append(Problem(f"{key}.weights.{name}", w, "must be >= 0 (relative; 0 draws nothing from it)", "use e.g. 0.3"))
+            problems.append(Problem(f"{key}.weights.{name}", w, "must be a finite number >= 0 (relative; 0 draws nothing from it)", "use e.g. 0.3"))
         if not unknown and not bad and not any(w > 0 for w in stage.weights.values()):
             problems.append(Problem(f"{key}.weights", dict(stage.weights), "draws from no source (every weight 0, or none given)", f"give at least one source a positive weight, e.g. {{{names[0]}: 1.0}}"))
     return problems
