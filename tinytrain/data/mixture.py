@@ -116,7 +116,7 @@ def stage_problems(cfg) -> list[Problem]:
         previous = until if until is not None else previous
         unknown = sorted(set(stage.weights) - set(names))
         for name in unknown:
-            problems.append(Problem(f"{key}.weights.{name}", stage.weights[name], f"names no mixture source (the sources are {', '.join(names)})", "use one of those names (data.sources[i].name, or the file name without suffix)"))
+            problems.append(Problem(f"{key}.weights.{name}", stage.weights[name], f"names no mixture source (the sources are {', '.join(names)})", "use one of those names (data.sources[i].name, or the file name without its last suffix)"))
         bad = {n: w for n, w in stage.weights.items() if not (math.isfinite(w) and w >= 0)}
         for name, w in bad.items():
             problems.append(Problem(f"{key}.weights.{name}", w, "must be a finite number >= 0 (relative; 0 draws nothing from it)", "use e.g. 0.3"))
