@@ -194,6 +194,8 @@ CASES = {
     "data stages out of order": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 1}}, {until_step: 50, weights: {tinyshakespeare: 1}}]"], ["data.stages[1].until_step=50", "after the previous stage's end (step 100)", "Fix: list the stages by until_step"]),
     "data stage beyond max_steps": (["mode=plan", "data=mixture", "data.stages=[{until_step: 300, weights: {tinyshakespeare: 1}}]"], ["data.stages[0].until_step=300", "beyond trainer.max_steps(250)", "Fix: use a step up to 250"]),
     "data stage drawing nothing": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: 0}}]"], ["data.stages[0].weights=", "draws from no source", "Fix: give at least one source a positive weight"]),
+    "odd head width": (["mode=plan", "model.head_dim=7"], ["model.head_dim=7", "RoPE rotates pairs", "Fix: use an even model.head_dim"]),
+    "odd derived head width": (["mode=plan", "model.hidden_size=198"], ["model.hidden_size=198", "heads 33 wide", "Fix: use an even model.head_dim"]),
     "data stage weight infinite": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: inf}}]"], ["data.stages[0].weights.tinyshakespeare=inf", "must be a finite number >= 0", "Fix: use e.g. 0.3"]),
     "data stage weight not a number": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: abc}}]"], ["data.stages=[{until_step: 100, weights: {tinyshakespeare: abc}}]: wrong value for 'weights.tinyshakespeare'", "could not be converted to Float"]),
     "data stages without a mixture": (["mode=plan", "data.stages=[{until_step: 100, weights: {a: 1}}]"], ["data.stages=", "data.sources names no mixture", "Fix: add data.sources"]),

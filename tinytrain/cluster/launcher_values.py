@@ -29,7 +29,7 @@ SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmL
 OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 # Slurm names: one each, or a comma-separated list for partition.
 NAMES = {
-    "partition": ("use the partition's name as sinfo lists it, e.g. hydra.launcher.partition=gpu (several: gpu,a800)", True),
+    "partition": ("use the partition's name as sinfo lists it, e.g. hydra.launcher.partition=gpu (several, quoted for Hydra: 'hydra.launcher.partition=\"gpu,a800\"')", True),
     "account": ("use the account's name as sacctmgr lists it, e.g. hydra.launcher.account=myproject (one account per job)", False),
     "qos": ("use the QOS's name as sacctmgr show qos lists it, e.g. hydra.launcher.qos=normal", False),
 }

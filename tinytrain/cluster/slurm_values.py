@@ -98,7 +98,7 @@ def script_value_problems(cfg, overrides: list[str], run_dir: str, workdir: str)
     c = cfg.cluster
     problems = (
         job_name_problems(str(cfg.run.name))
-        + name_problems("cluster.partition", c.partition, "use the partition's name as sinfo lists it, e.g. cluster.partition=gpu (several: gpu,a800)", allow_list=True)
+        + name_problems("cluster.partition", c.partition, "use the partition's name as sinfo lists it, e.g. cluster.partition=gpu (several, quoted for Hydra: 'cluster.partition=\"gpu,a800\"')", allow_list=True)
         + name_problems("cluster.account", c.account, "use the account's name as sacctmgr lists it, e.g. cluster.account=myproject (one account per job)")
         + time_problems(str(c.time))
         + path_problems("hydra.run.dir", run_dir, "choose a run directory path without spaces, quotes or control characters (run.root=<folder>, run.name=<name>)")

@@ -108,6 +108,10 @@ def model_problems(cfg) -> list[Problem]:
         return problems
     if m.head_dim is None and m.hidden_size % m.num_heads:
         problems.append(Problem("model.num_heads", m.num_heads, f"must divide hidden_size({m.hidden_size})", "pick a head count that divides the hidden size, or set model.head_dim"))
+    elif (m.head_dim or m.hidden_size // m.num_heads) % 2:
+        # RoPE rotates pairs of a head's dimensions; transformers refuses an odd width while building.
+        key, value = ("model.head_dim", m.head_dim) if m.head_dim else ("model.hidden_size", m.hidden_size)
+        problems.append(Problem(key, value, f"gives heads {m.head_dim or m.hidden_size // m.num_heads} wide, and RoPE rotates pairs of a head's dimensions: the width must be even", "use an even model.head_dim, or a hidden_size that is an even multiple of num_heads"))
     problems += family_problems(m)
     if m.num_heads % m.num_kv_heads:
         problems.append(Problem("model.num_kv_heads", m.num_kv_heads, f"must divide num_heads({m.num_heads}) for grouped-query attention", "pick a KV head count that divides the head count"))

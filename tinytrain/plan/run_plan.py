@@ -261,10 +261,9 @@ def model_lines(plan: dict) -> list[str]:
     ]
     if p["loss_scale"]:
         ls = p["loss_scale"]
-        lines.append(
-            f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, "
-            f"hysteresis {ls['hysteresis']}, minimum {ls['min_scale']}"
-        )
+        # Hysteresis is DeepSpeed's alone: torch's GradScaler halves at every overflow.
+        halving = f"hysteresis {ls['hysteresis']}" if plan.get("deepspeed") else "halved at every overflow (torch's GradScaler has no hysteresis)"
+        lines.append(f"loss scale dynamic: start 2^{ls['initial_scale_power']}, grow after {ls['window']} clean steps, {halving}, minimum {ls['min_scale']}")
     return lines
 
 

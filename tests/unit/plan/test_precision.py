@@ -70,3 +70,14 @@ def test_one_dtype_carries_its_torch_dtype_and_lightning_name():
     assert [(d.torch, d.lightning) for d in Dtype] == [(torch.bfloat16, "bf16-mixed"), (torch.float16, "16-mixed"), (torch.float32, "32-true")]
     assert all(Dtype.from_lightning(d.lightning) is d for d in Dtype)
     assert (Dtype.from_lightning("bf16-true"), Dtype.from_lightning("16-true"), Dtype.from_lightning("32")) == (Dtype.bf16, Dtype.fp16, Dtype.fp32)
+
+
+def test_the_loss_scale_line_says_hysteresis_only_where_deepspeed_applies_it(tmp_path, capsys):
+    """torch's GradScaler (single, ddp, fsdp_tp) halves at every overflow: the line said
+    "hysteresis 2" there too, and the run halved at its first overflow."""
+    from tests.conftest import plan
+
+    plan(["hardware.gpu=V100"], tmp_path / "single")
+    assert "loss scale dynamic: start 2^16, grow after 1000 clean steps, halved at every overflow (torch's GradScaler has no hysteresis)" in capsys.readouterr().out
+    plan(["hardware.gpu=V100", "parallel=zero2"], tmp_path / "zero2")
+    assert "grow after 1000 clean steps, hysteresis 2, minimum 1.0" in capsys.readouterr().out
