@@ -42,11 +42,14 @@ def run_stages(cfg: DictConfig, run_dir: Path):
         from tinytrain.data.tokenizer import load_from_config
         from tinytrain.outputs import modes
         from tinytrain.plan.planner import make_plan
+        from tinytrain.plan.pretrained_shape import adopt as adopt_pretrained_shape
+        from tinytrain.plan.pretrained_shape import given_model_keys
         from tinytrain.plan.validate import validate
 
     if cfg.mode in modes.MODES:
         # The model, tokenizer and template are the checkpoint's run's, not this command line's.
         return modes.run(cfg, run_dir, data_overridden())
+    adopt_pretrained_shape(cfg, given_model_keys())  # model.pretrained's shape, not the preset's
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
         refuse_trained_directory(run_dir)

@@ -33,6 +33,7 @@ from tinytrain.plan.memory import (
     sharded_frozen_copy,
     sharded_states,
 )
+from tinytrain.plan.pretrained_shape import source as model_source
 
 
 def no_problems(cfg, world: int) -> list[Problem]:
@@ -87,7 +88,7 @@ def fsdp_tp_problems(cfg, world: int) -> list[Problem]:
     if par.dp is not None and par.dp * par.tp * cp != world:
         problems.append(Problem("parallel.dp", par.dp, f"dp({par.dp}) x tp({par.tp}) x cp({cp}) must equal the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", "leave parallel.dp=null to derive it"))
     if cfg.model.tie_word_embeddings:
-        problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings (model={cfg.model.name})", "use parallel=ddp or zero2/zero3 for this model"))
+        problems.append(Problem("model.tie_word_embeddings", True, f"parallel=fsdp_tp does not shard tied embeddings ({model_source(cfg.model)})", "use parallel=ddp or zero2/zero3 for this model"))
     if not cfg.model.pretrained:  # a pretrained model's family is checked on the built model
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -265,9 +266,9 @@ def tp_model_problems(cfg) -> list[Problem]:
         return [Problem("parallel.tp", tp, "must be >= 1", "use parallel.tp=1 for no tensor parallelism")]
     problems = []
     if m.num_heads % tp:
-        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_heads({m.num_heads}) of model={m.name}", f"use a tp that divides {m.num_heads}"))
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_heads({m.num_heads}) of {model_source(m)}", f"use a tp that divides {m.num_heads}"))
     if m.num_kv_heads % tp:
-        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of model={m.name}", f"use a tp that divides {m.num_kv_heads}"))
+        problems.append(Problem("parallel.tp", tp, f"tp({tp}) must divide num_kv_heads({m.num_kv_heads}) of {model_source(m)}", f"use a tp that divides {m.num_kv_heads}"))
     return problems
 
 

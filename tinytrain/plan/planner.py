@@ -93,6 +93,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     return RunPlan(
         model_name=cfg.model.name,
         model_note=published_note(cfg.model, vocab.true, vocab.padded, state.params),
+        pretrained_from=cfg.model.pretrained or None,
         shape=model.shape,
         params=state.params,
         attention=model.attention,

@@ -119,6 +119,7 @@ class RunPlan:
     checkpointing: CheckpointingPlan | None = None  # activation checkpointing: each mode's memory and step time, the one chosen
     fp8: Fp8Plan = Fp8Plan(False, False, "off (precision.fp8=false)")  # float8 linear layers through torchao
     model_note: str | None = None  # a preset of a published model's shape trained with another tokenizer (plan/published.py)
+    pretrained_from: str | None = None  # model.pretrained: the folder (or hub id) whose shape and weights these are
     evals: EvalPlan | None = None  # eval.tasks: downstream tasks scored while training (plan/evals.py)
     watchdog: WatchdogPlan | None = None  # the hang watchdog's limits per phase and the collective timeout (plan/watchdog.py)
     health: HealthPlan | None = None  # the health check before training, and what a bad node does (plan/health.py)
@@ -152,7 +153,7 @@ class RunPlan:
     def to_dict(self) -> dict:
         hw, b, v = self.hardware, self.batch, self.vocab
         return {
-            "model": {"name": self.model_name, "attention": self.attention.implementation, "attention_reason": self.attention.reason, "note": self.model_note},
+            "model": {"name": self.model_name, "pretrained": self.pretrained_from, "attention": self.attention.implementation, "attention_reason": self.attention.reason, "note": self.model_note},
             "vocab": {"true": v.true, "padded": v.padded, "multiple": v.multiple, "tp": v.tp, "padding_rows": v.padding_rows},
             "tokenizer": {
                 "path": self.tokenizer_path,
@@ -241,6 +242,12 @@ def render(plan: dict) -> str:
     return "\n".join(model_lines(plan) + layout_lines(plan) + training_lines(plan) + fit_lines(plan) + start_lines(plan))
 
 
+def model_title(model: dict) -> str:
+    """The preset's name, or the pretrained folder whose shape the run takes (the composed preset,
+    model=tiny unless named, only carries the settings the folder leaves open)."""
+    return f"model.pretrained={model['pretrained']} (its config's shape)" if model.get("pretrained") else model["name"]
+
+
 def model_lines(plan: dict) -> list[str]:
     """The model, its tokenizer and vocab, the hardware and precision."""
     v, p, hw = plan["vocab"], plan["precision"], plan["hardware"]
@@ -248,7 +255,7 @@ def model_lines(plan: dict) -> list[str]:
     if hw["compute_capability"]:
         where += f" (compute capability {hw['compute_capability']}, {hw['memory_gb']} GB, from {hw['source']})"
     lines = [
-        f"model      {plan['model']['name']}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
+        f"model      {model_title(plan['model'])}: {_human(plan['params']['total'])} parameters ({plan['params']['total']:,})",
         *([f"           note: {plan['model']['note']}"] if plan["model"].get("note") else []),
         f"attention  {plan['model']['attention']}: {plan['model']['attention_reason']}",
         *([RING_ATTENTION] if (plan.get("context") or {}).get("kind") == "ring" else []),

@@ -1,0 +1,76 @@
+"""model.pretrained: the model's shape is its config.json's, not the model= preset's the config was
+composed with (model=tiny unless another is named).
+
+The plan read heads, tied embeddings and the family from cfg.model: a 32-head pretrained Llama was
+refused tp 8 as "num_heads(6) of model=tiny", and a tied Qwen2 folder planned under fsdp_tp, which
+refuses tied embeddings. The shape is adopted here, before validation, so every check and the
+recorded config_resolved.yaml read the model that is trained. A shape key given on the command line
+that disagrees with the folder is refused: the weights decide it, and it was silently ignored.
+"""
+
+from __future__ import annotations
+
+from tinytrain.errors import Problem, raise_if_any
+
+# ModelConfig key -> the transformers config attribute it is read from.
+SHAPE = {
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "tie_word_embeddings": "tie_word_embeddings",
+    "head_dim": "head_dim",
+    "sliding_window": "sliding_window",
+}
+
+
+def pretrained_shape(config) -> dict:
+    """The ModelConfig values of a transformers config (its family as `arch`)."""
+    from tinytrain.plan.families import family_of_model_type
+
+    heads = config.num_attention_heads
+    values = {key: getattr(config, attr, None) for key, attr in SHAPE.items()}
+    values["num_kv_heads"] = values["num_kv_heads"] or heads  # configs from before grouped-query attention
+    values["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
+    if values["head_dim"] == config.hidden_size // heads:
+        values["head_dim"] = None  # derived, as the presets leave it
+    if not getattr(config, "use_sliding_window", True):
+        values["sliding_window"] = None  # Qwen2 carries a window it does not use
+    values["arch"] = family_of_model_type(config.model_type, "model.pretrained", getattr(config, "name_or_path", "")).arch
+    return values
+
+
+def adopt(cfg, given: set[str]) -> None:
+    """Set cfg.model's shape from model.pretrained's config (nothing without one, or where the
+    folder is not readable: validation names that). `given`: the model.* keys the command line set."""
+    from tinytrain.checkpoint.pretrained import pretrained_config, pretrained_path_problems
+
+    m = cfg.model
+    if not m.pretrained or pretrained_path_problems(m.pretrained):
+        return
+    values = pretrained_shape(pretrained_config(m.pretrained, m.trust_remote_code))
+    conflicts = [
+        Problem(f"model.{key}", m[key], f"model.pretrained={m.pretrained} has {key}={values[key]}: a pretrained model's shape and attention are its config's (what its weights were trained with)", f"drop model.{key} from the command line")
+        for key in sorted(given & values.keys())
+        if m[key] != values[key]
+    ]
+    raise_if_any(conflicts)
+    for key, value in values.items():
+        m[key] = value
+
+
+def source(m) -> str:
+    """Where cfg.model's shape came from, for messages: the folder, or the preset."""
+    return f"model.pretrained={m.pretrained}" if m.pretrained else f"model={m.name}"
+
+
+def given_model_keys() -> set[str]:
+    """The model.* keys set on this command line (none where Hydra did not compose it)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    keys = (o.lstrip("+~").split("=", 1)[0] for o in HydraConfig.get().overrides.task)
+    return {k.removeprefix("model.") for k in keys if k.startswith("model.")}
