@@ -211,6 +211,9 @@ def hydra_main(cfg: DictConfig):
                     print(f"Slurm jobs written: {run_dir / prepare_array.PREPARE_NAME} (the token store, {cfg.data.prepare_parts} parts as an array) and {path} (training, after every part); submit both with:\n  bash {submit}")
                 else:
                     print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")
+                if result.hardware.is_cpu:
+                    # The job asks for GPUs; precision, memory and --mem were planned for this machine.
+                    print(f"note: planned for {result.hardware.name} (no GPU here, no hardware.gpu): name the job's GPU (hardware.gpu=A800) so its precision, memory and host memory are planned for it")
     except (ConfigError, TrainingStopped) as e:
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise

@@ -96,6 +96,7 @@ def test_script_rendered_by_mode_sbatch_trains_on_slurm(slurm, tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(["mode=sbatch", "cluster=slurm", "cluster.devices=2", "cluster.cpus_per_task=1", "cluster.partition=debug", "parallel=ddp", *SHORT_RUN], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "note: planned for cpu (no GPU here, no hardware.gpu): name the job's GPU" in r.stdout  # the job asks for GPUs
     job_id = slurm.sbatch(run_dir / "job.sbatch", env=job_env())
     done = finish(slurm, job_id, tmp_path, run_dir=run_dir)
     assert "world size 2 = tp 1 x dp 2" in done.log and "(first step) ->" in done.log
