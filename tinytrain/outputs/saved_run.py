@@ -117,8 +117,35 @@ def _hf_folder(path: Path) -> SavedRun:
 
 
 def run_config(path: Path):
-    """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted)."""
-    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted),
+    its relative paths taken from the folder the run ran in (run_paths)."""
+    return run_paths(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)), recorded_cwd(path.parent))
+
+
+# Paths a run reads that a user types relative to where they run it.
+PATH_KEYS = ("model.pretrained", "tokenizer.path", "data.path", "data.val_path", "data.store", "checkpoint.init_from")
+
+
+def recorded_cwd(run: Path) -> Path | None:
+    """The folder the run ran in, as Hydra recorded it (.hydra/hydra.yaml), if it did."""
+    record = run / ".hydra" / "hydra.yaml"
+    if not record.is_file():
+        return None
+    cwd = OmegaConf.select(OmegaConf.load(record), "hydra.runtime.cwd")
+    return Path(cwd) if cwd else None
+
+
+def run_paths(train_cfg, cwd: Path | None):
+    """A relative path the run was given means one in the folder it ran in: an export or eval run
+    from elsewhere looked for models/base under its own folder (and tried the hub). Resolved there
+    where it exists there and not here; a hub id (org/name) exists in neither and stays."""
+    if cwd is None:
+        return train_cfg
+    for key in PATH_KEYS:
+        value = OmegaConf.select(train_cfg, key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() and not Path(value).exists() and (cwd / value).exists():
+            OmegaConf.update(train_cfg, key, str(cwd / value))
+    return train_cfg
 
 
 def model_config(saved: SavedRun):
