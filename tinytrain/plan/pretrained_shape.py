@@ -26,6 +26,9 @@ SHAPE = {
 }
 
 
+OPTIONAL = ("head_dim", "sliding_window")  # None means something there: derived, no window
+
+
 def pretrained_shape(config) -> dict:
     """The ModelConfig values of a transformers config (its family as `arch`)."""
     from tinytrain.plan.families import family_of_model_type
@@ -54,11 +57,12 @@ def adopt(cfg, given: set[str]) -> None:
     conflicts = [
         Problem(f"model.{key}", m[key], f"model.pretrained={m.pretrained} has {key}={values[key]}: a pretrained model's shape and attention are its config's (what its weights were trained with)", f"drop model.{key} from the command line")
         for key in sorted(given & values.keys())
-        if m[key] != values[key]
+        if m[key] != values[key] and (values[key] is not None or key in OPTIONAL)
     ]
     raise_if_any(conflicts)
     for key, value in values.items():
-        m[key] = value
+        if value is not None or key in OPTIONAL:
+            m[key] = value
 
 
 def source(m) -> str:
