@@ -45,7 +45,7 @@ from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
-from tinytrain.plan.start_points import batch_change_note, init_point, resolve_resume
+from tinytrain.plan.start_points import batch_change_note, init_point, numerics_change_note, resolve_resume
 from tinytrain.plan.step_peak import StepShape
 from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
@@ -85,7 +85,6 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     fit, preflight = memory_check(cfg, fit, preflight, hardware)
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES, fp32=precision.dtype is Dtype.fp32)
     deepspeed = deepspeed_for(cfg, model, fit, precision, cp, resume)
-    resume = with_batch_change(cfg, resume, fit.batch)
     fast = fast_paths_for(cfg, model, state, fit, vocab, hardware)
     cluster = cluster_layout(cfg)
     checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, layout.dp, precision, run_dir)
@@ -120,7 +119,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         deepspeed=deepspeed,
         preflight=preflight,
         init_from=init_from,
-        resume=resume,
+        resume=with_changes(cfg, resume, fit.batch, precision.lightning, float8.enabled),
         mixture=mixture_plan(cfg, fit.batch, data),
         finetune=state.adapters,
         preference=state.preference,
@@ -381,12 +380,13 @@ def auto_candidates(cfg, batch) -> list[int]:
     return found
 
 
-def with_batch_change(cfg, resume, batch):
-    """The resume point, with what this run's other micro batch or accumulation does to it."""
+def with_changes(cfg, resume, batch, precision: str, fp8: bool):
+    """The resume point, with what this run's other micro batch, accumulation, precision or fp8
+    does to it."""
     if resume is None:
         return None
     grouped = cfg.data.format is not DataFormat.text and cfg.data.group_by_length and not cfg.data.sources
-    return replace(resume, batch_change=batch_change_note(resume, batch.micro_batch_size, batch.accumulate_grad_batches, grouped))
+    return replace(resume, batch_change=batch_change_note(resume, batch.micro_batch_size, batch.accumulate_grad_batches, grouped), numerics_change=numerics_change_note(resume, precision, fp8))
 
 
 def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, resume) -> dict | None:

@@ -146,6 +146,8 @@ class RunPlan:
         p = self.parallel
         # The layout it was saved under: a resume under another one is decided from it (plan/layout_change.py).
         meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage, p.cp).to_dict()
+        # The numerics it trained in: a resume under others is said in the plan (start_points.py).
+        meta["numerics"] = {"precision": self.precision.lightning, "fp8": bool(self.fp8 and self.fp8.enabled)}
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta
@@ -373,8 +375,9 @@ def start_lines(plan: dict) -> list[str]:
     if plan["resume"]:
         r = plan["resume"]
         lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
-        if r.get("batch_change"):
-            lines.append(f"resume     {r['batch_change']}")
+        for change in ("batch_change", "numerics_change"):
+            if r.get(change):
+                lines.append(f"resume     {r[change]}")
         if r.get("universal"):
             lines.append(
                 f"resume     saved on another number of DeepSpeed partitions (data parallel x cp): rank 0 converts it to DeepSpeed's universal checkpoint {r['universal']} (deepspeed.checkpoint.ds_to_universal; the fp32 master weights and Adam moments re-partitioned exactly), loaded with load_universal; the data position is counted in global batches, so no sample repeats"

@@ -43,13 +43,15 @@ class ResumePoint:
     universal: str | None = None  # DeepSpeed on another dp size: the universal copy it resumes through (checkpoint/universal.py)
     saved_batch: tuple[int | None, int | None] = (None, None)  # its (micro batch, accumulation), where recorded
     batch_change: str | None = None  # what this run's other batch layout does to the resume (batch_change_note)
+    saved_numerics: dict | None = None  # its precision and fp8, where recorded (RunPlan.checkpoint_metadata)
+    numerics_change: str | None = None  # numerics_change_note
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change, "numerics_change": self.numerics_change}
 
 
 def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
@@ -59,6 +61,17 @@ def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
     position, accumulation = callbacks.get("DataPosition") or {}, callbacks.get("AccumulationChange") or {}
     micro = None if "ramp" in position else position.get("batch_size")  # a batch ramp's is not the micro batch
     return micro, accumulation.get("accumulate_grad_batches")
+
+
+def numerics_change_note(resume: ResumePoint, precision: str, fp8: bool) -> str | None:
+    """The precision or float8 a resumed run changes (None: the same, or not recorded). Allowed (a
+    checkpoint holds full-precision weights and moments), but the loss may move at the change."""
+    saved = resume.saved_numerics
+    if not saved:
+        return None
+    on = {True: "on", False: "off"}
+    changed = [f"{what} {old} -> {new}" for what, old, new in (("precision", saved["precision"], precision), ("fp8", on[saved["fp8"]], on[fp8])) if old != new]
+    return f"{', '.join(changed)} since the checkpoint: the weights and optimizer state carry over; the loss may move at the change" if changed else None
 
 
 def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, grouped: bool) -> str | None:
@@ -148,7 +161,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch(ckpt))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_numerics=meta.get("numerics"))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

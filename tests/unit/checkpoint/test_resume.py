@@ -160,3 +160,30 @@ def test_a_resume_under_another_batch_layout_says_what_continues():
     assert batch_change_note(point, 2, 1, grouped=True) == "micro batch 4 -> 2 since the checkpoint: the schedule continues at step 3, its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)"
     ramp = {"callbacks": {"DataPosition": {"batch_size": 4, "ramp": [8, 32]}}}  # a ramp's batch_size is no micro batch; no accumulation recorded
     assert batch_change_note(ResumePoint(Path("x"), 3, "resume=auto", saved_batch=saved_batch(ramp)), 2, 2, grouped=False) is None
+
+
+def test_a_resume_in_other_numerics_says_so():
+    """fp8 turned off (or bf16 -> fp16) on resume was accepted without a word; it is allowed (the
+    checkpoint holds full-precision weights and moments) and now named in the plan."""
+    from tinytrain.plan.start_points import ResumePoint, numerics_change_note
+
+    point = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_numerics={"precision": "bf16-mixed", "fp8": True})
+    assert numerics_change_note(point, "bf16-mixed", True) is None
+    assert numerics_change_note(point, "16-mixed", False) == "precision bf16-mixed -> 16-mixed, fp8 on -> off since the checkpoint: the weights and optimizer state carry over; the loss may move at the change"
+    assert numerics_change_note(ResumePoint(Path("x"), 3, "resume=auto"), "16-mixed", False) is None  # saved before it was recorded
+
+
+def test_checkpoints_record_their_numerics_and_a_resume_reads_them(tmp_path):
+    from tests.conftest import compose
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+
+    cfg = compose(["precision=fp16"])
+    run_dir = tmp_path / "run"
+    plan = make_plan(cfg, load_from_config(cfg.tokenizer), run_dir)
+    meta = plan.checkpoint_metadata()
+    assert meta["numerics"] == {"precision": "16-mixed", "fp8": False}
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 3, "tinytrain": meta, "state_dict": {}}, run_dir / "checkpoints" / "step0000003.ckpt")
+    resumed = make_plan(compose(["precision=fp32"]), load_from_config(cfg.tokenizer), run_dir)
+    assert resumed.resume.numerics_change.startswith("precision 16-mixed -> 32-true since the checkpoint")
