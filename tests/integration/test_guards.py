@@ -68,6 +68,16 @@ def test_injected_nan_is_named_by_layer_and_stops_with_last_good_state(tmp_path)
     rows = metrics_rows(tmp_path)
     assert [r["step"] for r in rows] == ["2", "3"] and float(rows[1]["loss"]) > 0 and 0 < float(rows[1]["lr"]) != float(rows[0]["lr"])
     assert rows[0].get("tokens_per_s") and not rows[1].get("tokens_per_s"), rows
+    assert rows[1]["grad_norm"] == "nan"  # this step's norm (on the logging interval it was the step before's)
+
+
+def test_stop_under_fp16_leaves_an_overflow_to_the_loss_scaler(tmp_path, caplog):
+    """guard.nonfinite=stop stopped a healthy fp16 run at the scaler's first overflow (a finite loss,
+    the scaled gradients inf): the scaler skips that step and halves its scale."""
+    inf_at_step_3 = lambda step, grad: grad * float("inf") if step == 3 else grad  # noqa: E731
+    caplog.set_level("WARNING")
+    train(["guard.nonfinite=stop", "precision=fp16"], tmp_path, corrupt=inf_at_step_3)
+    assert "step 4: first non-finite gradient" in caplog.text and "the loss scale halves" in caplog.text
 
 
 def test_skip_policy_skips_then_stops_after_too_many(tmp_path):

@@ -120,7 +120,8 @@ def write_step_row_now(trainer, force: bool = False, fresh: dict | None = None) 
         module = trainer.lightning_module
         schedulers = trainer.lr_scheduler_configs
         lr = {"lr": schedulers[0].scheduler.get_last_lr()[0]} if schedulers else {}
-        metrics = {**getattr(module, "step_values", {}), **lr, **(fresh or {})}
+        metrics = {**getattr(module, "step_values", {}), **lr}
+    metrics = {**metrics, **(fresh or {})}  # on the interval too: the step's grad_norm is logged after a guard's hook
     if not metrics:
         return
     everyone = trainer.loggers

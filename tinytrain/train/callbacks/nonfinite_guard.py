@@ -82,9 +82,13 @@ class NonFiniteGuard(pl.Callback):
         where = f"step {trainer.global_step + 1}: first non-finite gradient ({'module' if self.compiled else 'forward'} order) in {name}"
         scale_text = f", loss scale {scale:g}" if scale is not None else ""
         scaling = scale is not None
-        if self.policy == "stop" or (self.consecutive > self.max_skips and not scaling):
+        # Under fp16 loss scaling an overflow of the scaled gradients with a finite loss is the
+        # scaler's to skip (guard.nonfinite=stop stopped a healthy run at the first one); a
+        # non-finite loss is not.
+        overflow = scaling and self.loss is not None and bool(torch.isfinite(self.loss).all())
+        if (self.policy == "stop" and not overflow) or (self.consecutive > self.max_skips and not scaling):
             path = self.checkpoint_dir / "last_good.ckpt"
-            write_step_row_now(trainer, force=True)  # the stopping step's loss is in metrics.csv
+            write_step_row_now(trainer, force=True, fresh={"grad_norm": float(total)})  # the stopping step's row, its norm included
             trainer.save_checkpoint(path)
             why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
             raise TrainingStopped(f"tinytrain: training stopped at {where}{scale_text} ({why}). The last good weights are in {path}. Fix: {self.fix()}")
