@@ -137,6 +137,10 @@ def test_lora_trains_exports_and_resumes(variant, base_model, tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert (run_dir / "hf_export-step0000003" / "adapter" / "adapter_model.safetensors").is_file()
         assert (run_dir / "hf_export-step0000003" / "model.safetensors").is_file()
+        # Other adapters than the checkpoint's: refused in the plan (it died loading the state with
+        # a size mismatch after the data was built; another alpha silently made another model).
+        r = run_cli([*run_args(base_model, variant), f"resume={step3}", "finetune.rank=4", "finetune.alpha=8"], tmp_path / "other_adapters")
+        assert r.returncode == 2 and "was trained with finetune.rank=8, finetune.alpha=32.0; this run has 4, 8.0" in r.stderr, r.stderr[-2000:]
     r = run_cli([*run_args(base_model, variant), f"resume={step3}", "trainer.export=false"], resumed)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert rows_from(resumed, 3) == rows_from(run_dir, 3)

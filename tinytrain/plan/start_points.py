@@ -44,6 +44,7 @@ class ResumePoint:
     saved_batch: tuple[int | None, int | None] = (None, None)  # its (micro batch, accumulation), where recorded
     batch_change: str | None = None  # what this run's other batch layout does to the resume (batch_change_note)
     saved_numerics: dict | None = None  # its precision and fp8, where recorded (RunPlan.checkpoint_metadata)
+    saved_finetune: dict | None = None  # its adapters (FinetunePlan.to_dict), None for full training
     numerics_change: str | None = None  # numerics_change_note
 
     def describe(self, run_dir: Path) -> str:
@@ -61,6 +62,33 @@ def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
     position, accumulation = callbacks.get("DataPosition") or {}, callbacks.get("AccumulationChange") or {}
     micro = None if "ramp" in position else position.get("batch_size")  # a batch ramp's is not the micro batch
     return micro, accumulation.get("accumulate_grad_batches")
+
+
+# What an adapter checkpoint's parameters and model depend on (dropout does not change either).
+ADAPTER_KEYS = ("method", "rank", "alpha", "target_modules", "trainable_token_ids")
+
+
+def finetune_change_problem(resume: ResumePoint | None, adapters) -> Problem | None:
+    """A run resumes only under the adapters its checkpoint was trained with: another rank, targets
+    or trainable rows died loading the state (size mismatch, missing keys, other parameter groups),
+    another alpha silently made another model of the same weights. `adapters`: this run's
+    FinetunePlan, or None (full training)."""
+    if resume is None:
+        return None
+    saved, ours = resume.saved_finetune, adapters.to_dict() if adapters else None
+
+    def described(f: dict | None) -> dict | None:
+        return None if f is None else {k: sorted(f[k]) if isinstance(f[k], list) else f[k] for k in ADAPTER_KEYS}
+
+    before, now = described(saved), described(ours)
+    if before == now:
+        return None
+    if before is None or now is None:
+        what = f"full training, this run finetune={now['method']}" if before is None else f"finetune={before['method']}, this run full training"
+        why = f"was trained with {what}"
+    else:
+        why = "was trained with " + ", ".join(f"finetune.{k}={before[k]}" for k in ADAPTER_KEYS if before[k] != now[k]) + "; this run has " + ", ".join(f"{now[k]}" for k in ADAPTER_KEYS if before[k] != now[k])
+    return Problem("resume", str(resume.path), f"{why}: its weights and optimizer state hold those adapters", "resume with the settings it was trained with (finetune.* in the run's config_resolved.yaml), or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>")
 
 
 def numerics_change_note(resume: ResumePoint, precision: str, fp8: bool) -> str | None:
@@ -161,7 +189,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_numerics=meta.get("numerics"))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_numerics=meta.get("numerics"), saved_finetune=meta.get("finetune"))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

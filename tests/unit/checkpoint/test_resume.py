@@ -187,3 +187,20 @@ def test_checkpoints_record_their_numerics_and_a_resume_reads_them(tmp_path):
     torch.save({"global_step": 3, "tinytrain": meta, "state_dict": {}}, run_dir / "checkpoints" / "step0000003.ckpt")
     resumed = make_plan(compose(["precision=fp32"]), load_from_config(cfg.tokenizer), run_dir)
     assert resumed.resume.numerics_change.startswith("precision 16-mixed -> 32-true since the checkpoint")
+
+
+def test_a_resume_under_other_adapters_is_refused():
+    from types import SimpleNamespace
+
+    from tinytrain.plan.start_points import ResumePoint, finetune_change_problem
+
+    lora = {"method": "lora", "rank": 8, "alpha": 32.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"], "trainable_token_ids": [4096]}
+    adapters = lambda **changed: SimpleNamespace(to_dict=lambda: {**lora, **changed})  # noqa: E731
+    point = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_finetune=lora)
+    assert finetune_change_problem(point, adapters(dropout=0.1, target_modules=["v_proj", "q_proj"])) is None  # dropout and order change nothing held
+    assert "finetune.target_modules=['q_proj', 'v_proj']" in finetune_change_problem(point, adapters(target_modules=["q_proj"])).message
+    assert "was trained with finetune=lora, this run full training" in finetune_change_problem(point, None).message
+    full = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto")
+    assert finetune_change_problem(full, None) is None
+    problem = finetune_change_problem(full, adapters())
+    assert "was trained with full training, this run finetune=lora" in problem.message and "checkpoint.init_from" in problem.fix
