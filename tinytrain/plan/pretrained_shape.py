@@ -6,6 +6,8 @@ refused tp 8 as "num_heads(6) of model=tiny", and a tied Qwen2 folder planned un
 refuses tied embeddings. The shape is adopted here, before validation, so every check and the
 recorded config_resolved.yaml read the model that is trained. A shape key given on the command line
 that disagrees with the folder is refused: the weights decide it, and it was silently ignored.
+rope_theta and rms_norm_eps are the folder's too (the record said the preset's: a run started
+from its checkpoint with those values made another model of the same weights).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def pretrained_shape(config) -> dict:
         values["head_dim"] = None  # derived, as the presets leave it
     if not getattr(config, "use_sliding_window", True):
         values["sliding_window"] = None  # Qwen2 carries a window it does not use
+    # rope_theta: transformers 5 keeps it in rope_parameters (per layer type for some families: left then)
+    rope = getattr(config, "rope_parameters", None) or {}
+    values["rope_theta"] = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    values["rms_norm_eps"] = getattr(config, "rms_norm_eps", None)
     values["arch"] = family_of_model_type(config.model_type, "model.pretrained", getattr(config, "name_or_path", "")).arch
     return values
 

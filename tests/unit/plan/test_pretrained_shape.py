@@ -12,7 +12,7 @@ from tinytrain.plan.pretrained_shape import adopt
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("pretrained")
     # 32 heads, 8 kv heads: tp 8 divides both; model=tiny's 6 and 2 do not.
-    LlamaConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, intermediate_size=512, vocab_size=4096, max_position_embeddings=8192).save_pretrained(root / "llama32")
+    LlamaConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, intermediate_size=512, vocab_size=4096, max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-6).save_pretrained(root / "llama32")
     Qwen2Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=4096, tie_word_embeddings=True).save_pretrained(root / "qwen_tied")
     return root
 
@@ -23,6 +23,7 @@ def test_tensor_parallel_is_checked_against_the_folder_s_heads(folders, tmp_path
     assert p["parallel"]["tp"] == 8 and p["model"]["pretrained"] == str(folders / "llama32")
     cfg = (tmp_path / "run" / "config_resolved.yaml").read_text()
     assert "num_heads: 32" in cfg and "num_kv_heads: 8" in cfg and "max_position_embeddings: 8192" in cfg  # the record is the model trained
+    assert "rope_theta: 500000.0" in cfg and "rms_norm_eps: 1.0e-06" in cfg  # it said model=tiny's 10000.0 and 1e-05
 
 
 def test_tied_embeddings_of_the_folder_are_refused_under_fsdp_tp(folders, tmp_path):
