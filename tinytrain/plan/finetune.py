@@ -97,6 +97,8 @@ def problems(cfg) -> list[Problem]:
     unknown = [t for t in chosen if t not in fam.projections]
     if unknown or not chosen:
         found.append(Problem("finetune.target_modules", list(chosen), f"{'unknown projection(s) ' + ', '.join(unknown) if unknown else 'is empty'}: adapters go on a model.arch={fam.arch.value} block's linear layers", f"pick from {', '.join(fam.projections)} (null, the default, is all of them)"))
+    elif len(set(chosen)) < len(chosen):  # the plan counted a repeated projection's adapters twice
+        found.append(Problem("finetune.target_modules", list(chosen), "names a projection more than once", f"list each once, e.g. finetune.target_modules=[{','.join(dict.fromkeys(chosen))}]"))
     if not cfg.model.pretrained and not cfg.checkpoint.init_from:
         found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
     found += parallel.lora_problems(cfg, key)

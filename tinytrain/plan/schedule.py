@@ -142,7 +142,7 @@ def schedule_problems(t, total: float | None = None) -> list[Problem]:
     that case, once the ramp is known), which is shorter than trainer.max_steps."""
     if t.lr_schedule != LrSchedule.wsd:
         if t.decay_steps is not None:
-            return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({t.lr_schedule.name} decays over the whole run after the warm-up)", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
+            return [Problem("trainer.decay_steps", t.decay_steps, f"only trainer.lr_schedule=wsd has a decay of its own length ({'constant holds its rate after the warm-up' if t.lr_schedule == LrSchedule.constant else f'{t.lr_schedule.name} decays over the whole run after the warm-up'})", "set trainer.lr_schedule=wsd, or trainer.decay_steps=null")]
         return []
     if t.decay_steps is None and not 0.0 < t.decay_fraction <= 1.0:
         return [Problem("trainer.decay_fraction", t.decay_fraction, "must be in (0, 1]: the share of trainer.max_steps the decay takes", "use e.g. trainer.decay_fraction=0.2 (the last 20% of the run)")]
@@ -159,7 +159,7 @@ def schedule_problems(t, total: float | None = None) -> list[Problem]:
                 key,
                 value,
                 f"a decay of {steps:g} steps does not fit in the run: {length} - trainer.warmup_steps({t.warmup_steps}) = {room} steps after the warm-up",
-                f"use a decay of 1 to {room} steps (trainer.decay_steps=<n> or a smaller trainer.decay_fraction), or raise trainer.max_steps to continue the run into a longer decay",
+                f"use a decay of 1 to {room} steps (trainer.decay_steps=<n>, or a trainer.decay_fraction {'larger' if steps < 1 else 'smaller'} than {t.decay_fraction:g}), or raise trainer.max_steps to continue the run into a longer decay",
             )
         ]
     return []

@@ -26,7 +26,7 @@ class Module(torch.nn.Module):
 
 
 def stop_message(tmp_path, monkeypatch, loss: float, loss_settings: str | None) -> str:
-    monkeypatch.setattr(nonfinite_guard, "write_step_row_now", lambda trainer, force: None)
+    monkeypatch.setattr(nonfinite_guard, "write_step_row_now", lambda trainer, force, fresh=None: None)
     trainer = SimpleNamespace(precision_plugin=SimpleNamespace(), strategy=object(), global_step=3, save_checkpoint=lambda path: None)
     module = Module()
     guard = NonFiniteGuard("stop", 0, tmp_path, loss_settings)
