@@ -371,7 +371,10 @@ def start_lines(plan: dict) -> list[str]:
     lines = []
     if plan["init_from"]:
         i = plan["init_from"]
-        lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
+        if plan["resume"]:  # a requeued fine-tune continues instead of starting again from the base
+            lines.append(f"init from  {i['path']}: not applied, the run resumes from its own checkpoint (below)")
+        else:
+            lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
     if plan["resume"]:
         r = plan["resume"]
         lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")

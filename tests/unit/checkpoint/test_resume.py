@@ -204,3 +204,21 @@ def test_a_resume_under_other_adapters_is_refused():
     assert finetune_change_problem(full, None) is None
     problem = finetune_change_problem(full, adapters())
     assert "was trained with full training, this run finetune=lora" in problem.message and "checkpoint.init_from" in problem.fix
+
+
+def test_the_plan_says_init_from_is_not_applied_when_the_run_resumes(tmp_path):
+    """Both given (a requeued fine-tune): the plan printed the init_from re-padding as if it applied."""
+    from tests.conftest import compose
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+
+    cfg = compose([])
+    tokenizer = load_from_config(cfg.tokenizer)
+    meta = make_plan(cfg, tokenizer, tmp_path / "first").checkpoint_metadata()
+    base = tmp_path / "base.ckpt"
+    torch.save({"global_step": 8, "tinytrain": meta, "state_dict": {}}, base)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 3, "tinytrain": meta, "state_dict": {}}, run_dir / "checkpoints" / "step0000003.ckpt")
+    text = make_plan(compose([f"checkpoint.init_from={base}"]), tokenizer, run_dir).render()
+    assert f"init from  {base}: not applied, the run resumes from its own checkpoint" in text
