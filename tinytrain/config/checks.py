@@ -65,7 +65,7 @@ def trainer_problems(cfg) -> list[Problem]:
     if t.warmup_steps < 0 or t.warmup_steps >= t.max_steps:
         problems.append(Problem("trainer.warmup_steps", t.warmup_steps, f"must be >= 0 and below trainer.max_steps({t.max_steps})", "shorten the warm-up"))
     if not 0 < t.lr < math.inf:  # written so that nan fails too
-        problems.append(Problem("trainer.lr", t.lr, "must be a positive finite number", "use e.g. trainer.lr=3e-4"))
+        problems.append(Problem("trainer.lr", t.lr, "must be positive and finite", "use e.g. trainer.lr=3e-4"))
     if not 0.0 <= t.min_lr_ratio <= 1.0:
         problems.append(Problem("trainer.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1", "use e.g. 0.1"))
     if len(t.betas) != 2:
@@ -73,7 +73,7 @@ def trainer_problems(cfg) -> list[Problem]:
     elif not all(0.0 <= b < 1.0 for b in t.betas):
         problems.append(Problem("trainer.betas", list(t.betas), "each must be in [0, 1) (AdamW's moment decay rates)", "use e.g. trainer.betas=[0.9,0.95]"))
     if not 0 < t.eps < math.inf:
-        problems.append(Problem("trainer.eps", t.eps, "must be a positive finite number (AdamW divides by sqrt(v) + eps)", "use e.g. trainer.eps=1e-8"))
+        problems.append(Problem("trainer.eps", t.eps, "must be positive and finite (AdamW divides by sqrt(v) + eps)", "use e.g. trainer.eps=1e-8"))
     for key, fix in (("weight_decay", "use 0 for none, e.g. 0.1"), ("grad_clip", "use 0 for no clipping, e.g. 1.0"), ("val_batches", "use 0 for no validation, e.g. 8")):
         if not 0 <= getattr(t, key) < math.inf:  # nan turned clipping off without a word
             problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be a finite number >= 0", fix))
