@@ -118,8 +118,11 @@ class Preemption(pl.Callback):
         # A signal that came during the step's own checkpoint save (after on_train_batch_end asked:
         # Lightning runs checkpoint callbacks last) stops here, on that checkpoint, instead of
         # training a step more and saving again (the save Slurm's SIGKILL would land in).
+        # Not under an async save (checkpoint.async_save): that save is still being written here;
+        # the next step's save waits for it, as before.
         step = trainer.global_step
-        if self.stop_message is None and self.checkpoints.last_saved_step == step != self.asked_after_save:
+        written = not getattr(trainer.strategy, "async_save", False)
+        if self.stop_message is None and written and self.checkpoints.last_saved_step == step != self.asked_after_save:
             self.asked_after_save = step
             self.stop_if_signalled(trainer)
         # Here and not right after the save: Lightning logs the step's metrics after
