@@ -19,7 +19,7 @@ from tinytrain.config.schema import PLANNING_MODES, Checkpointing, DataFormat, F
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.errors import ConfigError, Problem, raise_if_any
+from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
 from tinytrain.plan import evals as evals_plan
@@ -81,7 +81,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
-    raise_if_any([p for p in [finetune_change_problem(resume, state.adapters)] if p])
+    if adapters_changed := finetune_change_problem(resume, state.adapters):
+        raise ConfigError(adapters_changed)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
     fit, preflight = memory_check(cfg, fit, preflight, hardware)
     float8 = fp8_plan.decide(cfg, hardware, hidden=model.shape.hidden, strategy_blocker=fit.row.fp8_off, finetune=state.adapters is not None, planning=cfg.mode in PLANNING_MODES, fp32=precision.dtype is Dtype.fp32)
