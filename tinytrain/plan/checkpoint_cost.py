@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.config.schema import Mode, Strategy
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import Problem
 from tinytrain.plan.parallel import CheckpointFormat, strategy_row
 
 GB = 1e9
@@ -120,9 +120,23 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
+def disk_problem(cfg, *, step: int, needed: int, free: int | None, sixteen_bit: bool) -> Problem | None:
+    """run.root without room for keep_last + 1 checkpoints (`needed`) of `step` bytes each."""
+    c, par = cfg.checkpoint, cfg.parallel
+    if free is None or free >= needed:
+        return None
+    return Problem(
+        "run.root",
+        cfg.run.root,
+        f"has {human(free)} free; {c.keep_last} kept checkpoints + the one being written need {human(needed)} ({human(step)} each, parallel={par.name}, {'16-bit' if sixteen_bit else 'fp32'})",
+        (f"keep fewer (checkpoint.keep_last={free // step - 1} fits), free space there, or point run.root at a larger filesystem" if free >= 2 * step else f"free space there (even checkpoint.keep_last=1 needs {human(2 * step)}), or point run.root at a larger filesystem"),
+    )
+
+
 def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, partitions: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0) -> CheckpointPlan:
-    """The checkpoint line's numbers; raises ConfigError (run.root) when a training run's disk
-    cannot hold keep_last + 1 checkpoints."""
+    """The checkpoint line's numbers. A training run's disk that cannot hold keep_last + 1
+    checkpoints is refused by the planner, beside the host memory refusal (disk_problem); other
+    modes carry it as a warning."""
     c, par = cfg.checkpoint, cfg.parallel
     strategy = par.strategy
     weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params, trainable=trainable, world=world)
@@ -135,16 +149,8 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
     save_seconds = step / (c.write_gbps * GB)
     between = step_seconds * cfg.trainer.checkpoint_every_n_steps if step_seconds else None
     warnings = []
-    if free is not None and free < needed:
-        problem = Problem(
-            "run.root",
-            cfg.run.root,
-            f"has {human(free)} free; {c.keep_last} kept checkpoints + the one being written need {human(needed)} ({human(step)} each, parallel={par.name}, {'16-bit' if sixteen_bit else 'fp32'})",
-            (f"keep fewer (checkpoint.keep_last={free // step - 1} fits), free space there, or point run.root at a larger filesystem" if free >= 2 * step else f"free space there (even checkpoint.keep_last=1 needs {human(2 * step)}), or point run.root at a larger filesystem"),
-        )
-        if cfg.mode == Mode.train:
-            raise ConfigError(problem)
-        warnings.append(problem.render())
+    if cfg.mode != Mode.train and (problem := disk_problem(cfg, step=step, needed=needed, free=free, sixteen_bit=sixteen_bit)):
+        warnings.append(problem.render())  # planning for a cluster from elsewhere: said, not refused
     if between is not None and not c.async_save and save_seconds > c.max_save_share * between:
         warnings.append(
             f"a save takes ~{save_seconds:.0f} s at checkpoint.write_gbps={c.write_gbps:g}, {100 * save_seconds / between:.0f}% of the ~{between:.0f} s between saves "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import Problem
 
 GIB = 1024**3
 # A training process's own footprint: 0.7 GiB peak RSS for the default CPU run (3M parameters,
@@ -158,12 +158,6 @@ def host_problem(host: HostMemoryPlan, *, on_gpu: bool, model_name: str, paralle
         f"{host.training_what} take {host.training_bytes / GIB:.1f} GiB per rank: {need}",
         "offload less (parallel=zero3 where the GPUs hold it: see the memory line), spread over more nodes, or ask for more host memory (Slurm --mem)",
     )
-
-
-def refuse(host: HostMemoryPlan, *, on_gpu: bool, model_name: str, parallel_name: str) -> None:
-    problem = host_problem(host, on_gpu=on_gpu, model_name=model_name, parallel_name=parallel_name)
-    if problem is not None:
-        raise ConfigError(problem)
 
 
 def render(h: dict) -> list[str]:

@@ -28,7 +28,7 @@ from tinytrain.plan import optimizer as optimizer_plan
 from tinytrain.plan import preference as preference_plan
 from tinytrain.plan.activations import LoraShape, layout_of
 from tinytrain.plan.attention import VARLEN_KERNELS, AttentionChoice, choose_attention, flash_attn_installed, for_family
-from tinytrain.plan.checkpoint_cost import checkpoint_plan
+from tinytrain.plan.checkpoint_cost import checkpoint_plan, disk_problem
 from tinytrain.plan.checkpointing import BY_COST, STEP_FACTOR, ModeCost, every_for
 from tinytrain.plan.checkpointing import choose as choose_checkpointing
 from tinytrain.plan.families import Family, family, family_of_model_type
@@ -91,6 +91,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     cluster = cluster_layout(cfg)
     checkpoint = checkpoint_cost(cfg, model.shape, state, fit, world, layout.dp, precision, run_dir)
     host = host_stage(cfg, model, state, fit, hardware, precision, world, cluster.devices_per_node, checkpoint.save_host_bytes)
+    if cfg.mode == Mode.train:
+        machine_problems(cfg, checkpoint, host, on_gpu=not hardware.is_cpu, sixteen_bit=precision.dtype.value != "fp32")
     return RunPlan(
         model_name=cfg.model.name,
         model_note=published_note(cfg.model, vocab.true, vocab.padded, state.params),
@@ -340,10 +342,10 @@ def memory_check(cfg, fit: FitStage, preflight, hardware):
 
 
 def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardware, precision, world: int, ranks_per_node: int, save_host_bytes: int):
-    """Host memory per node (plan/host_memory.py); mode=train refuses what cannot fit the node it runs on."""
+    """Host memory per node (plan/host_memory.py); mode=train refuses what cannot fit the node it runs on (machine_problems)."""
     par, deepspeed = cfg.parallel, fit.row.deepspeed
     on_this_machine = cfg.mode == Mode.train or (cfg.mode == Mode.plan and not cfg.hardware.gpu)
-    host = host_memory.plan_host(
+    return host_memory.plan_host(
         memory=fit.memory,
         params=state.params,
         trainable=state.adapters.trainable_params if state.adapters else state.params,
@@ -358,9 +360,16 @@ def host_stage(cfg, model: ModelStage, state: StateStage, fit: FitStage, hardwar
         save_host_bytes=save_host_bytes,
         node=node_memory() if on_this_machine else (None, host_memory.ELSEWHERE),
     )
-    if cfg.mode == Mode.train:
-        host_memory.refuse(host, on_gpu=not hardware.is_cpu, model_name=cfg.model.name, parallel_name=par.name)
-    return host
+
+
+def machine_problems(cfg, checkpoint, host, *, on_gpu: bool, sixteen_bit: bool) -> None:
+    """mode=train refuses what the machine it runs on cannot hold: its disk (keep_last + 1
+    checkpoints at run.root) and its node's memory, both at once, so a run short of both is not
+    fixed one at a time."""
+    disk = disk_problem(cfg, step=checkpoint.step_bytes, needed=checkpoint.disk_needed_bytes, free=checkpoint.free_bytes, sixteen_bit=sixteen_bit)
+    memory = host_memory.host_problem(host, on_gpu=on_gpu, model_name=cfg.model.name, parallel_name=cfg.parallel.name)
+    if problems := [p for p in (memory, disk) if p is not None]:
+        raise ConfigError(problems)
 
 
 def ds_buckets(par, shape, precision) -> float:

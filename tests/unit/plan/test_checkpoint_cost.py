@@ -84,6 +84,18 @@ def test_a_run_root_without_room_for_keep_last_plus_one_is_refused_before_traini
     assert any(w.startswith("run.root='runs': has ") and "need 28.9 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings
 
 
+def test_a_run_short_of_both_disk_and_host_memory_is_told_both_at_once(tiny_disk, monkeypatch):
+    # The disk check comes first in the plan; it must not hide the node's memory (a job that
+    # cannot hold the model at all), nor the other way round.
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")
+    cfg = compose(["experiment=smoke", "model=tinyllama_1b", "data.seq_len=32", f"run.root={tiny_disk}"])
+    with pytest.raises(ConfigError) as e:
+        run_stages(cfg, tiny_disk / "run")
+    assert [p.key for p in e.value.problems] == ["model", "run.root"], e.value.problems
+    message = str(e.value)
+    assert "2 configuration errors" in message and "kept checkpoints + the one being written need" in message and "the Slurm job's --mem" in message, message
+
+
 @pytest.mark.parametrize("parallel", ["zero2", "zero3"])
 def test_deepspeed_partitions_over_every_rank_of_a_context_parallel_group(tmp_path, parallel):
     # Ulysses' ranks are DeepSpeed's data-parallel ranks: each holds 1/world of the optimizer
