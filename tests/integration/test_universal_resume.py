@@ -61,6 +61,14 @@ def saved_states(folder, stage: int) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
+def optimizer_record(folder) -> tuple[list[int], list[float]]:
+    """(Adam's step of each group's state, each param group's weight_decay) of a 1-rank DeepSpeed
+    step folder's optimizer file."""
+    saved = torch.load(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt", weights_only=False)["optimizer_state_dict"]
+    base = saved.get("optimizer_state_dict") or saved["base_optimizer_state"]  # ZeRO-3's, ZeRO-1/2's
+    return [int(s["step"]) for s in base["state"].values()], [g["weight_decay"] for g in base["param_groups"]]
+
+
 def universal_state(folder, key: str, name: str) -> torch.Tensor:
     value = torch.load(folder / "checkpoint" / "zero" / name / f"{key}.pt", weights_only=False)
     return (value["param"] if isinstance(value, dict) else value).flatten()  # ZeRO-1/2 wrap it, ZeRO-3 does not
@@ -102,6 +110,11 @@ def test_saved_on_two_ranks_resumes_on_one_through_the_universal_checkpoint(two_
     assert len(after) == 8 and after[:4] == before[:4]
     assert after[4] == before[4]
     assert after[-1] < after[0] - 0.5
+    # The optimizer the resumed run stepped: Adam's step counted once per step in every group, and
+    # each group's own weight decay (DeepSpeed's ZeRO-3 universal load shared one step tensor
+    # between groups, 4 + 2 x 4 = 12 here, and gave the no-decay group the decay group's 0.1).
+    steps, decays = optimizer_record(ckpts / "step0000008.ckpt" / "checkpoint")
+    assert steps == [8, 8] and decays == [0.1, 0.0], (steps, decays)
 
     # Optimizer state: the universal per-parameter fp32 master weights and Adam moments equal the
     # 2 ranks' partitions, bit for bit.

@@ -67,3 +67,37 @@ def convert(checkpoint: Path) -> Path:
         raise
     publish_directory(tmp, final)
     return final
+
+
+def group_settings(optimizer) -> list[dict]:
+    """Each param group's settings (all but its params), taken before a universal load."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+
+def repair_stage3_load(optimizer, before: list[dict]) -> None:
+    """Undo two slips of DeepSpeed 0.19's ZeRO-3 universal load
+    (`load_hp_checkpoint_state_from_checkpoint_dir_stage3`) on its base `optimizer`:
+    - it gives every sub-group one shared `step` tensor, which AdamW increments in place once per
+      group per step: Adam's bias correction ran at step 2k after k steps of a resumed run;
+    - it gives every param group the first group's settings: the no-decay group (norms, biases)
+      took the decay group's weight_decay.
+    `before`: group_settings() of the same optimizer before the load (the run's own groups). The
+    steps are untied; what differed between the groups is put back (lr in proportion to the
+    loaded one, which is the schedule's at the checkpoint)."""
+    seen: set[int] = set()
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if step is None or not hasattr(step, "clone"):
+            continue
+        if id(step) in seen:
+            state["step"] = step.clone()
+        seen.add(id(step))
+    first = before[0]
+    for group, own in zip(optimizer.param_groups, before):
+        for key, value in own.items():
+            if all(g.get(key) == first.get(key) for g in before):
+                continue  # one setting for every group: the checkpoint's, as loaded
+            if key == "lr" and first["lr"]:
+                group["lr"] = group["lr"] * value / first["lr"]
+            else:
+                group[key] = value

@@ -12,7 +12,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.strategies.ddp import DDPStrategy
 
 from tinytrain.checkpoint.files import publish_directory, temp_path
-from tinytrain.checkpoint.universal import convert, universal_path
+from tinytrain.checkpoint.universal import convert, group_settings, repair_stage3_load, universal_path
 from tinytrain.cluster.deepspeed_comm import skip_shared_memory_all_reduce
 from tinytrain.config.schema import Strategy
 from tinytrain.errors import TrainingStopped
@@ -135,6 +135,12 @@ class AtomicDeepSpeedStrategy(DeepSpeedStrategy):
                     f"The checkpoint itself is untouched: resume on the number of ranks it was saved on, or start a new run from its weights with checkpoint.init_from"
                 )
             checkpoint_path = universal_path(Path(checkpoint_path))
+            if self.zero_stage_3:
+                optimizer = self.deepspeed_engine.optimizer.optimizer  # the base optimizer under ZeRO-3's
+                before = group_settings(optimizer)
+                loaded = super().load_checkpoint(checkpoint_path, weights_only)
+                repair_stage3_load(optimizer, before)
+                return loaded
         return super().load_checkpoint(checkpoint_path, weights_only)
 
 
