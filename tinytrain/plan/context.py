@@ -378,8 +378,8 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
         fixes = []
         unsplit = unsplit_cp(cfg, context.cp, needed_at, world=world, gpu_bytes=gpu)
         if unsplit:
-            c, whole = unsplit
-            fixes.append(f"data.seq_len={whole} with parallel.cp={c}{kinds} (cp {c} splits a multiple of {c * RING_BLOCK}; {seq} it does not)")
+            c, whole, unit = unsplit
+            fixes.append(f"data.seq_len={whole} with parallel.cp={c}{kinds} (cp {c} splits a multiple of {unit}; {seq} it does not)")
         more = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu)
         if more:
             c, gpus = more
@@ -387,7 +387,8 @@ def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, che
         fixes.append(f"data.seq_len <= {here}")
     fixes += ([] if checkpointing == "full" else ["trainer.activation_checkpointing=full"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if memory_micro_batch(cfg) > 1 else [])
     need = f"{memory.total_gib:.1f} GiB needed per GPU, {memory.gpu_memory_gib:.1f} GiB on the GPU"
-    raise ConfigError(Problem("data.seq_len", seq, f"does not fit at parallel.cp={context.cp}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", "use " + "; or ".join(fixes)))
+    at = f"parallel.cp={context.cp}" if cfg.parallel.cp is not None else f"cp {context.cp} (parallel.cp=null: the largest cp that splits it here)"
+    raise ConfigError(Problem("data.seq_len", seq, f"does not fit at {at}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", "use " + "; or ".join(fixes)))
 
 
 def fitting_layout(cfg, cp: int, needed_at, *, world: int, gpus_tried: list[int], gpu_bytes: float) -> tuple[int, int] | None:
@@ -403,26 +404,24 @@ def fitting_layout(cfg, cp: int, needed_at, *, world: int, gpus_tried: list[int]
     return None
 
 
-def unsplit_cp(cfg, cp: int, needed_at, *, world: int, gpu_bytes: float) -> tuple[int, int] | None:
-    """(cp, data.seq_len) for the smallest larger cp on this world that would fit a sequence of whole
-    blocks of it (rounded up where that fits, else down) but does not split this data.seq_len: the
-    sequence, not the memory or the heads, is what stops it."""
+def unsplit_cp(cfg, cp: int, needed_at, *, world: int, gpu_bytes: float) -> tuple[int, int, int] | None:
+    """(cp, data.seq_len, unit) for the smallest larger cp on this world that would fit a sequence
+    of whole units of it (rounded up where that fits, else down) but does not split this
+    data.seq_len: the sequence, not the memory or the heads, is what stops it. The unit is the
+    smallest a kind this run may use splits: cp tokens for Ulysses, cp x RING_BLOCK for ring."""
     from omegaconf import OmegaConf
 
     seq, tp = cfg.data.seq_len, cfg.parallel.tp
     for c in power_of_two_divisors(world // tp):
-        unit = c * RING_BLOCK
-        if c <= cp or splits(cfg, c) or seq < unit:
+        if c <= cp or splits(cfg, c):
             continue
-        up, down = -(-seq // unit) * unit, seq // unit * unit
-        if needed_at(up, c, world) <= gpu_bytes:
-            whole = up
-        elif needed_at(down, c, world) <= gpu_bytes:
-            whole = down
-        else:
-            continue
-        if splits(OmegaConf.merge(cfg, {"data": {"seq_len": whole}}), c):
-            return c, whole
+        for unit in (c, c * RING_BLOCK):
+            if seq < unit:
+                continue
+            up, down = -(-seq // unit) * unit, seq // unit * unit
+            for whole in (up, down):
+                if needed_at(whole, c, world) <= gpu_bytes and splits(OmegaConf.merge(cfg, {"data": {"seq_len": whole}}), c):
+                    return c, whole, unit
     return None
 
 
