@@ -73,6 +73,7 @@ class ContextPlan:
     longest: tuple = ()  # ((cp, longest data.seq_len that fits), ...) for cp and 2 x cp; () without GPU memory
     longest_gpus: tuple = ()  # ((cp, GPUs), ...) for a cp of `longest` that needs more GPUs than the run has
     positions: int | None = None  # the positions the model covers (RoPE scaling included): beyond them a longest fits memory only
+    scaled: bool = False  # whether `positions` counts a RoPE scaling already
 
     def longest_at(self, cp: int) -> int | None:
         return dict(self.longest).get(cp)
@@ -346,7 +347,7 @@ def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:
     return lo * step
 
 
-def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None, world: int, positions: int | None = None) -> ContextPlan:
+def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float | None, world: int, positions: int | None = None, scaled: bool = False) -> ContextPlan:
     """The longest data.seq_len that fits at the planned cp, and at twice it where a kind splits that
     (on tp x 2cp GPUs where that is more than the run has: `needed_at` counts their model states)."""
     if not gpu_memory_gb:
@@ -355,7 +356,7 @@ def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float |
     cps = (context.cp, 2 * context.cp) if splits(cfg, 2 * context.cp) else (context.cp,)
     longest = tuple((c, longest_context(needed_at, gpu_bytes=gpu, cp=c)) for c in cps)
     more = tuple((c, cfg.parallel.tp * c) for c in cps if cfg.parallel.tp * c > world)
-    return ContextPlan(**{**asdict(context), "longest": longest, "longest_gpus": more, "positions": positions})
+    return ContextPlan(**{**asdict(context), "longest": longest, "longest_gpus": more, "positions": positions, "scaled": scaled})
 
 
 def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, checkpointing: str = "none") -> None:
@@ -443,6 +444,7 @@ def render(c: dict, seq_len: int) -> list[str]:
         gpus = c.get("longest_gpus", {})
         fits = ", ".join(f"{longest} at cp {cp}" + (f" on {gpus[cp]} GPUs" if cp in gpus else "") for cp, longest in c["longest"].items())
         beyond = c.get("positions") and max(c["longest"].values()) > c["positions"]
-        positions = f"; the model's positions reach {c['positions']} (model.rope_scaling extends them)" if beyond else ""
+        extend = "with its RoPE scaling; a larger model.rope_scaling.factor extends them" if c.get("scaled") else "model.rope_scaling would extend them"
+        positions = f"; the model's positions reach {c['positions']} ({extend})" if beyond else ""
         lines.append(f"           longest data.seq_len that fits the GPU (this layout's model states): {fits}{positions}")
     return lines

@@ -51,7 +51,7 @@ from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
 from tinytrain.plan.watchdog import watchdog_plan
 from tinytrain.preflight import pretrained_tokenizer
-from tinytrain.preflight.checks import memory_findings, positions_reached
+from tinytrain.preflight.checks import memory_findings, positions_reached, positions_scaled
 from tinytrain.preflight.checks import report as preflight_report
 from tinytrain.preflight.checks import run as run_preflight
 
@@ -327,7 +327,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
         return step_peak.step_peak(states_by_world[gpus], with_margin(parts.peak, par, precision, mode), parts.recompute, step_for(micro), reference_bytes).total
 
     positions = positions_reached(cfg, model.pretrained)
-    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb, world=world, positions=positions)
+    context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb, world=world, positions=positions, scaled=positions_scaled(cfg, model.pretrained))
     context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
     return FitStage(row, batch, ckpt, memory, context, base_step)
 

@@ -91,6 +91,11 @@ def positions_reached(cfg, hf_config=None) -> int:
     return rope.reach(hf_config.max_position_embeddings, dict(scaling) if scaling else None)
 
 
+def positions_scaled(cfg, hf_config=None) -> bool:
+    """Whether positions_reached counts a RoPE scaling (model.rope_scaling or the pretrained model's)."""
+    return bool(cfg.model.rope_scaling or (hf_config is not None and hf_rope_scaling(hf_config)))
+
+
 def position_findings(cfg, hf_config=None) -> list[Finding]:
     """data.seq_len against the positions the model covers (with model.rope_scaling, or a pretrained
     model's own scaling), and the scaling against the context a pretrained model was trained at."""

@@ -105,6 +105,9 @@ def test_a_long_context_plan_prints_the_split_and_the_longest_fit(tmp_path):
     assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 65536  # the global batch's tokens, each counted once
     assert two["batch"]["accumulate_grad_batches"] == 2 * one["batch"]["accumulate_grad_batches"]
     assert two["deepspeed"]["train_batch_size"] == 16  # DeepSpeed counts all 8 ranks as data-parallel
+    # Beyond the model's positions: Llama-3.1's reach counts its scaling already; an unscaled
+    # model's would need one.
+    assert two["context"]["scaled"] and not plan([*LONG, "parallel.cp=2", "model.rope_scaling=null", "data.seq_len=8192"], tmp_path / "plain")["context"]["scaled"]
 
 
 def test_cp_null_picks_the_smallest_cp_that_fits(tmp_path):
