@@ -183,10 +183,11 @@ def test_export_of_a_run_that_scaled_rope_equals_its_end_of_run_export(tmp_path,
     base = save_fresh_model(tmp_path / "base", shape, bundled_tokenizer)
     run_dir = tmp_path / "run"
     scaling = "model.rope_scaling={rope_type:linear,factor:2.0,original_max_position_embeddings:256}"
-    r = run_cli(["experiment=smoke", *shape, f"model.pretrained={base}", scaling, "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"], run_dir)
+    r = run_cli(["experiment=smoke", *MODEL, f"model.pretrained={base}", scaling, "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "generate.sample_prompts=[]"], run_dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     trained = json.loads((run_dir / "hf_export" / "config.json").read_text())
     assert trained["rope_parameters"]["rope_type"] == "linear"
+    assert trained["max_position_embeddings"] == 512  # the extended context, x2 (it said the base's 256)
     r = run_cli(["mode=export", f"checkpoint={run_dir / 'checkpoints' / 'final.ckpt'}", f"export.dir={tmp_path / 'again'}"], tmp_path / "cli")
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == trained

@@ -98,6 +98,7 @@ def model_config(model_cfg, vocab_rows: int, tokenizer):
         config.vocab_size = vocab_rows
         if model_cfg.rope_scaling:  # extending a pretrained model's context (preflight checked it)
             config.rope_parameters = rope_parameters(config.rope_parameters["rope_theta"], model_cfg.rope_scaling)
+            config.max_position_embeddings = model_cfg.max_position_embeddings  # the extended context (plan/pretrained_shape.py)
     else:
         config = hf_config(model_cfg, vocab_rows, tokenizer)
     config.use_cache = False
@@ -123,7 +124,11 @@ def build_model(model_cfg, config, attention: AttentionChoice):
         # a model of `config`'s rope_parameters, the vocab rows resized below.
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                model_cfg.pretrained, attn_implementation=attention.implementation, rope_parameters=config.rope_parameters, trust_remote_code=model_cfg.trust_remote_code
+                model_cfg.pretrained,
+                attn_implementation=attention.implementation,
+                rope_parameters=config.rope_parameters,
+                max_position_embeddings=config.max_position_embeddings,
+                trust_remote_code=model_cfg.trust_remote_code,
             )
         except pickle.UnpicklingError as e:
             # The plan checks the .bin files it can map; a legacy-format one is refused here.

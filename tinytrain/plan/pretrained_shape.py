@@ -8,6 +8,11 @@ recorded config_resolved.yaml read the model that is trained. A shape key given 
 that disagrees with the folder is refused: the weights decide it, and it was silently ignored.
 rope_theta and rms_norm_eps are the folder's too (the record said the preset's: a run started
 from its checkpoint with those values made another model of the same weights).
+
+One key is the run's to raise: a context extension (model.rope_scaling) records its new context as
+max_position_embeddings, the scaled reach unless given (Llama-3.1 publishes 131072 beside its x8
+scaling of 8192); left at the folder's, the export told every reader the extended model stops at
+the old context.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def adopt(cfg, given: set[str]) -> None:
     if not m.pretrained or pretrained_path_problems(m.pretrained):
         return
     values = pretrained_shape(pretrained_config(m.pretrained, m.trust_remote_code))
+    if m.rope_scaling:
+        values["max_position_embeddings"] = extended_positions(m, values["max_position_embeddings"], given)
     conflicts = [
         Problem(f"model.{key}", m[key], f"model.pretrained={m.pretrained} has {key}={values[key]}: a pretrained model's shape and attention are its config's (what its weights were trained with)", f"drop model.{key} from the command line")
         for key in sorted(given & values.keys())
@@ -69,6 +76,18 @@ def adopt(cfg, given: set[str]) -> None:
     for key, value in values.items():
         if value is not None or key in OPTIONAL:
             m[key] = value
+
+
+def extended_positions(m, folder_positions: int, given: set[str]) -> int:
+    """max_position_embeddings of a run that extends a pretrained model's context: as given where it
+    is at least the folder's (less is refused as a conflict), else what the scaling reaches."""
+    from tinytrain.preflight import rope
+
+    if "max_position_embeddings" in given and m.max_position_embeddings >= folder_positions:
+        return m.max_position_embeddings
+    if "max_position_embeddings" in given:
+        return folder_positions
+    return rope.reach(folder_positions, dict(m.rope_scaling))
 
 
 def source(m) -> str:

@@ -102,10 +102,10 @@ def position_problems(seq_len: int, *, max_positions: int, scaling, trained_cont
                 "model.rope_scaling.original_max_position_embeddings",
                 original,
                 f"above {source} ({max_positions}): scaling from a context longer than the model's extends nothing",
-                "set it to the context the model was pretrained at, and max_position_embeddings to the extended one",
+                f"use original_max_position_embeddings={trained_context}, the context model.pretrained was trained at" if trained_context else f"set it to the context the model was trained at (at most {max_positions}); the scaled context is factor x it",
             )
         )
-    if original is not None and trained_context is not None and original != trained_context:
+    elif original is not None and trained_context is not None and original != trained_context:
         problems.append(
             Problem(
                 "model.rope_scaling.original_max_position_embeddings",

@@ -43,3 +43,23 @@ def test_a_shape_key_given_beside_the_folder_is_refused_when_it_disagrees(folder
     agreeing = compose([f"model.pretrained={folders / 'qwen_tied'}", "model.num_heads=4"])
     adopt(agreeing, {"num_heads"})
     assert (agreeing.model.num_layers, agreeing.model.hidden_size, agreeing.model.tie_word_embeddings, agreeing.model.arch.value) == (1, 64, True, "qwen2")
+
+
+LLAMA3_X4 = "model.rope_scaling={rope_type:llama3,factor:4.0,low_freq_factor:1.0,high_freq_factor:4.0,original_max_position_embeddings:8192}"
+
+
+def test_a_context_extension_records_its_new_context(folders):
+    """max_position_embeddings of a run that scales RoPE is the scaled context (the folder's 8192
+    was kept, so the export said the extended model stops at 8192); as given where that is at least
+    the folder's; less is refused."""
+    extended = compose([f"model.pretrained={folders / 'llama32'}", LLAMA3_X4])
+    adopt(extended, {"rope_scaling"})
+    assert extended.model.max_position_embeddings == 32768
+    given = compose([f"model.pretrained={folders / 'llama32'}", LLAMA3_X4, "model.max_position_embeddings=16384"])
+    adopt(given, {"rope_scaling", "max_position_embeddings"})
+    assert given.model.max_position_embeddings == 16384
+    with pytest.raises(ConfigError, match="has max_position_embeddings=8192"):
+        adopt(compose([f"model.pretrained={folders / 'llama32'}", LLAMA3_X4, "model.max_position_embeddings=4096"]), {"rope_scaling", "max_position_embeddings"})
+    plain = compose([f"model.pretrained={folders / 'llama32'}"])
+    adopt(plain, set())
+    assert plain.model.max_position_embeddings == 8192
