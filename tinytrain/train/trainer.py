@@ -164,10 +164,11 @@ class BuiltTrainer(NamedTuple):
     stragglers: Stragglers | None  # cluster.straggler_*: the ranks named slow
 
 
-def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), preemption=None, watched=None) -> BuiltTrainer:
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), at_validation_end=(), preemption=None, watched=None) -> BuiltTrainer:
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
     A resumed run's metrics.csv keeps the rows before the step it resumes from. `watched`: this
-    rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on."""
+    rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on. `at_validation_end`:
+    callbacks whose work there (sample generations) is left out of the throughput, as validation is."""
     import lightning.pytorch as pl
 
     t = cfg.trainer
@@ -176,7 +177,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     summary = LossSummary()
     cp = plan.parallel.cp
     profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
-    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), context_parallel=cp, profiled=profiler.traces if profiler else None)
+    throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), ranks_per_batch=plan.parallel.tp * cp, profiled=profiler.traces if profiler else None)
     bar = bar_on_terminal(t.progress_bar)
     dead_rank = DeadRank(run_dir)
     mixture = mixture_callback(plan, train_sampler)
@@ -186,6 +187,8 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # First: a batch's beat is written before any other callback's work on it.
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size, plan.context.kind, plan.parallel.tp)] if cp > 1 else []),
+        # Before the throughput monitor: it closes validation's pause at validation's end.
+        *at_validation_end,
         throughput,
         *([stragglers] if stragglers else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),

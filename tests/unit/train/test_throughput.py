@@ -152,3 +152,34 @@ def test_packed_sft_rows_count_no_padding():
     assert tokens == sum(lengths) == 36  # not 3 x 16 = 48
     assert squares == sum(n * n for n in lengths)
     assert batch[COUNTS] == (tokens, squares)  # counted by the collator, on the CPU
+
+
+def test_the_ranks_sharing_a_batch_count_its_tokens_once_and_samples_are_not_training_time(tmp_path):
+    """Under fsdp_tp tp 2 both ranks of the pair see one batch and each computes half of it: each
+    logged the pair's tokens/s (and MFU) as its own. Sample generations at validation's end ran
+    after the monitor had closed validation's pause, and counted as the next step's time."""
+    import lightning.pytorch as pl
+
+    from tests.conftest import compose
+    from tinytrain.data.tokenizer import load_from_config
+    from tinytrain.plan.planner import make_plan
+    from tinytrain.train.trainer import build_trainer
+
+    cfg = compose(["experiment=smoke", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"])
+    plan = make_plan(cfg, load_from_config(cfg.tokenizer), tmp_path)
+    samples = pl.Callback()
+    built = build_trainer(cfg, plan, tmp_path, at_validation_end=[samples])
+    assert built.throughput.ranks_per_batch == 2
+    callbacks = built.trainer.callbacks
+    assert callbacks.index(samples) < callbacks.index(built.throughput)
+
+    from types import SimpleNamespace
+
+    from tinytrain.data.collate import COUNTS
+
+    monitor = ThroughputMonitor(SMALL, None, "cpu", ranks_per_batch=4)
+    trainer_ = SimpleNamespace(global_step=0, _logger_connector=SimpleNamespace(should_update_logs=False))
+    for step in (1, 2):
+        trainer_.global_step = step
+        monitor.on_train_batch_end(trainer_, None, None, {COUNTS: (100, 500)}, step)
+    assert monitor.steady()[0] == 25  # step 2's 100 tokens over the 4 ranks that share them

@@ -50,7 +50,9 @@ def compiled_graphs() -> int:
 
 class ThroughputMonitor(pl.Callback):
     """Measured between consecutive optimizer steps, so data loading, every hook and checkpoint
-    writes count: it is what a user gets. Validation is left out. The run summary leaves out the
+    writes count: it is what a user gets. Validation is left out, and the work other callbacks do at
+    its end (sample generations: build_trainer orders them before this one), but not the
+    checkpoint saved there. The run summary leaves out the
     first step (warm-up) and every step in which torch.compile compiled on any rank (a block
     compiled again for a new input, e.g. its first batch with a packed-documents mask, or after
     validation's no-grad forwards; the other ranks wait for it at the gradients' exchange) or the
@@ -58,11 +60,12 @@ class ThroughputMonitor(pl.Callback):
     steps it leaves out. Each rank keeps its steps' counts (24 bytes a step) and the steps it
     compiled in; the ranks exchange those at the end of training, once."""
 
-    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, context_parallel: int = 1, profiled=None):
+    def __init__(self, shape: ModelShape, peak_tflops_per_device: float | None, peak_note: str, *, ranks_per_batch: int = 1, profiled=None):
         self.shape = shape
-        # Under context parallelism the cp ranks of a group each see the whole batch and compute a
-        # 1/cp share of it: each token is counted once across the group.
-        self.context_parallel = context_parallel
+        # The tp x cp ranks of a data-parallel rank each see its whole batch and compute a share of
+        # it (tp: of every matmul; cp: of the sequence): each token and FLOP is counted once across
+        # them (under fsdp_tp tp 2 each rank logged the pair's tokens/s as its own, and MFU x 2).
+        self.ranks_per_batch = ranks_per_batch
         self.peak = peak_tflops_per_device
         self.peak_note = peak_note
         self._tokens = 0
@@ -87,8 +90,8 @@ class ThroughputMonitor(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Counted by the collator on the CPU; a batch from elsewhere is counted here, on the device.
         tokens, squares = batch[COUNTS] if COUNTS in batch else tokens_and_squares(batch)
-        self._tokens += tokens / self.context_parallel
-        self._flops += batch_flops(self.shape, tokens, squares) / self.context_parallel
+        self._tokens += tokens / self.ranks_per_batch
+        self._flops += batch_flops(self.shape, tokens, squares) / self.ranks_per_batch
         step = trainer.global_step
         if step == self._last_step:  # inside gradient accumulation
             return
