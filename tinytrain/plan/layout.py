@@ -71,6 +71,9 @@ def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = Non
         problems.append(Problem("parallel.cp", cp, f"tp({tp}) x cp({cp}) must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", fix))
         return None, problems
     dp = world // (tp * cp)
+    # Under auto the micro batch is chosen later (planner.fit_stage): laid out at 1 until then, and
+    # a batch warm-up's unit (dp x accumulation) checked at the one chosen, not at the placeholder.
+    auto_pending = micro is None and is_auto(t.micro_batch_size)
     if micro is None:
         micro = 1 if is_auto(t.micro_batch_size) else t.micro_batch_size
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
@@ -84,8 +87,8 @@ def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = Non
             Problem(
                 "trainer.global_batch_size",
                 t.global_batch_size,
-                f"not a multiple of micro_batch_size({micro}) x data_parallel({dp}) = {per_step}",
-                f"use a multiple of {per_step}, or change trainer.micro_batch_size",
+                f"not a multiple of data_parallel({dp}): every rank takes the same micro batches (trainer.micro_batch_size=auto chooses one that divides its share)" if auto_pending else f"not a multiple of micro_batch_size({micro}) x data_parallel({dp}) = {per_step}",
+                f"use a multiple of {per_step}" if auto_pending else f"use a multiple of {per_step}, or change trainer.micro_batch_size",
             )
         )
         return None, problems
@@ -100,7 +103,8 @@ def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = Non
             )
         )
         return None, problems
-    return with_ramp(cfg, BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len), problems)
+    batch = BatchPlan(micro, accum, dp, t.global_batch_size, cfg.data.seq_len)
+    return (batch, problems) if auto_pending else with_ramp(cfg, batch, problems)
 
 
 def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan | None, list[Problem]]:

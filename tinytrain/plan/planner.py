@@ -302,7 +302,9 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
         # micro_batch problems refused auto without a GPU memory; the batch is laid out again for the micro batch chosen
         modes = [m.value for m in (BY_COST if requested is Checkpointing.auto else (requested,))]
         micro, mode, why = micro_batch.choose(table, modes, hardware.memory_gb * 1e9 / GIB)
-        batch, _ = batch_layout(cfg, world, cp, micro=micro)
+        batch, problems = batch_layout(cfg, world, cp, micro=micro)
+        if problems:  # a batch warm-up, laid out at the micro batch chosen (its unit is dp x accumulation)
+            raise ConfigError([replace(p, message=f"{p.message} (at micro batch {micro}, which trainer.micro_batch_size=auto chose: {why.removeprefix('auto: ')})", fix=f"{p.fix}; or set trainer.micro_batch_size to a number") for p in problems])
         ckpt = choose_checkpointing(Checkpointing(mode), table, op_off, requested=requested, reason=why)
     else:
         ckpt = choose_checkpointing(requested, table, op_off)

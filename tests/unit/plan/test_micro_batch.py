@@ -51,3 +51,19 @@ def test_kto_under_auto_chooses_two_examples_or_more(tmp_path, capsys):
     assert sorted({r["micro_batch"] for r in p["activation_checkpointing"]["table"]}) == [2, 4, 8]
     assert "= 8 examples (each a completion and a KL row: its prompt with another example's completion) of up to" in capsys.readouterr().out
     assert candidates(8, 4, smallest=2) == [2] and candidates(4, 4, smallest=2) == []
+
+
+def test_a_batch_warm_up_is_laid_out_at_the_micro_batch_auto_chooses(tmp_path):
+    """The ramp was checked at auto's placeholder micro batch 1 (unit dp x accumulation = the whole
+    global batch): every start was refused, and the fix it named was refused in turn."""
+    from tinytrain.errors import ConfigError
+
+    ramp = ["model=tinyllama_1b", "hardware.gpu=H100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=64", "data.seq_len=2048", "trainer.batch_size_warmup.tokens=1000000"]
+    p = plan([*ramp, "trainer.batch_size_warmup.start=32"], tmp_path / "ramp")
+    b = p["batch"]
+    assert (b["micro_batch_size"], b["accumulate_grad_batches"]) == (8, 8) and p["batch_size_warmup"]["start"] == 32
+    with pytest.raises(ConfigError) as e:  # at micro batch 8 a step is 8 micro batches
+        plan([*ramp, "trainer.batch_size_warmup.start=5"], tmp_path / "odd")
+    message = str(e.value)
+    assert "batch_size_warmup.start=5: not a multiple of data_parallel(1) x accumulate_grad_batches(8) = 8" in message
+    assert "(at micro batch 8, which trainer.micro_batch_size=auto chose: the largest micro batch whose" in message and "or set trainer.micro_batch_size to a number" in message
