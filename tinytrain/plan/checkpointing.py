@@ -63,25 +63,32 @@ def describe(mode: Checkpointing, op_policy_off: str | None) -> str:
     return "selective: matmul and attention outputs kept, the elementwise ops between them recomputed (torch's selective checkpoint policy)"
 
 
-def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: str | None, *, requested: Checkpointing | None = None, reason: str = "as configured") -> CheckpointingPlan:
+def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: str | None, *, requested: Checkpointing | None = None, reason: str = "as configured", gpu_memory_gib: float | None = None) -> CheckpointingPlan:
     """`table`: the cost of each mode in BY_COST (at each candidate micro batch under
     trainer.micro_batch_size=auto, which decided the mode already: `requested` and `reason` then
-    say what was asked and why)."""
+    say what was asked and why). auto keeps the margin micro_batch_size=auto and parallel.cp=null
+    keep (SAFETY_MARGIN of `gpu_memory_gib`): the table's `fits` is the memory check's, the whole GPU."""
+    from tinytrain.plan.micro_batch import SAFETY_MARGIN
+
     requested = requested or mode_or_auto
     if mode_or_auto is not Checkpointing.auto:
         mode = mode_or_auto
     elif all(c.fits is None for c in table):
         mode, reason = Checkpointing.none, "auto: no GPU memory to fit against (CPU or unknown GPU), so every activation is kept"
     else:
-        fitting = next((c for c in table if c.fits), None)
-        if fitting is None:
+        limit = (1 - SAFETY_MARGIN) * gpu_memory_gib if gpu_memory_gib else float("inf")
+        kept = f"auto's {100 * SAFETY_MARGIN:.0f}% margin"
+        within = next((c for c in table if c.fits and c.total_gib <= limit), None)
+        fitting = within or next((c for c in table if c.fits), None)
+        if within is not None:
+            mode, reason = Checkpointing(within.mode), f"auto: the cheapest mode that fits with {kept}: {within.total_gib:.1f} of {limit:.1f} GiB"
+        elif fitting is not None:
+            mode, reason = Checkpointing(fitting.mode), f"auto: no mode fits with {kept} ({limit:.1f} GiB); {fitting.mode} is the cheapest that fits the GPU at all, {fitting.total_gib:.1f} GiB"
+        else:
             # The least memory, the faster mode on a tie: where the step peaks in its gradients or
             # optimizer step, recomputing saves nothing (the memory line says what would).
             least = min(table, key=lambda c: c.total_gib)
             mode, reason = Checkpointing(least.mode), f"auto: no mode fits; {least.mode} needs the least ({least.total_gib:.1f} GiB; see the memory line)"
-        else:
-            mode = Checkpointing(fitting.mode)
-            reason = f"auto: the cheapest mode that fits ({fitting.total_gib:.1f} GiB)"
     return CheckpointingPlan(requested.value, mode.value, every_for(mode, op_policy_off), describe(mode, op_policy_off), reason, tuple(table))
 
 

@@ -307,7 +307,7 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
             raise ConfigError([replace(p, message=f"{p.message} (at micro batch {micro}, which trainer.micro_batch_size=auto chose: {why.removeprefix('auto: ')})", fix=f"{p.fix}; or set trainer.micro_batch_size to a number") for p in problems])
         ckpt = choose_checkpointing(Checkpointing(mode), table, op_off, requested=requested, reason=why)
     else:
-        ckpt = choose_checkpointing(requested, table, op_off)
+        ckpt = choose_checkpointing(requested, table, op_off, gpu_memory_gib=hardware.memory_gb * 1e9 / GIB if hardware.memory_gb else None)
 
     def memory_at(seq: int, cp: int) -> MemoryPlan:
         return memory_for(Checkpointing(ckpt.mode), seq, cp, batch.micro_batch_size)
