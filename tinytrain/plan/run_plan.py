@@ -212,6 +212,10 @@ class RunPlan:
         resolved["tokenizer"]["add_bos"] = resolved["data"]["prepend_bos"] = self.bos.add  # what the data and the export follow
         resolved["trainer"]["activation_checkpointing"] = self.fast_paths.activation_checkpointing  # auto and the old booleans, resolved
         resolved["trainer"]["compile"] = self.fast_paths.compile
+        # micro_batch_size=auto: what it chose, and the accumulation that keeps the global batch.
+        resolved["trainer"]["micro_batch_size"] = self.batch.micro_batch_size
+        resolved["trainer"]["accumulate_grad_batches"] = self.batch.accumulate_grad_batches
+        resolved["precision"]["fp8"] = bool(self.fp8 and self.fp8.enabled)  # auto, decided
         return resolved
 
     def render(self) -> str:

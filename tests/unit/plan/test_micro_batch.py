@@ -3,6 +3,7 @@ with the safety margin, under the cheapest checkpointing mode that lets one fit,
 kept by the accumulation, and the table it chose from in the plan."""
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import plan
 from tinytrain.plan.checkpointing import ModeCost
@@ -38,6 +39,10 @@ def test_the_plan_picks_and_prints_the_table(extra, micro, mode, tmp_path, capsy
     c = p["activation_checkpointing"]
     assert c["mode"] == mode and c["reason"].startswith("auto: the largest micro batch")
     assert sorted({r["micro_batch"] for r in c["table"]}) == [1, 2, 4, 8]
+    # The record holds what auto decided (it kept `auto` and a null accumulation).
+    resolved = OmegaConf.load(tmp_path / "config_resolved.yaml")
+    assert (resolved.trainer.micro_batch_size, resolved.trainer.accumulate_grad_batches, resolved.trainer.activation_checkpointing) == (micro, 8 // micro, mode)
+    assert resolved.precision.fp8 is False
     chosen = next(r for r in c["table"] if (r["micro_batch"], r["mode"]) == (micro, mode))
     assert chosen["total_gib"] == p["memory_per_gpu"]["total_gib"] <= (1 - SAFETY_MARGIN) * p["memory_per_gpu"]["gpu_memory_gib"]
     assert f"micro batch {micro:>3} {mode:<9}" in capsys.readouterr().out
