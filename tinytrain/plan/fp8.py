@@ -68,7 +68,8 @@ def decide(cfg, hardware, *, hidden: int, strategy_blocker: str | None, finetune
             raise ConfigError(Problem("precision.fp8_emulate", True, "emulates float8 matmuls, which precision.fp8=false turns off: it would do nothing", "use precision.fp8=true with it (or auto), or drop precision.fp8_emulate"))
         return Fp8Plan(False, False, "off (precision.fp8=false)")
     if want is not True and fp32:
-        asked = f"precision={cfg.precision.value}" + (" chose it here" if str(cfg.precision.value) == "auto" else "")
+        request = getattr(cfg.precision.request, "value", cfg.precision.request)
+        asked = f"precision={request}" + (" chose it here" if request == "auto" else "")
         return Fp8Plan(False, False, f"auto: off, the run trains in fp32 ({asked}): float8 would undo the precision it asks for")
     capable = not hardware.is_cpu and hardware.compute_capability >= MIN_CAPABILITY
     blocker = None

@@ -14,8 +14,8 @@ from tinytrain.plan.hardware import CPU, lookup_gpu
 H100, A100 = lookup_gpu("H100"), lookup_gpu("A100")
 
 
-def cfg(value, emulate=False):
-    return SimpleNamespace(precision=SimpleNamespace(fp8=value, fp8_emulate=emulate))
+def cfg(value, emulate=False, request="auto"):
+    return SimpleNamespace(precision=SimpleNamespace(fp8=value, fp8_emulate=emulate, request=request))
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,8 @@ def test_auto_keeps_an_fp32_run_in_fp32_and_emulation_needs_fp8():
         return fp8.decide(c, H100, hidden=8192, strategy_blocker=None, finetune=False, planning=True, available=True, **kw)
 
     off = decide(cfg("auto"), fp32=True)
-    assert not off.enabled and "trains in fp32" in off.reason
+    assert not off.enabled and "trains in fp32 (precision=auto chose it here)" in off.reason  # it said precision=fp32
+    assert "trains in fp32 (precision=fp32)" in decide(cfg("auto", request="fp32"), fp32=True).reason
     assert decide(cfg(True), fp32=True).enabled  # asked for by name: converted
     with pytest.raises(ConfigError, match=r"precision.fp8_emulate=true: .* precision.fp8=false turns off"):
         decide(cfg(False, emulate=True))
