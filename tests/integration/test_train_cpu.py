@@ -107,7 +107,7 @@ def test_lean_paths_train_the_same(smoke_run, tmp_path):
     r = run_cli(["experiment=smoke", "trainer.progress_bar=false", 'tokenizer.add_special_tokens=["<|im_start|>","<|im_end|>"]', "trainer.loss_chunk_tokens=48", *LEVERS, "trainer.profile=true", "trainer.profile_start=2", "trainer.profile_steps=2"], run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "chunked loss (48 tokens)" in r.stdout
-    assert f"profile of steps 2-3 in {run_dir / 'profile'}: top costs (self time) " in r.stdout
+    assert f"profile of steps 2-3 in {run_dir / 'profile'}: top costs by self time, as shares of all ops' self time (profile/top_ops_rank0.txt's % also counts its ProfilerStep rows) " in r.stdout
     assert len(list((run_dir / "profile").glob("rank0.*.pt.trace.json"))) == 1
     # The run's rate leaves out the traced steps (and any a block was compiled again in).
     throughput = next(line for line in r.stdout.splitlines() if line.startswith("throughput "))

@@ -114,4 +114,4 @@ class Profiler(pl.Callback):
         if not self.top:
             return None
         costs = "; ".join(f"{name} {ms:.1f} ms ({100 * share:.0f}%)" for name, ms, share in self.top)
-        return f"profile of steps {self.start}-{self.start + self.steps - 1} in {self.folder}: top costs (self time) {costs}"
+        return f"profile of steps {self.start}-{self.start + self.steps - 1} in {self.folder}: top costs by self time, as shares of all ops' self time ({self.folder.name}/top_ops_rank{self._rank}.txt's % also counts its ProfilerStep rows) {costs}"
