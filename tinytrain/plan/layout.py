@@ -68,6 +68,8 @@ def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = Non
     if world % (tp * cp):
         # The ranks of one sequence share its batch: data parallelism is world / (tp x cp).
         fix = "choose a cp that divides the number of processes" + (f" / tp ({world // tp})" if tp > 1 else "") + ", or parallel.cp=1"
+        if tp > 1 and world % cp == 0:
+            fix += f"; or keep cp {cp} with parallel.tp={world // cp}"  # fsdp_tp's default tp is 2
         problems.append(Problem("parallel.cp", cp, f"tp({tp}) x cp({cp}) must divide the world size {world} (nodes {cfg.cluster.nodes} x devices {devices_per_node(cfg)})", fix))
         return None, problems
     dp = world // (tp * cp)
