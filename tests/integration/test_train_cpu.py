@@ -138,6 +138,27 @@ def test_a_run_shorter_than_the_log_interval_writes_metrics_and_the_curve(tmp_pa
 
 
 
+def test_the_last_step_validates_and_a_finished_run_reports_it_again(tmp_path):
+    """6 steps, validation every 4: the final val_loss was step 4's (the summary, result.json and a
+    sweep's ranking took it), and a rerun of the finished run reported none, overwriting its
+    sweep result with null."""
+
+    from tests.conftest import metrics_rows
+
+    run_dir = tmp_path / "run"
+    args = ["experiment=smoke", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false", "trainer.plot=false", "trainer.export=false", "generate.sample_prompts=[]"]
+    r = run_cli(args, run_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    validated = [(int(row["step"]) + 1, float(row["val_loss"])) for row in metrics_rows(run_dir) if row.get("val_loss")]
+    assert [step for step, _ in validated] == [4, 6]
+    assert f"validation {validated[-1][1]:.4f} (step 6)" in r.stdout
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["final.ckpt", "step0000002.ckpt", "step0000004.ckpt", "step0000006.ckpt"]
+    r = run_cli(args, run_dir)  # resumes from step 6: nothing to train, the run's result again
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"no step left to train (trainer.max_steps=6), validation {validated[-1][1]:.4f} (step 6)" in r.stdout
+    assert [(int(row["step"]) + 1, float(row["val_loss"])) for row in metrics_rows(run_dir) if row.get("val_loss")] == validated
+
+
 def test_a_step_s_logged_loss_is_the_mean_of_its_micro_batches(tmp_path):
     """Under accumulation metrics.csv's loss was the step's last micro batch's (Lightning keeps the
     last value a step logs), not the step's: the mean of its micro batches' losses, as the backward

@@ -34,6 +34,7 @@ from tinytrain.train.callbacks.preemption import Preemption
 from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.callbacks.slurm_evals import slurm_eval_callback
+from tinytrain.train.metrics_csv import last_logged
 from tinytrain.train.plot import plot_evals, plot_loss
 from tinytrain.train.run_end import RunModel, average, export, export_dir_for
 from tinytrain.train.trainer import build_trainer, end_wandb_run, quiet_lightning
@@ -150,7 +151,9 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         if watched is not None:
             watched.finish()  # a stop every rank agreed on (or the end): its watchdog does not act on it
         end_wandb_run(cfg, failed)
-    val_loss = trainer.callback_metrics.get("val_loss")
+    val_loss, val_step = trainer.callback_metrics.get("val_loss"), trainer.global_step
+    if val_loss is None:  # this process validated nothing (resumed at max_steps): the run's last
+        val_loss, val_step = last_logged(run_dir / "metrics.csv", "val_loss")
     result = {
         "data_ran_out": built.mixture.message if built.mixture else None,
         "first_loss": summary.first,
@@ -158,6 +161,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         "loss_means": summary.means(),  # (first, last) `loss_window` steps
         "loss_window": summary.window,
         "val_loss": float(val_loss) if val_loss is not None else None,
+        "val_step": val_step if val_loss is not None else None,
         "profile": built.profiler.summary() if built.profiler else None,
         "evals": evals[0].summary() if evals else None,
         "eval_jobs": None,
@@ -231,7 +235,7 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:
         print(result["data_ran_out"])
-    val = f", validation {result['val_loss']:.4f}" if result["val_loss"] is not None else ""
+    val = f", validation {result['val_loss']:.4f} (step {result['val_step']})" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps, or where the data ran out
         why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={plan.max_steps}"
         print(f"no step left to train ({why}){val}")

@@ -53,6 +53,16 @@ def read_complete_rows(path: Path) -> tuple[list[str], list[dict]]:
     return keys, rows
 
 
+def last_logged(path: Path, key: str) -> tuple[float | None, int | None]:
+    """The last value of `key` in a metrics.csv and its optimizer step as progress lines and
+    checkpoints count it (the row's step + 1); (None, None) where none was logged."""
+    if not path.is_file():
+        return None, None
+    _, rows = read_complete_rows(path)
+    found = [r for r in rows if r.get(key)]
+    return (float(found[-1][key]), int(found[-1]["step"]) + 1) if found else (None, None)
+
+
 class ContinuedMetrics(ExperimentWriter):
     def __init__(self, log_dir: str, resume_step: int | None):
         self.resume_step = resume_step

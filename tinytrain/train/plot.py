@@ -8,11 +8,13 @@ from pathlib import Path
 
 
 def read_series(metrics_csv: Path, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key`, the steps counted as progress lines and checkpoint names count them
+    (from 1: metrics.csv's `step` is Lightning's, one less)."""
     steps, values = [], []
     with metrics_csv.open() as f:
         for row in csv.DictReader(f):
             if row.get(key):
-                steps.append(int(row["step"]))
+                steps.append(int(row["step"]) + 1)
                 values.append(float(row[key]))
     return steps, values
 
@@ -25,7 +27,7 @@ def stage_starts(metrics_csv: Path) -> list[tuple[int, str]]:
             stage = row.get("stage") or None
             if stage and stage != current:
                 if current is not None:
-                    starts.append((int(row["step"]), stage))
+                    starts.append((int(row["step"]) + 1, stage))
                 current = stage
     return starts
 

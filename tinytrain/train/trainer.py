@@ -16,6 +16,7 @@ from tinytrain.train.callbacks.accumulation_change import AccumulationChange
 from tinytrain.train.callbacks.context_parallel import ContextParallel
 from tinytrain.train.callbacks.data_position import DataPosition
 from tinytrain.train.callbacks.dead_rank import DeadRank
+from tinytrain.train.callbacks.final_validation import FinalValidation
 from tinytrain.train.callbacks.grad_spike import GradSpikeMonitor
 from tinytrain.train.callbacks.heartbeat import Heartbeat
 from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
@@ -176,6 +177,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     hw = build_trainer_hardware(plan)
     summary = LossSummary()
     cp = plan.parallel.cp
+    val_every = t.val_every_n_steps if t.val_batches else 0  # 0: the run does not validate
     profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), ranks_per_batch=plan.parallel.tp * cp, profiled=profiler.traces if profiler else None)
     bar = bar_on_terminal(t.progress_bar)
@@ -199,11 +201,12 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *([mixture] if mixture else []),
         RNGState(cfg.seed),
+        *([FinalValidation(plan.max_steps, val_every)] if val_every else []),
         dead_rank,
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).
-        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, t.val_every_n_steps if t.val_batches else 0),
+        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, val_every, plan.max_steps),
         *extra_callbacks,
         *([profiler] if profiler else []),
     ]

@@ -23,17 +23,19 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Checkpoint
 
 from tinytrain.checkpoint.files import prune, step_checkpoint_name
+from tinytrain.train.callbacks.final_validation import validates_at
 from tinytrain.train.metrics_csv import write_step_row_now
 
 log = logging.getLogger(__name__)
 
 
 class StepCheckpoints(Checkpoint):
-    def __init__(self, directory: Path, every_n_steps: int, keep_last: int, val_every_n_steps: int = 0):
+    def __init__(self, directory: Path, every_n_steps: int, keep_last: int, val_every_n_steps: int = 0, max_steps: int = 0):
         self.directory = Path(directory)
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
         self.val_every_n_steps = val_every_n_steps  # 0: no validation
+        self.max_steps = max_steps  # validated too (callbacks/final_validation.py)
         self.last_saved_step: int | None = None
         self.waiting_for_validation = False
 
@@ -47,7 +49,7 @@ class StepCheckpoints(Checkpoint):
         step = trainer.global_step
         if step % self.every_n_steps != 0:
             return
-        if self.val_every_n_steps and step % self.val_every_n_steps == 0:
+        if validates_at(step, val_every_n_steps=self.val_every_n_steps, max_steps=self.max_steps):
             self.waiting_for_validation = True
         else:
             self.save(trainer)
