@@ -56,9 +56,14 @@ def run_name_problems(cfg) -> list[Problem]:
     return [problem] if problem else []
 
 
+SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything checks
+
+
 def trainer_problems(cfg) -> list[Problem]:
     t = cfg.trainer
     problems = []
+    if not 0 <= cfg.seed <= SEED_MAX:  # it passed the plan and died seeding, after the data was built
+        problems.append(Problem("seed", cfg.seed, f"must be between 0 and {SEED_MAX} (numpy's seed range)", "use e.g. seed=1234"))
     for key in ("max_steps", "log_every_n_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
         if getattr(t, key) < 1:
             problems.append(Problem(f"trainer.{key}", getattr(t, key), "must be >= 1", "use a positive integer"))

@@ -34,13 +34,14 @@ def _did_you_mean(word: str, options) -> str:
 
 
 def _override_for(full_key: str, argv: list[str]) -> str | None:
-    for arg in argv:
+    # The last one: Hydra applies a key given twice (a sweep agent appends its values) as the last.
+    for arg in reversed(argv):
         if arg.lstrip("+~").split("=", 1)[0] == full_key:
             return arg
     # OmegaConf names a key inside a list of dicts (data.sources=[{path: a, weight: x}]) from the
     # entry down (data.stages=[{weights: {a: x}}] gives weights.a): found by its leaf.
     leaf = full_key.rsplit(".", 1)[-1]
-    for arg in argv:
+    for arg in reversed(argv):
         if "=" in arg and re.search(rf"[{{,]\s*{re.escape(leaf)}\s*:", arg.split("=", 1)[1]):
             return arg
     return None
