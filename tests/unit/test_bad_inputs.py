@@ -74,6 +74,7 @@ CASES = {
     "cp with eager attention": ([*CP2, "model.attention=eager"], ["model.attention='eager'", "cannot run under parallel.cp=2", "model.attention=auto"]),
     "cp with a padding multiple it does not divide": ([*CP2, "data=alpaca", "data.pad_to_multiple_of=3"], ["data.pad_to_multiple_of=3", "must be a multiple of parallel.cp(2)"]),
     "cp with preference tuning": ([*CP2, "data=preference", "finetune.objective=simpo"], ["finetune.objective='simpo'", "not built for parallel.cp=2", "parallel.cp=1"]),
+    "checkpoint= given to a training run": (["mode=plan", "checkpoint=runs/old/checkpoints/final.ckpt"], ["checkpoint.path='runs/old/checkpoints/final.ckpt'", "mode=plan does not start from it", "Fix: start a new run from its weights with checkpoint.init_from=runs/old/checkpoints/final.ckpt"]),
     "negative seed": (["mode=train", "seed=-1"], ["seed=-1", "must be between 0 and 4294967295", "Fix: use e.g. seed=1234"]),
     "a key given twice, the last wrong": (["mode=plan", "trainer.lr=1e-3", "trainer.lr=abc"], ["trainer.lr=abc: wrong value for 'trainer.lr'"]),
     "cp beside fsdp_tp's default tp on 2 GPUs": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.cp=2"], ["parallel.cp=2", "tp(2) x cp(2) must divide the world size 2", "or keep cp 2 with parallel.tp=1"]),

@@ -56,6 +56,22 @@ def run_name_problems(cfg) -> list[Problem]:
     return [problem] if problem else []
 
 
+def checkpoint_path_problems(cfg) -> list[Problem]:
+    """checkpoint=<path> (checkpoint.path) names what the output modes read: a training run or its
+    plan ignored it without a word and started from scratch."""
+    mode = getattr(cfg.mode, "value", cfg.mode)
+    if cfg.checkpoint.path is None or mode not in ("train", "plan", "sbatch"):
+        return []
+    return [
+        Problem(
+            "checkpoint.path",
+            cfg.checkpoint.path,
+            f"is what mode=export|generate|eval read; mode={mode} does not start from it",
+            f"start a new run from its weights with checkpoint.init_from={cfg.checkpoint.path}, or continue its run with resume=<its step checkpoint> (docs/checkpoints.md)",
+        )
+    ]
+
+
 SEED_MAX = 2**32 - 1  # numpy's seed range, which Lightning's seed_everything checks
 
 

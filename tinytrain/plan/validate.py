@@ -14,6 +14,7 @@ from __future__ import annotations
 from tinytrain.checkpoint.pretrained import pretrained_path_problems
 from tinytrain.checkpoint.resume import checkpoint_problems
 from tinytrain.config.checks import (
+    checkpoint_path_problems,
     experiment_problems,
     guard_problems,
     run_name_problems,
@@ -56,6 +57,7 @@ def validate(cfg) -> None:
         + health_problems(cfg)
         + data_problems(cfg)
         + trainer_problems(cfg)
+        + checkpoint_path_problems(cfg)
         + levers.problems(cfg)
         + micro_batch.problems(cfg, resolve.effective_hardware(cfg))
         # under a batch ramp the schedule counts tokens: plan/layout.py with_ramp checks the decay
