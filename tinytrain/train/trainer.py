@@ -135,13 +135,30 @@ def end_wandb_run(cfg, failed: bool) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
-def wandb_run_id(run_name: str, run_dir: Path) -> str:
-    """Stable for a run directory, distinct between directories (wandb ids are unique per project)."""
-    import hashlib
-    import re
+WANDB_ID_FILE = "wandb_run_id"
 
-    where = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]
-    return f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{where}"
+
+def wandb_run_id(run_name: str, run_dir: Path) -> str:
+    """The run directory's wandb id: kept in it (`wandb_run_id`), so a resumed or requeued run
+    continues its wandb run, while a new run in a directory of the same name (the old one
+    deleted) starts its own. It was the name and a hash of the path: a second `run.name=debug`
+    appended its history to the first's. The first rank to write it wins; the others read it."""
+    import re
+    import secrets
+    import time
+
+    path = run_dir / WANDB_ID_FILE
+    mine = f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{secrets.token_hex(4)}"
+    try:
+        with open(path, "x") as f:  # exclusive: one writer
+            f.write(mine + "\n")
+        return mine
+    except FileExistsError:
+        for _ in range(50):  # another rank created it a moment ago and is writing it
+            if text := path.read_text().strip():
+                return text
+            time.sleep(0.1)
+        return mine
 
 
 def mixture_callback(plan: RunPlan, train_sampler) -> MixtureExhaustion | None:
