@@ -242,6 +242,21 @@ def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
         cfg.logger.wandb_name = f"{cfg.run.name}/{job_num}"
 
 
+def causes(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def reader_left() -> None:
+    """stdout's reader went away (`tinytrain mode=plan | head`): not a disk error, nothing to
+    explain. Exit as a process killed by SIGPIPE does, with nothing more written to the pipe."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(128 + 13)
+
+
 def main() -> None:
     """The `tinytrain` command (and `python -m tinytrain`)."""
     from tinytrain.config.friendly_errors import friendly_message
@@ -257,7 +272,10 @@ def main() -> None:
     if {"--help", "-h"} & set(sys.argv[1:]):  # Hydra's lists its ConfigStore's internal nodes; --hydra-help stays Hydra's
         from tinytrain.config import help
 
-        print(help.render(help.default_config()))
+        try:
+            print(help.render(help.default_config()))
+        except BrokenPipeError:
+            reader_left()
         return
     # Hydra prints a trimmed traceback for every error; tinytrain prints one paragraph naming
     # the key, the value and the fix instead. Users who want the traceback set HYDRA_FULL_ERROR=1
@@ -281,6 +299,8 @@ def main() -> None:
         print(str(e), file=sys.stderr)
         sys.exit(3)
     except Exception as e:  # noqa: BLE001 - every exception is either explained or re-raised
+        if any(isinstance(err, BrokenPipeError) for err in causes(e)):
+            reader_left()
         message = friendly_message(e, sys.argv[1:])
         if message is None or os.environ["TINYTRAIN_TRACEBACK"] == "1":
             raise

@@ -35,3 +35,23 @@ def test_bad_input_is_one_paragraph(name, tmp_path):
 def test_hydra_full_error_shows_the_traceback(tmp_path):
     r = run_cli(["mode=plan", "hardware.gpu=V1000"], tmp_path / "run", env={"HYDRA_FULL_ERROR": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["mode=plan"]])
+def test_a_reader_that_leaves_is_not_a_disk_error(args, tmp_path):
+    """`tinytrain mode=plan | head -1`: the write to the closed pipe was reported as a file error
+    ("failed on a file: Broken pipe. Fix: check the path and the disk"), and --help's as a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, cli_env
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before tinytrain writes its first line
+    try:
+        r = subprocess.run([sys.executable, "-m", "tinytrain", *args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=cli_env(None), stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert r.returncode == 141, r.stderr[-2000:]  # as a process SIGPIPE ends
+    assert "Traceback" not in r.stderr and "Broken pipe" not in r.stderr, r.stderr

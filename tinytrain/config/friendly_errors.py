@@ -130,6 +130,7 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         ConfigCompositionException,
         MissingConfigException,
         OverrideParseException,
+        SearchPathException,
     )
     chain = list(_chain(e))
     for err in chain:
@@ -157,6 +158,8 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         return f"tinytrain: could not parse the command-line overrides: {_first_line(str(head))}. Fix: write overrides as key=value; quote values with special characters inside the list, and the whole override for the shell: 'tokenizer.add_special_tokens=[\"<|im_start|>\",\"<|im_end|>\"]'. {HINT}"
     if isinstance(head, ConfigCompositionException):
         return composition_message(head, chain, argv)
+    if isinstance(head, SearchPathException):
+        return f"tinytrain: configuration error: --config-dir / hydra.searchpath: {_first_line(str(head))}. Fix: point it at an existing folder of config groups (model/, data/, ...). {HINT}"
     if isinstance(head, OSError):  # after Hydra's own errors (MissingConfigException is an IOError)
         return os_error_message(head, argv)
     return None
@@ -194,4 +197,19 @@ def composition_message(head, chain: list, argv: list[str]) -> str:
             return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: use one of those values. {HINT}"
         if isinstance(err, ValidationError):
             return f"tinytrain: configuration error: {override}: wrong value for '{full_key}': {_first_line(err.msg)}. Fix: give {full_key} a value of the right type. {HINT}"
-    return f"tinytrain: configuration error: {_first_line(str(head))}. {HINT}"
+    return hydra_message(head, chain)
+
+
+OMEGACONF_DETAIL = re.compile(r"(full_key|reference_type|object_type|object_type=\w+)\s*[:=]")
+
+
+def hydra_message(head, chain: list) -> str:
+    """An error of Hydra's own that names no config key: its whole text (an ambiguous value's
+    fixes are on its later lines) and the cause it wraps ('~' on a schema key)."""
+    lines = [line.strip() for e in chain for line in str(e).strip().splitlines()]
+    said = " ".join(line for line in lines if line and not OMEGACONF_DETAIL.match(line))
+    if "does not support deletion" in said or "Could not delete from config" in said:
+        fix = "'~' removes a key, and tinytrain's keys are its schema's: give the key a value instead (null where it takes none)"
+    else:
+        fix = "write the override as the message above says"
+    return f"tinytrain: configuration error: {said.rstrip('.')}. Fix: {fix}. {HINT}"
