@@ -57,3 +57,29 @@ def test_a_refused_plan_leaves_the_trained_run_s_hydra_record_as_it_was(tmp_path
     assert r.returncode == 2 and "holds a trained run" in r.stderr, r.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / ".hydra").iterdir()) == ["overrides.yaml"]
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.max_steps=60\n"
+
+
+def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
+    """Hydra writes .hydra/ before the lock is tried: a plan refused while a run trained there
+    replaced that run's record of how it was composed (mode=plan, trainer.lr=9)."""
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- trainer.lr=1e-3\n")
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "tinytrain"])  # a training run's process
+    try:
+        with hold(tmp_path, "train"):
+            (tmp_path / LOCK_NAME).write_text(f"tinytrain mode=train, pid {running.pid} on {socket.gethostname()}, since now\n")
+            r = run_cli(["mode=plan", "trainer.lr=9"], tmp_path)
+    finally:
+        running.kill()
+        running.wait()
+    assert r.returncode == 2 and "is in use by tinytrain mode=train" in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / ".hydra").iterdir()) == ["overrides.yaml"]
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.lr=1e-3\n"
+    # Its process gone (the line a killed holder leaves), the record is written again.
+    from tinytrain.config.resolvers import running_here
+
+    assert not running_here(tmp_path)

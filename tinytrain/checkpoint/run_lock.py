@@ -18,11 +18,11 @@ import socket
 import time
 from pathlib import Path
 
+from tinytrain.config.resolvers import LOCK_NAME
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".tinytrain.lock"
 
 
 @contextlib.contextmanager

@@ -44,14 +44,47 @@ def _run_dir(root: str, name: str) -> str:
     return f"{root}/{name}"
 
 
+LOCK_NAME = ".tinytrain.lock"  # the run directory's lock (checkpoint/run_lock.py)
+
+
 def _hydra_record(mode: str, run_dir: str) -> str | None:
     """hydra.output_subdir: `.hydra`, the record of how the run was composed, except where another
-    mode (a plan, an export, an eval) would write it over a trained run's record, before anything
-    could refuse it: Hydra writes it before tinytrain runs. None: Hydra writes no record."""
+    mode (a plan, an export, an eval) would write it over a trained run's record, or any process
+    over the record of a run still running there (run_lock refuses it, after Hydra wrote): Hydra
+    writes it before tinytrain runs. None: Hydra writes no record."""
     checkpoints = Path(run_dir) / "checkpoints"
     # step<N>.ckpt (a file or DeepSpeed's folder) or final.ckpt; a save's temp name ends otherwise.
     trained = any(checkpoints.glob("step*.ckpt")) or (checkpoints / "final.ckpt").exists()
-    return None if str(mode) != "train" and trained else ".hydra"
+    if (str(mode) != "train" and trained) or running_here(Path(run_dir)):
+        return None
+    return ".hydra"
+
+
+def running_here(run_dir: Path) -> bool:
+    """Whether the holder the run directory's lock file names is a live process on this machine
+    (not this one): read, not locked, since a probe's own flock could make the holder's fail. A
+    holder on another machine is not seen; a dead one's line stays in the file after it ends."""
+    import os
+    import re
+    import socket
+
+    try:
+        named = re.search(r"pid (\d+) on (\S+), since", (run_dir / LOCK_NAME).read_text())
+    except OSError:
+        return False
+    if not named or named.group(2) != socket.gethostname() or int(named.group(1)) == os.getpid():
+        return False
+    pid = int(named.group(1))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    try:  # a killed holder's pid taken by another program since
+        return b"tinytrain" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
 
 
 def run_name_problem(name: str) -> Problem | None:
