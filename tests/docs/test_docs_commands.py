@@ -62,7 +62,7 @@ def workspace(tmp_path_factory):
     (ws / "examples").symlink_to(REPO / "examples")
     if (REPO.parent / "shared").exists():
         (root / "shared").symlink_to(REPO.parent / "shared")
-    shutil.copy(REPO / "examples" / "data" / "preference_tiny.jsonl", ws / "pairs.jsonl")
+    shutil.copy(REPO / "tinytrain" / "assets" / "examples" / "preference_tiny.jsonl", ws / "pairs.jsonl")
     for page, block in setup_blocks():
         subprocess.run(["bash", "-e", "-c", block], cwd=ws, check=True, timeout=60)
     (ws / "held_out.txt").write_text("\n\n".join(f"A held-out paragraph number {i} about dictionaries and lists." for i in range(3000)))

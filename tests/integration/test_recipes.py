@@ -216,7 +216,7 @@ def test_orpo_and_kto_step_zero_is_their_definition_on_every_kind_of_strategy(tm
     means over the ranks); fsdp_tp (one data-parallel rank) also its loss and NLL. The one-process
     run trains 8 steps: its loss falls and its reward margins grow (measured: kto 0 -> 0.39, orpo
     -0.006 -> 0.015 with its accuracy 0.25 -> 1.0); the others 2."""
-    data = "examples/data/kto_tiny.jsonl" if objective == "kto" else "examples/data/preference_tiny.jsonl"
+    data = "${tt.asset:examples/kto_tiny.jsonl}" if objective == "kto" else "${tt.asset:examples/preference_tiny.jsonl}"
     common = ["experiment=dpo_smoke", *MODEL, f"model.pretrained={base}", f"finetune.objective={objective}", f"data.path={data}", "data.group_by_length=false", "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.plot=false", "trainer.export=false"]
     firsts = {}
     for name, extra in PREFERENCE_LAYOUTS[objective].items():

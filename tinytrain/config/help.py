@@ -93,7 +93,7 @@ def render(defaults, conf_dir: Path = CONF_DIR) -> str:
         "  tinytrain experiment=smoke logger=[wandb,tensorboard]          (loggers combine; metrics.csv is always written)",
         "  tinytrain --config-dir ./my_conf model=my_model      (your own groups on top of tinytrain's)",
         "",
-        "exit codes: 0 done, 2 configuration error, 3 stopped by a guard, 75 checkpointed on a signal (run again to resume)",
+        "exit codes: 0 done, 2 configuration error, 3 stopped by a guard, 75 checkpointed on a signal (run again to resume), 76 stopped by the hang watchdog (hang_report.txt)",
         "more in the repository's docs/ (mkdocs serve shows them as a site):",
         *(f"  docs/{page}" for page in DOC_PAGES),
     ]

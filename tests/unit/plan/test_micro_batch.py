@@ -51,7 +51,7 @@ def test_the_plan_picks_and_prints_the_table(extra, micro, mode, tmp_path, capsy
 def test_kto_under_auto_chooses_two_examples_or_more(tmp_path, capsys):
     """KTO pairs each example with another one of its micro batch (its KL row): auto chose from 1
     up (the check for 2 compared the string "auto" with 2 and died with a TypeError)."""
-    kto = ["experiment=dpo_smoke", "finetune.objective=kto", "data.path=examples/data/kto_tiny.jsonl", "hardware.gpu=A100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=8", "trainer.activation_checkpointing=full"]
+    kto = ["experiment=dpo_smoke", "finetune.objective=kto", "data.path=${tt.asset:examples/kto_tiny.jsonl}", "hardware.gpu=A100", "trainer.micro_batch_size=auto", "trainer.global_batch_size=8", "trainer.activation_checkpointing=full"]
     p = plan(kto, tmp_path)
     assert sorted({r["micro_batch"] for r in p["activation_checkpointing"]["table"]}) == [2, 4, 8]
     assert "= 8 examples (each a completion and a KL row: its prompt with another example's completion) of up to" in capsys.readouterr().out
