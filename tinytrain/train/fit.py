@@ -240,10 +240,12 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
         why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={plan.max_steps}"
         print(f"no step left to train ({why}){val}")
     else:
-        print(f"loss {result['first_loss']:.4f} (first step) -> {result['last_loss']:.4f} (last step){val}")
+        # A resumed run's process saw its own steps only (metrics.csv holds the whole run's).
+        since = f" since the resume at step {plan.resume.step}" if plan.resume else ""
+        print(f"loss {result['first_loss']:.4f} (first step{since}) -> {result['last_loss']:.4f} (last step){val}")
         first, last = result["loss_means"]
         k = result["loss_window"]
-        print(f"loss mean of the first {k} step(s) {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
+        print(f"loss mean of the first {k} step(s){since} {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         left = ", ".join(f"{n} {why}" for why, n in result["left_out"].items() if n)
