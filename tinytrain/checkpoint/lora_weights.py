@@ -66,11 +66,28 @@ def merge_adapters(state_dict: dict, finetune: dict) -> dict:
 def portable_base(base: str, final_dir: Path | None) -> str:
     """The adapter's base_model_name_or_path: a hub id as given; a local folder relative to the
     adapter folder's final place (`final_dir`), so the config names no machine's absolute path and
-    stays right when the run and its base move together."""
+    stays right when the run and its base move together. A base from checkpoint.init_from is a
+    tinytrain checkpoint, which peft cannot load: its run's export where that holds the same weights
+    (init_from=<run>/checkpoints/final.ckpt and <run>/hf_export), else the checkpoint, with a warning."""
     path = Path(base)
+    if path.exists() and is_tinytrain_checkpoint(path):
+        export = path.parent.parent / "hf_export"
+        if path.name.startswith("final.") and (export / "config.json").is_file():
+            path = export
+        else:
+            log.warning(
+                "hf_export/adapter: its base, checkpoint.init_from=%s, is a tinytrain checkpoint peft cannot load: export it (mode=export checkpoint=%s) and pass that folder to PeftModel.from_pretrained as the base",
+                base,
+                base,
+            )
     if final_dir is None or not path.exists():
         return base
     return Path(os.path.relpath(path.resolve(), Path(final_dir).resolve())).as_posix()
+
+
+def is_tinytrain_checkpoint(path: Path) -> bool:
+    """A step or final checkpoint (a file, or DeepSpeed's folder), not a Hugging Face folder."""
+    return path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file() and (path / "latest").is_file())
 
 
 def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: Path, final_dir: Path | None = None) -> Path:
