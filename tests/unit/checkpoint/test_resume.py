@@ -222,3 +222,16 @@ def test_the_plan_says_init_from_is_not_applied_when_the_run_resumes(tmp_path):
     torch.save({"global_step": 3, "tinytrain": meta, "state_dict": {}}, run_dir / "checkpoints" / "step0000003.ckpt")
     text = make_plan(compose([f"checkpoint.init_from={base}"]), tokenizer, run_dir).render()
     assert f"init from  {base}: not applied, the run resumes from its own checkpoint" in text
+
+
+@pytest.mark.parametrize("given", [".", "checkpoints"])
+def test_a_run_directory_given_for_a_checkpoint_names_its_newest(tmp_path, given):
+    """resume=<run dir> was told to point at a folder saved under parallel=zero*, whatever the run."""
+    (tmp_path / "checkpoints").mkdir()
+    for step in (4, 8):
+        (tmp_path / "checkpoints" / f"step000000{step}.ckpt").write_bytes(b"weights")
+    with pytest.raises(ConfigError) as e:
+        resolve(str(tmp_path / given), tmp_path / "other")
+    problem = e.value.problems[0]
+    assert "is a folder of step checkpoints, not one checkpoint" in problem.message
+    assert f"resume={tmp_path / 'checkpoints' / 'step0000008.ckpt'}, the newest" in problem.fix
