@@ -86,8 +86,10 @@ def portable_base(base: str, final_dir: Path | None) -> str:
 
 
 def is_tinytrain_checkpoint(path: Path) -> bool:
-    """A step or final checkpoint (a file, or DeepSpeed's folder), not a Hugging Face folder."""
-    return path.suffix == ".ckpt" or (path.is_dir() and not (path / "config.json").is_file() and (path / "latest").is_file())
+    """A checkpoint of a format the table knows other than a Hugging Face folder."""
+    from tinytrain.checkpoint.formats import CheckpointFormat, format_of
+
+    return format_of(path).format is not CheckpointFormat.hf_export
 
 
 def write_adapter_folder(state_dict: dict, finetune: dict, base_model, out_dir: Path, final_dir: Path | None = None) -> Path:

@@ -62,10 +62,9 @@ def check_deepspeed_folder(folder: Path, key: str) -> None:
     allowed = deepspeed_globals()
     files = sorted(folder.rglob("*.pt"))
     if not files:
-        inside = folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
-        steps = sorted(p.name for p in inside.glob("step*.ckpt"))
+        steps = sorted((folder / "checkpoints").glob("step*.ckpt")) or sorted(folder.glob("step*.ckpt"))
         if steps:  # a run directory (or its checkpoints/) given for one of its checkpoints
-            raise ConfigError(Problem(key, str(folder), "is a folder of step checkpoints, not one checkpoint", f"name one of them ({key}={inside / steps[-1]}, the newest), or run in that run's directory (its run.name) with resume=auto"))
+            raise ConfigError(Problem(key, str(folder), "is a folder of step checkpoints, not one checkpoint", f"name one of them ({key}={steps[-1]}, the newest), or run in that run's directory (its run.name) with resume=auto"))
         raise ConfigError(Problem(key, str(folder), "is a folder without DeepSpeed checkpoint files (*.pt)", "point it at a checkpoint file (checkpoints/step<N>.ckpt, final.ckpt), or a DeepSpeed checkpoint folder saved under parallel=zero*"))
     for path in files:
         load_file(path, key, allowed)

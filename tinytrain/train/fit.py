@@ -127,7 +127,7 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
     module = build_module(cfg, plan, tokenizer)
     evals, slurm_evals = eval_callback(plan, run_dir, tokenizer, watched), slurm_eval_callback(plan, cfg, run_dir)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + evals + slurm_evals
-    built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, at_validation_end=samples, preemption=preemption, watched=watched)
+    built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, at_validation_end=samples, validates_last_step=True, preemption=preemption, watched=watched)
     trainer, summary = built.trainer, built.summary
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"

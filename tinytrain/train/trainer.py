@@ -182,11 +182,13 @@ class BuiltTrainer(NamedTuple):
     stragglers: Stragglers | None  # cluster.straggler_*: the ranks named slow
 
 
-def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), at_validation_end=(), preemption=None, watched=None) -> BuiltTrainer:
+def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), at_validation_end=(), validates_last_step=False, preemption=None, watched=None) -> BuiltTrainer:
     """The Lightning Trainer every tinytrain run uses (benchmarks/step_overhead.py times this one).
     A resumed run's metrics.csv keeps the rows before the step it resumes from. `watched`: this
     rank's cluster.watched_rank.WatchedRank, when the hang watchdog is on. `at_validation_end`:
-    callbacks whose work there (sample generations) is left out of the throughput, as validation is."""
+    callbacks whose work there (sample generations) is left out of the throughput, as validation is.
+    `validates_last_step`: the run has validation data, and validates at its last step too
+    (callbacks/final_validation.py)."""
     import lightning.pytorch as pl
 
     t = cfg.trainer
@@ -195,6 +197,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     summary = LossSummary()
     cp = plan.parallel.cp
     val_every = t.val_every_n_steps if t.val_batches else 0  # 0: the run does not validate
+    last_validated = plan.max_steps if validates_last_step and val_every else 0
     profiler = Profiler(run_dir / "profile", start=t.profile_start, steps=t.profile_steps, memory_estimate=plan.memory.to_dict()) if t.profile else None
     throughput = ThroughputMonitor(plan.shape, *peak_tflops(plan.hardware, plan.precision.dtype), ranks_per_batch=plan.parallel.tp * cp, profiled=profiler.traces if profiler else None)
     bar = bar_on_terminal(t.progress_bar)
@@ -218,12 +221,12 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *([mixture] if mixture else []),
         RNGState(cfg.seed),
-        *([FinalValidation(plan.max_steps, val_every)] if val_every else []),
+        *([FinalValidation(plan.max_steps, val_every)] if last_validated else []),
         dead_rank,
         # After DataPosition: a checkpoint it saves has counted the step's batch.
         preemption or Preemption(run_dir),
         # Checkpoint callbacks run last (Lightning orders them so).
-        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, val_every, plan.max_steps),
+        StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, val_every, last_validated),
         *extra_callbacks,
         *([profiler] if profiler else []),
     ]

@@ -5,8 +5,9 @@ steps, where the rate decays, went unmeasured.
 
 Lightning validates a step whose callbacks ask the run to stop (`trainer.should_stop`, its
 training epoch loop's `_should_check_val_fx`), so the last step asks it: the run ends there
-anyway. StepCheckpoints counts the last step as a validating one (`validates_at`), so its
-checkpoint waits for the row.
+anyway; Lightning also writes that step's metrics row, off the logging interval or not.
+StepCheckpoints counts the last step as a validating one (`validates_at`), so its checkpoint
+waits for the row. Only runs with validation data (train/fit.py) ask it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import lightning.pytorch as pl
 
 
 def validates_at(step: int, *, val_every_n_steps: int, max_steps: int) -> bool:
-    """Whether the run validates after optimizer step `step` (0 validation interval: never)."""
+    """Whether the run validates after optimizer step `step` (0 validation interval: never;
+    `max_steps` 0: not at the last step unless on the interval)."""
     return bool(val_every_n_steps) and (step % val_every_n_steps == 0 or step == max_steps)
 
 

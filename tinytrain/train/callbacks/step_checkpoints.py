@@ -35,7 +35,7 @@ class StepCheckpoints(Checkpoint):
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
         self.val_every_n_steps = val_every_n_steps  # 0: no validation
-        self.max_steps = max_steps  # validated too (callbacks/final_validation.py)
+        self.max_steps = max_steps  # validated too (callbacks/final_validation.py); 0: not
         self.last_saved_step: int | None = None
         self.waiting_for_validation = False
 
