@@ -242,14 +242,6 @@ def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
         cfg.logger.wandb_name = f"{cfg.run.name}/{job_num}"
 
 
-def causes(e: BaseException):
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def reader_left() -> None:
     """stdout's reader went away (`tinytrain mode=plan | head`): not a disk error, nothing to
     explain. Exit as a process killed by SIGPIPE does, with nothing more written to the pipe."""
@@ -259,7 +251,7 @@ def reader_left() -> None:
 
 def main() -> None:
     """The `tinytrain` command (and `python -m tinytrain`)."""
-    from tinytrain.config.friendly_errors import friendly_message
+    from tinytrain.config.friendly_errors import causes, friendly_message
     from tinytrain.errors import TrainingStopped
 
     if "--version" in sys.argv[1:]:  # Hydra's own --version prints Hydra's

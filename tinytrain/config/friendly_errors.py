@@ -20,7 +20,8 @@ HINT = "(set HYDRA_FULL_ERROR=1 for the traceback)"
 APPEND_TO_EXISTING = re.compile(r"Could not append to config\. An item is already at '([\w.]+)'")
 
 
-def _chain(e: BaseException):
+def causes(e: BaseException):
+    """`e` and the exceptions it was raised from or while handling, outermost first."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -132,7 +133,7 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         OverrideParseException,
         SearchPathException,
     )
-    chain = list(_chain(e))
+    chain = list(causes(e))
     for err in chain:
         if isinstance(err, ConfigError):
             return f"{err.render()}\n{HINT}"
