@@ -13,16 +13,12 @@ import contextlib
 import errno
 import fcntl
 import logging
-import os
-import socket
-import time
 from pathlib import Path
 
-from tinytrain.config.resolvers import LOCK_NAME
+from tinytrain.config.resolvers import LOCK_NAME, holder_line
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
-
 
 
 @contextlib.contextmanager
@@ -52,7 +48,7 @@ def hold(run_dir: Path, what: str):
             return
         f.seek(0)
         f.truncate()
-        f.write(f"tinytrain mode={what}, pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.write(holder_line(what))
         f.flush()
         try:
             yield

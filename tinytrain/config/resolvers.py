@@ -47,6 +47,19 @@ def _run_dir(root: str, name: str) -> str:
 LOCK_NAME = ".tinytrain.lock"  # the run directory's lock (checkpoint/run_lock.py)
 
 
+def holder_line(what: str) -> str:
+    """Who holds the run directory's lock, as its holder writes it there (checkpoint/run_lock.py)
+    and running_here reads it (HOLDER)."""
+    import os
+    import socket
+    import time
+
+    return f"tinytrain mode={what}, pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+
+
+HOLDER = r"pid (\d+) on (\S+), since"  # the pid and host of holder_line
+
+
 def _hydra_record(mode: str, run_dir: str) -> str | None:
     """hydra.output_subdir: `.hydra`, the record of how the run was composed, except where another
     mode (a plan, an export, an eval) would write it over a trained run's record, or any process
@@ -69,7 +82,7 @@ def running_here(run_dir: Path) -> bool:
     import socket
 
     try:
-        named = re.search(r"pid (\d+) on (\S+), since", (run_dir / LOCK_NAME).read_text())
+        named = re.search(HOLDER, (run_dir / LOCK_NAME).read_text())
     except OSError:
         return False
     if not named or named.group(2) != socket.gethostname() or int(named.group(1)) == os.getpid():

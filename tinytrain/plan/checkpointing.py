@@ -68,7 +68,7 @@ def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: st
     trainer.micro_batch_size=auto, which decided the mode already: `requested` and `reason` then
     say what was asked and why). auto keeps the margin micro_batch_size=auto and parallel.cp=null
     keep (SAFETY_MARGIN of `gpu_memory_gib`): the table's `fits` is the memory check's, the whole GPU."""
-    from tinytrain.plan.micro_batch import SAFETY_MARGIN
+    from tinytrain.plan.micro_batch import SAFETY_MARGIN, auto_limit_gib
 
     requested = requested or mode_or_auto
     if mode_or_auto is not Checkpointing.auto:
@@ -76,10 +76,10 @@ def choose(mode_or_auto: Checkpointing, table: list[ModeCost], op_policy_off: st
     elif all(c.fits is None for c in table):
         mode, reason = Checkpointing.none, "auto: no GPU memory to fit against (CPU or unknown GPU), so every activation is kept"
     else:
-        limit = (1 - SAFETY_MARGIN) * gpu_memory_gib if gpu_memory_gib else float("inf")
+        limit = auto_limit_gib(gpu_memory_gib) if gpu_memory_gib else float("inf")
         kept = f"auto's {100 * SAFETY_MARGIN:.0f}% margin"
         within = next((c for c in table if c.fits and c.total_gib <= limit), None)
-        fitting = within or next((c for c in table if c.fits), None)
+        fitting = next((c for c in table if c.fits), None)
         if within is not None:
             mode, reason = Checkpointing(within.mode), f"auto: the cheapest mode that fits with {kept}: {within.total_gib:.1f} of {limit:.1f} GiB"
         elif fitting is not None:

@@ -24,7 +24,7 @@ from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.extras import installed
 from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
-from tinytrain.plan.micro_batch import is_auto
+from tinytrain.plan.micro_batch import SAFETY_MARGIN, is_auto
 from tinytrain.plan.parallel import STRATEGIES, power_of_two_divisors, strategy_row
 
 
@@ -57,9 +57,10 @@ RING_BLOCK = 128
 # The longest context is searched in steps of this many tokens per cp rank.
 CONTEXT_STEP = 1024
 LONGEST_SEARCHED = 1 << 24  # 16M tokens
-# parallel.cp=null picks a cp whose estimate stays under this share of the GPU: the estimate does not
-# count the allocator's fragmentation, communication buffers or the CUDA context.
-AUTO_MARGIN = 0.9
+# parallel.cp=null picks a cp whose estimate stays under this share of the GPU, as the other autos
+# do (plan/micro_batch.py): the estimate does not count the allocator's fragmentation,
+# communication buffers or the CUDA context.
+AUTO_MARGIN = 1 - SAFETY_MARGIN
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ AUTO = "auto"
 SAFETY_MARGIN = 0.10  # of the GPU's memory, kept free of the estimate
 
 
+def auto_limit_gib(gpu_memory_gib: float) -> float:
+    """What every auto choice (the micro batch, the checkpointing mode, parallel.cp=null) lets
+    the plan's estimate reach: the GPU's memory less SAFETY_MARGIN."""
+    return (1 - SAFETY_MARGIN) * gpu_memory_gib
+
+
 def is_auto(value) -> bool:
     return isinstance(value, str) and value.strip().lower() == AUTO
 
@@ -61,7 +67,7 @@ def choose(table: list, modes: list, gpu_memory_gib: float) -> tuple[int, str, s
     """(micro batch, mode, reason) from `table` (ModeCost rows for each candidate x mode in `modes`,
     cheapest mode first). None fitting: the smallest candidate under the last mode (the memory line
     says by how much it misses)."""
-    limit = (1 - SAFETY_MARGIN) * gpu_memory_gib
+    limit = auto_limit_gib(gpu_memory_gib)
     for mode in modes:
         fitting = [row for row in table if row.mode == mode and row.total_gib <= limit]
         if fitting:

@@ -53,14 +53,20 @@ def read_complete_rows(path: Path) -> tuple[list[str], list[dict]]:
     return keys, rows
 
 
+def optimizer_step(row: dict) -> int:
+    """A row's optimizer step as progress lines and checkpoint names count it, from 1: its `step`
+    column is Lightning's, one less."""
+    return int(row["step"]) + 1
+
+
 def last_logged(path: Path, key: str) -> tuple[float | None, int | None]:
-    """The last value of `key` in a metrics.csv and its optimizer step as progress lines and
-    checkpoints count it (the row's step + 1); (None, None) where none was logged."""
+    """The last value of `key` in a metrics.csv and its optimizer_step; (None, None) where none was
+    logged."""
     if not path.is_file():
         return None, None
     _, rows = read_complete_rows(path)
     found = [r for r in rows if r.get(key)]
-    return (float(found[-1][key]), int(found[-1]["step"]) + 1) if found else (None, None)
+    return (float(found[-1][key]), optimizer_step(found[-1])) if found else (None, None)
 
 
 class ContinuedMetrics(ExperimentWriter):

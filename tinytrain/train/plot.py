@@ -8,26 +8,29 @@ from pathlib import Path
 
 
 def read_series(metrics_csv: Path, key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of `key`, the steps counted as progress lines and checkpoint names count them
-    (from 1: metrics.csv's `step` is Lightning's, one less)."""
+    """(steps, values) of `key`, the steps counted as progress lines and checkpoint names count them."""
+    from tinytrain.train.metrics_csv import optimizer_step  # here: plot_evals' callers need no Lightning
+
     steps, values = [], []
     with metrics_csv.open() as f:
         for row in csv.DictReader(f):
             if row.get(key):
-                steps.append(int(row["step"]) + 1)
+                steps.append(optimizer_step(row))
                 values.append(float(row[key]))
     return steps, values
 
 
 def stage_starts(metrics_csv: Path) -> list[tuple[int, str]]:
     """(first step, name) of each stage after the first, from metrics.csv's `stage` column."""
+    from tinytrain.train.metrics_csv import optimizer_step
+
     starts, current = [], None
     with metrics_csv.open() as f:
         for row in csv.DictReader(f):
             stage = row.get("stage") or None
             if stage and stage != current:
                 if current is not None:
-                    starts.append((int(row["step"]) + 1, stage))
+                    starts.append((optimizer_step(row), stage))
                 current = stage
     return starts
 
