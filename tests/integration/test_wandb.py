@@ -48,6 +48,10 @@ def test_offline_wandb_run_holds_config_plan_and_metrics(run_dir):
     # Sample generations at each validation step: a wandb table beside samples.jsonl.
     tables = [row["samples/_type"] for row in history if "samples/_type" in row]
     assert tables == ["table-file", "table-file"], tables
+    # Each table sits at its validation's step, as Lightning counts it for val_loss (one less than samples.jsonl's).
+    table_steps = [row["trainer/global_step"] for row in history if "samples/_type" in row]
+    val_steps = [row["trainer/global_step"] for row in history if "val_loss" in row]
+    assert table_steps == val_steps, (table_steps, val_steps)
     table = json.loads(max(runs[0].parent.glob("files/media/table/samples_*.table.json"), key=lambda p: int(p.name.split("_")[1])).read_text())
     assert table["columns"] == ["step", "prompt", "completion"] and len(table["data"]) == 4  # 2 prompts x 2 validations
     assert len((run_dir / "samples.jsonl").read_text().splitlines()) == 4

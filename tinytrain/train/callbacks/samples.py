@@ -55,7 +55,8 @@ class SampleGenerations(pl.Callback):
         self.rows += [[step, r["prompt"], r["completion"]] for r in results]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):  # WandbLogger
-                logger.log_table(key="samples", columns=["step", "prompt", "completion"], data=self.rows, step=step)
+                # Lightning logs optimizer step k as k - 1: the table sits in val_loss's row (as evals do).
+                logger.log_table(key="samples", columns=["step", "prompt", "completion"], data=self.rows, step=max(step - 1, 0))
 
 
 def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
