@@ -64,10 +64,10 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     OmegaConf.set_readonly(cfg, True)
     if is_rank_zero():
         write_plan_files(cfg, plan, run_dir)
-        print(plan.render(), flush=True)
+        rank_logging.say(plan.render())
     if cfg.mode in PLANNING_MODES:
         if is_rank_zero():
-            print(f"plan written to {run_dir / 'plan.json'}")
+            rank_logging.say(f"plan written to {run_dir / 'plan.json'}")
         return plan
     if is_rank_zero():
         clean_up_after_interrupted_saves(cfg, plan, run_dir)
@@ -166,7 +166,7 @@ def prepare_data(cfg: DictConfig, data):
         from tinytrain.data.sources import Source
 
         lines = parts.prepare_one(Source.from_config(data.settings), data.settings, data.tokenizer)
-        print("\n".join(f"data       {line}" for line in lines), flush=True)
+        rank_logging.say("\n".join(f"data       {line}" for line in lines))
         return lines
     from tinytrain.plan.layout import world_size
     from tinytrain.plan.parallel import unplanned_batch
@@ -174,7 +174,7 @@ def prepare_data(cfg: DictConfig, data):
     batch = unplanned_batch(cfg, world_size(cfg))  # what training will draw (no plan is made)
     built = data.build(batch)
     if is_rank_zero():
-        print(built.describe(), flush=True)
+        rank_logging.say(built.describe())
     return built
 
 

@@ -95,6 +95,9 @@ def test_ddp_two_processes_over_gloo(tmp_path):
     assert not [line for line in log.splitlines() if "[rank 1]" in line and "[INFO]" in line]
     progress = [m for m in messages if m.startswith("step ")]
     assert [m.split(":")[0] for m in progress] == ["step 2/8", "step 4/8", "step 6/8", "step 8/8"], log
+    # The log keeps what the console showed of the plan and the summary (a Slurm job's console is elsewhere).
+    for shown in ("parallel   ddp: world size 2 = tp 1 x dp 2", "preflight  ok", "(first step) -> ", f"run directory: {run_dir}"):
+        assert shown in log and shown in r.stdout, shown
     console = r.stdout.splitlines()
     for message in messages:
         assert sum(message in line for line in console) == 1, (message, r.stdout)

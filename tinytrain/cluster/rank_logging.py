@@ -31,3 +31,13 @@ def configure(rank: int) -> None:
         handler.setFormatter(prefix)
     # Python warnings of these ranks become log records, so they carry the rank too.
     logging.captureWarnings(True)
+
+
+def say(text: str) -> None:
+    """Print what the user reads (the plan, the run's summary) and keep it in tinytrain.log too: the
+    log is what a run directory keeps of a run whose console went elsewhere (a Slurm job's file)."""
+    print(text, flush=True)
+    record = logging.LogRecord("tinytrain", logging.INFO, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)

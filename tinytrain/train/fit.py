@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.average import newest_step_checkpoints
 from tinytrain.checkpoint.format import vocab_param_names
+from tinytrain.cluster.rank_logging import say
 from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
@@ -217,7 +218,7 @@ def average_at_the_end(cfg, plan: RunPlan, run_dir: Path, tokenizer) -> None:
     export_dir = export_dir_for(out, run_dir)
     if cfg.trainer.export:
         export(out, RunModel(model_config(cfg.model, plan.vocab.padded, tokenizer), tokenizer, plan.vocab.true, plan.export), export_dir)
-    print(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
+    say(f"averaged the last {len(paths)} step checkpoints ({', '.join(p.name for p in paths)}) -> {out}{' and ' + str(export_dir) if cfg.trainer.export else ''}")
 
 
 def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokenizer, result: dict) -> None:
@@ -234,31 +235,31 @@ def finish(cfg, plan: RunPlan, *, run_dir: Path, final_checkpoint: Path, tokeniz
     if cfg.checkpoint.average_last:
         average_at_the_end(cfg, plan, run_dir, tokenizer)
     if result["data_ran_out"]:
-        print(result["data_ran_out"])
+        say(result["data_ran_out"])
     val = f", validation {result['val_loss']:.4f} (step {result['val_step']})" if result["val_loss"] is not None else ""
     if result["first_loss"] is None:  # resumed from a checkpoint at trainer.max_steps, or where the data ran out
         why = "the mixture source above ran out" if result["data_ran_out"] else f"trainer.max_steps={plan.max_steps}"
-        print(f"no step left to train ({why}){val}")
+        say(f"no step left to train ({why}){val}")
     else:
         # A resumed run's process saw its own steps only (metrics.csv holds the whole run's).
         since = f" since the resume at step {plan.resume.step}" if plan.resume else ""
-        print(f"loss {result['first_loss']:.4f} (first step{since}) -> {result['last_loss']:.4f} (last step){val}")
+        say(f"loss {result['first_loss']:.4f} (first step{since}) -> {result['last_loss']:.4f} (last step){val}")
         first, last = result["loss_means"]
         k = result["loss_window"]
-        print(f"loss mean of the first {k} step(s){since} {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
+        say(f"loss mean of the first {k} step(s){since} {first:.4f} -> of the last {k} {last:.4f} (one batch's loss is noisy: compare these)")
     if result["tokens_per_s_per_device"]:
         mfu = f"MFU {100 * result['mfu']:.1f}% of the {result['note']}" if result["mfu"] is not None else result["note"]
         left = ", ".join(f"{n} {why}" for why, n in result["left_out"].items() if n)
-        print(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step{f' (steps left out: {left})' if left else ''}; {mfu}")
+        say(f"throughput {result['tokens_per_s_per_device']:,.0f} tokens/s per device after the first step{f' (steps left out: {left})' if left else ''}; {mfu}")
     if result["profile"]:
-        print(result["profile"])
+        say(result["profile"])
     if result["eval_jobs"]:
-        print(result["eval_jobs"])
+        say(result["eval_jobs"])
     if result["evals"]:
         ev = result["evals"]
         share = f", {100 * ev['eval_share']:.1f}% of the run's training time" if ev["eval_share"] is not None else ""
         failed = f"; failed at step(s) {', '.join(map(str, ev['eval_failed']))} (the warnings say why)" if ev["eval_failed"] else ""
-        print(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share}{failed} -> {run_dir / 'evals.csv'}")
+        say(f"evals: {ev['eval_scorings']} scoring(s) of {', '.join(plan.evals.tasks)} took {ev['eval_seconds']:.1f} s{share}{failed} -> {run_dir / 'evals.csv'}")
     if result["stragglers"]:
-        print(result["stragglers"])
-    print(f"run directory: {run_dir}")
+        say(result["stragglers"])
+    say(f"run directory: {run_dir}")
