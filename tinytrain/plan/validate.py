@@ -40,6 +40,9 @@ from tinytrain.plan.watchdog import watchdog_problems
 def validate(cfg) -> None:
     """Raise one ConfigError listing every problem found."""
     cluster = cluster_problems(cfg)
+    layout = parallel_problems(cfg) if not cluster else []
+    # A cp the world cannot hold is fixed first: its kind (and the kind's rules) follow the fix's tp.
+    cp_rules = context.problems(cfg) if not any(p.key == "parallel.cp" for p in layout) else []
     problems = (
         unknown_key_problems(cfg)
         + experiment_problems()
@@ -49,8 +52,8 @@ def validate(cfg) -> None:
         + pretrained_path_problems(cfg.model.pretrained)
         + cluster
         # The world size (nodes x devices) underlies the parallel and batch checks.
-        + (parallel_problems(cfg) if not cluster else [])
-        + context.problems(cfg)
+        + layout
+        + cp_rules
         + slurm_problems(cfg)
         + watchdog_problems(cfg)
         + straggler_problems(cfg)

@@ -230,6 +230,17 @@ def test_each_problem_is_named_once():
     assert [p.key for p in unrun] == ["parallel.cp_kind"]
 
 
+def test_a_cp_the_world_cannot_hold_is_named_without_the_kind_its_tp_would_pick():
+    """cp 2 beside tp 2 on 2 GPUs: the fix (tp 1) lets auto pick Ulysses, so ring's seq_len rule
+    (128-token blocks per rank, asked because tp 2 rules Ulysses out) is not asked as well."""
+    from tinytrain.errors import ConfigError
+    from tinytrain.plan.validate import validate
+
+    with pytest.raises(ConfigError) as refused:
+        validate(compose(["parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2", "parallel.cp=2"]))
+    assert [p.key for p in refused.value.problems] == ["parallel.cp"], refused.value
+
+
 def test_the_plan_line_for_ring_names_torch_s_engine_and_its_proof():
     """What mode=plan prints for ring: torch's engine and what proved it."""
     from tinytrain.plan.context import choose, render
