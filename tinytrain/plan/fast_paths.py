@@ -9,6 +9,7 @@ from tinytrain.config.schema import CompileMode, Strategy
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.activations import LOSS_PEAK_BYTES
 from tinytrain.plan.checkpointing import CheckpointingPlan, choose
+from tinytrain.plan.extras import DISTRIBUTION
 from tinytrain.plan.levers import checkpointing_mode, compile_mode
 from tinytrain.plan.parallel import strategy_row
 
@@ -121,9 +122,9 @@ def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu
         return False, False
     if not available:
         if requested:
-            reasons["liger"] = "as configured; liger-kernel is not installed on this machine: the one that trains needs it (pip install -e '.[gpu]')"
+            reasons["liger"] = f"as configured; liger-kernel is not installed on this machine: the one that trains needs it (pip install '{DISTRIBUTION}[gpu]')"
             return True, zero_stage != 3
-        reasons["liger"] = "off: liger-kernel is not installed (pip install -e '.[gpu]')"
+        reasons["liger"] = f"off: liger-kernel is not installed (pip install '{DISTRIBUTION}[gpu]')"
         return False, False
     fused_loss = zero_stage != 3
     how = "RMSNorm, SwiGLU, RoPE kernels" + (" and fused linear cross-entropy" if fused_loss else "; loss unfused: ZeRO-3 partitions the lm_head outside the forward")
