@@ -2,6 +2,7 @@
 explained (real fp16 autocast + GradScaler through the MixedPrecision plugin), grad-norm spikes."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -20,9 +21,9 @@ def small_with(overrides) -> list[str]:
     return [*(o for o in SMALL if o.split("=")[0] not in given), *overrides]
 
 
-def train(overrides, run_dir, corrupt=None, steps=8, callbacks=()):
+def train(overrides, run_dir, corrupt=None, steps=8, callbacks=(), fused_adamw=None):
     """Train in-process through tinytrain's own module, guards and Trainer; `corrupt(step, grad)`
-    may rewrite the gradient of LAYER."""
+    may rewrite the gradient of LAYER; `fused_adamw` overrides the plan's choice (a GPU's)."""
     from tinytrain.data.tokenizer import load_from_config
     from tinytrain.plan.planner import make_plan
     from tinytrain.train.fit import build_module
@@ -34,6 +35,8 @@ def train(overrides, run_dir, corrupt=None, steps=8, callbacks=()):
     quiet_lightning()
     torch.manual_seed(0)
     module = build_module(cfg, plan, tok)
+    if fused_adamw is not None:
+        module.fused_adamw = fused_adamw
     if corrupt is not None:
         param = dict(module.named_parameters())[LAYER]
         param.register_hook(lambda g: corrupt(module.trainer.global_step, g))
@@ -101,6 +104,34 @@ def test_fp16_loss_scale_collapse_is_explained(tmp_path):
     assert last["step"] == str(step - 1) and float(last["loss_scale"]) == float(msg.split(" -> ")[1].split(" ")[0])
     assert "gradient overflow first seen in" in msg and "layers.1.mlp.down_proj" in msg
     assert "model.untrained_tokens=mean" in msg and "bf16" in msg
+
+
+def test_a_fused_adamw_under_fp16_clips_and_logs_the_unscaled_gradients(tmp_path):
+    """The plan picks torch's fused AdamW on every CUDA GPU, fp16 (a V100) included. Its step unscales
+    the gradients itself, so Lightning leaves them scaled for the clipping, the guard and the logged
+    grad_norm: 65536 times the norm, every step clipped to 1/65536 of the update. It must train as
+    the plain AdamW does."""
+    fp16 = ["precision=fp16", "trainer.log_every_n_steps=1", "trainer.grad_clip=1.0"]
+    plain, _ = train(fp16, tmp_path / "plain", steps=3, fused_adamw=False)
+    fused, _ = train(fp16, tmp_path / "fused", steps=3, fused_adamw=True)
+    norms = {name: [float(r["grad_norm"]) for r in metrics_rows(tmp_path / name)] for name in ("plain", "fused")}
+    assert len(norms["plain"]) == 3 and norms["fused"] == pytest.approx(norms["plain"], rel=1e-4), norms
+    for (name, a), b in zip(plain.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4, msg=name)  # the bug: ~1/65536 of a 3e-3 step
+
+
+def test_the_schedule_waits_on_the_steps_fp16_skips(tmp_path):
+    """GradScaler skips a step whose fp16 gradients overflowed; the schedule waits with it (as it does
+    under DeepSpeed), so skips at the start do not use up the warm-up."""
+    module, trainer = train(["precision=fp16", "precision.loss_scale.initial_scale_power=24", "trainer.warmup_steps=4", "trainer.log_every_n_steps=1"], tmp_path, steps=8)
+    rows = metrics_rows(tmp_path)
+    applied = [math.isfinite(float(r["grad_norm"])) for r in rows]
+    skipped = round(math.log2(2.0**24 / trainer.precision_plugin.scaler.get_scale()))  # halved once per skip
+    assert 0 < skipped < 8 and applied.count(False) == skipped, rows
+    assert module.lr_schedulers().last_epoch == 8 - skipped
+    # Each row's lr is the rate its step ran at: it moves on after an applied step only.
+    lrs = [float(r["lr"]) for r in rows]
+    assert [b != a for a, b in zip(lrs, lrs[1:])] == applied[:-1], rows
 
 
 def test_grad_norm_spike_is_logged_as_an_event(tmp_path):

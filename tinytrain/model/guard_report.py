@@ -6,10 +6,15 @@ from __future__ import annotations
 import torch
 
 
+def grad_scaler(trainer):
+    """torch's GradScaler of an fp16 run outside DeepSpeed (Lightning's precision plugin's), else None."""
+    return getattr(trainer.precision_plugin, "scaler", None)
+
+
 def current_loss_scale(trainer) -> float | None:
     """The fp16 loss scale (GradScaler's or DeepSpeed's), None without fp16 loss scaling (DeepSpeed
     keeps a static scale of 1 under fp32/bf16: that is no loss scaling)."""
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    scaler = grad_scaler(trainer)
     if scaler is not None:
         return float(scaler.get_scale())
     engine = deepspeed_engine(trainer)

@@ -13,7 +13,7 @@ from tinytrain.checkpoint.sharded import holds_shards
 from tinytrain.model import optimizers
 from tinytrain.model.chunked_loss import chunked_lm_loss
 from tinytrain.model.grad_norm import clip_grad_norm
-from tinytrain.model.guard_report import deepspeed_engine
+from tinytrain.model.guard_report import deepspeed_engine, grad_scaler
 from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
@@ -98,6 +98,7 @@ class CausalLMModule(pl.LightningModule):
         # clipping needs no second pass over the gradients; used once.
         self.measured_grad_norm: torch.Tensor | None = None
         self.engine_steps_read: int | None = None  # DeepSpeed's step count when its norm was last read
+        self.step_skipped = False  # GradScaler skipped this step (fp16 overflow): the schedule waits
         # This step's loss and pre-clip gradient norm, logged only on the steps that read them
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
@@ -254,7 +255,11 @@ class CausalLMModule(pl.LightningModule):
             self.log("grad_norm", norm)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        scaler = grad_scaler(self.trainer)
+        scale = scaler.get_scale() if scaler is not None else None
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # GradScaler skips a step whose fp16 gradients overflowed and lowers its scale (only then).
+        self.step_skipped = scaler is not None and scaler.get_scale() < scale
         if self.clip_in_module:
             # Lightning zeroes the gradients inside the next step's closure, after its forward: they
             # would sit beside that forward's activations, 4 B a parameter at its end. Freed now.
@@ -275,10 +280,11 @@ class CausalLMModule(pl.LightningModule):
             self.record_grad_norm(float(norm))
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
-        # DeepSpeed skips a step whose fp16 gradients overflowed (and halves the loss scale); the
-        # schedule waits with it, as DeepSpeed's own scheduler handling does. Lightning would step it.
+        # DeepSpeed or GradScaler skips a step whose fp16 gradients overflowed (and lowers the loss
+        # scale); the schedule waits with it, as DeepSpeed's own scheduler handling does, under
+        # every strategy. Lightning would step it: skips would use up the warm-up.
         engine = deepspeed_engine(self.trainer)
-        if engine is not None and not engine.was_step_applied():
+        if (engine is not None and not engine.was_step_applied()) or self.step_skipped:
             return
         scheduler.step()
 

@@ -157,4 +157,9 @@ def build(groups: list[dict], t, *, cpu_adam: bool, fused_adamw: bool, deepspeed
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(groups, lr=t.lr, betas=betas, eps=t.eps, adamw_mode=True)
-    return torch.optim.AdamW(groups, lr=t.lr, betas=betas, eps=t.eps, fused=fused_adamw or None)
+    adamw = torch.optim.AdamW(groups, lr=t.lr, betas=betas, eps=t.eps, fused=fused_adamw or None)
+    # A fused AdamW unscales fp16's gradients inside its step, after the non-finite guard, the
+    # logged grad_norm and the clipping have read them still times the loss scale (Lightning skips
+    # its unscale for it). Declared plain, GradScaler unscales first; the update stays fused.
+    adamw._step_supports_amp_scaling = False
+    return adamw

@@ -25,6 +25,7 @@ from tinytrain.model.guard_report import (
     current_loss_scale,
     deepspeed_engine,
     first_nonfinite_gradient,
+    grad_scaler,
 )
 from tinytrain.train.metrics_csv import write_step_row_now
 
@@ -93,7 +94,7 @@ class NonFiniteGuard(pl.Callback):
             why = "guard.nonfinite=stop" if self.policy == "stop" else f"{self.consecutive} consecutive non-finite steps (guard.max_consecutive_skips={self.max_skips})"
             raise TrainingStopped(f"tinytrain: training stopped at {where}{scale_text} ({why}). The last good weights are in {path}. Fix: {self.fix()}")
         log.warning("non-finite gradient at %s%s: step skipped (%d in a row)%s", where, scale_text, self.consecutive, "; the loss scale halves" if scaling else "")
-        if getattr(trainer.precision_plugin, "scaler", None) is None and deepspeed_engine(trainer) is None:
+        if grad_scaler(trainer) is None and deepspeed_engine(trainer) is None:
             # Without a GradScaler or DeepSpeed (whose optimizer checks for overflow itself)
             # nothing else skips it: no gradients, no update for any parameter.
             for p in pl_module.parameters():
