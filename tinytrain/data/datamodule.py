@@ -69,6 +69,8 @@ class DataModule:
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
         self.data_parallel = data_parallel
+        self.samples_per_step = samples_per_step
+        self.ramp = ramp
         self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         self.parts: list[MixturePart] = []  # a mixture's sources (empty for one source)
@@ -316,6 +318,18 @@ class DataModule:
         if isinstance(self.val, UnpairedDataset) and len(self.val) < 2:  # data.val_path's (a split keeps 2)
             raise ConfigError(Problem("data.val_path", self.cfg.val_path, f"holds {len(self.val)} KTO example(s); kto scores each against another example's completion (its KL row), so validation needs 2 or more", "add validation examples, or split them off the training data: data.val_path=null"))
         needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
+        if self.samples_per_step > needed and self.ramp is None and not self.parts:
+            # An epoch is whole optimizer steps (data/sampler.py): at least one step's samples.
+            steps = self.samples_per_step // needed
+            if len(self.train) < self.samples_per_step:
+                raise ConfigError(
+                    Problem(
+                        "trainer.global_batch_size",
+                        self.samples_per_step,
+                        f"one optimizer step takes {self.samples_per_step} sequences (micro_batch_size {self.micro_batch_size} x data_parallel {self.data_parallel} x accumulation {steps}), more than the {len(self.train)} training sequences",
+                        f"use trainer.global_batch_size={len(self.train) // needed * needed or needed} or less, or more data",
+                    )
+                )
         if len(self.train) < needed:
             # Text is cut into windows: shorter ones make more. A fine-tuning sample cut at a shorter
             # data.seq_len can lose every trained token and be dropped: a longer one keeps more.

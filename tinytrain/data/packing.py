@@ -136,6 +136,8 @@ class PackedSamples(Dataset):
         self.samples = samples
         self.rows = pack_rows([len(s.input_ids) for s in samples], capacity)
         self.lengths = [sum(len(samples[i].input_ids) for i in row) for row in self.rows]
+        trained = [int((s.labels != IGNORE).sum()) for s in samples]
+        self.labelled = np.array([sum(trained[i] for i in row) for row in self.rows], dtype=np.int64)  # per row (StepTokens)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -24,9 +24,10 @@ MEGABATCH = 64  # length grouping sorts within groups of this many batches, so o
 
 def pass_span(consumed: int, batches: int, world: int) -> tuple[bool, int, int]:
     """(a new pass starts, first, end): the global batches of a pass of `batches` this run trains,
-    `world` a round. The position `consumed` need not be a multiple of `world` (saved on another world
-    size): the pass goes on at the first batch not trained on and ends where every rank still gets
-    one; when not one round is left, the next pass starts at 0."""
+    `world` a round (or an optimizer step's micro batches over every rank). The position `consumed`
+    need not be a multiple of `world` (saved on another world size): the pass goes on at the first
+    batch not trained on and ends where every rank still gets one; when not one round is left, the
+    next pass starts at 0."""
     new_pass = consumed + world > batches
     first = 0 if new_pass else consumed
     return new_pass, first, first + (batches - first) // world * world
@@ -46,11 +47,21 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.consumed = 0  # global batches of this epoch already trained on
         self.rank, self.world = 0, 1
+        # Micro batches per optimizer step on each rank: a pass ends on a whole step, so no step's
+        # accumulation runs into the next epoch (DeepSpeed's engine would count it on across the
+        # epoch while Lightning's step count starts again) and each step's batches are known.
+        self.accumulation = 1
+        self.pass_first = 0  # where this pass started (its steps are counted from there)
         self._grouped: tuple[int, list[list[int]]] | None = None
         self._order: tuple[int, np.ndarray] | None = None
 
     def set_shard(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
+
+    @property
+    def step_batches(self) -> int:
+        """Global micro batches per optimizer step: a round of every rank, `accumulation` times."""
+        return self.world * self.accumulation
 
     def all_batches(self) -> int:
         """Global batches of an epoch, untrimmed."""
@@ -58,9 +69,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return full + (1 if rest and not self.drop_last else 0)
 
     def num_batches(self) -> int:
-        """Global batches of an epoch, trimmed so each rank gets the same number."""
+        """Global batches of an epoch, trimmed to whole optimizer steps (each rank as many)."""
         n = self.all_batches()
-        return n - n % self.world
+        return n - n % self.step_batches
 
     def batch(self, epoch: int, b: int) -> list[int]:
         """Global batch b of an epoch: computed from the epoch's order, never a list of all batches
@@ -111,10 +122,10 @@ class ResumableBatchSampler(Sampler[list[int]]):
         # consumed starts the next epoch. (Lightning's epoch number is not used: after resuming
         # from a checkpoint taken at an epoch's end it skips one.) This runs on the first batch
         # requested, not when an iterator is merely created.
-        new_pass, first, end = pass_span(self.consumed, self.all_batches(), self.world)
+        new_pass, first, end = pass_span(self.consumed, self.all_batches(), self.step_batches)
         if new_pass:
             self.epoch, self.consumed = self.epoch + 1, 0
-        epoch = self.epoch
+        epoch, self.pass_first = self.epoch, first
         # This rank's batches are first + rank, first + rank + world, ...
         for b in range(first + self.rank, end, self.world):
             yield self.batch(epoch, b)
@@ -126,6 +137,13 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def advance(self) -> None:
         """One batch was trained on by every rank."""
         self.consumed += self.world
+
+    def current_step(self) -> list[list[int]]:
+        """Every rank's micro batches (sample indices) of the optimizer step the next batch trained
+        belongs to: the pass's steps run from where it started, in whole steps."""
+        size = self.step_batches
+        start = self.pass_first + (self.consumed - self.pass_first) // size * size
+        return [self.batch(self.epoch, b) for b in range(start, start + size)]
 
     def resized_position(self, consumed: int, saved_batch_size: int) -> int:
         """The position in this run's batches of one saved in batches of another size: an epoch's

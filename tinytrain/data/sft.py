@@ -234,6 +234,8 @@ class SftDataset(Dataset):
     def __init__(self, samples: list[SftSample]):
         self.samples = samples
         self.lengths = [len(s.input_ids) for s in samples]
+        # Trained tokens per sample: a step's loss is the mean over all of its own (StepTokens).
+        self.labelled = np.array([int((s.labels != IGNORE).sum()) for s in samples], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from tinytrain.data.collate import batch_boundaries, document_boundaries
+from tinytrain.model.token_sums import token_sum
 
 DOCUMENTS_SUFFIX = "_documents"
 
@@ -100,8 +101,8 @@ class ContextGroup:
         start = self.rank * chunk
         return torch.arange(start, start + chunk, device=input_ids.device).expand_as(input_ids)
 
-    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return group_mean_loss(local_mean, labels, self.group)
+    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor, share: float | None = None) -> torch.Tensor:
+        return group_mean_loss(local_mean, labels, self.group, share)
 
 
 def whole_rows_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
@@ -114,19 +115,20 @@ def whole_rows_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
     return batch_boundaries(batch)
 
 
-def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group) -> torch.Tensor:
+def group_mean_loss(local_mean: torch.Tensor, labels: torch.Tensor, group, share: float | None = None) -> torch.Tensor:
     """The mean token loss over the whole sequence from each rank's mean over its slice: the sums of
     token losses reduced over the cp group differentiably (its backward sums the group's gradients
-    into every rank's share), the counts of labelled tokens as plain numbers."""
+    into every rank's share), the counts of labelled tokens as plain numbers. `share`: the divisor
+    instead of the group's count (the module's token_loss)."""
     import torch.distributed as dist
     from torch.distributed._functional_collectives import all_reduce  # differentiable (torch.distributed.nn's is deprecated)
 
-    count = (labels != -100).sum()
-    # A slice with no labelled token has a NaN mean (0 / 0): it adds nothing. Chosen on the device
-    # (a Python `if` on `count` would wait for it); a non-finite mean of labelled tokens stays one.
-    local_sum = torch.where(count > 0, local_mean.float() * count, torch.zeros((), device=local_mean.device))
-    total = all_reduce(local_sum, "sum", group)
-    tokens = count.to(torch.float32).reshape(1)
+    # A slice with no labelled token has a NaN mean (0 / 0): it adds nothing; a non-finite mean of
+    # labelled tokens stays one.
+    total = all_reduce(token_sum(local_mean, labels), "sum", group)
+    if share is not None:
+        return total / share
+    tokens = (labels != -100).sum().to(torch.float32).reshape(1)
     dist.all_reduce(tokens, group=group)
     return total / tokens.clamp(min=1.0)[0]
 

@@ -21,6 +21,7 @@ from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
 from tinytrain.model.preference_loss import data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.step_means import StepMeans
 from tinytrain.model.tensor_parallel import in_root_forward, parallelize
+from tinytrain.model.token_sums import token_sum
 
 # Batch keys handed to the model; data/collate.py and data/packing.py produce them.
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens", "max_length")
@@ -99,6 +100,8 @@ class CausalLMModule(pl.LightningModule):
         self.measured_grad_norm: torch.Tensor | None = None
         self.engine_steps_read: int | None = None  # DeepSpeed's step count when its norm was last read
         self.step_skipped = False  # GradScaler skipped this step (fp16 overflow): the schedule waits
+        # Fine-tuning rows: the step's trained tokens per micro batch, over every rank (StepTokens).
+        self.loss_share: float | None = None
         # This step's loss and pre-clip gradient norm, logged only on the steps that read them
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
@@ -166,13 +169,16 @@ class CausalLMModule(pl.LightningModule):
         vocab_sharded = isinstance(head.weight, DTensor)
         return chunked_lm_loss(hidden, head if vocab_sharded else head.weight, labels, true_vocab=self.true_vocab, chunk_tokens=self.loss_chunk_tokens)
 
-    def token_loss(self, batch: dict) -> torch.Tensor:
+    def token_loss(self, batch: dict, share: float | None = None) -> torch.Tensor:
         """The mean token loss of a batch; under context parallelism this rank's slice of it, the
-        mean taken over the whole sequence across the cp group."""
+        mean taken over the whole sequence across the cp group. `share`: divide the batch's sum
+        over tokens by this instead of by its own tokens (the step's trained tokens per micro
+        batch, train/callbacks/step_tokens.py), so a step's micro batches average to its token mean."""
         if self.context is None:
-            return self.batch_loss(batch)
+            mean = self.batch_loss(batch)
+            return mean if share is None else token_sum(mean, batch["labels"]) / share
         local = self.context.shard(batch)
-        return self.context.mean_loss(self.batch_loss(local), local["labels"])
+        return self.context.mean_loss(self.batch_loss(local), local["labels"], share)
 
     # -- preference objectives (dpo, ipo, simpo) ---------------------------------------------------
 
@@ -233,7 +239,7 @@ class CausalLMModule(pl.LightningModule):
         row = writes_metrics_row(self.trainer)
         step = self.trainer.global_step
         if self.objective is None:
-            loss = self.token_loss(batch)
+            loss = self.token_loss(batch, self.loss_share)
         else:
             loss, metrics = self.preference_step(batch)
             means = self.step_metrics.add(step, metrics)

@@ -133,8 +133,8 @@ class RingGroup:
         Face passes a BlockMask through to the attention function untouched)."""
         return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask, "use_cache": False}
 
-    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return group_mean_loss(local_mean, labels, self.group)
+    def mean_loss(self, local_mean: torch.Tensor, labels: torch.Tensor, share: float | None = None) -> torch.Tensor:
+        return group_mean_loss(local_mean, labels, self.group, share)
 
     def unshard(self, local: torch.Tensor) -> torch.Tensor:
         """A (rows, local seq, ...) tensor of this group, gathered back into whole-sequence order

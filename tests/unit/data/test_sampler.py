@@ -35,6 +35,26 @@ def test_each_epoch_is_a_seeded_permutation():
     assert s.epoch == 1 and epoch1 != epoch0 and epoch1 == ResumableBatchSampler(23, 4, seed=7).global_batches(1)
 
 
+def test_an_epoch_ends_on_a_whole_optimizer_step_whose_batches_are_known():
+    """Under accumulation a pass is whole steps of world x accumulation micro batches: a step run
+    into the next epoch would be counted on by DeepSpeed's engine and anew by Lightning. Each step's
+    micro batches (every rank's) are known while it trains (train/callbacks/step_tokens.py)."""
+    ranks = [ResumableBatchSampler(23, 2, seed=5) for _ in range(2)]  # 11 global batches of 2
+    for rank, s in enumerate(ranks):
+        s.set_shard(rank, 2)
+        s.accumulation = 2
+    assert ranks[0].num_batches() == 8 and len(ranks[0]) == 4  # two whole steps of 4; 3 batches left out
+    passes = [iter(s) for s in ranks]
+    full = ranks[0].global_batches(0)
+    for step in range(2):
+        for _ in range(2):  # each rank's two micro batches of the step
+            mine = [next(p) for p in passes]
+            for s in ranks:
+                assert s.current_step() == full[4 * step : 4 * step + 4] and all(b in s.current_step() for b in mine)
+                s.advance()
+    assert all(next(p, None) is None for p in passes)
+
+
 def test_resume_continues_after_the_consumed_batches_despite_read_ahead():
     s = ResumableBatchSampler(40, 4, seed=1)
     full = list(s)

@@ -232,3 +232,15 @@ def test_a_batch_above_the_samples_a_short_seq_len_keeps_says_a_longer_one(tmp_p
     message = str(refused.value)
     assert "is more than the 1 training sequences (sft (instruction" in message and "train tokens trained on" in message
     assert "Fix: use a smaller trainer.micro_batch_size, a longer data.seq_len (samples cut at it may keep no trained token" in message
+
+
+def test_a_global_batch_above_the_training_samples_is_refused_with_the_one_that_fits(tmp_path, bundled_tokenizer):
+    """An epoch is whole optimizer steps (data/sampler.py): a step needs its samples."""
+    from tinytrain.data.datamodule import DataModule
+
+    cfg = compose(["data=alpaca", f"data.cache_dir={tmp_path}"]).data
+    with pytest.raises(ConfigError) as refused:
+        DataModule(cfg, bundled_tokenizer, 4, 0, progress=False, data_parallel=2, samples_per_step=256)
+    message = str(refused.value)
+    assert "trainer.global_batch_size=256: one optimizer step takes 256 sequences (micro_batch_size 4 x data_parallel 2 x accumulation 32), more than the 150 training sequences" in message
+    assert "Fix: use trainer.global_batch_size=144 or less" in message

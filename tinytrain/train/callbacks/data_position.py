@@ -6,6 +6,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from tinytrain.data.ramp_sampler import RampBatchSampler
+from tinytrain.data.sampler import ResumableBatchSampler
 
 
 class DataPosition(pl.Callback):
@@ -21,6 +22,8 @@ class DataPosition(pl.Callback):
             # them all as data-parallel ranks; model/context_parallel.py splits the sequence).
             cp = self.context_parallel
             self.sampler.set_shard(shard["rank"] // cp, shard["num_replicas"] // cp)
+        if isinstance(self.sampler, ResumableBatchSampler):  # passes of whole optimizer steps
+            self.sampler.accumulation = trainer.accumulate_grad_batches
 
     def on_train_start(self, trainer, pl_module):
         # A batch ramp sizes the next batch by the run's optimizer step: a checkpoint from a run

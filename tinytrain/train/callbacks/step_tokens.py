@@ -1,0 +1,40 @@
+"""A fine-tuning step's loss is the mean over all of its trained tokens, whatever the split.
+
+Each micro batch's loss was its own mean over its labelled tokens; accumulation and the data-parallel
+average then took the mean of those means, so a 10-token answer weighed 4.7x a 47-token one per token
+and the gradient changed with the micro batch, the accumulation and the number of GPUs. The step's
+samples (every rank's) are known from the sampler (data/sampler.py current_step), their trained
+tokens from the dataset: each micro batch's loss is its sum over tokens divided by the step's tokens
+per micro batch, so the accumulation's and the ranks' averages give the step's token mean. No
+collective, nothing read from the device. Pretraining windows (every token trained but document
+boundaries) and mixtures keep each micro batch's mean.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+
+class StepTokens(pl.Callback):
+    def __init__(self, sampler, labelled):
+        self.sampler = sampler  # ResumableBatchSampler
+        self.labelled = labelled  # trained tokens per dataset item (numpy)
+        self.step: list[list[int]] | None = None
+        self.share = 1.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        step = self.sampler.current_step()
+        if step != self.step:
+            self.step = step
+            tokens = sum(int(self.labelled[b].sum()) for b in step)
+            self.share = max(tokens, 1) / len(step)
+        pl_module.loss_share = self.share
+
+
+def step_tokens_callback(train_sampler, train_dataset, objective) -> list:
+    """StepTokens where the loss is a token mean of fine-tuning rows drawn by a ResumableBatchSampler."""
+    from tinytrain.data.sampler import ResumableBatchSampler
+
+    if objective is not None or not isinstance(train_sampler, ResumableBatchSampler) or not hasattr(train_dataset, "labelled"):
+        return []
+    return [StepTokens(train_sampler, train_dataset.labelled)]
