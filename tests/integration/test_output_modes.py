@@ -72,13 +72,19 @@ def test_eval_reproduces_the_validation_loss(chat_run, tmp_path):
     # final.ckpt holds the weights the last validation (step 8) measured, on the same held-out split.
     assert result["loss"] == pytest.approx(logged(chat_run, "val_loss")[-1], rel=1e-6)
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"])) and result["tokens"] > 0
-    # On another data config's held-out split: the command line names it.
+    # On a file the command line names: all of it, not the held-out split a training run takes.
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(f"Paragraph {i}: a list holds items in order, and sorted() returns a new one." for i in range(80)))
-    r = run_cli(["mode=eval", f"checkpoint={chat_run / 'hf_export'}", "data=text", f"data.path={text}", "data.val_fraction=0.5", "data.seq_len=32", f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "eval_text")
+    r = run_cli(["mode=eval", f"checkpoint={chat_run / 'hf_export'}", "data=text", f"data.path={text}", "data.seq_len=32", f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "eval_text")
     assert r.returncode == 0, r.stderr[-3000:]
     other = json.loads((tmp_path / "eval_text" / "eval.json").read_text())
-    assert other["data"] == "text" and other["tokens"] > 100 and other["loss"] != result["loss"]
+    assert other["data"] == "text" and other["split"] == "whole" and other["loss"] != result["loss"]
+    from transformers import AutoTokenizer
+
+    # Every window of 32 tokens; 5% of them before (data.val_fraction).
+    tokens = len(AutoTokenizer.from_pretrained(chat_run / "hf_export")(text.read_text())["input_ids"])
+    assert other["tokens"] > 0.9 * tokens, (other, tokens)
+    assert f"of {text}, all of it" in r.stdout
 
 
 LM_EVAL_TASK = """task: tinytrain_local

@@ -62,9 +62,11 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None, validation_only: bool = False):
         """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples;
-        `ramp`: trainer.batch_size_warmup's (data/batch_ramp.py), micro batches that grow with the step."""
+        `ramp`: trainer.batch_size_warmup's (data/batch_ramp.py), micro batches that grow with the step;
+        `validation_only`: only the validation split is read (mode=eval), the training split's sizes are not checked."""
+        self.validation_only = validation_only
         self.cfg = data_cfg
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -313,10 +315,12 @@ class DataModule:
 
     def _check_sizes(self) -> None:
         for name, ds in (("train", self.train), ("validation", self.val)):
-            if len(ds) == 0:
+            if len(ds) == 0 and not (self.validation_only and name == "train"):
                 raise ConfigError(Problem("data.seq_len", self.cfg.seq_len, f"the {name} split yields no sequences of {self.cfg.seq_len} tokens", "use a shorter data.seq_len or more data"))
         if isinstance(self.val, UnpairedDataset) and len(self.val) < 2:  # data.val_path's (a split keeps 2)
             raise ConfigError(Problem("data.val_path", self.cfg.val_path, f"holds {len(self.val)} KTO example(s); kto scores each against another example's completion (its KL row), so validation needs 2 or more", "add validation examples, or split them off the training data: data.val_path=null"))
+        if self.validation_only:
+            return
         needed = self.micro_batch_size * self.data_parallel  # one batch for every data-parallel rank
         if self.samples_per_step > needed and self.ramp is None and not self.parts:
             # An epoch is whole optimizer steps (data/sampler.py): at least one step's samples.

@@ -13,6 +13,7 @@ this invocation's run directory (hydra.run.dir).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from tinytrain.checkpoint.average import resolve_paths
 from tinytrain.checkpoint.export import export_spec, served_tokenizer
@@ -121,15 +122,15 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         return backfill.backfill(cfg, Path(cfg.checkpoint.path), run_dir, lm_eval)
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.train_cfg is None and not data_overridden:
-        raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (its held-out split is evaluated)"))
+        raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (the whole file is scored)"))
     data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data
     if saved.train_cfg is not None:
         add_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS decision
     else:
         add_bos, _ = resolve_add_bos(cfg.tokenizer, data_cfg, saved.tokenizer)
-    data_cfg = with_bos(data_cfg, add_bos)
+    data_cfg = with_bos(scored_whole(data_cfg) if data_overridden else data_cfg, add_bos)
     per_batch, limit, limit_source = eval_batches(cfg, saved.train_cfg if not data_overridden else None)
-    data = DataModule(data_cfg, saved.tokenizer, per_batch, cfg.seed, progress=False)
+    data = DataModule(data_cfg, saved.tokenizer, per_batch, cfg.seed, progress=False, validation_only=True)
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     model.config.use_cache = False  # packed rows: per-document position ids keep documents apart only without the cache
     true_vocab = len(saved.tokenizer)
@@ -152,7 +153,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
         "checkpoint": str(saved.checkpoint),
         "data": data_cfg.name,
         "data_path": None if data_cfg.path is None else str(data_cfg.path),
-        "split": "validation",
+        "split": "whole" if data_overridden and data_cfg.val_path == data_cfg.path else "validation",
         "batches": batches,
         "tokens": tokens,
         "loss": loss,
@@ -165,8 +166,21 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     answers = PREFERRED if data_cfg.format == DataFormat.preference else ""
     if answers:
         result["scored"] = answers.strip(" ,")
-    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens{answers} ({batches} batches of {per_batch} of the {data_cfg.name} held-out split, {limit_source}); written to {run_dir / 'eval.json'}")
+    split = f"{data_cfg.val_path}" if data_overridden and data_cfg.val_path else f"the {data_cfg.name} held-out split"
+    print(f"eval {saved.checkpoint}: loss {loss:.6f}, perplexity {math.exp(loss):.2f} over {tokens:,} tokens{answers} ({batches} batches of {per_batch} of {split}, {limit_source}); written to {run_dir / 'eval.json'}")
     return result
+
+
+def scored_whole(data_cfg):
+    """A data config named on eval's command line: its file is scored whole (as data.val_path, the
+    validation set), not the held-out split a training run would split off it; data.val_path, where
+    given, is scored instead. A mixture keeps its held-out split."""
+    if data_cfg.val_path or not data_cfg.path or data_cfg.sources:
+        return data_cfg
+    settings = copy.deepcopy(data_cfg)
+    with read_write(settings):
+        settings.val_path = settings.path
+    return settings
 
 
 # What mode=eval scores of a preference split: next-token loss is a language model's measure of the
