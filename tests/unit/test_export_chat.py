@@ -84,6 +84,7 @@ def test_pipeline_chat_stops_at_turn_end(tmp_path, chat_tok):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path.name
     served = AutoTokenizer.from_pretrained(out)
     assert "<|im_end|>" in served.all_special_tokens
+    assert served.chat_template == (out / "chat_template.jinja").read_text()  # the file docs/export.md names
 
     chat = pipeline("text-generation", model=str(out), tokenizer=served, device="cpu")
     max_new = 24

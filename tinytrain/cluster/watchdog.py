@@ -117,6 +117,8 @@ class Watchdog:
         hang_report.write(self.where / f"stop-rank{self.rank}", why)
         if not wait_until(lambda: process_state(self.rank_pid)["state"] in ("gone", "Z"), EXIT_GRACE_S):
             os.kill(self.rank_pid, signal.SIGKILL)  # frozen, or its thread could not run
+            # Its status is then SIGKILL's, not 76: rank 0 of a local run is the command itself.
+            say(f"tinytrain: rank {self.rank} (pid {self.rank_pid}) did not exit within {EXIT_GRACE_S:g} s (frozen): killed, so it ends by SIGKILL (exit 137 in a shell), not {EXIT_CODE}")
 
 
 EXIT_CODE = 76  # tinytrain.errors.HANG_EXIT_CODE (not imported: this process stays free of the package's imports)

@@ -347,6 +347,10 @@ class CausalLMModule(pl.LightningModule):
             for key in [k for k in state if k.removeprefix(checkpoint_prefix).startswith(tuple(self.quantized_prefixes))]:
                 del state[key]
         checkpoint["tinytrain"] = dict(self.checkpoint_metadata)
+        scheduler = self.lr_schedulers() if self._trainer is not None else None
+        if scheduler is not None:  # the rate its next step takes: a resume under another schedule says the jump
+            position = scheduler.last_epoch
+            checkpoint["tinytrain"]["rate"] = {"schedule_step": position, "lr": self.spec.optimizer.lr * self.schedule.multiplier(position)}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # Lightning resumes load weights after this hook (single, ddp): re-pad for this run.

@@ -45,7 +45,7 @@ from tinytrain.plan.parallel import state_layout, strategy_row
 from tinytrain.plan.published import published_note
 from tinytrain.plan.run_plan import ClusterLayout, ParallelLayout, RunPlan
 from tinytrain.plan.schedule import from_trainer as schedule_from_trainer
-from tinytrain.plan.start_points import batch_change_note, finetune_change_problem, init_point, numerics_change_note, resolve_resume
+from tinytrain.plan.start_points import batch_change_note, finetune_change_problem, init_point, numerics_change_note, rate_change_note, resolve_resume
 from tinytrain.plan.step_peak import StepShape
 from tinytrain.plan.stragglers import straggler_plan
 from tinytrain.plan.torch_varlen import installed_support
@@ -393,13 +393,20 @@ def auto_candidates(cfg, batch) -> list[int]:
     return found
 
 
+def same_stage_rate_change(cfg, resume, batch) -> str | None:
+    """A new stage starts its own schedule (its line says so); within one, another schedule moves the rate."""
+    if resume.stage != cfg.trainer.stage:
+        return None
+    return rate_change_note(resume, schedule_from_trainer(cfg.trainer, batch.ramp), cfg.trainer.lr)
+
+
 def with_changes(cfg, resume, batch, precision: str, fp8: bool):
     """The resume point, with what this run's other micro batch, accumulation, precision or fp8
     does to it."""
     if resume is None:
         return None
     grouped = cfg.data.format is not DataFormat.text and cfg.data.group_by_length and not cfg.data.sources
-    return replace(resume, batch_change=batch_change_note(resume, batch.micro_batch_size, batch.accumulate_grad_batches, grouped), numerics_change=numerics_change_note(resume, precision, fp8))
+    return replace(resume, batch_change=batch_change_note(resume, batch.micro_batch_size, batch.accumulate_grad_batches, grouped, batch.data_parallel), numerics_change=numerics_change_note(resume, precision, fp8), rate_change=same_stage_rate_change(cfg, resume, batch))
 
 
 def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, resume) -> dict | None:

@@ -148,6 +148,7 @@ class RunPlan:
         meta["layout"] = run_layout(p.strategy.value, self.world_size, p.dp, p.tp, p.zero_stage, p.cp).to_dict()
         # The numerics it trained in: a resume under others is said in the plan (start_points.py).
         meta["numerics"] = {"precision": self.precision.lightning, "fp8": bool(self.fp8 and self.fp8.enabled)}
+        meta["batch"] = {"data_parallel": self.batch.data_parallel}  # a resume under another one says its global batch
         if self.finetune:  # what an export needs to merge the adapters and write peft's folder
             meta["finetune"] = self.finetune.to_dict()
         return meta
@@ -381,8 +382,8 @@ def start_lines(plan: dict) -> list[str]:
             lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
     if plan["resume"]:
         r = plan["resume"]
-        lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, schedule, loss scale, data position and RNG from it")
-        for change in ("batch_change", "numerics_change"):
+        lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, its place on the schedule, loss scale, data position and RNG from it")
+        for change in ("batch_change", "numerics_change", "rate_change"):
             if r.get(change):
                 lines.append(f"resume     {r[change]}")
         if r.get("universal"):

@@ -42,17 +42,20 @@ class ResumePoint:
     stage: str = "main"  # the trainer.stage that saved it (checkpoints from before stages: main)
     universal: str | None = None  # DeepSpeed on another dp size: the universal copy it resumes through (checkpoint/universal.py)
     saved_batch: tuple[int | None, int | None] = (None, None)  # its (micro batch, accumulation), where recorded
+    saved_data_parallel: int | None = None  # its data-parallel size, where recorded (RunPlan.checkpoint_metadata)
     batch_change: str | None = None  # what this run's other batch layout does to the resume (batch_change_note)
     saved_numerics: dict | None = None  # its precision and fp8, where recorded (RunPlan.checkpoint_metadata)
     saved_finetune: dict | None = None  # its adapters (FinetunePlan.to_dict), None for full training
     numerics_change: str | None = None  # numerics_change_note
+    saved_rate: dict | None = None  # {"schedule_step", "lr"}: the rate its next step would have taken, where recorded
+    rate_change: str | None = None  # rate_change_note
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change, "numerics_change": self.numerics_change}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change, "numerics_change": self.numerics_change, "rate_change": self.rate_change}
 
 
 def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
@@ -102,15 +105,35 @@ def numerics_change_note(resume: ResumePoint, precision: str, fp8: bool) -> str 
     return f"{', '.join(changed)} since the checkpoint: the weights and optimizer state carry over; the loss may move at the change" if changed else None
 
 
-def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, grouped: bool) -> str | None:
-    """What a resume under another micro batch or accumulation does (None: the same, or unknown).
-    The schedule and Lightning's step count follow the optimizer step; the data position is kept
-    in samples (data/sampler.py resized_position), except where length grouping cuts an epoch's
-    batches by their size."""
+def rate_change_note(resume: ResumePoint, schedule, lr: float) -> str | None:
+    """The learning rate this run's schedule gives the resumed step, where it is not the one the
+    checkpoint's run would have trained it at (another trainer.lr, max_steps, warm-up or decay in
+    the same stage): the schedule is this run's, read at the checkpoint's position on it."""
+    saved = resume.saved_rate
+    if not saved:
+        return None
+    new = lr * schedule.multiplier(saved["schedule_step"])
+    if abs(new - saved["lr"]) <= 1e-3 * max(abs(saved["lr"]), 1e-12):
+        return None
+    return (
+        f"the rate at step {resume.step}: {saved['lr']:.3e} -> {new:.3e} since the checkpoint: the rate is this run's schedule (trainer.lr, max_steps, "
+        "warm-up, decay) at the checkpoint's place on it, so it jumps there; the checkpoint's own settings continue without one"
+    )
+
+
+def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, grouped: bool, data_parallel: int = 1) -> str | None:
+    """What a resume under another micro batch, accumulation or data-parallel size does (None: the
+    same, or unknown). The schedule and Lightning's step count follow the optimizer step; the data
+    position is kept in samples (data/sampler.py resized_position), except where length grouping
+    cuts an epoch's batches by their size. A global batch that changes is said with its size."""
     micro, acc = resume.saved_batch
-    changed = [f"{what} {old} -> {new}" for what, old, new in (("micro batch", micro, micro_batch), ("accumulation", acc, accumulation)) if old is not None and old != new]
+    dp = resume.saved_data_parallel
+    given = (("micro batch", micro, micro_batch), ("accumulation", acc, accumulation), ("data parallel", dp, data_parallel))
+    changed = [f"{what} {old} -> {new}" for what, old, new in given if old is not None and old != new]
     if not changed:
         return None
+    if None not in (micro, acc, dp) and micro * acc * dp != micro_batch * accumulation * data_parallel:
+        changed.append(f"so the global batch {micro * acc * dp} -> {micro_batch * accumulation * data_parallel} sequences per step")
     data = "its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)" if grouped and micro not in (None, micro_batch) else "its data continues at the checkpoint's sample"
     return f"{', '.join(changed)} since the checkpoint: the schedule continues at step {resume.step}, {data}"
 
@@ -189,7 +212,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_numerics=meta.get("numerics"), saved_finetune=meta.get("finetune"))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_data_parallel=(meta.get("batch") or {}).get("data_parallel"), saved_numerics=meta.get("numerics"), saved_rate=meta.get("rate"), saved_finetune=meta.get("finetune"))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

@@ -158,8 +158,31 @@ def test_a_resume_under_another_batch_layout_says_what_continues():
     assert batch_change_note(point, 4, 1, grouped=False) is None
     assert batch_change_note(point, 4, 2, grouped=True) == "accumulation 1 -> 2 since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
     assert batch_change_note(point, 2, 1, grouped=True) == "micro batch 4 -> 2 since the checkpoint: the schedule continues at step 3, its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)"
+    # Another data-parallel size: the global batch it makes is said.
+    two_ranks = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_batch=saved_batch(ckpt), saved_data_parallel=2)
+    assert batch_change_note(two_ranks, 4, 1, grouped=False, data_parallel=1) == "data parallel 2 -> 1, so the global batch 8 -> 4 sequences per step since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
+    assert batch_change_note(two_ranks, 4, 2, grouped=False, data_parallel=1) == "accumulation 1 -> 2, data parallel 2 -> 1 since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
     ramp = {"callbacks": {"DataPosition": {"batch_size": 4, "ramp": [8, 32]}}}  # a ramp's batch_size is no micro batch; no accumulation recorded
     assert batch_change_note(ResumePoint(Path("x"), 3, "resume=auto", saved_batch=saved_batch(ramp)), 2, 2, grouped=False) is None
+
+
+def test_a_resume_under_another_schedule_in_the_same_stage_says_the_rate_s_jump():
+    """A finished cosine run of 200 steps continued to 250: its next rate was the decay's floor, this
+    schedule's at the same position is well above it."""
+    from tests.conftest import compose
+    from tinytrain.plan.schedule import from_trainer
+    from tinytrain.plan.start_points import ResumePoint, rate_change_note
+
+    def saved_at(t, step):
+        return {"schedule_step": step, "lr": t.lr * from_trainer(t).multiplier(step)}
+
+    old = compose(["trainer.max_steps=200", "trainer.warmup_steps=20"]).trainer
+    point = ResumePoint(Path("step0000200.ckpt"), 200, "resume=auto", saved_rate=saved_at(old, 200))
+    assert rate_change_note(point, from_trainer(old), old.lr) is None
+    longer = compose(["trainer.max_steps=250", "trainer.warmup_steps=20"]).trainer
+    note = rate_change_note(point, from_trainer(longer), longer.lr)
+    assert note.startswith("the rate at step 200: 3.000e-04 -> ") and "the checkpoint's own settings continue without one" in note, note
+    assert rate_change_note(ResumePoint(Path("x"), 200, "resume=auto"), from_trainer(longer), longer.lr) is None  # not recorded
 
 
 def test_a_resume_in_other_numerics_says_so():

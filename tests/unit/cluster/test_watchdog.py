@@ -165,6 +165,22 @@ def test_ranks_stop_soon_after_a_peer_on_their_host_dies(tmp_path):
     assert not (tmp_path / "hang_report.txt").exists()  # not a hang: a death, said in one line
 
 
+def test_a_frozen_rank_that_cannot_exit_is_killed_and_the_status_it_ends_with_is_said(tmp_path, monkeypatch, capsys):
+    """A rank frozen by SIGSTOP cannot run the thread that exits 76: it is killed, and the line says
+    its status is SIGKILL's (a local run's rank 0 is the command the user ran)."""
+    from tinytrain.cluster import watchdog
+
+    monkeypatch.setattr(watchdog, "EXIT_GRACE_S", 0.5)
+    frozen = subprocess.Popen(["sleep", "60"])
+    try:
+        frozen.send_signal(signal.SIGSTOP)
+        watchdog.Watchdog(tmp_path, tmp_path, 0, frozen.pid, 1, LIMITS).stop_rank("a hang")
+        assert frozen.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        frozen.kill()
+    assert f"tinytrain: rank 0 (pid {frozen.pid}) did not exit within 0.5 s (frozen): killed, so it ends by SIGKILL (exit 137 in a shell), not 76" in capsys.readouterr().err
+
+
 def test_a_finished_rank_s_watchdog_exits(tmp_path):
     """finish() is called however training ends (cli.py): a watchdog left behind would later stop
     the process it watched (a multirun's next job, a test runner)."""
