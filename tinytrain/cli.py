@@ -229,6 +229,8 @@ def hydra_main(cfg: DictConfig):
         if is_rank_zero():
             print(str(e), file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
+    except BrokenPipeError:
+        reader_left()  # here, before Hydra prints "Error executing job ..." for it
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
 
