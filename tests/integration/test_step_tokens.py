@@ -30,6 +30,8 @@ SPLITS = {
     "micro 1 x accumulation 4": ["trainer.micro_batch_size=1", "trainer.global_batch_size=4"],
     "ddp 2 x micro 2": ["parallel=ddp", "cluster.devices=2", "trainer.micro_batch_size=2"],
     "zero2 2 x micro 1 x accumulation 2": ["parallel=zero2", *DEEPSPEED_ON_CPU, "trainer.micro_batch_size=1", "trainer.global_batch_size=4"],
+    # A batch warm-up from 4 to 8 sequences: its first step is the same four samples, 1 x 4.
+    "warm-up from 4 to 8 micro 1 x accumulation 4": ["trainer.micro_batch_size=2", "trainer.global_batch_size=8", "trainer.batch_size_warmup.start=4", "trainer.batch_size_warmup.tokens=1024"],
 }
 
 
@@ -45,5 +47,8 @@ def test_a_step_s_gradient_is_its_token_mean_however_the_batch_is_split(tmp_path
         # DeepSpeed measures the norm over its flat fp32 partitions: 1.3e-5 from DDP's here, the same
         # at micro 2 without accumulation (before, a split moved it by 2.3%).
         assert n == pytest.approx(norm, rel=5e-5 if "zero2" in name else 1e-6), first
-    # On one rank the logged loss is the step's token mean too (on several, rank 0's share of it).
+    # On one rank the logged loss is the step's token mean too; on several, rank 0's own token mean
+    # (it logged its sums over the step's share: 12.99 where the step's mean was 8.40).
     assert first["micro 1 x accumulation 4"][1] == pytest.approx(loss, rel=1e-5), first
+    for name in ("ddp 2 x micro 2", "zero2 2 x micro 1 x accumulation 2"):
+        assert first[name][1] == pytest.approx(loss, rel=0.05), first

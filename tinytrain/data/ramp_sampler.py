@@ -58,6 +58,14 @@ class RampBatchSampler(ResumableBatchSampler):
         the ones trained before a resume itself)."""
         return self._pass_steps(self.epoch_start_step, 0) * self.per_step // self.world
 
+    def current_step(self) -> list[list[int]]:
+        """Every rank's micro batches of the step being trained (train/callbacks/step_tokens.py):
+        per_step micro batches of this step's size, from where the step began in the order."""
+        m = self.ramp.micro(self.steps)
+        start = self.samples - self.micro_batches * m  # each micro batch trained so far moved it m
+        order = self._epoch_order(self.epoch)
+        return [order[start + j * m : start + (j + 1) * m].tolist() for j in range(self.per_step)]
+
     def advance(self) -> None:
         """One micro batch was trained on by every rank."""
         self.samples += self.ramp.micro(self.steps) * self.world

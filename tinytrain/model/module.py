@@ -102,6 +102,7 @@ class CausalLMModule(pl.LightningModule):
         self.step_skipped = False  # GradScaler skipped this step (fp16 overflow): the schedule waits
         # Fine-tuning rows: the step's trained tokens per micro batch, over every rank (StepTokens).
         self.loss_share: float | None = None
+        self.own_loss_share = 1.0  # this rank's trained tokens per micro batch of the step (StepTokens)
         # This step's loss and pre-clip gradient norm, logged only on the steps that read them
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
@@ -246,6 +247,8 @@ class CausalLMModule(pl.LightningModule):
             if row:  # averaged over the data-parallel ranks, as TRL gathers them (a collective each)
                 self.log_dict({k: v.float() if torch.is_tensor(v) else v for k, v in means.items()}, sync_dist=True, batch_size=rows(batch))
         step_loss = self.step_losses.add(step, {"loss": loss})["loss"]
+        if self.loss_share is not None:  # the micro batches' sums over the step's share: this rank's token mean
+            step_loss = step_loss * (self.loss_share / self.own_loss_share)
         self.step_values = {"loss": step_loss}
         if shows_step_loss(self.trainer):
             self.log("loss", step_loss, prog_bar=True, batch_size=rows(batch))

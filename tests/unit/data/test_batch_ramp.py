@@ -103,3 +103,30 @@ def test_the_schedule_is_counted_in_tokens():
     assert s.multiplier(2) == pytest.approx(plain.multiplier(4 / 6))  # 4 samples = 2/3 of a final step
     assert s.multiplier(3) == pytest.approx(1.0)  # 8/6 + 1 > warmup 2: at the peak, not above it
     assert s.multiplier(9) == pytest.approx(0.1)  # the last step ends the decay
+
+
+def test_the_step_being_trained_is_every_rank_s_micro_batches_of_it():
+    """train/callbacks/step_tokens.py weighs each step's loss by its trained tokens: the ramp's
+    current_step is the step's micro batches (dp 2 x accumulation 2), each rank's dealt in turn,
+    through the ramp and into the next pass."""
+    ramp = BatchRamp(start=4, final=12, increment=4, samples=16, seq_len=16)
+    samplers = [RampBatchSampler(50, ramp, seed=3) for _ in range(2)]
+    for rank, s in enumerate(samplers):
+        s.set_shard(rank, 2)
+    passes = [iter(s) for s in samplers]
+    steps = 0
+    while steps < 12:
+        try:
+            first = [next(p) for p in passes]
+        except StopIteration:  # the pass ended: the next epoch, as Lightning asks for it
+            passes = [iter(s) for s in samplers]
+            first = [next(p) for p in passes]
+        second = [next(p) for p in passes]
+        dealt = [first[0], first[1], second[0], second[1]]  # micro batch j goes to rank j mod 2
+        for micro in range(2):
+            for s in samplers:
+                assert s.current_step() == dealt, (steps, micro)
+            for s in samplers:
+                s.advance()
+        steps += 1
+    assert samplers[0].epoch >= 1  # a later pass was reached

@@ -33,8 +33,10 @@ class AccumulationChange(pl.Callback):
         if saved in (None, self.accumulation) or progress is None:  # unchanged, or saved before it was recorded
             return
         steps = progress["current"]["ready"] // saved  # this epoch's: checkpoints are taken at step ends
-        shift = steps * self.accumulation - progress["current"]["ready"]
+        # Each counter in its own steps: the run's total spans every epoch (whole steps each,
+        # data/sampler.py), the current one this epoch's; one shift for both was right in epoch 0 only.
         for counters in (progress["total"], progress["current"]):
+            shift = counters["ready"] // saved * self.accumulation - counters["ready"]
             for name in ("ready", "started", "processed", "completed"):
                 counters[name] += shift
         log.info("gradient accumulation %d -> %d since the checkpoint: its %d step(s) of this epoch are %d micro batches now", saved, self.accumulation, steps, steps * self.accumulation)

@@ -17,18 +17,22 @@ import lightning.pytorch as pl
 
 class StepTokens(pl.Callback):
     def __init__(self, sampler, labelled):
-        self.sampler = sampler  # ResumableBatchSampler
+        self.sampler = sampler  # ResumableBatchSampler (or the batch ramp's)
         self.labelled = labelled  # trained tokens per dataset item (numpy)
         self.step: list[list[int]] | None = None
-        self.share = 1.0
+        self.shares = (1.0, 1.0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = self.sampler.current_step()
         if step != self.step:
             self.step = step
-            tokens = sum(int(self.labelled[b].sum()) for b in step)
-            self.share = max(tokens, 1) / len(step)
-        pl_module.loss_share = self.share
+            tokens = [int(self.labelled[b].sum()) for b in step]
+            # This rank's micro batches are every world-th of the step's (dealt round-robin).
+            mine = tokens[self.sampler.rank :: self.sampler.world]
+            self.shares = (max(sum(tokens), 1) / len(tokens), max(sum(mine), 1) / len(mine))
+        # The backward divides by the step's share; the logged loss is rescaled to this rank's
+        # token mean (its micro batches' sums over its own tokens), a loss at any data parallelism.
+        pl_module.loss_share, pl_module.own_loss_share = self.shares
 
 
 def step_tokens_callback(train_sampler, train_dataset, objective) -> list:
