@@ -243,7 +243,8 @@ def test_a_run_resumed_under_another_batch_layout_keeps_its_steps_and_its_data_p
     shutil.copy(eight_steps / "checkpoints" / "step0000004.ckpt", run_dir / "checkpoints")
     out = finish(start(run_dir, [*LAYOUT_RUN, *change]), run_dir)
     assert "resuming from checkpoints/step0000004.ckpt (step 4)" in out, out[-3000:]
-    changed = "accumulation 1 -> 2" if "accumulate" in change[0] else "micro batch 4 -> 2"
+    changed = "accumulation 1 -> 2, so the global batch 4 -> 8" if "accumulate" in change[0] else "micro batch 4 -> 2, so the global batch 4 -> 2"
+    changed += " sequences per step"
     assert f"resume     {changed} since the checkpoint: the schedule continues at step 4, its data continues at the checkpoint's sample" in out
     assert "(first step since the resume at step 4) ->" in out  # this process's steps, not the run's
     rows = metrics_rows(run_dir)
