@@ -204,7 +204,7 @@ class DataModule:
         d = self.cfg
         train_samples, val_samples = self._train_and_validation(self._samples, "samples")
         train, val, shape = self._sft_datasets(train_samples, val_samples)
-        trained = sum(int((s.labels != -100).sum()) for s in train_samples)
+        trained = int(train.labelled.sum())  # packed or not, the rows' trained tokens are the samples'
         total = sum(len(s.input_ids) for s in train_samples)
         self.lines.append(
             f"sft ({d.format.value}, template {d.chat_template.value}, train on {d.train_on.value}): {len(train_samples):,} train / {len(val_samples):,} "

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tinytrain.data.sample_index import random_access, window_starts
+from tinytrain.data.sft import trained_tokens
 
 IGNORE = -100
 WHOLE = "whole store"  # PackedWindows over every document of the store, in order
@@ -136,8 +137,8 @@ class PackedSamples(Dataset):
         self.samples = samples
         self.rows = pack_rows([len(s.input_ids) for s in samples], capacity)
         self.lengths = [sum(len(samples[i].input_ids) for i in row) for row in self.rows]
-        trained = [int((s.labels != IGNORE).sum()) for s in samples]
-        self.labelled = np.array([sum(trained[i] for i in row) for row in self.rows], dtype=np.int64)  # per row (StepTokens)
+        trained = trained_tokens(samples)
+        self.labelled = np.array([trained[row].sum() for row in self.rows], dtype=np.int64)  # per row (StepTokens)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -228,14 +228,19 @@ def _tokenize(pending: list, data_cfg, tokenizer, counts: SftCounts) -> list[Sft
     return out
 
 
+def trained_tokens(samples) -> np.ndarray:
+    """Each sample's trained tokens (labels not -100): a step's loss is the mean over all of its
+    own (train/callbacks/step_tokens.py), and the data line counts them."""
+    return np.array([int((s.labels != IGNORE).sum()) for s in samples], dtype=np.int64)
+
+
 class SftDataset(Dataset):
     """Unpacked samples, one per item; PaddedCollator pads a batch of them."""
 
     def __init__(self, samples: list[SftSample]):
         self.samples = samples
         self.lengths = [len(s.input_ids) for s in samples]
-        # Trained tokens per sample: a step's loss is the mean over all of its own (StepTokens).
-        self.labelled = np.array([int((s.labels != IGNORE).sum()) for s in samples], dtype=np.int64)
+        self.labelled = trained_tokens(samples)  # per item (StepTokens)
 
     def __len__(self) -> int:
         return len(self.samples)
