@@ -48,8 +48,9 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.consumed = 0  # global batches of this epoch already trained on
         self.rank, self.world = 0, 1
         # Micro batches per optimizer step on each rank: a pass ends on a whole step, so no step's
-        # accumulation runs into the next epoch (DeepSpeed's engine would count it on across the
-        # epoch while Lightning's step count starts again) and each step's batches are known.
+        # accumulation runs into the next epoch (DeepSpeed's engine would accumulate on across it
+        # while Lightning's count of the epoch's micro batches starts again) and each step's
+        # batches are known.
         self.accumulation = 1
         self.pass_first = 0  # where this pass started (its steps are counted from there)
         self._grouped: tuple[int, list[list[int]]] | None = None
