@@ -99,14 +99,16 @@ def local_ranks(args: list[str]) -> int:
     return int(devices[-1]) if devices and devices[-1].isdigit() else 1
 
 
-def run_cli(args: list[str], run_dir: Path, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
+def run_cli(args: list[str], run_dir: Path | None, env: dict | None = None, timeout: int = 600, module: str = "tinytrain") -> subprocess.CompletedProcess:
     """`python -m tinytrain args...` from the repo root, writing into run_dir (`module`: the same CLI
-    with test instruments, tests.integration.instrumented_cli)."""
+    with test instruments, tests.integration.instrumented_cli). run_dir None: the directory is the
+    command's own (args name run.root, or it lands in the repository's runs/)."""
     full_env = cli_env(env)
+    args = [*args, f"hydra.run.dir={run_dir}"] if run_dir is not None else list(args)
     if ZYGOTE.serves(full_env):  # forked from a process that imported torch and Lightning once, as are the ranks it starts
-        return ZYGOTE.run(module, [*args, f"hydra.run.dir={run_dir}"], REPO, full_env, timeout, spare_ranks=local_ranks(args) - 1)
+        return ZYGOTE.run(module, args, REPO, full_env, timeout, spare_ranks=local_ranks(args) - 1)
     return subprocess.run(
-        [sys.executable, "-m", module, *args, f"hydra.run.dir={run_dir}"],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=full_env,
         capture_output=True,

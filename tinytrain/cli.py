@@ -24,6 +24,7 @@ from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.outputs import unused_run_dir
 
 log = logging.getLogger("tinytrain")
 
@@ -231,6 +232,9 @@ def hydra_main(cfg: DictConfig):
         sys.exit(PREEMPTED_EXIT_CODE)
     except BrokenPipeError:
         reader_left()  # here, before Hydra prints "Error executing job ..." for it
+    finally:
+        if is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
+            unused_run_dir.remove_if_unused(run_dir)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
 

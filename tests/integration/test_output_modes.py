@@ -54,11 +54,12 @@ def test_generate_from_checkpoint_and_export_agree(chat_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     outputs = []
     for name, source in (("ckpt", chat_run / "checkpoints" / "step0000008.ckpt"), ("hf", chat_run / "hf_export-step0000008")):
-        r = run_cli(["mode=generate", f"checkpoint={source}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=6"], tmp_path / name)
+        r = run_cli(["mode=generate", f"checkpoint={source}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=6", f"run.root={tmp_path / name}"], None)
         assert r.returncode == 0, r.stderr[-3000:]
-        # Beside the checkpoint read, in its run (not in the invocation's new run folder).
+        # Beside the checkpoint read, in its run; the invocation's new run folder, left with Hydra's
+        # record and the log alone, is removed (outputs/unused_run_dir.py).
         rows = [json.loads(line) for line in (chat_run / f"generations-{source.name.removesuffix('.ckpt')}.jsonl").read_text().splitlines()]
-        assert not (tmp_path / name / "generations.jsonl").exists()
+        assert list((tmp_path / name).iterdir()) == []
         assert [row["prompt"] for row in rows] == ["What is a list?", "How do I sort?"] and all(row["chat"] for row in rows)
         outputs.append([(row["completion"], row["tokens"]) for row in rows])
     assert outputs[0] == outputs[1]
@@ -131,8 +132,9 @@ def test_lm_eval_local_task_on_the_export(chat_run, tmp_path):
     ],
 )
 def test_errors_name_the_key_and_the_fix(args, says, tmp_path):
-    r = run_cli(args, tmp_path / "run")
+    r = run_cli([*args, f"run.root={tmp_path}"], None)
     assert r.returncode == 2 and says in r.stderr, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # no runs/<timestamp>/ folder left for a refused command
 
 
 def test_average_of_copies_of_one_checkpoint_gives_its_logits_and_of_two_their_mean(chat_run, tmp_path):

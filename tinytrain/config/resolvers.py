@@ -35,13 +35,20 @@ def _run_name() -> str:
     return slurm.run_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
+# Each run directory as this process first resolved it -> whether it existed then (before Hydra
+# created it): a directory this command made and left unused is removed (cli.py, outputs/unused_run_dir.py).
+FOUND_BEFORE: dict[str, bool] = {}
+
+
 def _run_dir(root: str, name: str) -> str:
     """hydra.run.dir: Hydra creates it before tinytrain runs, so a run.name that would escape
     run.root (`..`, slashes) is refused here, before anything is written."""
     problem = run_name_problem(str(name))
     if problem:
         raise ConfigError(problem)
-    return f"{root}/{name}"
+    path = f"{root}/{name}"
+    FOUND_BEFORE.setdefault(str(Path(path).resolve()), Path(path).exists())
+    return path
 
 
 LOCK_NAME = ".tinytrain.lock"  # the run directory's lock (checkpoint/run_lock.py)

@@ -1,0 +1,33 @@
+"""A run directory that this command created and then left holding nothing of its own.
+
+Hydra creates the run directory before tinytrain runs, with its record of the composition
+(`.hydra`), the log and, once rank 0 holds it, the lock. A command refused before any work, or an
+output mode whose outputs go beside the checkpoint it read (export, generate, average), would
+otherwise leave one such `runs/<timestamp>/` per invocation. A directory that existed before the
+command (a run's own, a Slurm job's requeue) or that holds anything else is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from tinytrain.config.resolvers import FOUND_BEFORE, LOCK_NAME
+
+# What Hydra and the lock put in every run directory; anything else is a mode's output.
+BOOKKEEPING = {".hydra", "tinytrain.log", LOCK_NAME}
+
+
+def remove_if_unused(run_dir: Path) -> bool:
+    """Remove run_dir if this process's Hydra created it and it holds only BOOKKEEPING. Returns
+    whether it was removed."""
+    key = str(run_dir.resolve())
+    if FOUND_BEFORE.get(key, True) or not run_dir.is_dir():
+        return False
+    if any(entry.name not in BOOKKEEPING for entry in run_dir.iterdir()):
+        return False
+    # The log's handler still has tinytrain.log open: its later lines go nowhere, as intended.
+    logging.getLogger("tinytrain").debug("removing %s: this command wrote nothing there", run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
