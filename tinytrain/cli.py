@@ -196,6 +196,7 @@ def hydra_main(cfg: DictConfig):
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     if multirun:
         name_multirun_job(cfg, hydra_cfg.job.num)
+    ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
     try:
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
         with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
@@ -215,7 +216,9 @@ def hydra_main(cfg: DictConfig):
                 if result.hardware.is_cpu:
                     # The job asks for GPUs; precision, memory and --mem were planned for this machine.
                     print(f"note: planned for {result.hardware.name} (no GPU here, no hardware.gpu): name the job's GPU (hardware.gpu=A800) so its precision, memory and host memory are planned for it")
+        ended_cleanly = True
     except (ConfigError, TrainingStopped) as e:
+        ended_cleanly = isinstance(e, ConfigError)
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
         message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
@@ -233,7 +236,7 @@ def hydra_main(cfg: DictConfig):
     except BrokenPipeError:
         reader_left()  # here, before Hydra prints "Error executing job ..." for it
     finally:
-        if is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
+        if ended_cleanly and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
             unused_run_dir.remove_if_unused(run_dir)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
