@@ -91,6 +91,10 @@ class MixtureBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.consumed = 0  # global batches of this epoch already trained on
         self.rank, self.world = 0, 1
+        # Micro batches per optimizer step on each rank: an epoch is whole steps, as
+        # ResumableBatchSampler's (callbacks/data_position.py sets it from the trainer).
+        self.accumulation = 1
+        self.pass_first = 0  # where this epoch's batches started (its steps are counted from there)
         # Where the stream is known from: sample number and each source's position there (a fresh
         # start, or the checkpoint a resumed run continues). Counts further on are derived from it.
         # Two cursors move on from there: the training step's (exhaustion checks, checkpoints) and
@@ -107,11 +111,17 @@ class MixtureBatchSampler(Sampler[list[int]]):
     # -- the stream -----------------------------------------------------------------------------
 
     @property
+    def step_batches(self) -> int:
+        """Global micro batches per optimizer step: a round of every rank, `accumulation` times."""
+        return self.world * self.accumulation
+
+    @property
     def epoch_batches(self) -> int:
         """Global batches per epoch (a nominal epoch, as many samples as all sources hold; the
-        mixture itself has no end), a multiple of the world size so every rank gets as many."""
+        mixture itself has no end), whole optimizer steps so every rank gets as many and no step's
+        accumulation runs into the next epoch."""
         per_epoch = int(self.sizes.sum()) // self.batch_size
-        return max(self.world, per_epoch - per_epoch % self.world)
+        return max(self.step_batches, per_epoch - per_epoch % self.step_batches)
 
     def draws(self, start: int, stop: int) -> np.ndarray:
         """The source of each global sample start .. stop - 1."""
@@ -149,10 +159,11 @@ class MixtureBatchSampler(Sampler[list[int]]):
         self._known[cursor] = (sample, counts)
         return counts
 
-    def items(self, start: int, stop: int) -> np.ndarray:
-        """Dataset indices of global samples start .. stop - 1."""
+    def items(self, start: int, stop: int, cursor: str = "iter") -> np.ndarray:
+        """Dataset indices of global samples start .. stop - 1 (`cursor`: which reader's known
+        position the count moves to)."""
         source = self.draws(start, stop)
-        positions = self.positions_at(start, "iter")
+        positions = self.positions_at(start, cursor)
         out = np.empty(stop - start, dtype=np.int64)
         for k, name in enumerate(self.names):
             mine = np.flatnonzero(source == k)
@@ -169,9 +180,10 @@ class MixtureBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         # A pass that starts after the last one was fully consumed starts the next epoch (see
         # ResumableBatchSampler: this runs on the first batch requested).
-        new_pass, first, end = pass_span(self.consumed, self.epoch_batches, self.world)
+        new_pass, first, end = pass_span(self.consumed, self.epoch_batches, self.step_batches)
         if new_pass:
             self.epoch, self.consumed = self.epoch + 1, 0
+        self.pass_first = first
         first, last = self.epoch * self.epoch_batches + first, self.epoch * self.epoch_batches + end
         b = self.batch_size
         per_chunk = max(1, CHUNK // b)  # global batches computed at once
@@ -190,6 +202,15 @@ class MixtureBatchSampler(Sampler[list[int]]):
     def advance(self) -> None:
         """One batch was trained on by every rank."""
         self.consumed += self.world
+
+    def current_step(self) -> list[list[int]]:
+        """Every rank's micro batches (dataset indices) of the optimizer step the next batch trained
+        belongs to, as ResumableBatchSampler.current_step."""
+        size = self.step_batches
+        start = self.epoch * self.epoch_batches + self.pass_first + (self.consumed - self.pass_first) // size * size
+        b = self.batch_size
+        indices = self.items(start * b, (start + size) * b, cursor="step_tokens")
+        return [indices[i * b : (i + 1) * b].tolist() for i in range(size)]
 
     @property
     def samples_consumed(self) -> int:

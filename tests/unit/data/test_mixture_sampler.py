@@ -225,3 +225,30 @@ def test_a_resume_across_a_stage_boundary_is_exact_and_a_changed_later_stage_is_
     changed.load_state_dict(state)
     assert train(changed, 310) == reference[290:400] + train(staged(), 600)[400:600]
     assert "data stages changed since the checkpoint (step 290)" in caplog.text
+
+
+def test_an_epoch_is_whole_optimizer_steps_and_each_step_s_batches_are_known():
+    """With accumulation, the nominal epoch ends on a whole step (92 batches -> 90 in steps of 3, so
+    no step's accumulation runs into the next epoch), and current_step gives every rank's batches of
+    the step the next batch belongs to (train/callbacks/step_tokens.py weighs the step's tokens)."""
+    ranks = [sampler(), sampler()]
+    for r, s in enumerate(ranks):
+        s.set_shard(r, 2)
+        s.accumulation = 3
+    assert ranks[0].epoch_batches == 90  # 92 cut to whole steps of 2 ranks x 3
+    trained, steps, per_epoch = [], [], []
+    while len(trained) < 2 * 51:  # 51 rounds, 17 steps: over an epoch's end (45 rounds)
+        rounds = 0
+        for batches in zip(*ranks):
+            steps.append([s.current_step() for s in ranks])
+            trained.extend(batches)
+            for s in ranks:
+                s.advance()
+            rounds += 1
+            if len(trained) == 2 * 51:
+                break
+        per_epoch.append(rounds)
+    assert per_epoch == [45, 6]
+    for i, (step_0, step_1) in enumerate(steps):
+        first = i // 3 * 3 * 2  # the step's first global batch: 3 rounds of 2 ranks a step
+        assert step_0 == step_1 == trained[first : first + 6], i

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from tinytrain.data.mixture_sampler import MixtureBatchSampler
 from tinytrain.data.ramp_sampler import RampBatchSampler
 from tinytrain.data.sampler import ResumableBatchSampler
 
@@ -22,7 +23,7 @@ class DataPosition(pl.Callback):
             # them all as data-parallel ranks; model/context_parallel.py splits the sequence).
             cp = self.context_parallel
             self.sampler.set_shard(shard["rank"] // cp, shard["num_replicas"] // cp)
-        if isinstance(self.sampler, ResumableBatchSampler):  # passes of whole optimizer steps
+        if isinstance(self.sampler, ResumableBatchSampler | MixtureBatchSampler):  # passes of whole optimizer steps
             self.sampler.accumulation = trainer.accumulate_grad_batches
 
     def on_train_start(self, trainer, pl_module):

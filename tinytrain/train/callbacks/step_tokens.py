@@ -6,13 +6,15 @@ and the gradient changed with the micro batch, the accumulation and the number o
 samples (every rank's) are known from the sampler (data/sampler.py current_step), their trained
 tokens from the dataset: each micro batch's loss is its sum over tokens divided by the step's tokens
 per micro batch, so the accumulation's and the ranks' averages give the step's token mean. No
-collective, nothing read from the device. Pretraining windows (every token trained but document
-boundaries) and mixtures keep each micro batch's mean.
+collective, nothing read from the device. A fine-tuning mixture's step is known the same way (its
+stream is a function of the sample number). Pretraining windows (every token trained but document
+boundaries) keep each micro batch's mean.
 """
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import numpy as np
 
 
 class StepTokens(pl.Callback):
@@ -36,9 +38,14 @@ class StepTokens(pl.Callback):
 
 
 def step_tokens_callback(train_sampler, train_dataset, objective) -> list:
-    """StepTokens where the loss is a token mean of fine-tuning rows drawn by a ResumableBatchSampler."""
+    """StepTokens where the loss is a token mean of fine-tuning rows drawn by a ResumableBatchSampler
+    (or the batch ramp's) or a mixture's MixtureBatchSampler (indices into its sources' ConcatDataset)."""
+    from torch.utils.data import ConcatDataset
+
+    from tinytrain.data.mixture_sampler import MixtureBatchSampler
     from tinytrain.data.sampler import ResumableBatchSampler
 
-    if objective is not None or not isinstance(train_sampler, ResumableBatchSampler) or not hasattr(train_dataset, "labelled"):
+    parts = train_dataset.datasets if isinstance(train_dataset, ConcatDataset) else [train_dataset]
+    if objective is not None or not isinstance(train_sampler, ResumableBatchSampler | MixtureBatchSampler) or not all(hasattr(d, "labelled") for d in parts):
         return []
-    return [StepTokens(train_sampler, train_dataset.labelled)]
+    return [StepTokens(train_sampler, np.concatenate([d.labelled for d in parts]))]
