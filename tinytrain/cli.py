@@ -223,7 +223,7 @@ def hydra_main(cfg: DictConfig):
             raise
         message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
         if is_rank_zero():  # every rank of a DDP run reaches the same guard decision: say it once
-            print(message, file=sys.stderr)
+            rank_logging.say(message, logging.ERROR)  # in tinytrain.log too: why the run stopped
         if multirun:
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
             # raises the first failure again and main() exits with its code.
@@ -231,7 +231,7 @@ def hydra_main(cfg: DictConfig):
         sys.exit(2 if isinstance(e, ConfigError) else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
     except Preempted as e:
         if is_rank_zero():
-            print(str(e), file=sys.stderr)
+            rank_logging.say(str(e), logging.WARNING)
         sys.exit(PREEMPTED_EXIT_CODE)
     except BrokenPipeError:
         reader_left()  # here, before Hydra prints "Error executing job ..." for it

@@ -92,6 +92,15 @@ def test_skip_policy_skips_then_stops_after_too_many(tmp_path):
     assert all(torch.isfinite(v).all() for v in good["state_dict"].values())  # skipped steps changed nothing
 
 
+def test_a_stopping_step_on_the_logging_interval_has_no_throughput_of_the_step_before(tmp_path):
+    """The stopping step never finished: its row (written mid-step) had the last step's tokens_per_s."""
+    nan_at_step_3 = lambda step, grad: grad * float("nan") if step == 3 else grad  # noqa: E731
+    with pytest.raises(TrainingStopped):
+        train(["guard.nonfinite=stop", "trainer.log_every_n_steps=1"], tmp_path, corrupt=nan_at_step_3)
+    rows = metrics_rows(tmp_path)
+    assert [r["step"] for r in rows] == ["0", "1", "2", "3"] and rows[2].get("tokens_per_s") and not rows[3].get("tokens_per_s"), rows
+
+
 def test_fp16_loss_scale_collapse_is_explained(tmp_path):
     # Real fp16: an overflowing gradient in one layer makes GradScaler halve the scale every step.
     overflow = lambda step, grad: grad * float("inf") if step >= 1 else grad  # noqa: E731

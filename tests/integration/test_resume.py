@@ -150,6 +150,7 @@ def test_a_signal_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one
         assert f"{saved}; the requeued job resumes from it" in out and "Slurm job 4240_3 requeued" in out
     else:
         assert f"{saved}; resume with the same run directory" in out
+    assert f"{sent.name} at step {step}: {saved}" in (run_dir / "tinytrain.log").read_text()  # why it stopped, in the run's log too
     assert not (run_dir / "checkpoints" / "final.ckpt").exists()  # stopped: no final checkpoint, no export
     ckpt = read_state(run_dir / "checkpoints" / f"step{step:07d}.ckpt")  # a file, or DeepSpeed's folder
     assert ckpt["global_step"] == step and len(ckpt["callbacks"]["RNGState"]["ranks"]) == ranks
@@ -249,8 +250,31 @@ def test_a_run_resumed_under_another_batch_layout_keeps_its_steps_and_its_data_p
     assert "(first step since the resume at step 4) ->" in out  # this process's steps, not the run's
     rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows if r.get("loss")] == ["4", "5", "6", "7"]
+    # The first step is not timed (from a fresh start or a resume); under accumulation it was timed from its second half.
+    assert [bool(r.get("tokens_per_s")) for r in rows if r.get("loss")] == [False, True, True, True], rows
     assert [r["step"] for r in rows if r.get("val_loss")] == ["7"]
     assert [r["lr"] for r in rows if r.get("lr")] == [r["lr"] for r in metrics_rows(eight_steps) if r.get("lr")][4:]  # the schedule is the step's
     position = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["callbacks"]["DataPosition"]
     per_step = 4 * 2 if "accumulate" in change[0] else 2  # sequences a step after the change
     assert position["consumed_batches"] * position["batch_size"] == 4 * 4 + 4 * per_step
+    # evals.csv's tokens seen (callbacks/tokens_seen.py): the first 4 steps at 4 sequences, then the new batch.
+    assert torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["callbacks"]["TokensSeen"] == {"step": 8, "tokens": (4 * 4 + 4 * per_step) * 32}
+
+
+@pytest.mark.timeout(300)
+def test_rows_after_a_resume_from_a_checkpoint_saved_after_an_off_interval_validation_keep_their_steps(tmp_path, eight_steps):
+    """A checkpoint taken after its step's validation held Lightning's row count one low; the resumed
+    run added it back only when it validated at that step too. Resumed from step 8 with validation
+    every 3 steps (8 is off it), rows were labelled a step low from there on. And the last step, off
+    the logging interval (every 2: rows at 10 and the last step, 11), had its row's lr and grad_norm
+    copied from the step before."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(eight_steps / "checkpoints" / "step0000008.ckpt", run_dir / "checkpoints")
+    out = finish(start(run_dir, [*LAYOUT_RUN, "trainer.max_steps=11", "trainer.val_every_n_steps=3", "trainer.log_every_n_steps=2"]), run_dir)
+    assert "resuming from checkpoints/step0000008.ckpt (step 8)" in out, out[-3000:]
+    rows = metrics_rows(run_dir)
+    train = [r for r in rows if r.get("loss")]
+    assert [r["step"] for r in train] == ["9", "10"], rows  # steps 10 and 11 (a row's step is one less)
+    assert [r["step"] for r in rows if r.get("val_loss")] == ["8", "10"], rows  # steps 9 and 11
+    assert train[1]["lr"] != train[0]["lr"] and train[1]["grad_norm"] != train[0]["grad_norm"], train

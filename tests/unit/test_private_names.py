@@ -93,6 +93,7 @@ PRIVATE_NAMES = [
         has_parameters(class_attr(LIGHTNING_STRATEGIES, "DeepSpeedStrategy", "_setup_model_and_optimizer"), "model", "optimizer", "lr_scheduler"),
     ),
     ("lightning", "Trainer._logger_connector", "train/metrics_csv.py (the step's row before its checkpoint)", assigned_in_init("lightning.pytorch", "Trainer", "_logger_connector")),
+    ("lightning", "_TrainingEpochLoop._batches_that_stepped", "train/callbacks/accumulation_change.py (a row's step after a resume), model/module.py (the last step's row)", assigned_in_init("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop", "_batches_that_stepped")),
     ("lightning", "_LoggerConnector.should_update_logs", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "should_update_logs")),
     ("lightning", "_LoggerConnector.metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "metrics")),
     ("lightning", "_LoggerConnector.log_metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "log_metrics")),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 # Set by torchrun / Lightning's DDP launcher / srun before the process starts.
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
@@ -33,11 +34,12 @@ def configure(rank: int) -> None:
     logging.captureWarnings(True)
 
 
-def say(text: str) -> None:
-    """Print what the user reads (the plan, the run's summary) and keep it in tinytrain.log too: the
-    log is what a run directory keeps of a run whose console went elsewhere (a Slurm job's file)."""
-    print(text, flush=True)
-    record = logging.LogRecord("tinytrain", logging.INFO, __file__, 0, text, None, None)
+def say(text: str, level: int = logging.INFO) -> None:
+    """Print what the user reads (the plan, the run's summary; at WARNING or above, why it stopped,
+    on stderr) and keep it in tinytrain.log too: the log is what a run directory keeps of a run
+    whose console went elsewhere (a Slurm job's file)."""
+    print(text, flush=True, file=sys.stderr if level >= logging.WARNING else sys.stdout)
+    record = logging.LogRecord("tinytrain", level, __file__, 0, text, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

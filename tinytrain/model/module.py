@@ -53,7 +53,12 @@ def writes_metrics_row(trainer) -> bool:
     0.3-1 ms of Lightning's bookkeeping (it deep-copies the value's metadata), most of a small
     model's fixed per-step cost (benchmarks/step_overhead.py --seq-len 32). Lightning's own test,
     asked at the same point of the step."""
-    return trainer._logger_connector.should_update_logs
+    # The last step's row is written too (its validation, callbacks/final_validation.py), on the
+    # interval or not: its values must be its own, not the last logged step's.
+    if trainer._logger_connector.should_update_logs:
+        return True
+    loop = getattr(trainer, "fit_loop", None)  # Lightning's count of the steps taken, constant within a step
+    return loop is not None and loop.epoch_loop._batches_that_stepped + 1 >= trainer.max_steps > 0
 
 
 def shows_step_loss(trainer) -> bool:

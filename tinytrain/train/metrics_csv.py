@@ -137,6 +137,8 @@ def write_step_row_now(trainer, force: bool = False, fresh: dict | None = None) 
         schedulers = trainer.lr_scheduler_configs
         lr = {"lr": schedulers[0].scheduler.get_last_lr()[0]} if schedulers else {}
         metrics = {**getattr(module, "step_values", {}), **lr}
+    if force:  # mid-step: the throughput of this step is not measured yet; the logged one is the last row's
+        metrics = {k: v for k, v in metrics.items() if k not in ("tokens_per_s", "mfu")}
     metrics = {**metrics, **(fresh or {})}  # on the interval too: the step's grad_norm is logged after a guard's hook
     if not metrics:
         return

@@ -7,6 +7,11 @@ row is labelled with. A step-4 checkpoint of accumulation 1 resumed under 2 vali
 instead of 8 and labelled each row a step low. Each checkpoint records its accumulation here; a run
 under another one shifts the counters to its own count of the same optimizer steps before Lightning
 restores them (callbacks are restored before the loops).
+
+The row count is also put right at each step's start: a checkpoint taken after its step's
+validation (callbacks/step_checkpoints.py waits for it) holds it one low, and Lightning adds the
+one back only when the resumed run validates at that step too. Resumed under another
+val_every_n_steps, or past an earlier run's last step, every later row was labelled a step low.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ KEY = "accumulate_grad_batches"
 class AccumulationChange(pl.Callback):
     def __init__(self, accumulation: int):
         self.accumulation = accumulation
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Lightning labels rows with `_batches_that_stepped`, saved one low by a checkpoint taken after
+        # its step's validation, and adds the missing one back on restart only when the resumed run
+        # validates at that step too (its `_skip_next_val` path). At a step's start it equals the
+        # optimizer steps taken.
+        loop = trainer.fit_loop.epoch_loop
+        if loop._batches_that_stepped != trainer.global_step:
+            loop._batches_that_stepped = trainer.global_step
 
     def state_dict(self) -> dict:
         return {KEY: self.accumulation}

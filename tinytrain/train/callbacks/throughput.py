@@ -80,6 +80,9 @@ class ThroughputMonitor(pl.Callback):
         self._measured = array("d")  # (step index, tokens, FLOPs, seconds) of each measured step
         self.compiled: set[int] = set()  # steps (this process's, from 0) any rank compiled in
 
+    def on_train_start(self, trainer, pl_module):
+        self._last_step = trainer.global_step  # a resumed run's first micro batch is inside its step
+
     def on_validation_start(self, trainer, pl_module):
         self._validation_start = time.perf_counter()
 
