@@ -19,6 +19,7 @@ from tinytrain.errors import Problem
 from tinytrain.outputs import saved_run
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.train import evals_csv
+from tinytrain.train.callbacks.tokens_seen import STATE_KEY as TOKENS_SEEN_KEY
 
 
 def is_run_folder(run: Path) -> bool:
@@ -58,10 +59,15 @@ def problems(cfg, run: Path) -> list[Problem]:
     return found
 
 
-def tokens_at(run: Path, step: int) -> int | str:
-    """Tokens seen by `step`, counted as the inline scoring counts them (plan/layout.py's tokens_over),
-    from the run's plan.json; a batch warm-up's ramp is rebuilt with the run's
-    trainer.batch_size_warmup.tokens. '' without a plan.json."""
+def tokens_at(run: Path, step: int, checkpoint: Path | None = None) -> int | str:
+    """Tokens seen by `step`: as the checkpoint recorded them (train/callbacks/tokens_seen.py, counted
+    across resumes under other batches), else counted as the inline scoring counts them
+    (plan/layout.py's tokens_over, from the run's plan.json; a batch warm-up's ramp is rebuilt with
+    the run's trainer.batch_size_warmup.tokens). '' without either."""
+    if checkpoint is not None:
+        recorded = read_state(checkpoint, saved_run.KEY).get("callbacks", {}).get(TOKENS_SEEN_KEY, {})
+        if recorded.get("step") == step:
+            return int(recorded["tokens"])
     plan = json.loads((run / "plan.json").read_text()) if (run / "plan.json").is_file() else {}
     if not plan.get("batch"):
         return ""
@@ -89,7 +95,7 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     print(f"evals of {run}: {already_line(checkpoints, done, ev_step(cfg))}; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
     for step, path in todo:
         saved = saved_run.load(str(path), out_dir)
-        rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step))
+        rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step, path))
         evals_csv.append(csv_path, rows)
         print(f"scored step {step} ({path.name}): {len(rows)} metrics appended to {csv_path}", flush=True)
     plot_evals(csv_path, run / "evals.png", f"{run.name}: downstream tasks")

@@ -36,6 +36,7 @@ from tinytrain.train.callbacks.reference_logps import PrecomputeReference
 from tinytrain.train.callbacks.samples import sample_callback
 from tinytrain.train.callbacks.slurm_evals import slurm_eval_callback
 from tinytrain.train.callbacks.step_tokens import step_tokens_callback
+from tinytrain.train.callbacks.tokens_seen import TokensSeen
 from tinytrain.train.metrics_csv import last_logged
 from tinytrain.train.plot import plot_evals, plot_loss
 from tinytrain.train.run_end import RunModel, average, export, export_dir_for
@@ -127,10 +128,11 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
     preference_layout_check(plan, data)
     precompute = reference_cache_callbacks(cfg, plan, data)
     module = build_module(cfg, plan, tokenizer)
-    evals, slurm_evals = eval_callback(plan, run_dir, tokenizer, watched), slurm_eval_callback(plan, cfg, run_dir)
+    tokens_seen = TokensSeen(plan.batch.tokens_over)
+    evals, slurm_evals = eval_callback(plan, run_dir, tokenizer, tokens_seen.at, watched), slurm_eval_callback(plan, cfg, run_dir)
     samples = sample_callback(cfg, plan, run_dir, tokenizer) + precompute + evals + slurm_evals
     step_tokens = step_tokens_callback(data.train_sampler, data.train, plan.preference)
-    built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=step_tokens, at_validation_end=samples, validates_last_step=True, preemption=preemption, watched=watched)
+    built = build_trainer(cfg, plan, run_dir, train_sampler=data.train_sampler, extra_callbacks=[tokens_seen, *step_tokens], at_validation_end=samples, validates_last_step=True, preemption=preemption, watched=watched)
     trainer, summary = built.trainer, built.summary
     resume = plan.resume
     final = run_dir / "checkpoints" / "final.ckpt"

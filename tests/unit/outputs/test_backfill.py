@@ -38,3 +38,16 @@ def test_a_slurm_eval_jobs_line_says_what_evals_csv_holds_of_its_step():
     assert backfill.already_line(checkpoints, {4, 8}, None) == "2 of 3 checkpoints already in evals.csv"
     assert backfill.already_line(checkpoints, {4}, 8) == "step 8 (eval.step) not yet in evals.csv"
     assert backfill.already_line(checkpoints, {4, 8}, 8) == "step 8 (eval.step) already in evals.csv"
+
+
+def test_a_checkpoint_s_recorded_tokens_count_over_the_plan_s(tmp_path, bundled_tokenizer):
+    """A run resumed under another batch trained its earlier steps at the old one: each checkpoint
+    records the tokens seen by its step (train/callbacks/tokens_seen.py), and those are its rows'."""
+    import torch
+
+    plan = saved_run(tmp_path / "run", RAMP[:3], bundled_tokenizer)
+    checkpoint = tmp_path / "run" / "step0000004.ckpt"
+    torch.save({"global_step": 4, "callbacks": {"TokensSeen": {"step": 4, "tokens": 1234}}}, checkpoint)
+    assert backfill.tokens_at(tmp_path / "run", 4, checkpoint) == 1234
+    torch.save({"global_step": 4}, checkpoint)  # saved before tokens were recorded: the plan's count
+    assert backfill.tokens_at(tmp_path / "run", 4, checkpoint) == 4 * plan.batch.tokens_per_step

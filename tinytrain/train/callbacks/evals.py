@@ -188,8 +188,9 @@ def without_environment_report():
 QUIET = {"DISABLE_MULTIPROC": "1", "TQDM_DISABLE": "1", "LOCAL_RANK": "0"}
 
 
-def eval_callback(plan, run_dir: Path, tokenizer, watched=None) -> list:
-    """The callback for this run ([] without eval.tasks). `watched`: this rank's hang watchdog, or None."""
+def eval_callback(plan, run_dir: Path, tokenizer, tokens_at, watched=None) -> list:
+    """The callback for this run ([] without eval.tasks). `tokens_at`: step -> training tokens seen by
+    it (callbacks/tokens_seen.py); `watched`: this rank's hang watchdog, or None."""
     if plan.evals is None or plan.evals.where != "inline":
         return []
     from tinytrain.checkpoint.export import served_tokenizer
@@ -203,7 +204,7 @@ def eval_callback(plan, run_dir: Path, tokenizer, watched=None) -> list:
             tp=plan.parallel.tp,
             batch_size=plan.batch.micro_batch_size,
             max_steps=plan.max_steps,
-            tokens_at=plan.batch.tokens_over,
+            tokens_at=tokens_at,
             watched=watched,
         )
     ]
