@@ -19,7 +19,6 @@ from tinytrain.errors import Problem
 from tinytrain.outputs import saved_run
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.train import evals_csv
-from tinytrain.train.callbacks.tokens_seen import STATE_KEY as TOKENS_SEEN_KEY
 
 
 def is_run_folder(run: Path) -> bool:
@@ -65,7 +64,9 @@ def tokens_at(run: Path, step: int, checkpoint: Path | None = None) -> int | str
     (plan/layout.py's tokens_over, from the run's plan.json; a batch warm-up's ramp is rebuilt with
     the run's trainer.batch_size_warmup.tokens). '' without either."""
     if checkpoint is not None:
-        recorded = read_state(checkpoint, saved_run.KEY).get("callbacks", {}).get(TOKENS_SEEN_KEY, {})
+        from tinytrain.train.callbacks.tokens_seen import STATE_KEY  # here: Lightning is not a planning import
+
+        recorded = read_state(checkpoint, saved_run.KEY).get("callbacks", {}).get(STATE_KEY, {})
         if recorded.get("step") == step:
             return int(recorded["tokens"])
     plan = json.loads((run / "plan.json").read_text()) if (run / "plan.json").is_file() else {}
