@@ -1,7 +1,9 @@
 """One rank of a ring (torch context parallel, flex path) check: tinytrain's model/ring_attention.py
 on a dp x cp x tp mesh against the same model with whole sequences.
 
-Usage: RANK=r WORLD_SIZE=w MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.ring_worker CP OUT_DIR [TP]
+Usage: RANK=r WORLD_SIZE=w MASTER_ADDR=... MASTER_PORT=... python -m tests.integration.ring_worker CP OUT_DIR [TP [OVERRIDES]]
+
+OVERRIDES: model keys beside cp_worker's MODEL, comma-separated (a family with sliding-window layers).
 
 With TP > 1 the ring model's projections are also split by tinytrain's tensor-parallel plan
 (model/tensor_parallel.py) on the mesh's tp dimension, and its gradients are gathered whole.
@@ -26,7 +28,7 @@ from tests.integration.cp_worker import MODEL, packed_batch
 SEQ = 256
 
 
-def main(cp: int, out_dir: Path, tp: int = 1) -> None:
+def main(cp: int, out_dir: Path, tp: int = 1, overrides: tuple[str, ...] = ()) -> None:
     import torch
     import torch.distributed as dist
 
@@ -45,7 +47,7 @@ def main(cp: int, out_dir: Path, tp: int = 1) -> None:
     if gpus:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if gpus >= world else "gloo", rank=rank, world_size=world)
-    cfg = compose(MODEL)
+    cfg = compose([*MODEL, *overrides])
     tok = load_from_config(cfg.tokenizer)
     vocab = len(tok)
     models = []
@@ -98,9 +100,9 @@ def main(cp: int, out_dir: Path, tp: int = 1) -> None:
     gaps = [None] * world
     dist.all_gather_object(gaps, result)
     if rank == 0:
-        torch.save({"ranks": gaps, "device": device.type}, out_dir / f"ring_cp{cp}_tp{tp}_world{world}.pt")
+        torch.save({"ranks": gaps, "device": device.type}, out_dir / f"ring_cp{cp}_tp{tp}_world{world}{'_' + cfg.model.arch.value if overrides else ''}.pt")
     end_rank()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), Path(sys.argv[2]), *(int(a) for a in sys.argv[3:4]))
+    main(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1, tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else ())

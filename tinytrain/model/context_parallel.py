@@ -169,14 +169,17 @@ BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k
 
 def _masked_sdpa(sdpa):
     # Every layer gets the same gathered position ids within a forward: the (rows, seq, seq) mask is
-    # built once and shared (one tensor saved for backward, not one per layer).
-    last: dict = {}
+    # built once per window and shared (one tensor saved for backward, not one per layer). A model
+    # with sliding-window layers (Mistral, Gemma-2/3, Qwen2 with use_sliding_window) names each
+    # layer's window in `sliding_window` (None: a global layer), so each window has its own mask.
+    cached: dict = {}
 
     # Outside compiled graphs: a block's graph is then the same whether the cache hit or missed, so
     # a checkpoint's recompute, which hits it, replays what the block's forward ran (with transformers
     # 5.17, which checkpoints around the compiled call, a graph of its own for a miss broke that).
     @torch.compiler.disable
-    def documents_mask(positions: torch.Tensor, dtype: torch.dtype, forward_key: torch.Tensor | None) -> torch.Tensor:
+    def documents_mask(positions: torch.Tensor, dtype: torch.dtype, forward_key: torch.Tensor | None, window: int | None) -> torch.Tensor:
+        last = cached.setdefault(window, {})
         if forward_key is not None:
             # The training forward's boundaries: one tensor object handed to every layer (and to
             # its recompute), so identity says whether this forward's mask is built, with no
@@ -193,6 +196,8 @@ def _masked_sdpa(sdpa):
             doc = _document_ids(positions)
             seq = doc.shape[1]
             causal = torch.ones(seq, seq, dtype=torch.bool, device=doc.device).tril()
+            if window is not None:  # transformers' sliding window: a query sees the `window` keys up to itself
+                causal = causal.triu(-(window - 1))
             allowed = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
             # Additive, in the attention's dtype: SDPA would turn a boolean mask into one per call.
             mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -203,7 +208,7 @@ def _masked_sdpa(sdpa):
         positions = kwargs["position_ids"]  # (rows, seq): the gathered whole sequence
         forward_key = kwargs.get("cu_seq_lens_q")
         rest = {k: v for k, v in kwargs.items() if k not in BOUNDARY_KEYS}
-        return sdpa(module, query, key, value, documents_mask(positions, query.dtype, forward_key), **rest)
+        return sdpa(module, query, key, value, documents_mask(positions, query.dtype, forward_key, kwargs.get("sliding_window")), **rest)
 
     return forward
 

@@ -80,8 +80,9 @@ def dense_flex_attention(query, key, value, *, block_mask, scale, enable_gqa):
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
-def _document_mask(position_ids: torch.Tensor):
-    """mask_mod over the whole rows: causal, and within one document (position ids restart at 0)."""
+def _document_mask(position_ids: torch.Tensor, window: int | None = None):
+    """mask_mod over the whole rows: causal, and within one document (position ids restart at 0);
+    with a `window`, transformers' sliding window too (a query sees the `window` keys up to itself)."""
     starts = position_ids == 0
     starts[:, 0] = True
     documents = starts.cumsum(-1)
@@ -89,7 +90,16 @@ def _document_mask(position_ids: torch.Tensor):
     def mask(b, h, q, kv):
         return (q >= kv) & (documents[b, q] == documents[b, kv])
 
-    return mask
+    def windowed(b, h, q, kv):
+        return mask(b, h, q, kv) & (q - kv < window)
+
+    return mask if window is None else windowed
+
+
+# The windowed layers' block mask rides on the one the model is given (an attribute of that
+# BlockMask): transformers hands every layer the same mask and names each layer's window in
+# `sliding_window` (None: a global layer), and the attention picks by it.
+WINDOWED = "tinytrain_windowed"
 
 
 @dataclass
@@ -99,6 +109,7 @@ class RingGroup:
     mesh: object  # the cp sub-mesh (DeviceMesh)
     cp: int
     rank: int
+    window: int | None = None  # the model's sliding window (Mistral, Gemma-2/3, ...), None without one
 
     @property
     def group(self):
@@ -126,6 +137,8 @@ class RingGroup:
         names = ("input_ids", "labels", "position_ids")
         parts = _context_parallel_shard(self.mesh, [ids, batch["labels"], positions], [1, 1, 1], load_balancer=balancer)
         block_mask = rank_block_mask(_document_mask(positions), rows, seq, self.mesh, balancer)
+        if self.window is not None:
+            setattr(block_mask, WINDOWED, rank_block_mask(_document_mask(positions, self.window), rows, seq, self.mesh, balancer))
         return {**dict(zip(names, parts, strict=True)), "attention_mask": block_mask}
 
     def model_kwargs(self, input_ids, attention_mask=None, position_ids=None, **_) -> dict:
@@ -171,11 +184,18 @@ def enable_ring(model, cp_mesh) -> RingGroup:
     core = _FlexCore(cp_mesh.device_type)
     parallelize_module(core, cp_mesh, _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX))
 
+    window = getattr(model.config, "sliding_window", None)
+
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         # (rows, heads, local seq, dim) in; Hugging Face expects (rows, local seq, heads, dim) out.
+        layer_window = kwargs.get("sliding_window")
+        if layer_window is not None:
+            if layer_window != window:
+                raise ValueError(f"a layer's sliding window {layer_window} is not the model's {window}: ring builds one windowed mask")
+            attention_mask = getattr(attention_mask, WINDOWED)
         out = core(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register(ATTENTION, forward)
     model.set_attn_implementation(ATTENTION)
-    return RingGroup(cp_mesh, cp_mesh.size(), cp_mesh.get_local_rank())
+    return RingGroup(cp_mesh, cp_mesh.size(), cp_mesh.get_local_rank(), window)

@@ -155,3 +155,29 @@ def test_the_sdpa_mask_is_built_once_per_forward_in_compiled_selective_blocks(mo
         grads[compiled] = [p.grad.clone() for p in model.parameters()]
     for eager, compiled in zip(grads[False], grads[True], strict=True):
         assert torch.allclose(eager, compiled, atol=1e-6, rtol=1e-5)
+
+
+def windowed(arch: str, attention: str, window: int | None = 6):
+    """A model whose layers attend through a sliding window of `window` keys: Mistral (every layer) or
+    Qwen2 with its own layer kinds (windowed, global, windowed: each layer names its window)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, use_cache=False, sliding_window=window)
+    if arch == "mistral":
+        return MistralForCausalLM._from_config(MistralConfig(**shape), attn_implementation=attention)
+    kinds = ["sliding_attention" if window else "full_attention", "full_attention", "sliding_attention" if window else "full_attention"]
+    return Qwen2ForCausalLM._from_config(Qwen2Config(**shape, use_sliding_window=window is not None, layer_types=kinds), attn_implementation=attention)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_sliding_window_layers_keep_their_window_under_ulysses_sdpa(arch):
+    """Ulysses' SDPA mask was causal and per document only: a windowed layer attended to every key
+    before it (Mistral's step-0 loss at cp 2 was the no-window model's). Each document of a packed
+    row equals the model alone on it, its own SDPA applying the window (documents up to 40 tokens)."""
+    batch = packed_batch()
+    model, reference = windowed(arch, documents_attention("sdpa")), windowed(arch, "sdpa")
+    with torch.no_grad():
+        logits = model(**training_kwargs(batch)).logits
+    assert worst_vs_alone(logits, reference, batch) < ATOL
+    assert worst_vs_alone(logits, windowed(arch, "sdpa", window=None), batch) > 1e-3  # the window matters for these documents
