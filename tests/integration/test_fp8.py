@@ -54,3 +54,13 @@ def test_emulated_float8_tracks_bf16_resumes_and_exports_bf16(tmp_path):
     dtypes = exported(tmp_path / "fp8")
     assert dtypes.keys() == exported(tmp_path / "bf16").keys()
     assert set(dtypes.values()) == {torch.bfloat16}
+
+
+@pytest.mark.timeout(300)
+def test_a_preference_run_s_reference_computes_in_float8_as_its_policy_does(tmp_path):
+    """DPO's frozen reference was copied before the policy's layers became float8: step 0's implicit
+    rewards carried the fp8-vs-bf16 gap (loss 0.700173 where the definition gives ln 2)."""
+    r = run_cli(["experiment=dpo_smoke", "precision=bf16", *FP8, "trainer.max_steps=3", "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.plot=false", "trainer.export=false"], tmp_path / "dpo")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = metrics_rows(tmp_path / "dpo")[0]
+    assert float(first["loss"]) == pytest.approx(0.6931472, abs=1e-6) and float(first["rewards/margins"]) == 0.0, first

@@ -80,6 +80,8 @@ def build_module(cfg, plan: RunPlan, tokenizer):
         apply_kernels(model, Arch(model.config.model_type))  # the built model's family (a pretrained one's own)
     if plan.fp8.enabled:
         log.info("float8 training: %d linear layers converted (%s)", apply_fp8(model, plan.fp8.emulate), plan.fp8.reason)
+        if reference is not None:  # the reference computes as the policy does: step 0's rewards are 0, its loss ln 2
+            apply_fp8(reference.model, plan.fp8.emulate)
     zero3 = plan.parallel.row.deepspeed and plan.parallel.zero_stage == 3
     if zero3:
         gather_layers_whole(model)
@@ -192,7 +194,7 @@ def reference_cache_callbacks(cfg, plan: RunPlan, data) -> list:
         val=data.val,
         tokenizer_fingerprint=plan.tokenizer_fingerprint,
         source=model_source(cfg.model, cfg.checkpoint.init_from, cfg.seed),
-        precision=plan.precision.lightning,
+        precision=plan.precision.lightning + (f", float8{' (emulated)' if plan.fp8.emulate else ''}" if plan.fp8.enabled else ""),
         attention=plan.attention.implementation,
         rows_fixed=plan.preflight.rows_to_fix,
     )
