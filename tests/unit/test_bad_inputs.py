@@ -214,6 +214,8 @@ CASES = {
     "data stages without a mixture": (["mode=plan", "data.stages=[{until_step: 100, weights: {a: 1}}]"], ["data.stages=", "data.sources names no mixture", "Fix: add data.sources"]),
     "average more checkpoints than are kept": (["mode=plan", "checkpoint.average_last=5"], ["checkpoint.average_last=5", "at most the checkpoint.keep_last(3)", "Fix: use 2 to 3 (raise checkpoint.keep_last"]),
     "average of one checkpoint": (["mode=plan", "checkpoint.average_last=1"], ["checkpoint.average_last=1", "at least 2"]),
+    # It trained, checkpointed and exported, then exited 2 at the average (a bug hunt's find).
+    "average of lora checkpoints": (["mode=plan", "finetune=lora", "checkpoint.average_last=2"], ["checkpoint.average_last=2", "hold LoRA adapters", "Fix: use checkpoint.average_last=null with LoRA"]),
     "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),
     "wsd decay fraction above 1": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=1.5"], ["trainer.decay_fraction=1.5", "must be in (0, 1]", "Fix:"]),
     "wsd decay fraction into the warm-up": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_fraction=0.95"], ["trainer.decay_fraction=0.95", "does not fit", "raise trainer.max_steps"]),
