@@ -62,6 +62,11 @@ def family_options(m) -> dict:
         options["attention_bias"] = m.attention_bias
     if fam.sliding_window:
         options["sliding_window"] = m.sliding_window
+        if m.sliding_window is None and m.arch in (Arch.gemma2, Arch.gemma3_text):
+            # Every layer attends fully (layer_types below), yet their forward builds the windowed
+            # mask whatever the layers are, and refuses a config without a window: one as long as
+            # the context, which no layer reads.
+            options["sliding_window"] = m.max_position_embeddings
     if m.arch == Arch.gemma2:
         # Gemma-2-2B scales queries by its head_dim (256); without a window every layer attends fully.
         options["query_pre_attn_scalar"] = head_dim

@@ -449,3 +449,19 @@ def render(c: dict, seq_len: int) -> list[str]:
         positions = f"; the model's positions reach {c['positions']} ({extend})" if beyond else ""
         lines.append(f"           longest data.seq_len that fits the GPU (this layout's model states): {fits}{positions}")
     return lines
+
+
+def attention_problems(cp: int, kind: str, attention: str, family_name: str, softcap: bool, cp_reason: str = "") -> list[Problem]:
+    """What the model's resolved attention (plan/attention.py, after the family's rules) cannot do
+    under a split over `cp` ranks: validate checks the configured model.attention, and Gemma-2 gets
+    eager from auto on a machine without flash-attn (its soft-capping has no SDPA path)."""
+    if cp <= 1:
+        return []
+    chosen = f" ({cp_reason})" if cp_reason else ""
+    if softcap and (kind == "ring" or attention != "flash_attention_2"):
+        what = "ring's flex attention" if kind == "ring" else f"{attention} attention under Ulysses"
+        return [Problem("parallel.cp", cp, f"{family_name}'s attention soft-capping is applied by flash-attn 2 alone under context parallelism, and this run would split sequences by {what}{chosen}", "use parallel.cp=1, or Ulysses (parallel.cp_kind=ulysses) with model.attention=flash_attention_2 on a GPU of compute capability >= 8.0 with flash-attn installed")]
+    if kind == "ulysses" and attention == "eager":
+        return [Problem("model.attention", "eager", f"cannot run under parallel.cp={cp}{chosen}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel), or parallel.cp=1")]
+    return []
+

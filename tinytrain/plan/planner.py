@@ -19,7 +19,7 @@ from tinytrain.config.schema import PLANNING_MODES, Checkpointing, DataFormat, F
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
 from tinytrain.data.tokenizer import fingerprint
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
 from tinytrain.plan import evals as evals_plan
@@ -73,6 +73,8 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     world = world_size(cfg)
     model = model_stage(cfg, tokenizer, vocab, hardware)
     cp, cp_reason = context_size(cfg, model, world, hardware, precision)
+    if cp > 1:
+        raise_if_any(context_plan.attention_problems(cp, context_plan.choose_kind(cfg, cp)[0], model.attention.implementation, model.fam.arch.value, softcap=not model.fam.sdpa, cp_reason=cp_reason))
     batch = laid_out_batch(cfg, world, cp, cp_reason)
     init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
@@ -512,6 +514,9 @@ def activation_formula(model: ModelStage, par, precision, op_off, mode: Checkpoi
 def uses_sliding_window(model_cfg, pretrained, fam) -> bool:
     """Whether any layer attends through a sliding window (what a varlen kernel must offer)."""
     if pretrained is not None:
+        kinds = getattr(pretrained, "layer_types", None)  # Gemma-2/3 without a window: every layer full, a window none reads
+        if kinds is not None and "sliding_attention" not in kinds:
+            return False
         return getattr(pretrained, "sliding_window", None) is not None  # Qwen2 sets it None unless use_sliding_window
     return fam.sliding_window and model_cfg.sliding_window is not None
 
