@@ -68,6 +68,8 @@ CASES = {
     # Gemma-2 resolves eager on a machine without flash-attn (its soft-capping has no SDPA path): the
     # ranks died with KeyError 'eager' in setup; ring's flex attention would drop the soft-capping.
     "gemma2 under ulysses without flash-attn": ([*CP2, "model.arch=gemma2", "model.sliding_window=16"], ["parallel.cp=2", "soft-capping is applied by flash-attn 2 alone", "by eager attention under Ulysses", "model.attention=flash_attention_2"]),
+    # The plan checked the final micro batch: the warm-up's first steps paired each example with itself.
+    "kto warm-up from micro batches of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "data.path=${tt.asset:examples/kto_tiny.jsonl}", "data.group_by_length=false", "trainer.max_steps=12", "trainer.batch_size_warmup.start=1", "trainer.batch_size_warmup.tokens=2048"], ["trainer.batch_size_warmup.start=1", "gives micro batches of 1 example at first", "kto estimates its KL term", "Fix: use trainer.batch_size_warmup.start=2 or more"]),
     "gemma2 under ring": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=1", "parallel.cp=2", "parallel.cp_kind=ring", "data.seq_len=256", "model.arch=gemma2", "model.sliding_window=16"], ["parallel.cp=2", "by ring's flex attention", "Fix: use parallel.cp=1"]),
     "cp ring under deepspeed": ([*CP2, "parallel.cp_kind=ring"], ["parallel.cp_kind='ring'", "does not run under parallel=zero2", "parallel.cp_kind=auto (ulysses here)"]),
     "cp larger than the world": (["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=4", "data.seq_len=256", "model.num_heads=4", "model.num_kv_heads=4", "model.hidden_size=64"], ["parallel.cp=4", "tp(1) x cp(4) must divide the world size 2", "choose a cp that divides"]),

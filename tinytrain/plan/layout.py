@@ -122,6 +122,9 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"must be at least 1 and below the final global batch ({final} = micro {batch.micro_batch_size} x accumulation {batch.accumulate_grad_batches} x dp {batch.data_parallel})", f"use a start between {unit} and {final - unit}, or raise trainer.global_batch_size"))
     elif w.start % unit:
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"not a multiple of data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches}) = {unit}: every rank's micro batches of a step must be one size", f"use a multiple of {unit}, e.g. trainer.batch_size_warmup.start={max(unit, w.start // unit * unit)}"))
+    elif cfg.finetune.objective.value == "kto" and w.start // unit < 2:
+        # The micro batch the plan checks is the final one; the warm-up's first steps train start / unit.
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"gives micro batches of {w.start // unit} example at first (start / data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches})), and kto estimates its KL term from each prompt paired with another example's completion in the same micro batch", f"use trainer.batch_size_warmup.start={2 * unit} or more"))
     if w.tokens < 1:
         found.append(Problem("trainer.batch_size_warmup.tokens", w.tokens, "the warm-up needs a length in tokens", f"use e.g. trainer.batch_size_warmup.tokens={20 * final * batch.seq_len} (20 final-batch steps)"))
     if d.sources:
