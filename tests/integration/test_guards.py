@@ -178,8 +178,8 @@ def test_steps_off_the_logging_interval_log_nothing_yet_rows_and_the_spike_monit
     module, _ = train(["trainer.log_every_n_steps=4"], tmp_path, steps=10)
     assert {step: sorted(names) for step, names in logged_at.items()} == {
         **{row: ["grad_norm", "loss", "lr"] for row in (3, 7)},
-        **{row + 1: ["tokens_per_s"] for row in (3, 7)},  # the throughput callback's, after the step
-        9: ["loss"],  # the last step's progress line reads it
+        **{row + 1: ["tokens_per_s"] for row in (3, 7, 9)},  # the throughput callback's, after the step
+        9: ["grad_norm", "loss", "lr"],  # the last step's: its row (final validation) and progress line read them
     }
     rows = metrics_rows(tmp_path)
     assert [r["step"] for r in rows] == ["3", "7"] and all(float(r["loss"]) > 0 and float(r["grad_norm"]) > 0 for r in rows)
