@@ -18,7 +18,7 @@ from tinytrain.model.lora import quantized_prefixes
 from tinytrain.model.module_spec import ModuleSpec
 from tinytrain.model.optimizers import adamw_groups, optimizer_groups
 from tinytrain.model.packed_attention import flatten_for_flash, takes_boundaries
-from tinytrain.model.preference_loss import data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
+from tinytrain.model.preference_loss import KTO_METRICS, data_parallel_sum, full_sequence_nll, kto_loss, preference_loss, sequence_logps
 from tinytrain.model.step_means import StepMeans
 from tinytrain.model.tensor_parallel import in_root_forward, parallelize
 from tinytrain.model.token_sums import token_sum
@@ -112,7 +112,10 @@ class CausalLMModule(pl.LightningModule):
         # (shows_step_loss, writes_metrics_row); the spike monitor and a guard's row read them here.
         self.step_values: dict[str, torch.Tensor | float] = {}
         # The step's loss and preference metrics: means over its micro batches (model/step_means.py).
-        self.step_losses, self.step_metrics = StepMeans(), StepMeans()
+        # KTO's metrics are named from the start: a step without one side logs NaN for it, in a fresh
+        # process and in a resumed one alike (a name first seen later left the cell empty before).
+        kto = spec.objective is not None and spec.objective.name == "kto"
+        self.step_losses, self.step_metrics = StepMeans(), StepMeans(KTO_METRICS if kto else ())
         self.objective = spec.objective
         self.reference = reference
         self.deepspeed_config = spec.deepspeed_config

@@ -86,6 +86,10 @@ def data_parallel_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# What kto_loss logs: the chosen side's, the rejected side's and the margin only in a step that has them.
+KTO_METRICS = ("kl", "rewards/chosen", "logps/chosen", "rewards/rejected", "logps/rejected", "rewards/margins")
+
+
 def kto_loss(beta: float, desirable_weight: float, undesirable_weight: float, logps: torch.Tensor, ref_logps: torch.Tensor, kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor, desirable: torch.Tensor, reduce=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KTO's loss (mean over the batch's examples) and TRL's metrics from (B,) log-prob sums of the
     completions, the reference's, the KL rows' (policy, reference) and the labels. `reduce(t)`:

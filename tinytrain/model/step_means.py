@@ -13,11 +13,13 @@ import torch
 
 
 class StepMeans:
-    def __init__(self):
+    def __init__(self, names=()):
+        """`names`: the metrics known before any step (an objective that leaves some out of a step):
+        a step lacking one logs NaN from the first step, in a resumed process too."""
         self.step = -1
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
-        self.names: set[str] = set()  # every name seen in the run: a step lacking one logs NaN
+        self.names: set[str] = set(names)  # every name seen in the run: a step lacking one logs NaN
 
     def add(self, step: int, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | float]:
         """This step's means so far, `values` (one micro batch's) included; at its last micro batch,
