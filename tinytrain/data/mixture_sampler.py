@@ -268,7 +268,14 @@ class MixtureBatchSampler(Sampler[list[int]]):
         if state.get("stages", []) != stages:
             step = state["samples"] // self.samples_per_step if self.samples_per_step else None
             log.warning("data stages changed since the checkpoint (step %s): %s -> %s; the steps from here on are drawn by the new stages", step, state.get("stages", []), stages)
-        batches = state["samples"] // self.batch_size
+        batches, again = divmod(state["samples"], self.batch_size)
+        if again:
+            # Saved in batches of another size: continue at the batch holding the first sample not
+            # trained on, training the ones before it in that batch again (as ResumableBatchSampler
+            # does), each source's position taken back over them.
+            start = batches * self.batch_size
+            positions = np.maximum(positions - np.bincount(self.draws(start, state["samples"]), minlength=len(self.names)), 0)
+            log.info("mixture position: %d samples trained in batches of %d; continuing at sample %d in batches of %d (the %d sample(s) before sample %d are trained again)", state["samples"], state["batch_size"], start, self.batch_size, again, state["samples"])
         self.epoch, self.consumed = divmod(batches, self.epoch_batches)
         self._origin = (batches * self.batch_size, positions)
         self._known = {"step": self._origin, "iter": self._origin}

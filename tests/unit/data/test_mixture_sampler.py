@@ -252,3 +252,18 @@ def test_an_epoch_is_whole_optimizer_steps_and_each_step_s_batches_are_known():
     for i, (step_0, step_1) in enumerate(steps):
         first = i // 3 * 3 * 2  # the step's first global batch: 3 rounds of 2 ranks a step
         assert step_0 == step_1 == trained[first : first + 6], i
+
+
+def test_a_position_saved_in_batches_of_another_size_continues_at_the_batch_holding_it(caplog):
+    """42 samples trained in batches of 6, resumed in batches of 8: the stream continues at sample 40
+    (the batch holding sample 42), samples 40 and 41 trained again, as the single-source sampler does.
+    Before, the run continued at sample 40 with each source's position at sample 42: the counter
+    lagged the samples trained, and those two draws took the next items."""
+    reference = train(sampler(batch=8), 12)
+    first = sampler(batch=6)
+    train(first, 7)
+    resumed = sampler(batch=8)
+    with caplog.at_level("INFO"):
+        resumed.load_state_dict(first.state_dict())
+    assert "the 2 sample(s) before sample 42 are trained again" in caplog.text
+    assert train(resumed, 7) == reference[5:12]
