@@ -135,7 +135,9 @@ def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, 
     if None not in (micro, acc, dp) and micro * acc * dp != micro_batch * accumulation * data_parallel:
         changed.append(f"so the global batch {micro * acc * dp} -> {micro_batch * accumulation * data_parallel} sequences per step")
     data = "its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)" if grouped and micro not in (None, micro_batch) else "its data continues at the checkpoint's sample"
-    return f"{', '.join(changed)} since the checkpoint: the schedule continues at step {resume.step}, {data}"
+    # trainer.val_batches counts micro batches: of another size they hold other sequences.
+    validation = f"; validation reads trainer.val_batches micro batches of {micro_batch}, so val_loss is over other sequences from here" if micro not in (None, micro_batch) else ""
+    return f"{', '.join(changed)} since the checkpoint: the schedule continues at step {resume.step}, {data}{validation}"
 
 
 def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str, stage: str = "main") -> dict:

@@ -157,7 +157,7 @@ def test_a_resume_under_another_batch_layout_says_what_continues():
     point = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_batch=saved_batch(ckpt))
     assert batch_change_note(point, 4, 1, grouped=False) is None
     assert batch_change_note(point, 4, 2, grouped=True) == "accumulation 1 -> 2 since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
-    assert batch_change_note(point, 2, 1, grouped=True) == "micro batch 4 -> 2 since the checkpoint: the schedule continues at step 3, its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size)"
+    assert batch_change_note(point, 2, 1, grouped=True) == "micro batch 4 -> 2 since the checkpoint: the schedule continues at step 3, its data restarts the epoch (data.group_by_length cuts an epoch's batches by their size); validation reads trainer.val_batches micro batches of 2, so val_loss is over other sequences from here"
     # Another data-parallel size: the global batch it makes is said.
     two_ranks = ResumePoint(Path("step0000003.ckpt"), 3, "resume=auto", saved_batch=saved_batch(ckpt), saved_data_parallel=2)
     assert batch_change_note(two_ranks, 4, 1, grouped=False, data_parallel=1) == "data parallel 2 -> 1, so the global batch 8 -> 4 sequences per step since the checkpoint: the schedule continues at step 3, its data continues at the checkpoint's sample"
