@@ -290,6 +290,14 @@ def batch_rows(preference: dict | None) -> str:
     return "pairs (each a chosen and a rejected sequence) of up to "
 
 
+def tokens_counted(preference: dict | None) -> str:
+    """What the tokens line counts for a preference objective: one sequence per pair or example, not
+    the rows it runs (the step's compute counts them: plan/preference.py step_work)."""
+    if not preference:
+        return ""
+    return " (examples x data.seq_len; each with its KL row)" if preference["name"] == "kto" else " (pairs x data.seq_len; each trains its chosen and rejected rows)"
+
+
 def layout_lines(plan: dict) -> list[str]:
     """Processes, batch and tokens."""
     c, b = plan["cluster"], plan["batch"]
@@ -299,7 +307,7 @@ def layout_lines(plan: dict) -> list[str]:
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
         + batch_rows(plan.get("preference"))
         + str(b["seq_len"]),
-        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps",
+        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps" + tokens_counted(plan.get("preference")),
     ]
     if plan.get("batch_size_warmup"):
         r = plan["batch_size_warmup"]

@@ -85,6 +85,7 @@ def test_the_memory_line_counts_the_reference_and_refuses_a_copy_that_does_not_f
     assert m["total_gib"] == pytest.approx(max(in_backward, m["params_gib"] + m["optimizer_gib"] + m["reference_gib"] + m["grads_gib"] + m["step"]["optimizer_step_gib"]), abs=0.01)
     out = capsys.readouterr().out
     assert "objective  dpo: beta 0.1; reference: a frozen copy of the initial weights, held like the policy" in out and f"+ reference {m['reference_gib']:.2f}" in out
+    assert "per step, " in out and " steps (pairs x data.seq_len; each trains its chosen and rejected rows)" in out  # not the rows' tokens
 
 
 def test_the_step_time_counts_both_rows_of_a_pair_and_the_reference_forward(pairs, tmp_path):
