@@ -88,6 +88,29 @@ def saved_shape(state_dict: dict) -> dict[str, int]:
     return found
 
 
+def saved_layer_kinds(state_dict: dict) -> dict:
+    """What the first layer's weight names show of the model family: its projections (names of
+    `*_proj` weights), q/k/v biases, q/k head norms and norms per layer. Names only, so a ZeRO-3
+    shard or a sharded checkpoint's meta tensors show them too; LoRA's adapters and peft's
+    `base_layer` are looked through. {} where no layer-0 weight is saved (QLoRA's 4-bit base)."""
+    names = set()
+    for key in state_dict:
+        if ".layers.0." not in key or "lora_" in key:
+            continue
+        names.add(key.split(".layers.0.", 1)[1].replace(".base_layer.", "."))
+    if not names:
+        return {}
+    kinds = {
+        "qkv_bias": any(n.endswith(("q_proj.bias", "qkv_proj.bias")) for n in names),
+        "qk_norm": any(n.endswith("q_norm.weight") for n in names),
+        "norms_per_layer": sum(n.endswith("norm.weight") and not n.endswith(("q_norm.weight", "k_norm.weight")) for n in names),
+    }
+    projections = sorted({n.rsplit(".", 2)[-2] for n in names if n.endswith("_proj.weight")})
+    if projections:
+        kinds["projections"] = projections
+    return kinds
+
+
 def repad_rows(tensor, true_vocab: int, padded: int):
     """A vocab table's rows (weights or Adam moments) for another padding: the real rows kept, the
     padding rows zero (their logits are never used, so their moments stay zero too)."""

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.checkpoint.format import saved_shape, tinytrain_metadata
+from tinytrain.checkpoint.format import saved_layer_kinds, saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.plan.families import family
 from tinytrain.plan.layout_change import Layout, check_layout, converts, repads, saved_layout
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.vocab import VocabPlan
@@ -234,6 +235,21 @@ def check_shape(ckpt: dict, path: str, key: str, shape: ModelShape | None) -> No
         this = ", ".join(f"{n} {ours[n]}" for n in differ)
         raise ConfigError(
             Problem(key, path, f"holds another model size: {theirs} (this run's model: {this})", "use the model settings it was trained with (model= and the model.* overrides in its run's config_resolved.yaml), or another checkpoint")
+        )
+    check_layer_kinds(ckpt["state_dict"], path, key, shape)
+
+
+def check_layer_kinds(state_dict: dict, path: str, key: str, shape: ModelShape) -> None:
+    """A checkpoint of another model family of the same sizes (a llama run's weights for
+    model.arch=qwen3: no q/k norms) failed in load_state_dict with missing keys, after the plan."""
+    saved = saved_layer_kinds(state_dict)
+    ours = {"qkv_bias": shape.qkv_bias, "qk_norm": shape.qk_norm, "norms_per_layer": shape.norms_per_layer, "projections": sorted(family(shape.arch).projections)}
+    what = {"qkv_bias": "q/k/v biases", "qk_norm": "q/k head norms", "norms_per_layer": "norms per layer", "projections": "projections"}
+    differ = [name for name in saved if saved[name] != ours[name]]
+    if differ:
+        said = lambda kinds: ", ".join(f"{what[n]} {kinds[n] if not isinstance(kinds[n], bool) else 'yes' if kinds[n] else 'none'}" for n in differ)  # noqa: E731
+        raise ConfigError(
+            Problem(key, path, f"holds another model family's layers: {said(saved)} (this run's model.arch={shape.arch.value}: {said(ours)})", "use the model.arch (and model.attention_bias) it was trained with, as its run's config_resolved.yaml says, or another checkpoint")
         )
 
 
