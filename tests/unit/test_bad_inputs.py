@@ -70,6 +70,8 @@ CASES = {
     "gemma2 under ulysses without flash-attn": ([*CP2, "model.arch=gemma2", "model.sliding_window=16"], ["parallel.cp=2", "soft-capping is applied by flash-attn 2 alone", "by eager attention under Ulysses", "model.attention=flash_attention_2"]),
     # The plan checked the final micro batch: the warm-up's first steps paired each example with itself.
     "kto warm-up from micro batches of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "data.path=${tt.asset:examples/kto_tiny.jsonl}", "data.group_by_length=false", "trainer.max_steps=12", "trainer.batch_size_warmup.start=1", "trainer.batch_size_warmup.tokens=2048"], ["trainer.batch_size_warmup.start=1", "gives micro batches of 1 example at first", "kto estimates its KL term", "Fix: use trainer.batch_size_warmup.start=2 or more"]),
+    # Accepted before: the run waited for a rank nothing started, until the 30-minute startup watchdog.
+    "other nodes with nothing to start them": (["parallel=ddp", "cluster.nodes=2", "cluster.devices=1"], ["cluster.nodes=2", "nothing here starts them", "Fix: submit it to Slurm"]),
     "gemma2 under ring": (["mode=plan", "parallel=fsdp_tp", "cluster.devices=2", "parallel.tp=1", "parallel.cp=2", "parallel.cp_kind=ring", "data.seq_len=256", "model.arch=gemma2", "model.sliding_window=16"], ["parallel.cp=2", "by ring's flex attention", "Fix: use parallel.cp=1"]),
     "cp ring under deepspeed": ([*CP2, "parallel.cp_kind=ring"], ["parallel.cp_kind='ring'", "does not run under parallel=zero2", "parallel.cp_kind=auto (ulysses here)"]),
     "cp larger than the world": (["mode=plan", "parallel=zero2", "cluster.devices=2", "parallel.cp=4", "data.seq_len=256", "model.num_heads=4", "model.num_kv_heads=4", "model.hidden_size=64"], ["parallel.cp=4", "tp(1) x cp(4) must divide the world size 2", "choose a cp that divides"]),
@@ -558,7 +560,7 @@ def small_model_checkpoint(path) -> None:
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK", "WANDB_MODE", "WANDB_API_KEY", "SLURM_JOB_ID", "SLURM_PROCID"):
+    for var in ("HYDRA_FULL_ERROR", "TINYTRAIN_TRACEBACK", "WANDB_MODE", "WANDB_API_KEY", "SLURM_JOB_ID", "SLURM_PROCID", "MASTER_ADDR", "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))  # no wandb key from the user's ~/.netrc
     return monkeypatch

@@ -162,6 +162,24 @@ def slurm_problems(cfg) -> list[Problem]:
     if cfg.mode == Mode.sbatch:
         return sbatch_problems(cfg)
     task = current_task()
-    if cfg.mode != Mode.train or task is None:
+    if cfg.mode != Mode.train:
         return []
+    if task is None:
+        return other_nodes_problems(cfg)
     return allocation_problems(cfg.cluster.nodes, devices_per_node(cfg), cfg.cluster.name, task)
+
+
+# What a launcher that starts every node's processes sets (torchrun; Lightning's own multi-node
+# setup: NODE_RANK and MASTER_ADDR by hand).
+NODE_LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR")
+
+
+def other_nodes_problems(cfg) -> list[Problem]:
+    """Training on cluster.nodes > 1 outside Slurm without a launcher: Lightning would wait for the
+    other nodes' ranks, which nothing starts, until the startup watchdog gives up (30 minutes by
+    default), in a rendezvous that Ctrl-C does not interrupt."""
+    import os
+
+    if cfg.cluster.nodes <= 1 or any(v in os.environ for v in NODE_LAUNCHER_VARIABLES):
+        return []
+    return [Problem("cluster.nodes", cfg.cluster.nodes, "asks for other nodes' processes, and nothing here starts them: no Slurm job, no torchrun (or NODE_RANK and MASTER_ADDR) on this machine", "submit it to Slurm (cluster=slurm, mode=sbatch), run `torchrun --nnodes ...` on each node, or train on this machine with cluster.nodes=1")]
