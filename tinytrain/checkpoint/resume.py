@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.files import is_temp, step_checkpoints
 from tinytrain.checkpoint.formats import format_of, is_checkpoint
-from tinytrain.config.schema import Mode
+from tinytrain.config.schema import FinetuneMethod, Mode
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def checkpoint_problems(cfg) -> list[Problem]:
     last = cfg.checkpoint.average_last
     if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):
         problems.append(Problem("checkpoint.average_last", last, f"averages the run's newest step checkpoints: at least 2, and at most the checkpoint.keep_last({cfg.checkpoint.keep_last}) the run keeps", f"use 2 to {max(2, cfg.checkpoint.keep_last)} (raise checkpoint.keep_last to average more), or null for no average"))
-    if last is not None and cfg.mode != Mode.average and cfg.finetune.method.value != "full":
+    if last is not None and cfg.mode != Mode.average and cfg.finetune.method != FinetuneMethod.full:
         # checkpoint/average.py refuses adapters at the end of training: say it before the run.
         problems.append(Problem("checkpoint.average_last", last, f"averages step checkpoints, and a finetune={cfg.finetune.method.value} run's hold LoRA adapters: the mean of adapters is not the mean of the merged weights", "use checkpoint.average_last=null with LoRA (export each checkpoint with mode=export), or finetune=full"))
     if cfg.checkpoint.keep_last < 1:

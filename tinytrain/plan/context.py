@@ -131,7 +131,7 @@ def problems(cfg) -> list[Problem]:
     if cfg.trainer.batch_size_warmup.start is not None:
         found.append(Problem("trainer.batch_size_warmup.start", cfg.trainer.batch_size_warmup.start, f"a batch warm-up grows the micro batch, and Ulysses' attention is built for one micro batch size (parallel.cp={par.cp})", "drop the warm-up (trainer.batch_size_warmup.start=null) for a context-parallel run, or parallel.cp=1"))
     if m.attention == Attention.eager:
-        found.append(Problem("model.attention", "eager", f"cannot run under parallel.cp={par.cp}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel)"))
+        found.append(eager_problem(par.cp))
     return found
 
 
@@ -462,6 +462,10 @@ def attention_problems(cp: int, kind: str, attention: str, family_name: str, sof
         what = "ring's flex attention" if kind == "ring" else f"{attention} attention under Ulysses"
         return [Problem("parallel.cp", cp, f"{family_name}'s attention soft-capping is applied by flash-attn 2 alone under context parallelism, and this run would split sequences by {what}{chosen}", "use parallel.cp=1, or Ulysses (parallel.cp_kind=ulysses) with model.attention=flash_attention_2 on a GPU of compute capability >= 8.0 with flash-attn installed")]
     if kind == "ulysses" and attention == "eager":
-        return [Problem("model.attention", "eager", f"cannot run under parallel.cp={cp}{chosen}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel), or parallel.cp=1")]
+        return [eager_problem(cp, chosen)]
     return []
 
+
+def eager_problem(cp: int, chosen: str = "") -> Problem:
+    """Eager attention under Ulysses: configured (validate) or resolved for the family (the plan)."""
+    return Problem("model.attention", "eager", f"cannot run under parallel.cp={cp}{chosen}: Ulysses hands attention the whole sequence without a 4-D mask, which eager attention needs (O(seq^2) memory)", "use model.attention=auto (SDPA or a varlen kernel), or parallel.cp=1")

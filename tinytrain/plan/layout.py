@@ -5,11 +5,12 @@ One owner: validate reports `batch_layout`'s problems; resolving uses its plan, 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tinytrain.cluster.sbatch import sbatch_problems
 from tinytrain.cluster.slurm import allocation_problems, current_task
-from tinytrain.config.schema import PLANNING_MODES, DataFormat, Mode
+from tinytrain.config.schema import PLANNING_MODES, DataFormat, Mode, Objective
 from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import Problem
 from tinytrain.plan.micro_batch import is_auto
@@ -122,7 +123,7 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"must be at least 1 and below the final global batch ({final} = micro {batch.micro_batch_size} x accumulation {batch.accumulate_grad_batches} x dp {batch.data_parallel})", f"use a start between {unit} and {final - unit}, or raise trainer.global_batch_size"))
     elif w.start % unit:
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"not a multiple of data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches}) = {unit}: every rank's micro batches of a step must be one size", f"use a multiple of {unit}, e.g. trainer.batch_size_warmup.start={max(unit, w.start // unit * unit)}"))
-    elif cfg.finetune.objective.value == "kto" and w.start // unit < 2:
+    elif cfg.finetune.objective == Objective.kto and w.start // unit < 2:
         # The micro batch the plan checks is the final one; the warm-up's first steps train start / unit.
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"gives micro batches of {w.start // unit} example at first (start / data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches})), and kto estimates its KL term from each prompt paired with another example's completion in the same micro batch", f"use trainer.batch_size_warmup.start={2 * unit} or more"))
     if w.tokens < 1:
@@ -178,8 +179,6 @@ def other_nodes_problems(cfg) -> list[Problem]:
     """Training on cluster.nodes > 1 outside Slurm without a launcher: Lightning would wait for the
     other nodes' ranks, which nothing starts, until the startup watchdog gives up (30 minutes by
     default), in a rendezvous that Ctrl-C does not interrupt."""
-    import os
-
     if cfg.cluster.nodes <= 1 or any(v in os.environ for v in NODE_LAUNCHER_VARIABLES):
         return []
     return [Problem("cluster.nodes", cfg.cluster.nodes, "asks for other nodes' processes, and nothing here starts them: no Slurm job, no torchrun (or NODE_RANK and MASTER_ADDR) on this machine", "submit it to Slurm (cluster=slurm, mode=sbatch), run `torchrun --nnodes ...` on each node, or train on this machine with cluster.nodes=1")]
