@@ -203,12 +203,20 @@ class MixtureBatchSampler(Sampler[list[int]]):
         """One batch was trained on by every rank."""
         self.consumed += self.world
 
+    def _step_start(self) -> int:
+        """The stream's global batch where the optimizer step the next batch trained belongs to began."""
+        size = self.step_batches
+        return self.epoch * self.epoch_batches + self.pass_first + (self.consumed - self.pass_first) // size * size
+
+    def step_key(self) -> tuple:
+        """Which step current_step would give, without building it (asked at every micro batch)."""
+        return (self._step_start(),)
+
     def current_step(self) -> list[list[int]]:
         """Every rank's micro batches (dataset indices) of the optimizer step the next batch trained
         belongs to, as ResumableBatchSampler.current_step."""
-        size = self.step_batches
-        start = self.epoch * self.epoch_batches + self.pass_first + (self.consumed - self.pass_first) // size * size
-        b = self.batch_size
+        size, b = self.step_batches, self.batch_size
+        start = self._step_start()
         indices = self.items(start * b, (start + size) * b, cursor="step_tokens")
         return [indices[i * b : (i + 1) * b].tolist() for i in range(size)]
 

@@ -58,11 +58,15 @@ class RampBatchSampler(ResumableBatchSampler):
         the ones trained before a resume itself)."""
         return self._pass_steps(self.epoch_start_step, 0) * self.per_step // self.world
 
+    def _step_start(self) -> int:
+        """The sample in the epoch's order where the step being trained began."""
+        return self.samples - self.micro_batches * self.ramp.micro(self.steps)  # each micro batch trained so far moved it m
+
     def current_step(self) -> list[list[int]]:
         """Every rank's micro batches of the step being trained (train/callbacks/step_tokens.py):
         per_step micro batches of this step's size, from where the step began in the order."""
         m = self.ramp.micro(self.steps)
-        start = self.samples - self.micro_batches * m  # each micro batch trained so far moved it m
+        start = self._step_start()
         order = self._epoch_order(self.epoch)
         return [order[start + j * m : start + (j + 1) * m].tolist() for j in range(self.per_step)]
 

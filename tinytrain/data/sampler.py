@@ -139,12 +139,21 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """One batch was trained on by every rank."""
         self.consumed += self.world
 
+    def _step_start(self) -> int:
+        """The first global batch of the optimizer step the next batch trained belongs to: the
+        pass's steps run from where it started, in whole steps."""
+        size = self.step_batches
+        return self.pass_first + (self.consumed - self.pass_first) // size * size
+
+    def step_key(self) -> tuple:
+        """Which step current_step would give, without building it (asked at every micro batch)."""
+        return (self.epoch, self._step_start())
+
     def current_step(self) -> list[list[int]]:
         """Every rank's micro batches (sample indices) of the optimizer step the next batch trained
-        belongs to: the pass's steps run from where it started, in whole steps."""
-        size = self.step_batches
-        start = self.pass_first + (self.consumed - self.pass_first) // size * size
-        return [self.batch(self.epoch, b) for b in range(start, start + size)]
+        belongs to."""
+        start = self._step_start()
+        return [self.batch(self.epoch, b) for b in range(start, start + self.step_batches)]
 
     def resized_position(self, consumed: int, saved_batch_size: int) -> int:
         """The position in this run's batches of one saved in batches of another size: an epoch's

@@ -114,7 +114,7 @@ def test_the_step_being_trained_is_every_rank_s_micro_batches_of_it():
     for rank, s in enumerate(samplers):
         s.set_shard(rank, 2)
     passes = [iter(s) for s in samplers]
-    steps = 0
+    steps, keys = 0, []  # step_key: the same through a step, another at the next (StepTokens reads a step once)
     while steps < 12:
         try:
             first = [next(p) for p in passes]
@@ -124,9 +124,11 @@ def test_the_step_being_trained_is_every_rank_s_micro_batches_of_it():
         second = [next(p) for p in passes]
         dealt = [first[0], first[1], second[0], second[1]]  # micro batch j goes to rank j mod 2
         for micro in range(2):
+            keys.append((steps, samplers[0].step_key()))
             for s in samplers:
                 assert s.current_step() == dealt, (steps, micro)
             for s in samplers:
                 s.advance()
         steps += 1
     assert samplers[0].epoch >= 1  # a later pass was reached
+    assert all((a == b) == (k == j) for a, k in keys for b, j in keys)

@@ -236,11 +236,12 @@ def test_an_epoch_is_whole_optimizer_steps_and_each_step_s_batches_are_known():
         s.set_shard(r, 2)
         s.accumulation = 3
     assert ranks[0].epoch_batches == 90  # 92 cut to whole steps of 2 ranks x 3
-    trained, steps, per_epoch = [], [], []
+    trained, steps, per_epoch, keys = [], [], [], []
     while len(trained) < 2 * 51:  # 51 rounds, 17 steps: over an epoch's end (45 rounds)
         rounds = 0
         for batches in zip(*ranks):
             steps.append([s.current_step() for s in ranks])
+            keys.append(ranks[0].step_key())
             trained.extend(batches)
             for s in ranks:
                 s.advance()
@@ -252,6 +253,8 @@ def test_an_epoch_is_whole_optimizer_steps_and_each_step_s_batches_are_known():
     for i, (step_0, step_1) in enumerate(steps):
         first = i // 3 * 3 * 2  # the step's first global batch: 3 rounds of 2 ranks a step
         assert step_0 == step_1 == trained[first : first + 6], i
+    # step_key: the same through a step, another at the next (StepTokens reads a step once).
+    assert all((keys[i] == keys[j]) == (i // 3 == j // 3) for i in range(len(keys)) for j in range(len(keys)))
 
 
 def test_a_position_saved_in_batches_of_another_size_continues_at_the_batch_holding_it(caplog):

@@ -46,13 +46,16 @@ def test_an_epoch_ends_on_a_whole_optimizer_step_whose_batches_are_known():
     assert ranks[0].num_batches() == 8 and len(ranks[0]) == 4  # two whole steps of 4; 3 batches left out
     passes = [iter(s) for s in ranks]
     full = ranks[0].global_batches(0)
+    keys = []  # step_key: the same through a step, another at the next (StepTokens reads a step once)
     for step in range(2):
         for _ in range(2):  # each rank's two micro batches of the step
             mine = [next(p) for p in passes]
+            keys.append((step, ranks[0].step_key()))
             for s in ranks:
                 assert s.current_step() == full[4 * step : 4 * step + 4] and all(b in s.current_step() for b in mine)
                 s.advance()
     assert all(next(p, None) is None for p in passes)
+    assert len({key for _, key in keys}) == 2 and all((a == b) == (k == j) for a, k in keys for b, j in keys)
 
 
 def test_resume_continues_after_the_consumed_batches_despite_read_ahead():

@@ -19,16 +19,16 @@ import numpy as np
 
 class StepTokens(pl.Callback):
     def __init__(self, sampler, labelled):
-        self.sampler = sampler  # ResumableBatchSampler (or the batch ramp's)
+        self.sampler = sampler  # ResumableBatchSampler (or the batch ramp's), or a mixture's MixtureBatchSampler
         self.labelled = labelled  # trained tokens per dataset item (numpy)
-        self.step: list[list[int]] | None = None
+        self.step_key: tuple | None = None
         self.shares = (1.0, 1.0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        step = self.sampler.current_step()
-        if step != self.step:
-            self.step = step
-            tokens = [int(self.labelled[b].sum()) for b in step]
+        key = self.sampler.step_key()
+        if key != self.step_key:  # the step's samples are read once, at its first micro batch
+            self.step_key = key
+            tokens = [int(self.labelled[b].sum()) for b in self.sampler.current_step()]
             # This rank's micro batches are every world-th of the step's (dealt round-robin).
             mine = tokens[self.sampler.rank :: self.sampler.world]
             self.shares = (max(sum(tokens), 1) / len(tokens), max(sum(mine), 1) / len(mine))
