@@ -57,8 +57,8 @@ def writes_metrics_row(trainer) -> bool:
     # interval or not: its values must be its own, not the last logged step's.
     if trainer._logger_connector.should_update_logs:
         return True
-    loop = getattr(trainer, "fit_loop", None)  # Lightning's count of the steps taken, constant within a step
-    return loop is not None and loop.epoch_loop._batches_that_stepped + 1 >= trainer.max_steps > 0
+    # Lightning's count of the steps taken, constant within a step (global_step moves at its optimizer step).
+    return trainer.fit_loop.epoch_loop._batches_that_stepped + 1 >= trainer.max_steps > 0
 
 
 def shows_step_loss(trainer) -> bool:

@@ -69,7 +69,7 @@ def test_the_summary_leaves_out_steps_that_compile_or_are_profiled():
     from tinytrain.data.collate import COUNTS
 
     monitor = ThroughputMonitor(SMALL, None, "cpu", profiled=lambda n: n == 4)
-    trainer_ = SimpleNamespace(global_step=0, _logger_connector=SimpleNamespace(should_update_logs=False))
+    trainer_ = SimpleNamespace(global_step=0, max_steps=100, _logger_connector=SimpleNamespace(should_update_logs=False), fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)))
     double = torch.compile(lambda x: x * 2, backend="eager")
     for step in range(1, 7):
         if step in (1, 3):  # the first step compiles; step 3 compiles again for a new shape
@@ -178,7 +178,7 @@ def test_the_ranks_sharing_a_batch_count_its_tokens_once_and_samples_are_not_tra
     from tinytrain.data.collate import COUNTS
 
     monitor = ThroughputMonitor(SMALL, None, "cpu", ranks_per_batch=4)
-    trainer_ = SimpleNamespace(global_step=0, _logger_connector=SimpleNamespace(should_update_logs=False))
+    trainer_ = SimpleNamespace(global_step=0, max_steps=100, _logger_connector=SimpleNamespace(should_update_logs=False), fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(_batches_that_stepped=0)))
     for step in (1, 2):
         trainer_.global_step = step
         monitor.on_train_batch_end(trainer_, None, None, {COUNTS: (100, 500)}, step)
