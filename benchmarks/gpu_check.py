@@ -280,7 +280,7 @@ def part_f(part: Part) -> None:
         part.add({"check": "long-context layer", "status": status(rc, "part_f/long_context_layer.log") if rc != 0 else "FAILED (no figures)"})
         return
     for r in json.loads(out.read_text())["rows"]:
-        row = {"check": f"layer {r['kernel']} {r['seq'] // 1024}k"}
+        row = {"check": f"layer {r['kernel']} {r['seq'] / 1024:g}k"}
         if "error" in r:
             row["status"] = f"FAILED ({r['error']})"
         else:

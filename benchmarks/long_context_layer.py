@@ -3,7 +3,7 @@ its peak through backward, and its time, per attention kernel. Context paralleli
 GPUs; a layer's memory and time at 32k-128k tokens need one (issue 33's single-GPU check).
 
     python benchmarks/long_context_layer.py [--seqs 32768,65536,131072] [--kernels varlen,sdpa] [--json PATH]
-    python benchmarks/long_context_layer.py --tiny [--json PATH]   # a CPU: a small layer at 1k-4k tokens
+    python benchmarks/long_context_layer.py --tiny [--json PATH]   # a CPU: a small layer at 0.5k-2k tokens
 
 Llama-3-8B's layer (hidden 4096, 32 heads, 8 kv heads, intermediate 14336) with bf16 weights and
 activations (DeepSpeed's layout, the long-context recipe's), one sequence (a long document), micro
@@ -15,7 +15,7 @@ forward + backward (3 after a warm-up) with the
 TFLOP/s of the layer's matmuls and causal attention (backward counted as twice the forward).
 `varlen` is torch's varlen kernel as tinytrain registers it (model/varlen_attention.py), `sdpa`
 transformers' SDPA path (the flash kernel, causal); on a CPU their pure-torch stand-ins and fp32-free
-bf16 SDPA. --tiny proves the script: hidden 256, 1k-4k tokens, glibc's allocator count for `kept`.
+bf16 SDPA. --tiny proves the script: hidden 256, 0.5k-2k tokens, glibc's allocator count for `kept`.
 """
 
 from __future__ import annotations
@@ -158,11 +158,11 @@ def main() -> None:
     parser.add_argument("--seqs", default="32768,65536,131072")
     parser.add_argument("--kernels", default="varlen,sdpa")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tiny", action="store_true", help="a small layer at 1k-4k tokens, on a CPU")
+    parser.add_argument("--tiny", action="store_true", help="a small layer at 0.5k-2k tokens, on a CPU")
     parser.add_argument("--json")
     args = parser.parse_args()
     gpu = torch.cuda.is_available() and not args.tiny
-    shape, seqs = (TINY, [1024, 2048, 4096]) if args.tiny else (LLAMA3_8B, [int(s) for s in args.seqs.split(",")])
+    shape, seqs = (TINY, [512, 1024, 2048]) if args.tiny else (LLAMA3_8B, [int(s) for s in args.seqs.split(",")])
     rows = []
     for seq in seqs:
         for kernel in args.kernels.split(","):

@@ -60,19 +60,20 @@ def test_the_mfu_part_runs_accumulated_micro_batches_on_both_sides(tmp_path):
 
 
 def test_the_long_context_part_holds_a_layer_to_the_plan_s_count(tmp_path):
-    """Part f on a CPU: a small Llama layer at 1k-4k tokens, each kernel's row with what the layer
+    """Part f on a CPU: a small Llama layer at 0.5k-2k tokens, each kernel's row with what the layer
     kept against plan/activations.py's count, and its peak in backward against the plan's count of a
-    checkpointed layer's recompute. SDPA's CPU flash kernel keeps what a GPU's does (the
-    varlen stand-in is pure torch and keeps its scores: only its rows' presence is checked here)."""
+    checkpointed layer's recompute. SDPA's CPU flash kernel keeps what a GPU's does (the varlen
+    stand-in is pure torch and keeps its scores: only its rows' presence is checked here; it is
+    quadratic, so 4k tokens took most of the part's 50 s)."""
     result = gpu_check("--part", "f", "--out", str(tmp_path), "--dry-run", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = {r["check"]: r for r in json.loads((tmp_path / "gpu_check.json").read_text())["rows"]}
-    assert sorted(rows) == sorted(f"layer {k} {n}k" for k in ("varlen", "sdpa") for n in (1, 2, 4))
+    assert sorted(rows) == sorted(f"layer {k} {n}k" for k in ("varlen", "sdpa") for n in ("0.5", "1", "2"))
     assert all(r["status"] == "ok" and "x the plan's count" in r["note"] for r in rows.values())
     figures = json.loads((tmp_path / "part_f" / "long_context_layer.json").read_text())["rows"]
-    sdpa_4k = next(r for r in figures if r["kernel"] == "sdpa" and r["seq"] == 4096)
-    assert 0.95 < sdpa_4k["kept_over_plan"] < 1.05, sdpa_4k
-    assert 0.5 < sdpa_4k["peak_over_plan"] <= 1.0, sdpa_4k  # the layer's backward within the recompute the plan counts
+    sdpa_2k = next(r for r in figures if r["kernel"] == "sdpa" and r["seq"] == 2048)
+    assert 0.95 < sdpa_2k["kept_over_plan"] < 1.05, sdpa_2k
+    assert 0.5 < sdpa_2k["peak_over_plan"] <= 1.0, sdpa_2k  # the layer's backward within the recompute the plan counts
 
 
 def test_the_ring_part_compares_two_ranks_with_whole_sequences(tmp_path):

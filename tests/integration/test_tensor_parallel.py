@@ -146,19 +146,21 @@ def test_fsdp_tp_cli_trains_exports_and_restarts_at_tp1(tmp_path):
     assert "init from" in r.stdout and "re-padded to 4160 for tp 1" in r.stdout
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda tp: f"tp{tp}")
-def tp_counts(request, tmp_path_factory):
-    """tp_activation_worker's readings on `tp` ranks: (per layer mode, the chunked loss's peak)."""
+@pytest.fixture(scope="module")
+def tp_counts(tmp_path_factory):
+    """tp_activation_worker's readings on 2 ranks: (per layer mode, the chunked loss's peak). The
+    worker runs at tp 4 as well (`run_ranks(..., 4)`) and agreed as closely; CI leaves it out: its
+    four processes took 70 s on two cores, to check the same `split / tp` term at another divisor."""
     import json
 
     from tests.activation_bytes import has_mallinfo2
 
     if not has_mallinfo2():
         pytest.skip("glibc before 2.33 has no mallinfo2")
-    out = tmp_path_factory.mktemp(f"tp{request.param}_counts")
+    out = tmp_path_factory.mktemp("tp2_counts")
     # One malloc arena: gloo's threads allocate some of what is kept (the all-reduced sums), and
     # mallinfo2 counts the main arena alone.
-    run_ranks("tests.integration.tp_activation_worker", [str(out)], request.param, env={"MALLOC_ARENA_MAX": "1"})
+    run_ranks("tests.integration.tp_activation_worker", [str(out)], 2, env={"MALLOC_ARENA_MAX": "1"})
     return json.loads((out / "tp_activations.json").read_text()), json.loads((out / "tp_chunked_loss.json").read_text())
 
 
