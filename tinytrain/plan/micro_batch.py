@@ -72,5 +72,7 @@ def choose(table: list, modes: list, gpu_memory_gib: float) -> tuple[int, str, s
         fitting = [row for row in table if row.mode == mode and row.total_gib <= limit]
         if fitting:
             best = max(fitting, key=lambda row: row.micro_batch)
-            return best.micro_batch, mode, f"auto: the largest micro batch whose {best.total_gib:.1f} GiB stays under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU)"
+            reason = f"auto: the largest micro batch whose {best.total_gib:.1f} GiB stays under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU)"
+            # Under checkpointing=auto a larger micro batch of a costlier mode may fit too: say why not.
+            return best.micro_batch, mode, reason + (f", under {mode}: the cheapest checkpointing mode in which one does" if len(modes) > 1 else "")
     return min(row.micro_batch for row in table), modes[-1], f"auto: no micro batch fits under {limit:.1f} GiB ({100 * (1 - SAFETY_MARGIN):.0f}% of the GPU); the smallest is planned"

@@ -38,6 +38,8 @@ def test_the_plan_picks_and_prints_the_table(extra, micro, mode, tmp_path, capsy
     assert p["deepspeed"]["train_micro_batch_size_per_gpu"] == micro and p["deepspeed"]["gradient_accumulation_steps"] == 8 // micro
     c = p["activation_checkpointing"]
     assert c["mode"] == mode and c["reason"].startswith("auto: the largest micro batch")
+    # Under checkpointing=auto the reason says why a larger micro batch of a costlier mode was not taken.
+    assert c["reason"].endswith(f", under {mode}: the cheapest checkpointing mode in which one does") == ("trainer.activation_checkpointing=auto" in extra), c["reason"]
     assert sorted({r["micro_batch"] for r in c["table"]}) == [1, 2, 4, 8]
     # The record holds what auto decided (it kept `auto` and a null accumulation).
     resolved = OmegaConf.load(tmp_path / "config_resolved.yaml")
