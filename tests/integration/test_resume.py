@@ -17,6 +17,7 @@
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import DEEPSPEED_ON_CPU, compose, metrics_rows, start_cli
+from tests.conftest import DEEPSPEED_ON_CPU, SHARED_DATA, compose, metrics_rows, start_cli
 from tinytrain.checkpoint.resume import read_state
 
 pytestmark = pytest.mark.slow
@@ -259,6 +260,29 @@ def test_a_run_resumed_under_another_batch_layout_keeps_its_steps_and_its_data_p
     assert position["consumed_batches"] * position["batch_size"] == 4 * 4 + 4 * per_step
     # evals.csv's tokens seen (callbacks/tokens_seen.py): the first 4 steps at 4 sequences, then the new batch.
     assert torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=False)["callbacks"]["TokensSeen"] == {"step": 8, "tokens": (4 * 4 + 4 * per_step) * 32}
+
+
+@pytest.mark.timeout(300)
+def test_a_run_resumed_under_another_accumulation_ends_its_epoch_where_its_data_pass_ends(tmp_path):
+    """Lightning counted the resumed epoch's micro batches as steps x the new accumulation, ahead of
+    the sampler's pass (which continues at the checkpoint's sample): it ended its epoch early and the
+    `epoch` column ran one ahead for the rest of the run, the data itself unchanged."""
+    text = tmp_path / "small.txt"
+    text.write_text((SHARED_DATA / "tinyshakespeare.txt").read_text()[:2000])
+    small = [*RUN, "data=text", f"data.path={text}", "trainer.val_every_n_steps=100", "trainer.checkpoint_every_n_steps=2"]
+    first = tmp_path / "first"
+    out = finish(start(first, [*small, "trainer.max_steps=2", "trainer.warmup_steps=1"]), first)
+    windows = int(re.search(r"-> (\d+) windows of 32", out).group(1))
+    batches = windows // 4  # global batches of 4 per epoch
+    assert batches >= 6, out[-2000:]  # two steps of 2 x 4 left after the checkpoint's 2 batches
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(first / "checkpoints" / "step0000002.ckpt", run_dir / "checkpoints")
+    left = (batches - 2) // 2  # steps of 2 micro batches left in the checkpoint's pass
+    out = finish(start(run_dir, [*small, "trainer.warmup_steps=1", "trainer.accumulate_grad_batches=2", f"trainer.max_steps={2 + left + 2}"]), run_dir)
+    assert "accumulation 1 -> 2" in out, out[-3000:]
+    rows = [r for r in metrics_rows(run_dir) if r.get("loss")]
+    assert [(r["step"], r["epoch"]) for r in rows] == [(str(2 + i), "0" if i < left else "1") for i in range(left + 2)], rows
 
 
 @pytest.mark.timeout(300)

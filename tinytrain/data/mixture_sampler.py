@@ -203,6 +203,11 @@ class MixtureBatchSampler(Sampler[list[int]]):
         """One batch was trained on by every rank."""
         self.consumed += self.world
 
+    def pass_remaining(self) -> int:
+        """Batches this rank has left in the pass its next iteration continues (0: a new pass starts)."""
+        new_pass, first, end = pass_span(self.consumed, self.epoch_batches, self.step_batches)
+        return 0 if new_pass else (end - first) // self.world
+
     def _step_start(self) -> int:
         """The stream's global batch where the optimizer step the next batch trained belongs to began."""
         size = self.step_batches

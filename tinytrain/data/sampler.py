@@ -139,6 +139,11 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """One batch was trained on by every rank."""
         self.consumed += self.world
 
+    def pass_remaining(self) -> int:
+        """Batches this rank has left in the pass its next iteration continues (0: a new pass starts)."""
+        new_pass, first, end = pass_span(self.consumed, self.all_batches(), self.step_batches)
+        return 0 if new_pass else (end - first) // self.world
+
     def _step_start(self) -> int:
         """The first global batch of the optimizer step the next batch trained belongs to: the
         pass's steps run from where it started, in whole steps."""

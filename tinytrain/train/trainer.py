@@ -217,7 +217,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         summary,
         *guard_callbacks(cfg, plan, run_dir),
         *([DataPosition(train_sampler, context_parallel=cp)] if train_sampler is not None else []),
-        AccumulationChange(b.accumulate_grad_batches),
+        AccumulationChange(b.accumulate_grad_batches, train_sampler),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
         *([mixture] if mixture else []),
         RNGState(cfg.seed),
