@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.disk_space import free_space, out_of_space
-from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
-from tinytrain.checkpoint.files import publish_directory, temp_path
+from tinytrain.checkpoint.export_target import export_dir_problems, incomplete, interrupted_exports
+from tinytrain.checkpoint.files import publish_directory, temp_path, temp_writer_alive
 from tinytrain.checkpoint.format import unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.formats import format_of
 from tinytrain.config.dtype import Dtype
@@ -146,12 +146,18 @@ def export_folder(out_dir: Path):
     raise_if_any(export_dir_problems("export.dir", out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in interrupted_exports(out_dir):
+        if temp_writer_alive(stale):  # another export into the same folder, still writing: both publish whole
+            log.warning("left %s: another export into %s is writing it", stale.name, out_dir)
+            continue
         log.warning("removed %s: an export that was interrupted", stale)
         shutil.rmtree(stale, ignore_errors=True)
     tmp = temp_path(out_dir)
     tmp.mkdir()
     try:
         yield tmp
+        missing = incomplete(tmp)  # e.g. its folder removed under it by a process that took it for a killed export's
+        if missing:
+            raise ConfigError(Problem("export.dir", str(out_dir), f"the export written to {tmp.name} lacks {'; '.join(missing)}, so it was not published (what was at {out_dir.name} is unchanged)", "export again, with no other export into the same folder at the same time"))
         publish_directory(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -216,7 +222,7 @@ def checkpoint_state_dict(ckpt_path: Path, keep_at: Path | None = None) -> dict:
     """The HF-model weights of a tinytrain checkpoint (Lightning's `model.` prefix removed), as its
     format reads them (formats.py): a sharded (fsdp_tp) folder one tensor at a time without the
     optimizer state, a DeepSpeed folder consolidated first (kept at `keep_at` when given)."""
-    return format_of(ckpt_path).read_weights(Path(ckpt_path), "export", keep_at)
+    return format_of(ckpt_path).read_weights(Path(ckpt_path), "checkpoint.path", keep_at)  # what the user named it by
 
 
 def export_checkpoint(ckpt_path: Path, *, model_config, tokenizer, true_vocab: int, out_dir: Path, spec: ExportSpec | None = None, adapters: dict | None = None, keep_at: Path | None = None) -> Path:

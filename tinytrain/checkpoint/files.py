@@ -3,7 +3,7 @@
 A checkpoint is written under a temp name in its own folder (`<name>.tmp-<pid>`) and renamed onto
 its final name when complete (`os.replace` is atomic within one filesystem), then the folder is
 fsynced so the rename survives a crash. A file with a final name is therefore complete; a killed
-writer leaves only a temp file, which resume ignores and removes. Step checkpoints are named
+writer leaves only a temp file, which resume ignores and removes (not one whose writer still runs). Step checkpoints are named
 `step<N:07d>.ckpt` (a file, or a folder: formats.py knows each format).
 
 No Lightning here: `mode=plan` lists checkpoints to show what it would resume from.
@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 TEMP_MARK = ".tmp-"
+TEMP_OWNER = re.compile(re.escape(TEMP_MARK) + r"(\d+)")
 STEP_NAME = re.compile(r"^step(\d+)\.ckpt$")
 UNIVERSAL_SUFFIX = ".universal"  # DeepSpeed's universal copy of a step folder (checkpoint/universal.py)
 
@@ -32,6 +33,23 @@ def temp_path(final: Path, pid: int | None = None) -> Path:
 
 def is_temp(path: Path) -> bool:
     return TEMP_MARK in path.name
+
+
+def temp_writer_alive(path: Path) -> bool:
+    """Whether the process named by a temp name (`<name>.tmp-<pid>...`) still runs on this host and
+    is not this one: the file is being written (a second export into the same folder, an average
+    beside a resumed run), not left by a killed one. A writer on another node of a shared
+    filesystem is not seen, and its temp counts as left behind."""
+    m = TEMP_OWNER.search(path.name)
+    if m is None or int(m.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def fsync_directory(directory: Path) -> None:

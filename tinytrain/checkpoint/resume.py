@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tinytrain.checkpoint.files import is_temp, step_checkpoints
+from tinytrain.checkpoint.files import is_temp, step_checkpoints, temp_writer_alive
 from tinytrain.checkpoint.formats import format_of, is_checkpoint
 from tinytrain.config.schema import FinetuneMethod, Mode
 from tinytrain.errors import ConfigError, Problem
@@ -61,11 +61,12 @@ def set_aside(unreadable: list[tuple[Path, str]]) -> list[Path]:
 
 
 def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
-    """Remove the temp files (or DeepSpeed temp folders) of saves a killed process never finished."""
+    """Remove the temp files (or DeepSpeed temp folders) of saves a killed process never finished;
+    not one a live process is writing (mode=average beside a resumed run)."""
     if not checkpoint_dir.is_dir():
         return []
     removed = []
-    for path in sorted(p for p in checkpoint_dir.iterdir() if is_temp(p)):
+    for path in sorted(p for p in checkpoint_dir.iterdir() if is_temp(p) and not temp_writer_alive(p)):
         format_of(path).remove(path)
         removed.append(path)
     return removed

@@ -80,3 +80,26 @@ def test_publish_directory_replaces_an_existing_folder(tmp_path):
     publish_directory(tmp, final)
     assert (final / "shard").read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["step0000008.ckpt"]
+
+
+def test_a_temp_a_live_process_writes_is_kept_and_a_gone_one_s_removed(tmp_path):
+    """A resumed run removed every temp file in checkpoints/, among them the average a concurrent
+    mode=average was writing there (which then failed). Only a writer that is gone (or this
+    process, from an earlier attempt) leaves a temp to remove."""
+    import os
+    import subprocess
+
+    from tinytrain.checkpoint.resume import leftover_temp_files
+
+    live = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        names = {who: f"average-k2-step0000008.ckpt.tmp-{pid}" for who, pid in (("live", live.pid), ("gone", gone.pid), ("self", os.getpid()))}
+        touch(tmp_path, *names.values())
+        removed = leftover_temp_files(tmp_path)
+        assert sorted(p.name for p in removed) == sorted([names["gone"], names["self"]])
+        assert [p.name for p in tmp_path.iterdir()] == [names["live"]]
+    finally:
+        live.kill()
+        live.wait()

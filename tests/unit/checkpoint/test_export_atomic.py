@@ -59,6 +59,31 @@ def test_a_failed_export_leaves_the_previous_export_whole(tiny, bundled_tokenize
     assert interrupted_exports(out) == [] and incomplete(out) == []
 
 
+def test_a_second_export_into_the_folder_leaves_the_first_s_temp_and_publishes_only_whole_folders(tiny, bundled_tokenizer, tmp_path):
+    """Two exports into one folder (the end of training's and a user's mode=export): the second
+    took the first's temp folder for a killed export's and removed it; the first re-created it
+    with its tokenizer alone and published that over the second's whole export."""
+    from tinytrain.checkpoint.export import export_folder
+
+    state, config = tiny
+    out = tmp_path / "hf_export"
+    first = subprocess.Popen(["sleep", "60"])  # a live exporter into the same folder
+    try:
+        writing = tmp_path / f"hf_export.tmp-{first.pid}"
+        writing.mkdir()
+        (writing / "model.safetensors").write_bytes(b"being written")
+        export_state_dict(dict(state), model_config=config, tokenizer=bundled_tokenizer, true_vocab=len(bundled_tokenizer), out_dir=out)
+        assert (writing / "model.safetensors").read_bytes() == b"being written" and incomplete(out) == []
+    finally:
+        first.kill()
+        first.wait()
+    before = {p.name: digest(p) for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError) as e, export_folder(out) as tmp:
+        bundled_tokenizer.save_pretrained(str(tmp))  # its config and weights removed under it: never published
+    assert "lacks config.json" in str(e.value) and "so it was not published" in str(e.value)
+    assert {p.name: digest(p) for p in out.iterdir() if p.is_file()} == before
+
+
 def test_a_killed_export_is_never_taken_for_a_finished_one(tiny, tmp_path):
     """SIGKILL in the middle of an export (after the weights, before the tokenizer): nothing at the
     export's path; generate/eval name the leftover; the next export replaces it cleanly."""

@@ -4,6 +4,7 @@ format added to the table is what resume, pruning and the plan's checks see."""
 
 import ast
 import dataclasses
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,10 +94,13 @@ def test_a_new_format_is_a_row(tmp_path, monkeypatch):
     for step in (1, 2):
         (tmp_path / f"step{step:07d}.ckpt").mkdir()
         (tmp_path / f"step{step:07d}.ckpt" / "scratch.json").write_text(str(step))
-    (tmp_path / "step0000003.ckpt.tmp-1").mkdir()
-    (tmp_path / "step0000003.ckpt.tmp-1" / "scratch.json").write_text("3")
+    writer = subprocess.Popen(["true"])  # a save's process that is gone: its temp is left over
+    writer.wait()
+    dead = writer.pid
+    (tmp_path / f"step0000003.ckpt.tmp-{dead}").mkdir()
+    (tmp_path / f"step0000003.ckpt.tmp-{dead}" / "scratch.json").write_text("3")
     assert read_state(tmp_path / "step0000002.ckpt") == {"global_step": 2}
     assert is_checkpoint(tmp_path / "step0000001.ckpt")
     prune(tmp_path, keep_last=1)
     leftover_temp_files(tmp_path)
-    assert removed == ["step0000001.ckpt", "step0000003.ckpt.tmp-1"]
+    assert removed == ["step0000001.ckpt", f"step0000003.ckpt.tmp-{dead}"]
