@@ -197,9 +197,11 @@ def hydra_main(cfg: DictConfig):
     if multirun:
         name_multirun_job(cfg, hydra_cfg.job.num)
     ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
+    held = False  # a process refused the lock leaves the directory to its holder (who may have made it just now)
     try:
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
         with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
+            held = True
             result = run_stages(cfg, run_dir)
             process_group.release()
             if cfg.mode == Mode.sbatch:
@@ -236,7 +238,7 @@ def hydra_main(cfg: DictConfig):
     except BrokenPipeError:
         reader_left()  # here, before Hydra prints "Error executing job ..." for it
     finally:
-        if ended_cleanly and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
+        if ended_cleanly and held and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
             unused_run_dir.remove_if_unused(run_dir)
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None

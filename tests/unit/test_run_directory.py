@@ -83,3 +83,43 @@ def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
     from tinytrain.config.resolvers import running_here
 
     assert not running_here(tmp_path)
+
+
+def test_a_launch_the_lock_refuses_never_removes_the_directory_its_holder_made(tmp_path):
+    """Two launches of one run.name a moment apart: the second resolved the directory before the
+    first made it, was refused the lock, and then removed the directory as one it had made and
+    left unused, under the first, still training (its log, record and lock gone with it)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    run_dir = tmp_path / "root" / "twin"
+    # The second launch, paused after Hydra's run.dir is resolved until the first holds the lock.
+    second = """
+import sys, time, tinytrain.config.resolvers as r
+resolve = r._run_dir
+def paused(root, name):
+    out = resolve(root, name)
+    print("resolved", flush=True)
+    while not (r.Path(out) / r.LOCK_NAME).exists():
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return out
+r._run_dir = paused
+from tinytrain.cli import main
+sys.argv = ["tinytrain", *sys.argv[1:]]
+main()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", second, "mode=plan", f"run.root={tmp_path / 'root'}", "run.name=twin"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "resolved"
+        run_dir.mkdir(parents=True)
+        with hold(run_dir, "train"):  # the first launch
+            (run_dir / "tinytrain.log").write_text("the first launch's log\n")
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2 and "is in use by tinytrain mode=train" in err, err[-2000:]
+            assert (run_dir / "tinytrain.log").read_text().startswith("the first launch's log\n") and (run_dir / LOCK_NAME).exists()
+    finally:
+        proc.kill()
+        proc.wait()
