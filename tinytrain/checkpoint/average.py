@@ -22,6 +22,7 @@ the merged weights).
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import tempfile
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from tinytrain.checkpoint.files import fsync_directory, step_checkpoints, temp_path
+from tinytrain.checkpoint.files import TEMP_MARK, fsync_directory, step_checkpoints, temp_path, temp_writer_alive
 from tinytrain.checkpoint.format import MODULE_PREFIX, module_weights, read
 from tinytrain.errors import ConfigError, Problem
 
@@ -174,6 +175,9 @@ def resolve_paths(listed: list[str], last: int | None, run_dir: Path) -> list[Pa
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise ConfigError(Problem(KEY, missing[0], "does not exist", "give checkpoint files or folders that exist"))
+    folder = paths[0].parent  # the mean is written beside the first (modes.average)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(Problem(KEY, str(paths[0]), f"the average is written beside it, and {folder} is not writable", "make that folder writable, or copy the checkpoints into one that is and average those"))
     return paths
 
 
@@ -187,10 +191,20 @@ def average_checkpoints(paths: list[Path], out: Path, consolidate) -> tuple[Path
         weights = mean_weights(sources)
         meta = {**sources[0].meta, "averaged": [str(s.path) for s in sources]}
         step = max(s.step for s in sources)
+    for stale in out.parent.glob(f"{glob.escape(out.name)}{TEMP_MARK}*"):  # a killed average's, model-sized
+        if not temp_writer_alive(stale):
+            log.warning("removed %s: an average that was interrupted", stale.name)
+            stale.unlink(missing_ok=True)
     tmp = temp_path(out)
-    torch.save({"state_dict": {MODULE_PREFIX + k: v for k, v in weights.items()}, "tinytrain": meta, "global_step": step}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        torch.save({"state_dict": {MODULE_PREFIX + k: v for k, v in weights.items()}, "tinytrain": meta, "global_step": step}, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, RuntimeError):  # torch.save's failure to open or write (not an OSError)
+            raise ConfigError(Problem(KEY, str(out), f"could not be written: {e}", f"check that {out.parent} is writable and has room for the model's weights")) from e
+        raise
     os.replace(tmp, out)
     fsync_directory(out.parent)
     return out, meta

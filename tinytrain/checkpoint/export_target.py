@@ -57,6 +57,15 @@ def export_folder_problems(key: str, folder: Path) -> list[Problem]:
     ]
 
 
+def partial_export_problems(key: str, folder: Path) -> list[Problem]:
+    """A folder holding an export's tokenizer or weights but no config.json (so not read as an
+    export): named as the incomplete export it is, not as a checkpoint outside its run."""
+    folder = Path(folder)
+    if (folder / "config.json").exists() or not (any((folder / n).is_file() for n in TOKENIZER_FILES) or any(folder.glob("*.safetensors"))):
+        return []
+    return [Problem(key, str(folder), f"is not a complete Hugging Face model folder ({'; '.join(incomplete(folder))})", "export it again from its checkpoint (mode=export checkpoint=<run>/checkpoints/final.ckpt export.dir=<folder>), or copy the missing files from the model's source")]
+
+
 def export_dir_problems(key: str, out_dir: Path) -> list[Problem]:
     """Where an export will be published: replaced whole, so never a file or a folder of other things."""
     out_dir = Path(out_dir)

@@ -34,7 +34,7 @@ def saved_tensors(model) -> dict[str, torch.Tensor]:
     return remove_tied_weights_from_state_dict(model.state_dict(), model)
 
 
-def write_weights(folder: Path, model, true_vocab: int, out_dir: Path, key: str = "export") -> list[Path]:
+def write_weights(folder: Path, model, true_vocab: int, out_dir: Path, key: str = "checkpoint.path") -> list[Path]:
     """`model` (meta device, in the export dtype, `true_vocab` rows) says what to write; the values
     come from the sharded checkpoint `folder`. Returns the files written."""
     from huggingface_hub import split_torch_state_dict_into_shards

@@ -10,12 +10,13 @@ eval.limit) as given, else the run's own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.resume import read_state
 from tinytrain.data.batch_ramp import BatchRamp
-from tinytrain.errors import Problem
+from tinytrain.errors import ConfigError, Problem
 from tinytrain.outputs import saved_run
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.train import evals_csv
@@ -55,6 +56,8 @@ def problems(cfg, run: Path) -> list[Problem]:
         found.append(Problem("eval.tasks", [], f"scoring the run {run} needs downstream tasks, and neither eval.tasks nor the run's config names any", "add eval.tasks=[<lm-eval task>,...] (eval.include=[<folder>] for local ones)"))
     if not run_checkpoints(run):
         found.append(Problem(saved_run.KEY, str(run), "holds no checkpoint to score (no checkpoints/step<N>.ckpt, no final.ckpt)", "train the run first (trainer.checkpoint_every_n_steps sets how often it saves), or name a run that saved checkpoints"))
+    if not os.access(run, os.W_OK | os.X_OK):  # evals.csv and its lock go there: said before the first scoring
+        found.append(Problem(saved_run.KEY, str(run), "is not writable, and the scores are appended to its evals.csv", "make the run folder writable, or copy the run elsewhere and score the copy"))
     return found
 
 
@@ -94,13 +97,22 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     for step, why, folder in eval_jobs.failures(run):
         print(f"eval job for step {step} failed ({why}); its log is in {folder}", flush=True)
     print(f"evals of {run}: {already_line(checkpoints, done, ev_step(cfg))}; scoring {', '.join(f'step {s}' for s, _ in todo) or 'none'} on {', '.join(ev.tasks)}", flush=True)
+    scored_now = []
     for step, path in todo:
-        saved = saved_run.load(str(path), out_dir)
-        rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step, path))
+        try:
+            saved = saved_run.load(str(path), out_dir)
+            rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step, path))
+        except (ConfigError, OSError):
+            if path.exists():
+                raise
+            # A run still training prunes its step checkpoints (checkpoint.keep_last) while they are scored.
+            print(f"skipped step {step}: {path.name} was removed while it was read (a training run's checkpoint.keep_last pruning it)", flush=True)
+            continue
         evals_csv.append(csv_path, rows)
+        scored_now.append(step)
         print(f"scored step {step} ({path.name}): {len(rows)} metrics appended to {csv_path}", flush=True)
     plot_evals(csv_path, run / "evals.png", f"{run.name}: downstream tasks")
-    return {"run": str(run), "scored": [s for s, _ in todo], "already": sorted(done)}
+    return {"run": str(run), "scored": scored_now, "already": sorted(done)}
 
 
 def already_line(checkpoints: list[tuple[int, Path]], done: set[int], step: int | None) -> str:

@@ -17,6 +17,7 @@ import copy
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,9 +95,11 @@ def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     chat = chat_default if g.chat is None else g.chat
     if chat and not getattr(tok, "chat_template", None):
         raise ConfigError(Problem("generate.chat", True, f"{saved.checkpoint} has no chat template (its run pretrained)", "leave generate.chat unset (null) or false"))
+    out = generations_file(saved)
+    if not os.access(out if out.exists() else out.parent, os.W_OK):  # said before the model is built and run
+        raise ConfigError(Problem(saved_run.KEY, str(saved.checkpoint), f"its generations are appended to {out}, which is not writable", "make that folder writable, or copy the checkpoint (or export) elsewhere and generate from the copy"))
     model = saved_run.hf_model(saved, cfg.model.trust_remote_code)
     results = generate_texts(model, tok, prompts, chat=chat, sampling=Sampling(g.max_new_tokens, g.do_sample, g.temperature, g.top_p), stop_ids=stops, seed=cfg.seed)
-    out = generations_file(saved)
     with out.open("a", encoding="utf-8") as f:  # appended: earlier prompts' generations are kept
         for r in results:
             f.write(json.dumps({"checkpoint": str(saved.checkpoint), "chat": chat, "do_sample": g.do_sample, **r}, ensure_ascii=False) + "\n")

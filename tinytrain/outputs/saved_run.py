@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tinytrain.checkpoint.export import checkpoint_state_dict, export_spec, model_from_state_dict
+from tinytrain.checkpoint.export_target import partial_export_problems
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
@@ -25,7 +26,7 @@ from tinytrain.checkpoint.remote_code import announce
 from tinytrain.checkpoint.resume import read_state
 from tinytrain.config.schema import Config, DataFormat
 from tinytrain.data.tokenizer import fingerprint, load_from_config
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
@@ -78,6 +79,8 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     if format_of(path).format is CheckpointFormat.hf_export:
         return _hf_folder(path)
     source_run = path.parent.parent if path.parent.name == "checkpoints" else None
+    if source_run is None:
+        raise_if_any(partial_export_problems(KEY, path))  # no config.json, so not read as an export
     if source_run is None or not (source_run / RUN_CONFIG).is_file():
         raise ConfigError(Problem(KEY, str(path), f"is not inside a run's checkpoints/ folder next to its {RUN_CONFIG}, so its model and tokenizer are unknown", "give a checkpoint where its run saved it (<run>/checkpoints/...)"))
     train_cfg = run_config(source_run / RUN_CONFIG)

@@ -34,3 +34,43 @@ def test_an_average_of_other_checkpoints_keeps_its_name_and_file(tmp_path):
     # The same inputs again go to the file they made (same weights); a third set to the next name.
     assert output_path([s4, s6, s8], tmp_path) == own and output_path([s8, s2, s4], tmp_path) == other
     assert output_path([s2, s6, s8], tmp_path).name == "average-k3-step0000008-3.ckpt"
+
+
+def test_a_killed_average_s_temp_file_goes_with_the_next_average_and_a_live_one_s_stays(tmp_path):
+    """A killed mode=average left a model-sized `<name>.tmp-<pid>` that only a later training start
+    in that folder removed (a finished run's, never)."""
+    import subprocess
+
+    s4, s8 = (checkpoint(tmp_path / f"step000000{n}.ckpt", float(n)) for n in (4, 8))
+    out = output_path([s4, s8], tmp_path)
+    live = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        for pid in (live.pid, gone.pid):
+            (tmp_path / f"{out.name}.tmp-{pid}").write_bytes(b"half an average")
+        average_checkpoints([s4, s8], out, no_consolidation)
+        assert sorted(p.name for p in tmp_path.glob("*.tmp-*")) == [f"{out.name}.tmp-{live.pid}"]
+    finally:
+        live.kill()
+        live.wait()
+    assert torch.load(out)["state_dict"]["model.layer.weight"][0, 0] == 6
+
+
+def test_a_folder_the_average_cannot_be_written_to_is_named_before_any_weights_are_read(tmp_path, monkeypatch):
+    """It crashed with torch's RuntimeError (not an OSError) after averaging every weight. As root
+    (CI) no mode bits refuse a write, so the folder's answer to os.access is what is set here."""
+    import os
+
+    import pytest
+
+    from tinytrain.checkpoint.average import resolve_paths
+    from tinytrain.errors import ConfigError
+
+    s4, s8 = (checkpoint(tmp_path / f"step000000{n}.ckpt", float(n)) for n in (4, 8))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if os.fspath(path) == str(tmp_path) else real(path, mode))
+    with pytest.raises(ConfigError) as e:
+        resolve_paths([str(s4), str(s8)], None, tmp_path)
+    problem = e.value.problems[0]
+    assert problem.key == "checkpoint.average" and f"{tmp_path} is not writable" in problem.message and "make that folder writable" in problem.fix

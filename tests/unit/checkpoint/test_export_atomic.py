@@ -129,3 +129,16 @@ def test_an_export_never_replaces_a_folder_that_is_not_an_export(tiny, bundled_t
     assert "not an export" in e.value.render()
     assert (own / "notes.txt").read_text() == "keep me\n" and not interrupted_exports(own)
     assert export_dir_problems("export.dir", tmp_path / "new") == []
+
+
+def test_a_folder_with_an_export_s_files_but_no_config_is_named_as_an_incomplete_export(bundled_tokenizer, tmp_path):
+    """Read as neither an export (no config.json) nor a checkpoint: generate and eval said it was not
+    inside a run's checkpoints/ folder."""
+    from tinytrain.outputs import saved_run
+
+    folder = tmp_path / "hf_export"
+    bundled_tokenizer.save_pretrained(str(folder))
+    with pytest.raises(ConfigError) as e:
+        saved_run.load(str(folder), tmp_path)
+    problem = e.value.problems[0]
+    assert problem.key == "checkpoint.path" and "is not a complete Hugging Face model folder (config.json; " in problem.message and "export it again" in problem.fix

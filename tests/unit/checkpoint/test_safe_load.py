@@ -68,7 +68,7 @@ def test_resume_refuses_a_deepspeed_folder_with_a_pickled_callable_in_any_shard(
 def test_export_refuses_a_pickled_callable(tmp_path):
     marker = tmp_path / "ran"
     path = hostile(tmp_path / "final.ckpt", marker)
-    refused(lambda: export_checkpoint(path, model_config=None, tokenizer=None, true_vocab=4096, out_dir=tmp_path / "hf_export"), marker, "export")
+    refused(lambda: export_checkpoint(path, model_config=None, tokenizer=None, true_vocab=4096, out_dir=tmp_path / "hf_export"), marker, "checkpoint.path")
     assert not (tmp_path / "hf_export").exists()
 
 

@@ -51,3 +51,42 @@ def test_a_checkpoint_s_recorded_tokens_count_over_the_plan_s(tmp_path, bundled_
     assert backfill.tokens_at(tmp_path / "run", 4, checkpoint) == 1234
     torch.save({"global_step": 4}, checkpoint)  # saved before tokens were recorded: the plan's count
     assert backfill.tokens_at(tmp_path / "run", 4, checkpoint) == 4 * plan.batch.tokens_per_step
+
+
+def test_a_checkpoint_pruned_while_the_run_is_scored_is_skipped_and_the_others_go_on(tmp_path, bundled_tokenizer, monkeypatch, capsys):
+    """mode=eval beside a run still training (checkpoint.keep_last=1): a step checkpoint listed for
+    scoring was deleted before it was read, and the whole backfill stopped on it (exit 2, under
+    a key named `export`)."""
+    from tests.integration.test_evals import write_tasks
+
+    tasks = tmp_path / "tasks"
+    write_tasks(tasks)
+    saved_run(tmp_path / "run", RAMP[:3], bundled_tokenizer)
+    pruned = tmp_path / "run" / "checkpoints" / "step0000004.ckpt"  # listed, then removed by keep_last
+    monkeypatch.setattr(backfill, "run_checkpoints", lambda run: [(4, pruned)])
+    cfg = compose(["mode=eval", f"checkpoint.path={tmp_path / 'run'}", "eval.tasks=[tiny_cloze]", f"eval.include=[{tasks}]"])
+
+    def never(*args):
+        raise AssertionError("nothing to score: its checkpoint is gone")
+
+    result = backfill.backfill(cfg, tmp_path / "run", tmp_path / "out", never)
+    assert result["scored"] == []
+    assert "skipped step 4: step0000004.ckpt was removed while it was read" in capsys.readouterr().out
+
+
+def test_a_run_folder_scores_cannot_be_written_to_is_named_before_any_scoring(tmp_path, bundled_tokenizer, monkeypatch):
+    """evals.csv (and its lock) go into the run folder: an unwritable one failed after the first
+    scoring. As root (CI) no mode bits refuse a write, so the folder's answer to os.access is set here."""
+    import os
+
+    import torch
+
+    saved_run(tmp_path / "run", RAMP[:3], bundled_tokenizer)
+    (tmp_path / "run" / "checkpoints").mkdir()
+    torch.save({"global_step": 4}, tmp_path / "run" / "checkpoints" / "step0000004.ckpt")
+    cfg = compose(["mode=eval", f"checkpoint.path={tmp_path / 'run'}", "eval.tasks=[hellaswag]"])
+    assert backfill.problems(cfg, tmp_path / "run") == []
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if os.fspath(path) == str(tmp_path / "run") else real(path, mode))
+    (problem,) = backfill.problems(cfg, tmp_path / "run")
+    assert problem.key == "checkpoint.path" and "is not writable, and the scores are appended to its evals.csv" in problem.message
