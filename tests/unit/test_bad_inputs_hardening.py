@@ -87,6 +87,13 @@ CASES = {
     "training samples of zero tokens": (["mode=plan", "generate.sample_max_new_tokens=0"], ["generate.sample_max_new_tokens=0", ">= 1 while generate.sample_prompts is set", "generate.sample_prompts=[]"]),
     "training samples of negative tokens": (["mode=plan", "generate.sample_max_new_tokens=-1"], ["generate.sample_max_new_tokens=-1", ">= 1"]),
     "training sample prompt blank": (["mode=plan", "generate.sample_prompts=['','x']"], ["generate.sample_prompts[0]=''", "is blank"]),
+    # Samples past the model's positions generated until the run was killed, before its last checkpoint.
+    "training samples beyond the positions": (["mode=plan", "generate.sample_max_new_tokens=1000000000000"], ["generate.sample_max_new_tokens=1000000000000", "is not below the model's 1024 positions"]),
+    "checkpoint write speed zero": (["mode=plan", "checkpoint.write_gbps=0"], ["checkpoint.write_gbps=0.0", "must be a finite number above 0", "checkpoint.write_gbps=2.0"]),
+    "checkpoint write speed nan": (["mode=plan", "checkpoint.write_gbps=nan"], ["checkpoint.write_gbps=nan", "must be a finite number above 0"]),
+    "checkpoint save share negative": (["mode=plan", "checkpoint.max_save_share=-1"], ["checkpoint.max_save_share=-1.0", "must be a finite number above 0"]),
+    "initializer range above 1": (["mode=plan", "model.initializer_range=2"], ["model.initializer_range=2.0", "must be at most 1"]),
+    "one process on two nodes": (["mode=plan", "cluster.nodes=2", "cluster.devices=1"], ["runs one process but the cluster has 2", "use parallel=ddp, or cluster.nodes=1"]),
     # 7. the smaller cases
     "export of a checkpoint of another model size": (["mode=export", SHAPE_CKPT, "export.dir={H}/shape_export"], ["checkpoint.path=", "step0000004.ckpt", "holds another model size: num_layers 2, hidden_size 64", "this run's model: num_layers 4, hidden_size 192"]),
     "eval of a checkpoint of another model size": (["mode=eval", SHAPE_CKPT], ["holds another model size"]),

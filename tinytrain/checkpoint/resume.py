@@ -5,11 +5,12 @@ continues from is decided by the plan (tinytrain/plan/start_points.py)."""
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from tinytrain.checkpoint.files import is_temp, step_checkpoints, temp_writer_alive
 from tinytrain.checkpoint.formats import format_of, is_checkpoint
-from tinytrain.config.schema import FinetuneMethod, Mode
+from tinytrain.config.schema import CheckpointConfig, FinetuneMethod, Mode
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ def checkpoint_problems(cfg) -> list[Problem]:
     if last is not None and cfg.mode != Mode.average and cfg.finetune.method != FinetuneMethod.full:
         # checkpoint/average.py refuses adapters at the end of training: say it before the run.
         problems.append(Problem("checkpoint.average_last", last, f"averages step checkpoints, and a finetune={cfg.finetune.method.value} run's hold LoRA adapters: the mean of adapters is not the mean of the merged weights", "use checkpoint.average_last=null with LoRA (export each checkpoint with mode=export), or finetune=full"))
+    for key, meaning in (("write_gbps", "the disk's write speed in GB/s, which the plan times each save by"), ("max_save_share", "the share of the time between saves a save may take before the plan warns")):
+        value = getattr(cfg.checkpoint, key)
+        if not (math.isfinite(value) and value > 0):
+            problems.append(Problem(f"checkpoint.{key}", value, f"must be a finite number above 0: {meaning}", f"use e.g. checkpoint.{key}={getattr(CheckpointConfig, key)}"))
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume

@@ -24,13 +24,17 @@ def sampling_problems(g) -> list[Problem]:
     return problems
 
 
-def training_sample_problems(g) -> list[Problem]:
-    """generate.sample_prompts / sample_max_new_tokens, generated at every validation step."""
+def training_sample_problems(g, max_positions: int | None = None) -> list[Problem]:
+    """generate.sample_prompts / sample_max_new_tokens, generated at every validation step;
+    `max_positions`: the model's (model.max_position_embeddings), None when a pretrained model's
+    own decides (model/generation.py caps each sample at it)."""
     if not g.sample_prompts:
         return []
     problems = []
     if g.sample_max_new_tokens < 1:
         problems.append(Problem("generate.sample_max_new_tokens", g.sample_max_new_tokens, "must be >= 1 while generate.sample_prompts is set", "use e.g. generate.sample_max_new_tokens=32, or generate.sample_prompts=[] to turn samples off"))
+    elif max_positions and g.sample_max_new_tokens >= max_positions:
+        problems.append(Problem("generate.sample_max_new_tokens", g.sample_max_new_tokens, f"is not below the model's {max_positions} positions (model.max_position_embeddings), which a prompt and its sample share", f"use fewer (e.g. generate.sample_max_new_tokens={min(32, max_positions // 2)})"))
     blank = [i for i, p in enumerate(g.sample_prompts) if not str(p).strip()]
     if blank:
         problems.append(Problem(f"generate.sample_prompts[{blank[0]}]", g.sample_prompts[blank[0]], "is blank: there is nothing to continue", "give each prompt some text, or generate.sample_prompts=[] to turn samples off"))

@@ -9,12 +9,15 @@ During training the tables are padded: logits of the padding rows are masked, ne
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tinytrain.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,17 @@ class _MaskPadding:
 
 
 @torch.no_grad()
+def within_positions(config, prompt_tokens: int, asked: int) -> int:
+    """The new tokens a prompt leaves room for in the model's positions: past them transformers
+    only warns, and an unbounded generate.max_new_tokens generated until it was killed."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not positions or prompt_tokens + asked <= positions:
+        return asked
+    room = max(positions - prompt_tokens, 0)
+    log.warning("generate: %d new tokens asked after a %d-token prompt, and the model has %d positions: %d generated", asked, prompt_tokens, positions, room)
+    return room
+
+
 def generate(model, tokenizer, prompts: list[str], *, chat: bool, sampling: Sampling, stop_ids: list[int], true_vocab: int | None = None, seed: int = 0) -> list[dict]:
     """One {prompt, completion, tokens, stopped} per prompt; `stopped`: ended at a turn-end token."""
     from transformers import LogitsProcessorList
@@ -100,10 +114,14 @@ def generate(model, tokenizer, prompts: list[str], *, chat: bool, sampling: Samp
         for prompt in prompts:
             ids = torch.tensor([prompt_ids(tokenizer, prompt, chat)], device=device)
             extra = {"temperature": sampling.temperature, "top_p": sampling.top_p} if sampling.do_sample else {}
+            new_tokens = within_positions(model.config, ids.shape[1], sampling.max_new_tokens)
+            if new_tokens < 1:
+                results.append({"prompt": prompt, "completion": "", "tokens": 0, "stopped": False})
+                continue
             out = model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
-                max_new_tokens=sampling.max_new_tokens,
+                max_new_tokens=new_tokens,
                 do_sample=sampling.do_sample,
                 eos_token_id=stop_ids,
                 pad_token_id=pad,

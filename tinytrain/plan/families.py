@@ -104,6 +104,8 @@ def model_problems(cfg) -> list[Problem]:
     for key in ("rope_theta", "rms_norm_eps", "initializer_range"):
         if not getattr(m, key) > 0:
             problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
+    if m.initializer_range > 1:  # transformers' config refuses it while building, after the plan
+        problems.append(Problem("model.initializer_range", m.initializer_range, "must be at most 1 (the standard deviation of the initial weights; transformers refuses more)", f"use e.g. model.initializer_range={DEFAULT_MODEL.initializer_range}"))
     if problems:
         return problems
     if m.head_dim is None and m.hidden_size % m.num_heads:

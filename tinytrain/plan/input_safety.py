@@ -19,7 +19,7 @@ from tinytrain.preflight.rope import longrope_problems
 
 
 def problems(cfg) -> list[Problem]:
-    return pretrained_problems(cfg) + tokenizer_code_problems(str(cfg.tokenizer.path)) + training_sample_problems(cfg.generate) + rope_problems(cfg) + bos_problems(cfg) + export_problems(cfg)
+    return pretrained_problems(cfg) + tokenizer_code_problems(str(cfg.tokenizer.path)) + training_sample_problems(cfg.generate, None if cfg.model.pretrained else cfg.model.max_position_embeddings) + rope_problems(cfg) + bos_problems(cfg) + export_problems(cfg)
 
 
 def pretrained_problems(cfg) -> list[Problem]:

@@ -218,7 +218,9 @@ def parallel_problems(cfg) -> list[Problem]:
     world = world_size(cfg)
     problems += row.problems(cfg, world)
     if row.one_process and world > 1:
-        problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {cfg.cluster.nodes} x devices {cfg.cluster.devices})", "use parallel=ddp, or cluster.devices=1"))
+        c = cfg.cluster
+        one = " and ".join(f"cluster.{key}=1" for key in ("nodes", "devices") if getattr(c, key) not in (None, 1))
+        problems.append(Problem("parallel", par.name, f"runs one process but the cluster has {world} (nodes {c.nodes} x devices {'null: every GPU' if c.devices is None else c.devices})", f"use parallel=ddp, or {one or 'one process'}"))
     if (par.cp or 1) > 1 and not row.cp_kinds:
         return problems  # plan/context.py names the strategy; the batch over cp would only repeat it
     # cp=null: the plan chooses cp, and data parallelism with it (world / (tp x cp)). The batch is

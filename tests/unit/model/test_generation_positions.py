@@ -1,0 +1,21 @@
+"""Generation stops at the model's positions (model/generation.py): past them transformers only
+warns, and an unbounded generate.max_new_tokens (mode=generate, or a pretrained model's training
+samples, which the plan cannot bound) generated until the process was killed."""
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tinytrain.model.generation import Sampling, generate
+
+
+def test_a_generation_asked_for_more_than_the_positions_ends_at_them(bundled_tokenizer, caplog):
+    config = LlamaConfig(vocab_size=len(bundled_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=24, pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    prompt = "def add(a, b):"
+    prompt_tokens = len(bundled_tokenizer(prompt)["input_ids"])
+    (result,) = generate(model, bundled_tokenizer, [prompt], chat=False, sampling=Sampling(max_new_tokens=10**12), stop_ids=[-1])
+    assert result["tokens"] == 24 - prompt_tokens
+    assert f"{10**12} new tokens asked after a {prompt_tokens}-token prompt, and the model has 24 positions: {24 - prompt_tokens} generated" in caplog.text
+    (within,) = generate(model, bundled_tokenizer, [prompt], chat=False, sampling=Sampling(max_new_tokens=3), stop_ids=[-1])
+    assert within["tokens"] == 3
