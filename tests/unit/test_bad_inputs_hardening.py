@@ -92,6 +92,7 @@ CASES = {
     "checkpoint write speed zero": (["mode=plan", "checkpoint.write_gbps=0"], ["checkpoint.write_gbps=0.0", "must be a finite number above 0", "checkpoint.write_gbps=2.0"]),
     "checkpoint write speed nan": (["mode=plan", "checkpoint.write_gbps=nan"], ["checkpoint.write_gbps=nan", "must be a finite number above 0"]),
     "checkpoint save share negative": (["mode=plan", "checkpoint.max_save_share=-1"], ["checkpoint.max_save_share=-1.0", "must be a finite number above 0"]),
+    "resume empty": (["mode=plan", "resume=''"], ["resume=''", "is neither auto, never, nor an existing checkpoint"]),
     "initializer range above 1": (["mode=plan", "model.initializer_range=2"], ["model.initializer_range=2.0", "must be at most 1"]),
     "one process on two nodes": (["mode=plan", "cluster.nodes=2", "cluster.devices=1"], ["runs one process but the cluster has 2", "use parallel=ddp, or cluster.nodes=1"]),
     # 7. the smaller cases

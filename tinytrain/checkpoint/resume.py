@@ -91,7 +91,7 @@ def checkpoint_problems(cfg) -> list[Problem]:
     if cfg.checkpoint.keep_last < 1:
         problems.append(Problem("checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1 (resuming needs a checkpoint)", "keep at least 1; 2 or more survive a checkpoint lost to a full disk"))
     resume = cfg.resume
-    if resume not in ("auto", "never") and not Path(resume).exists():
+    if resume not in ("auto", "never") and (not str(resume).strip() or not Path(resume).exists()):  # '' is the working directory to Path
         problems.append(
             Problem("resume", resume, "is neither auto, never, nor an existing checkpoint", "use resume=auto (the newest checkpoint of the run directory), resume=never, or the path of a .ckpt file")
         )
