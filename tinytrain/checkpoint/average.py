@@ -168,14 +168,19 @@ def resolve_paths(listed: list[str], last: int | None, run_dir: Path) -> list[Pa
         found = [p for _, p in step_checkpoints(run_dir / "checkpoints")]
         if len(found) < last:
             raise ConfigError(Problem("checkpoint.average_last", last, f"{run_dir / 'checkpoints'} holds {len(found)} step checkpoint(s)", "average as many as there are, keep more (checkpoint.keep_last), or name the run (run.name=<run>)"))
-        return newest_step_checkpoints(run_dir, last)
+        return writable_beside(newest_step_checkpoints(run_dir, last))
     if len(listed) < 2:
         raise ConfigError(Problem(KEY, list(listed), "needs two or more checkpoints to average", "checkpoints=[<run>/checkpoints/step0000800.ckpt,<run>/checkpoints/step0000900.ckpt], or checkpoint.average_last=<k> with run.name=<run>"))
     paths = [Path(p) for p in listed]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise ConfigError(Problem(KEY, missing[0], "does not exist", "give checkpoint files or folders that exist"))
-    folder = paths[0].parent  # the mean is written beside the first (modes.average)
+    return writable_beside(paths)
+
+
+def writable_beside(paths: list[Path]) -> list[Path]:
+    """`paths`, when the folder the mean is written to (beside the first: modes.average) is writable."""
+    folder = paths[0].parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(Problem(KEY, str(paths[0]), f"the average is written beside it, and {folder} is not writable", "make that folder writable, or copy the checkpoints into one that is and average those"))
     return paths

@@ -38,18 +38,35 @@ def is_temp(path: Path) -> bool:
 def temp_writer_alive(path: Path) -> bool:
     """Whether the process named by a temp name (`<name>.tmp-<pid>...`) still runs on this host and
     is not this one: the file is being written (a second export into the same folder, an average
-    beside a resumed run), not left by a killed one. A writer on another node of a shared
+    beside a resumed run), not left by a killed one. A process that started after the temp was
+    last written holds a reused pid, not the writer's. A writer on another node of a shared
     filesystem is not seen, and its temp counts as left behind."""
     m = TEMP_OWNER.search(path.name)
     if m is None or int(m.group(1)) == os.getpid():
         return False
+    pid = int(m.group(1))
     try:
-        os.kill(int(m.group(1)), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
-    return True
+        pass
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return False
+    started = process_start(pid)
+    return started is None or started <= written + 2  # btime is whole seconds
+
+
+def process_start(pid: int) -> float | None:
+    """When a process started (epoch seconds, from /proc); None where that cannot be read."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def fsync_directory(directory: Path) -> None:

@@ -58,6 +58,11 @@ class RampBatchSampler(ResumableBatchSampler):
         the ones trained before a resume itself)."""
         return self._pass_steps(self.epoch_start_step, 0) * self.per_step // self.world
 
+    def pass_remaining(self) -> None:
+        """Not counted in batches of one size (a pass's micro batches grow with the ramp): Lightning's
+        count of the epoch is left as the checkpoint holds it (callbacks/accumulation_change.py)."""
+        return None
+
     def _step_start(self) -> int:
         """The sample in the epoch's order where the step being trained began."""
         return self.samples - self.micro_batches * self.ramp.micro(self.steps)  # each micro batch trained so far moved it m

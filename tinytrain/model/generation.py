@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tinytrain.errors import ConfigError, Problem
+from tinytrain.preflight.rope import reach
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,22 @@ class _MaskPadding:
         return scores
 
 
-@torch.no_grad()
+def positions_of(config) -> int | None:
+    """The positions a model covers, its RoPE scaling included (preflight/rope.py reach: Qwen2.5
+    adds YaRN x4 without raising max_position_embeddings); Gemma-3 scales its global layers'."""
+    positions = getattr(config, "max_position_embeddings", None)
+    scaling = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if isinstance(scaling, dict) and isinstance(scaling.get("full_attention"), dict):
+        scaling = scaling["full_attention"]
+    if not isinstance(scaling, dict) or scaling.get("rope_type", "default") == "default":
+        scaling = None
+    return reach(positions, scaling) if positions else None
+
+
 def within_positions(config, prompt_tokens: int, asked: int) -> int:
     """The new tokens a prompt leaves room for in the model's positions: past them transformers
     only warns, and an unbounded generate.max_new_tokens generated until it was killed."""
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = positions_of(config)
     if not positions or prompt_tokens + asked <= positions:
         return asked
     room = max(positions - prompt_tokens, 0)
@@ -98,6 +110,7 @@ def within_positions(config, prompt_tokens: int, asked: int) -> int:
     return room
 
 
+@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, chat: bool, sampling: Sampling, stop_ids: list[int], true_vocab: int | None = None, seed: int = 0) -> list[dict]:
     """One {prompt, completion, tokens, stopped} per prompt; `stopped`: ended at a turn-end token."""
     from transformers import LogitsProcessorList

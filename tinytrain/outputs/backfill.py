@@ -101,7 +101,8 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     for step, path in todo:
         try:
             saved = saved_run.load(str(path), out_dir)
-            rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens_at(run, step, path))
+            tokens = tokens_at(run, step, path)  # before scoring: the checkpoint may be pruned meanwhile
+            rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens)
         except (ConfigError, OSError):
             if path.exists():
                 raise

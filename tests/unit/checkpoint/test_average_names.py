@@ -67,10 +67,13 @@ def test_a_folder_the_average_cannot_be_written_to_is_named_before_any_weights_a
     from tinytrain.checkpoint.average import resolve_paths
     from tinytrain.errors import ConfigError
 
-    s4, s8 = (checkpoint(tmp_path / f"step000000{n}.ckpt", float(n)) for n in (4, 8))
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    s4, s8 = (checkpoint(folder / f"step000000{n}.ckpt", float(n)) for n in (4, 8))
     real = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode: False if os.fspath(path) == str(tmp_path) else real(path, mode))
-    with pytest.raises(ConfigError) as e:
-        resolve_paths([str(s4), str(s8)], None, tmp_path)
-    problem = e.value.problems[0]
-    assert problem.key == "checkpoint.average" and f"{tmp_path} is not writable" in problem.message and "make that folder writable" in problem.fix
+    monkeypatch.setattr(os, "access", lambda path, mode: False if os.fspath(path) == str(folder) else real(path, mode))
+    for listed, last in (([str(s4), str(s8)], None), ([], 2)):  # checkpoints=[...], checkpoint.average_last
+        with pytest.raises(ConfigError) as e:
+            resolve_paths(listed, last, tmp_path)
+        problem = e.value.problems[0]
+        assert problem.key == "checkpoint.average" and f"{folder} is not writable" in problem.message and "make that folder writable" in problem.fix

@@ -88,6 +88,7 @@ def test_a_temp_a_live_process_writes_is_kept_and_a_gone_one_s_removed(tmp_path)
     process, from an earlier attempt) leaves a temp to remove."""
     import os
     import subprocess
+    import time
 
     from tinytrain.checkpoint.resume import leftover_temp_files
 
@@ -97,8 +98,12 @@ def test_a_temp_a_live_process_writes_is_kept_and_a_gone_one_s_removed(tmp_path)
     try:
         names = {who: f"average-k2-step0000008.ckpt.tmp-{pid}" for who, pid in (("live", live.pid), ("gone", gone.pid), ("self", os.getpid()))}
         touch(tmp_path, *names.values())
+        # The live pid's, written an hour before that process started: a reused pid, not its writer.
+        reused = tmp_path / f"step0000008.ckpt.tmp-{live.pid}"
+        reused.write_bytes(b"half")
+        os.utime(reused, (time.time() - 3600, time.time() - 3600))
         removed = leftover_temp_files(tmp_path)
-        assert sorted(p.name for p in removed) == sorted([names["gone"], names["self"]])
+        assert sorted(p.name for p in removed) == sorted([names["gone"], names["self"], reused.name])
         assert [p.name for p in tmp_path.iterdir()] == [names["live"]]
     finally:
         live.kill()

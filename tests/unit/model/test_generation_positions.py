@@ -19,3 +19,15 @@ def test_a_generation_asked_for_more_than_the_positions_ends_at_them(bundled_tok
     assert f"{10**12} new tokens asked after a {prompt_tokens}-token prompt, and the model has 24 positions: {24 - prompt_tokens} generated" in caplog.text
     (within,) = generate(model, bundled_tokenizer, [prompt], chat=False, sampling=Sampling(max_new_tokens=3), stop_ids=[-1])
     assert within["tokens"] == 3
+
+
+def test_a_rope_scaled_model_generates_as_far_as_its_scaling_reaches():
+    """Qwen2.5's config adds YaRN x4 on 32768 without raising max_position_embeddings: capped at
+    32768, a 40k-token prompt got an empty completion."""
+    from transformers import Qwen2Config
+
+    from tinytrain.model.generation import positions_of, within_positions
+
+    yarn = Qwen2Config(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    assert positions_of(yarn) == 131072 and within_positions(yarn, 40000, 100) == 100
+    assert positions_of(Qwen2Config(max_position_embeddings=32768)) == 32768
