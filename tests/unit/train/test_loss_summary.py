@@ -42,3 +42,18 @@ def test_a_step_s_loss_is_the_mean_of_its_micro_batches():
             summary.on_before_optimizer_step(trainer, None, None)
         summary.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss / 2)}, None, i)
     assert summary.losses == pytest.approx([8.3, 5.5, 2.0]) and summary.last == 2.0
+
+
+def test_a_token_share_loss_is_read_as_this_rank_s_token_mean_as_the_logged_loss_is():
+    """Fine-tuning weighs a step by its trained tokens (train/callbacks/step_tokens.py): each micro
+    batch's loss is a sum over the step's token share, and the logged loss scales it by the step's
+    share over this rank's. The summary read the raw shares: on two ranks under accumulation 2 it
+    printed 4.7594 for a last step logged at 7.6852."""
+    from types import SimpleNamespace
+
+    summary = LossSummary()
+    trainer = SimpleNamespace(accumulate_grad_batches=2, strategy=None, model=None)
+    module = SimpleNamespace(loss_share=10.0, own_loss_share=4.0)  # this rank trained 4 of the step's 10 tokens per micro batch
+    for loss in (0.6, 0.4):
+        summary.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, 0)
+    assert summary.losses == pytest.approx([2.5])

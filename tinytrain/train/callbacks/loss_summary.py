@@ -26,9 +26,12 @@ class LossSummary(pl.Callback):
         self._micro_batches = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float().reshape(())
+        share = getattr(pl_module, "loss_share", None)
+        if share is not None:  # a sum over the step's token share: this rank's token mean, as the logged loss
+            loss = loss * (share / pl_module.own_loss_share)
         accumulation = trainer.accumulate_grad_batches if trainer is not None else 1
-        self._pending.append((self._micro_batches // accumulation, loss.detach().float().reshape(())))
+        self._pending.append((self._micro_batches // accumulation, loss))
         self._micro_batches += 1
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
