@@ -126,6 +126,7 @@ class RunPlan:
     stragglers: StragglerPlan | None = None  # how often ranks' forward times are compared, and the threshold (plan/stragglers.py)
     host: HostMemoryPlan | None = None  # host memory per node: the build, offloaded states, a CPU run's whole state (plan/host_memory.py)
     profile: str | None = None  # trainer.profile: the steps traced and where the trace goes (planner.profile_line)
+    padded_rows: bool = False  # instruction or preference data: rows padded to their batch's longest, counted at seq_len
 
     @property
     def on_gpu(self) -> bool:
@@ -179,6 +180,7 @@ class RunPlan:
             "world_size": self.world_size,
             "batch": {"micro_batch_size": b.micro_batch_size, "accumulate_grad_batches": b.accumulate_grad_batches, "global_batch_size": b.global_batch_size, "seq_len": b.seq_len},
             "tokens_per_step": b.tokens_per_step,
+            "tokens_padded": self.padded_rows,
             "batch_size_warmup": b.ramp and b.ramp.to_dict(self.max_steps),
             "max_steps": self.max_steps,
             "schedule": self.schedule and {**self.schedule.to_dict(), "stage": self.stage, "stage_start": self.stage_start, "stage_start_at": round(self.schedule.position(self.stage_start), 3)},
@@ -290,11 +292,12 @@ def batch_rows(preference: dict | None) -> str:
     return "pairs (each a chosen and a rejected sequence) of up to "
 
 
-def tokens_counted(preference: dict | None) -> str:
+def tokens_counted(preference: dict | None, padded: bool = False) -> str:
     """What the tokens line counts for a preference objective: one sequence per pair or example, not
-    the rows it runs (the step's compute counts them: plan/preference.py step_work)."""
+    the rows it runs (the step's compute counts them: plan/preference.py step_work); for instruction
+    data, rows of data.seq_len where each is padded only to its batch's longest."""
     if not preference:
-        return ""
+        return " (sequences x data.seq_len: an upper bound, each batch is padded only to its longest)" if padded else ""
     return " (examples x data.seq_len; each with its KL row)" if preference["name"] == "kto" else " (pairs x data.seq_len; each trains its chosen and rejected rows)"
 
 
@@ -307,7 +310,7 @@ def layout_lines(plan: dict) -> list[str]:
         f"batch      micro {b['micro_batch_size']} x accumulation {b['accumulate_grad_batches']} x dp {plan['parallel']['dp']} = {b['global_batch_size']} "
         + batch_rows(plan.get("preference"))
         + str(b["seq_len"]),
-        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps" + tokens_counted(plan.get("preference")),
+        f"tokens     {_human(plan['tokens_per_step'])} per step, {_human(plan['total_tokens'])} over {plan['max_steps']} steps" + tokens_counted(plan.get("preference"), plan.get("tokens_padded", False)),
     ]
     if plan.get("batch_size_warmup"):
         r = plan["batch_size_warmup"]

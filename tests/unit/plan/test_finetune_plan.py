@@ -64,3 +64,13 @@ def test_qlora_plans_on_a_cpu_with_a_4bit_base(base_7b, tmp_path, capsys):
     # 6.5B projection weights in NF4 (~0.52 B each) + the bf16 embeddings and fp32 adapters, against ~12.3 GiB in bf16.
     assert 3.0 < q["memory_per_gpu"]["params_gib"] < 3.6 and lora["memory_per_gpu"]["params_gib"] > 12
     assert "finetune   qlora: rank 16, alpha 32" in capsys.readouterr().out
+
+
+def test_the_tokens_line_of_instruction_data_says_its_rows_are_padded_only_to_their_batch(tmp_path, capsys):
+    """Counted as sequences x data.seq_len with no word of it: a smoke alpaca run trained 5,100
+    tokens where the line said 8.19k."""
+    sft = plan(["data=alpaca", "data.seq_len=256"], tmp_path / "sft")
+    assert sft["tokens_padded"] is True
+    assert " (sequences x data.seq_len: an upper bound, each batch is padded only to its longest)" in capsys.readouterr().out
+    text = plan([], tmp_path / "text")
+    assert text["tokens_padded"] is False and "upper bound" not in capsys.readouterr().out
