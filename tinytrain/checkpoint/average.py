@@ -22,7 +22,6 @@ the merged weights).
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from tinytrain.checkpoint.files import TEMP_MARK, fsync_directory, step_checkpoints, temp_path, temp_writer_alive
+from tinytrain.checkpoint.files import fsync_directory, step_checkpoints, temp_path, temp_siblings, temp_writer_alive
 from tinytrain.checkpoint.format import MODULE_PREFIX, module_weights, read
 from tinytrain.errors import ConfigError, Problem
 
@@ -196,7 +195,7 @@ def average_checkpoints(paths: list[Path], out: Path, consolidate) -> tuple[Path
         weights = mean_weights(sources)
         meta = {**sources[0].meta, "averaged": [str(s.path) for s in sources]}
         step = max(s.step for s in sources)
-    for stale in out.parent.glob(f"{glob.escape(out.name)}{TEMP_MARK}*"):  # a killed average's, model-sized
+    for stale in temp_siblings(out):  # a killed average's, model-sized
         if not temp_writer_alive(stale):
             log.warning("removed %s: an average that was interrupted", stale.name)
             stale.unlink(missing_ok=True)

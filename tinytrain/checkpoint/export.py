@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.disk_space import free_space, out_of_space
-from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports
+from tinytrain.checkpoint.export_target import export_dir_problems, interrupted_exports, model_files_missing
 from tinytrain.checkpoint.files import publish_directory, temp_path, temp_writer_alive
 from tinytrain.checkpoint.format import unpad_vocab, vocab_param_names
 from tinytrain.checkpoint.formats import format_of
-from tinytrain.checkpoint.weight_files import weight_problems
 from tinytrain.config.dtype import Dtype
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 
@@ -158,7 +157,7 @@ def export_folder(out_dir: Path):
         yield tmp
         # e.g. its folder removed under it by a process that took it for a killed export's (the
         # tokenizer's files vary with its kind: what generate and eval need of it is checked there)
-        missing = ([] if (tmp / "config.json").is_file() else ["config.json"]) + weight_problems(tmp)
+        missing = model_files_missing(tmp)
         if missing:
             raise ConfigError(Problem("export.dir", str(out_dir), f"the export written to {tmp.name} lacks {'; '.join(missing)}, so it was not published (what was at {out_dir.name} is unchanged)", "export again, with no other export into the same folder at the same time"))
         publish_directory(tmp, out_dir)

@@ -7,11 +7,10 @@ folder with config.json but no weights or tokenizer was cut short by a version t
 
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 
-from tinytrain.checkpoint.files import TEMP_MARK
+from tinytrain.checkpoint.files import temp_siblings
 from tinytrain.checkpoint.weight_files import weight_problems
 from tinytrain.errors import Problem
 
@@ -20,16 +19,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 def interrupted_exports(out_dir: Path) -> list[Path]:
     """Temp folders an export into `out_dir` left when it was killed (or a replaced export not yet deleted)."""
-    out_dir = Path(out_dir)
-    if not out_dir.parent.is_dir():
-        return []
-    return sorted(p for p in out_dir.parent.glob(f"{glob.escape(out_dir.name)}{TEMP_MARK}*") if p.is_dir())
+    return [p for p in temp_siblings(out_dir) if p.is_dir()]
+
+
+def model_files_missing(folder: Path) -> list[str]:
+    """What a Hugging Face folder lacks of the model itself: its config and whole weights."""
+    return ([] if (folder / "config.json").is_file() else ["config.json"]) + weight_problems(folder)
 
 
 def incomplete(folder: Path) -> list[str]:
     """What a Hugging Face folder lacks to serve as a model ([] when complete)."""
-    missing = [] if (folder / "config.json").is_file() else ["config.json"]
-    missing += weight_problems(folder)
+    missing = model_files_missing(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         missing.append("a tokenizer (tokenizer.json or tokenizer.model)")
     return missing

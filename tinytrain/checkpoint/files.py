@@ -3,18 +3,22 @@
 A checkpoint is written under a temp name in its own folder (`<name>.tmp-<pid>`) and renamed onto
 its final name when complete (`os.replace` is atomic within one filesystem), then the folder is
 fsynced so the rename survives a crash. A file with a final name is therefore complete; a killed
-writer leaves only a temp file, which resume ignores and removes (not one whose writer still runs). Step checkpoints are named
-`step<N:07d>.ckpt` (a file, or a folder: formats.py knows each format).
+writer leaves only a temp file, which resume ignores and removes (not one whose writer still
+runs). Step checkpoints are named `step<N:07d>.ckpt` (a file, or a folder: formats.py knows each
+format).
 
 No Lightning here: `mode=plan` lists checkpoints to show what it would resume from.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
 from pathlib import Path
+
+from tinytrain.cluster.local_process import running, started_at
 
 TEMP_MARK = ".tmp-"
 TEMP_OWNER = re.compile(re.escape(TEMP_MARK) + r"(\d+)")
@@ -45,28 +49,22 @@ def temp_writer_alive(path: Path) -> bool:
     if m is None or int(m.group(1)) == os.getpid():
         return False
     pid = int(m.group(1))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not running(pid):
         return False
-    except PermissionError:  # another user's live process
-        pass
     try:
         written = path.stat().st_mtime
     except OSError:
         return False
-    started = process_start(pid)
+    started = started_at(pid)
     return started is None or started <= written + 2  # btime is whole seconds
 
 
-def process_start(pid: int) -> float | None:
-    """When a process started (epoch seconds, from /proc); None where that cannot be read."""
-    try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+def temp_siblings(final: Path) -> list[Path]:
+    """The temp files and folders written for `final` beside it (`<name>.tmp-<pid>...`), any writer's."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    return sorted(final.parent.glob(f"{glob.escape(final.name)}{TEMP_MARK}*"))
 
 
 def fsync_directory(directory: Path) -> None:

@@ -88,6 +88,8 @@ def running_here(run_dir: Path) -> bool:
     import re
     import socket
 
+    from tinytrain.cluster.local_process import running
+
     try:
         named = re.search(HOLDER, (run_dir / LOCK_NAME).read_text())
     except OSError:
@@ -95,12 +97,8 @@ def running_here(run_dir: Path) -> bool:
     if not named or named.group(2) != socket.gethostname() or int(named.group(1)) == os.getpid():
         return False
     pid = int(named.group(1))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not running(pid):
         return False
-    except PermissionError:
-        pass  # alive, another user's
     try:  # a killed holder's pid taken by another program since
         return b"tinytrain" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:

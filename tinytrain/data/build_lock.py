@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tinytrain.cluster.local_process import running
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
@@ -118,12 +120,4 @@ def _dead_here(token: str) -> bool:
     """Whether the marker's owner ran on this host and its process no longer exists."""
     host, _, rest = token.partition(":")
     pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return host == socket.gethostname() and pid.isdigit() and not running(int(pid))
