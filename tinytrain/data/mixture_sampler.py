@@ -39,7 +39,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from tinytrain.data.sample_index import EpochOrders
-from tinytrain.data.sampler import pass_span
+from tinytrain.data.sampler import pass_span, rank_batches_left
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +205,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
 
     def pass_remaining(self) -> int:
         """Batches this rank has left in the pass its next iteration continues (0: a new pass starts)."""
-        new_pass, first, end = pass_span(self.consumed, self.epoch_batches, self.step_batches)
-        return 0 if new_pass else (end - first) // self.world
+        return rank_batches_left(self.consumed, self.epoch_batches, self.step_batches, self.world)
 
     def _step_start(self) -> int:
         """The stream's global batch where the optimizer step the next batch trained belongs to began."""

@@ -33,6 +33,12 @@ def pass_span(consumed: int, batches: int, world: int) -> tuple[bool, int, int]:
     return new_pass, first, first + (batches - first) // world * world
 
 
+def rank_batches_left(consumed: int, batches: int, step_batches: int, world: int) -> int:
+    """Batches each of `world` ranks has left in the pass pass_span continues (0: a new pass starts)."""
+    new_pass, first, end = pass_span(consumed, batches, step_batches)
+    return 0 if new_pass else (end - first) // world
+
+
 class ResumableBatchSampler(Sampler[list[int]]):
     def __init__(self, num_samples: int, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = True, lengths: Sequence[int] | None = None, orders: Callable[[int], np.ndarray] | None = None):
         """`orders(epoch)`: the epoch's permutation from elsewhere (sample_index.EpochOrders: written
@@ -141,8 +147,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
 
     def pass_remaining(self) -> int:
         """Batches this rank has left in the pass its next iteration continues (0: a new pass starts)."""
-        new_pass, first, end = pass_span(self.consumed, self.all_batches(), self.step_batches)
-        return 0 if new_pass else (end - first) // self.world
+        return rank_batches_left(self.consumed, self.all_batches(), self.step_batches, self.world)
 
     def _step_start(self) -> int:
         """The first global batch of the optimizer step the next batch trained belongs to: the

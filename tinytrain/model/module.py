@@ -68,6 +68,13 @@ def shows_step_loss(trainer) -> bool:
     return writes_metrics_row(trainer) or trainer.progress_bar_callback is not None or trainer.global_step + 1 >= trainer.max_steps
 
 
+def rank_token_mean(loss, module):
+    """A loss summed over the step's token share (fine-tuning, train/callbacks/step_tokens.py) as
+    this rank's token mean, what the loggers and the end-of-run summary show; other losses as they are."""
+    share = getattr(module, "loss_share", None)
+    return loss if share is None else loss * (share / module.own_loss_share)
+
+
 def rows(batch: dict) -> int:
     """The sequences in a batch (what `self.log` weighs a mean by)."""
     return int(batch["input_ids"].shape[0])
@@ -255,8 +262,7 @@ class CausalLMModule(pl.LightningModule):
             if row:  # averaged over the data-parallel ranks, as TRL gathers them (a collective each)
                 self.log_dict({k: v.float() if torch.is_tensor(v) else v for k, v in means.items()}, sync_dist=True, batch_size=rows(batch))
         step_loss = self.step_losses.add(step, {"loss": loss})["loss"]
-        if self.loss_share is not None:  # the micro batches' sums over the step's share: this rank's token mean
-            step_loss = step_loss * (self.loss_share / self.own_loss_share)
+        step_loss = rank_token_mean(step_loss, self)
         self.step_values = {"loss": step_loss}
         if shows_step_loss(self.trainer):
             self.log("loss", step_loss, prog_bar=True, batch_size=rows(batch))

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 
 from tinytrain.model.guard_report import accumulation_boundary
+from tinytrain.model.module import rank_token_mean
 
 
 class LossSummary(pl.Callback):
@@ -26,10 +27,7 @@ class LossSummary(pl.Callback):
         self._micro_batches = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float().reshape(())
-        share = getattr(pl_module, "loss_share", None)
-        if share is not None:  # a sum over the step's token share: this rank's token mean, as the logged loss
-            loss = loss * (share / pl_module.own_loss_share)
+        loss = rank_token_mean((outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float().reshape(()), pl_module)
         accumulation = trainer.accumulate_grad_batches if trainer is not None else 1
         self._pending.append((self._micro_batches // accumulation, loss))
         self._micro_batches += 1
