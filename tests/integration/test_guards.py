@@ -92,6 +92,16 @@ def test_skip_policy_skips_then_stops_after_too_many(tmp_path):
     assert all(torch.isfinite(v).all() for v in good["state_dict"].values())  # skipped steps changed nothing
 
 
+def test_a_run_ending_on_weights_gone_non_finite_fails_and_exports_nothing(tmp_path):
+    """lr=1e30: the first update makes the weights huge and every later step non-finite; with the
+    default three skips allowed, a 4-step run ended with exit 0, validation nan and an exported model."""
+    r = run_cli([*SMALL, "trainer.lr=1e30", "trainer.max_steps=4", "trainer.val_every_n_steps=2"], tmp_path / "run")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "training ended at step 4 on weights whose validation loss is nan; steps 2-4 were skipped" in r.stderr, r.stderr[-2000:]
+    assert "in or before the update of step 1" in r.stderr and "guard.nonfinite=stop" in r.stderr
+    assert (tmp_path / "run" / "checkpoints" / "final.ckpt").exists() and not (tmp_path / "run" / "hf_export").exists()
+
+
 def test_a_stopping_step_on_the_logging_interval_has_no_throughput_of_the_step_before(tmp_path):
     """The stopping step never finished: its row (written mid-step) had the last step's tokens_per_s."""
     nan_at_step_3 = lambda step, grad: grad * float("nan") if step == 3 else grad  # noqa: E731

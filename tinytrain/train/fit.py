@@ -148,6 +148,10 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
         wait_for_checkpoint = getattr(trainer.strategy, "wait_for_checkpoint", None)
         if wait_for_checkpoint is not None:
             wait_for_checkpoint()
+        val_now = trainer.callback_metrics.get("val_loss")
+        unusable = built.nonfinite.unusable_end(None if val_now is None else float(val_now), summary.last, trainer.global_step)
+        if unusable:
+            raise TrainingStopped(unusable)  # exit 3 before the export, the evals and the summary
         failed = False
     except Exception as e:
         dead = built.dead_rank.message

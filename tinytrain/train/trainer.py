@@ -180,6 +180,7 @@ class BuiltTrainer(NamedTuple):
     mixture: MixtureExhaustion | None  # data.exhaustion=stop over a mixture: which source ran out
     profiler: Profiler | None  # trainer.profile
     stragglers: Stragglers | None  # cluster.straggler_*: the ranks named slow
+    nonfinite: NonFiniteGuard  # whether the run ended on weights gone non-finite
 
 
 def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extra_callbacks=(), at_validation_end=(), validates_last_step=False, preemption=None, watched=None) -> BuiltTrainer:
@@ -204,6 +205,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     dead_rank = DeadRank(run_dir)
     mixture = mixture_callback(plan, train_sampler)
     stragglers = Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold) if plan.stragglers and plan.stragglers.enabled else None
+    guards = guard_callbacks(cfg, plan, run_dir)
     callbacks = [
         *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
         # First: a batch's beat is written before any other callback's work on it.
@@ -215,7 +217,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *([stragglers] if stragglers else []),
         *([ProgressLines(t.log_every_n_steps, plan.max_steps)] if t.progress_bar and not bar else []),
         summary,
-        *guard_callbacks(cfg, plan, run_dir),
+        *guards,
         *([DataPosition(train_sampler, context_parallel=cp)] if train_sampler is not None else []),
         AccumulationChange(b.accumulate_grad_batches, train_sampler),
         # After DataPosition: it looks ahead from the position that counts this step's batches.
@@ -254,4 +256,5 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         # The batch sampler shards by data-parallel rank itself (DataPosition.setup), resumably.
         use_distributed_sampler=False,
     )
-    return BuiltTrainer(trainer, throughput, summary, dead_rank, mixture, profiler, stragglers)
+    nonfinite = next(g for g in guards if isinstance(g, NonFiniteGuard))
+    return BuiltTrainer(trainer, throughput, summary, dead_rank, mixture, profiler, stragglers, nonfinite)

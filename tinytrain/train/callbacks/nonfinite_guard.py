@@ -14,6 +14,7 @@ parameter its gradient reaches is then a victim, not the cause.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -47,6 +48,7 @@ class NonFiniteGuard(pl.Callback):
         self.compiled = compiled
         self.consecutive = 0
         self.last_bad_parameter: str | None = None
+        self.streak_start = 0  # the first step of the current run of non-finite steps (counted from 1)
 
     def on_train_start(self, trainer, pl_module):
         if not self.compiled:
@@ -77,6 +79,8 @@ class NonFiniteGuard(pl.Callback):
         name = first_nonfinite_gradient(pl_module, self.order.names)
         self.last_bad_parameter = name
         self.consecutive += 1
+        if self.consecutive == 1:
+            self.streak_start = trainer.global_step + 1
         scale = current_loss_scale(trainer)
         # Counted as the progress lines and checkpoint names count (the step being trained, from 1);
         # its metrics.csv row is Lightning's step - 1.
@@ -100,8 +104,35 @@ class NonFiniteGuard(pl.Callback):
             for p in pl_module.parameters():
                 p.grad = None
 
+    def unusable_end(self, val_loss: float | None, last_loss: float | None, step: int) -> str | None:
+        """Why the weights a run ended on are not worth exporting, or None. The skip policy lets a
+        run go on past up to max_consecutive_skips non-finite steps; one whose last steps were
+        skipped because the weights themselves had gone bad ends there, its validation (or, with
+        none, its last training) loss non-finite."""
+        name, loss = ("validation", val_loss) if val_loss is not None else ("training", last_loss)
+        if loss is None or math.isfinite(loss):
+            return None
+        first = self.streak_start
+        if self.consecutive:
+            skipped = f"; steps {first}-{step} were skipped as non-finite (guard.max_consecutive_skips={self.max_skips} lets a run go on through that many in a row)"
+        else:
+            skipped = ""
+        if self.consecutive and first > 1:
+            good = f"the weights went bad in or before the update of step {first - 1}: resume from a step checkpoint older than that, where one is kept"
+        elif self.consecutive:
+            good = "the very first step was non-finite: check the initial weights (checkpoint.init_from) and the data"
+        else:
+            good = "an older step checkpoint, where one is kept, may hold good weights"
+        return (
+            f"tinytrain: training ended at step {step} on weights whose {name} loss is {loss:g}{skipped}. They are not usable, so nothing was exported; "
+            f"checkpoints/final.ckpt keeps them for inspection, and {good}. "
+            f"Fix: {self.USUAL_FIX} guard.nonfinite=stop stops at the first non-finite step, saving checkpoints/last_good.ckpt."
+        )
+
+    USUAL_FIX = "lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; in fp16 also see the loss-scale policy (precision.loss_scale.*)."
+
     def fix(self) -> str:
-        usual = "lower trainer.lr, keep trainer.grad_clip on, check the data of this step, or train in bf16/fp32; in fp16 also see the loss-scale policy (precision.loss_scale.*)."
+        usual = self.USUAL_FIX
         if self.loss is None or bool(torch.isfinite(self.loss).all()):
             return usual
         if self.loss_settings:
