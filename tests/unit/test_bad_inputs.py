@@ -267,6 +267,12 @@ CASES = {
     "unknown gpu": (["mode=plan", "hardware.gpu=V1000"], ["hardware.gpu='V1000'", "unknown GPU", "V100"]),
     # runtime guards
     "guard skips negative": (["mode=plan", "guard.max_consecutive_skips=-1"], ["guard.max_consecutive_skips=-1", ">= 0"]),
+    "loader workers beyond any node": (["mode=plan", "data.num_workers=100000"], ["data.num_workers=100000", "on every rank", "data.num_workers=4"]),
+    "tokenize workers beyond any node": (["mode=plan", "data.tokenize_workers=1000"], ["data.tokenize_workers=1000", "null (one per core)"]),
+    "rms norm eps infinite": (["mode=plan", "model.rms_norm_eps=inf"], ["model.rms_norm_eps=inf", "positive and finite"]),
+    "rms norm eps huge": (["mode=plan", "model.rms_norm_eps=1e3"], ["model.rms_norm_eps=1000.0", "1e-5 or 1e-6"]),
+    "rope theta infinite": (["mode=plan", "model.rope_theta=inf"], ["model.rope_theta=inf", "positive and finite"]),
+    "precision value set by hand": (["mode=plan", "precision.value=16-mixed"], ["precision.value='16-mixed'", "precision=bf16|fp16|fp32|auto"]),
     "guard halvings zero": (["mode=plan", "guard.loss_scale_halvings=0"], ["guard.loss_scale_halvings=0", ">= 1"]),
     "guard spike factor below one": (["mode=plan", "guard.grad_spike_factor=0.5"], ["guard.grad_spike_factor=0.5", "above 1"]),
     "guard spike warmup negative": (["mode=plan", "guard.grad_spike_warmup=-1"], ["guard.grad_spike_warmup=-1", ">= 0"]),

@@ -7,6 +7,8 @@ tensor-parallel plan is read from the built model, not from here (model/tensor_p
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from tinytrain.config.schema import Arch, ModelConfig
@@ -89,6 +91,7 @@ def tp_problems(base_model_tp_plan: dict | None, family_name: str) -> list[Probl
     return []
 
 
+MAX_NORM_EPS = 1e-2  # published Llama-family models use 1e-5 or 1e-6
 DEFAULT_MODEL = ModelConfig()  # model=tiny: the example values in fixes
 # Model sizes that must be positive; checked first, since the divisibility checks divide by them.
 POSITIVE_MODEL_SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
@@ -102,8 +105,12 @@ def model_problems(cfg) -> list[Problem]:
         if getattr(m, key) < 1
     ]
     for key in ("rope_theta", "rms_norm_eps", "initializer_range"):
-        if not getattr(m, key) > 0:
-            problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
+        if not (getattr(m, key) > 0 and math.isfinite(getattr(m, key))):
+            problems.append(Problem(f"model.{key}", getattr(m, key), "must be positive and finite", f"use e.g. model.{key}={getattr(DEFAULT_MODEL, key)}"))
+    if m.rms_norm_eps > MAX_NORM_EPS and math.isfinite(m.rms_norm_eps):
+        # RMSNorm divides by sqrt(mean(x^2) + eps): an eps far above the activations' mean square
+        # (about 1 at initialization) scales every normalized output toward zero, silently.
+        problems.append(Problem("model.rms_norm_eps", m.rms_norm_eps, f"is above {MAX_NORM_EPS:g}: RMSNorm adds it to the activations' mean square (about 1), so it would shrink every normalized output", "use the model's published value (Llama: 1e-5 or 1e-6)"))
     if m.initializer_range > 1:  # transformers' config refuses it while building, after the plan
         problems.append(Problem("model.initializer_range", m.initializer_range, "must be at most 1 (the standard deviation of the initial weights; transformers refuses more)", f"use e.g. model.initializer_range={DEFAULT_MODEL.initializer_range}"))
     if problems:

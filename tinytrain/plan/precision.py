@@ -117,6 +117,10 @@ MAX_SCALE_POWER = 32
 def precision_problems(cfg) -> list[Problem]:
     ls = cfg.precision.loss_scale
     problems = []
+    if cfg.precision.value is not None:  # the plan's record of its decision: a value set here was never read
+        problems.append(
+            Problem("precision.value", cfg.precision.value, "is decided by the plan from precision.request and the GPU (config_resolved.yaml records it), not read", "choose the precision with precision=bf16|fp16|fp32|auto (precision.request), and leave precision.value unset")
+        )
     if not 0 <= ls.initial_scale_power <= MAX_SCALE_POWER:
         problems.append(Problem("precision.loss_scale.initial_scale_power", ls.initial_scale_power, f"must be between 0 and {MAX_SCALE_POWER} (the scale starts at 2^power)", "use 16 (the default), or 12 for fragile models"))
     for key in ("window", "hysteresis"):
