@@ -60,14 +60,16 @@ def test_a_refused_plan_leaves_the_trained_run_s_hydra_record_as_it_was(tmp_path
 
 
 def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
-    """Hydra writes .hydra/ before the lock is tried: a plan refused while a run trained there
-    replaced that run's record of how it was composed (mode=plan, trainer.lr=9)."""
+    """Hydra writes .hydra/ and opens tinytrain.log before the lock is tried: a plan refused while a
+    run trained there replaced that run's record of how it was composed (mode=plan, trainer.lr=9)
+    and appended its refusal to that run's log."""
     import socket
     import subprocess
     import sys
 
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- trainer.lr=1e-3\n")
+    (tmp_path / "tinytrain.log").write_text("the running run's log\n")
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "tinytrain"])  # a training run's process
     try:
         with hold(tmp_path, "train"):
@@ -79,6 +81,7 @@ def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
     assert r.returncode == 2 and "is in use by tinytrain mode=train" in r.stderr, r.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / ".hydra").iterdir()) == ["overrides.yaml"]
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.lr=1e-3\n"
+    assert (tmp_path / "tinytrain.log").read_text() == "the running run's log\n"  # the refusal is on stderr only
     # Its process gone (the line a killed holder leaves), the record is written again.
     from tinytrain.config.resolvers import running_here
 

@@ -80,6 +80,19 @@ def _hydra_record(mode: str, run_dir: str) -> str | None:
     return ".hydra"
 
 
+def _log_file(run_dir: str) -> str:
+    """hydra.job_logging's file: <run dir>/tinytrain.log, except for a rank-0 process launched into
+    a directory whose run is still running here (run_lock refuses it): its refusal would be
+    appended to that run's log. Other ranks of the running run log there (rank_logging.py)."""
+    from tinytrain.cluster.rank_logging import process_rank
+
+    if process_rank() == 0 and running_here(Path(run_dir)):
+        import os
+
+        return os.devnull
+    return str(Path(run_dir) / "tinytrain.log")
+
+
 def running_here(run_dir: Path) -> bool:
     """Whether the holder the run directory's lock file names is a live process on this machine
     (not this one): read, not locked, since a probe's own flock could make the holder's fail. A
@@ -126,6 +139,7 @@ def register_resolvers() -> None:
         "tt.slurm_tasks_per_node": _slurm_tasks_per_node,
         "tt.run_dir": _run_dir,
         "tt.hydra_record": _hydra_record,
+        "tt.log_file": _log_file,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -8,7 +8,6 @@ tensor-parallel plan is read from the built model, not from here (model/tensor_p
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from tinytrain.config.schema import Arch, ModelConfig
