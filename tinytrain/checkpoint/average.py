@@ -170,8 +170,8 @@ def resolve_paths(listed: list[str], last: int | None, run_dir: Path) -> list[Pa
         return writable_beside(newest_step_checkpoints(run_dir, last))
     if len(listed) < 2:
         raise ConfigError(Problem(KEY, list(listed), "needs two or more checkpoints to average", "checkpoints=[<run>/checkpoints/step0000800.ckpt,<run>/checkpoints/step0000900.ckpt], or checkpoint.average_last=<k> with run.name=<run>"))
-    paths = [Path(p) for p in listed]
-    missing = [str(p) for p in paths if not p.exists()]
+    paths = [Path(p).absolute() for p in listed]  # `step4.ckpt` typed in checkpoints/: its parent is that folder, not `.`
+    missing = [str(typed) for typed, p in zip(listed, paths) if not p.exists()]
     if missing:
         raise ConfigError(Problem(KEY, missing[0], "does not exist", "give checkpoint files or folders that exist"))
     return writable_beside(paths)

@@ -24,6 +24,7 @@ from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
 from tinytrain.checkpoint.remote_code import announce
 from tinytrain.checkpoint.resume import read_state
+from tinytrain.config.resolvers import ASSETS
 from tinytrain.config.schema import Config, DataFormat
 from tinytrain.data.tokenizer import fingerprint, load_from_config
 from tinytrain.errors import ConfigError, Problem, raise_if_any
@@ -70,7 +71,8 @@ def locate(value: str | None, run_dir: Path) -> Path:
         path = Path(value)
     if not path.exists():
         raise ConfigError(Problem(KEY, value, f"{path} does not exist", "give a checkpoint file or folder that exists; `final` and `last` are looked up in the run of hydra.run.dir (run.name=<run>)"))
-    return path
+    # `final.ckpt` (or `.`) typed inside checkpoints/ (or an export): its run is found from its parents.
+    return path.absolute()
 
 
 def load(value: str | None, run_dir: Path) -> SavedRun:
@@ -125,7 +127,7 @@ def run_config(path: Path):
     return run_paths(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)), recorded_cwd(path.parent))
 
 
-# Paths a run reads that a user types relative to where they run it.
+# Paths a run reads that a user types relative to where they run it (and data.sources[*].path).
 PATH_KEYS = ("model.pretrained", "tokenizer.path", "data.path", "data.val_path", "data.store", "checkpoint.init_from")
 
 
@@ -139,16 +141,37 @@ def recorded_cwd(run: Path) -> Path | None:
 
 
 def run_paths(train_cfg, cwd: Path | None):
-    """A relative path the run was given means one in the folder it ran in: an export or eval run
-    from elsewhere looked for models/base under its own folder (and tried the hub). Resolved there
-    where it exists there and not here; a hub id (org/name) exists in neither and stays."""
-    if cwd is None:
-        return train_cfg
+    """The files the run read, wherever this mode runs. A relative path means one in the folder the
+    run ran in: an eval from elsewhere scored a file of the same name in its own folder (another
+    corpus, silently), and an export looked for models/base under its own folder (then the hub). A
+    file of the package's assets is read from the package as installed now (a run records the
+    absolute path of the one that trained it; the tokenizer's fingerprint check still applies). A
+    hub id (org/name) is no file in either folder and stays."""
     for key in PATH_KEYS:
-        value = OmegaConf.select(train_cfg, key)
-        if isinstance(value, str) and value and not Path(value).is_absolute() and not Path(value).exists() and (cwd / value).exists():
-            OmegaConf.update(train_cfg, key, str(cwd / value))
+        _resolve(train_cfg, key, cwd)
+    for i in range(len(OmegaConf.select(train_cfg, "data.sources") or [])):
+        _resolve(train_cfg, f"data.sources[{i}].path", cwd)
     return train_cfg
+
+
+def _resolve(train_cfg, key: str, cwd: Path | None) -> None:
+    value = OmegaConf.select(train_cfg, key)
+    if not isinstance(value, str) or not value:
+        return
+    path = Path(value)
+    if not path.is_absolute():
+        if cwd is not None and (cwd / path).exists():
+            OmegaConf.update(train_cfg, key, str(cwd / path))
+        return
+    if path.exists():
+        return
+    parts = path.parts
+    starts = [i + 2 for i in range(len(parts) - 2) if parts[i : i + 2] == ASSET_FOLDER]  # tinytrain/assets/<file>
+    if starts and ASSETS.joinpath(*parts[starts[-1] :]).exists():
+        OmegaConf.update(train_cfg, key, str(ASSETS.joinpath(*parts[starts[-1] :])))
+
+
+ASSET_FOLDER = ("tinytrain", "assets")  # ${tt.asset:<file>}, recorded resolved
 
 
 def model_config(saved: SavedRun):
