@@ -57,9 +57,9 @@ def test_generate_from_checkpoint_and_export_agree(chat_run, tmp_path):
         r = run_cli(["mode=generate", f"checkpoint={source}", f"generate.prompts_file={prompts}", "generate.max_new_tokens=6", f"run.root={tmp_path / name}"], None)
         assert r.returncode == 0, r.stderr[-3000:]
         # Beside the checkpoint read, in its run; the invocation's new run folder, left with Hydra's
-        # record and the log alone, is removed (outputs/unused_run_dir.py).
+        # record and the log alone, is removed (outputs/unused_run_dir.py), with the run.root made for it.
         rows = [json.loads(line) for line in (chat_run / f"generations-{source.name.removesuffix('.ckpt')}.jsonl").read_text().splitlines()]
-        assert list((tmp_path / name).iterdir()) == []
+        assert not (tmp_path / name).exists()
         assert [row["prompt"] for row in rows] == ["What is a list?", "How do I sort?"] and all(row["chat"] for row in rows)
         outputs.append([(row["completion"], row["tokens"]) for row in rows])
     assert outputs[0] == outputs[1]

@@ -9,7 +9,7 @@ import difflib
 import math
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.config import CONF_DIR
 from tinytrain.config.resolvers import run_name_problem
@@ -49,6 +49,23 @@ def experiment_problems() -> list[Problem]:
     if choice not in (None, "null") and choice not in options:
         return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add experiment/<name>.yaml to tinytrain/conf/ or to your own --config-dir")]
     return []
+
+
+# Keys naming files or folders (besides run.root, refused in hydra.run.dir's resolver).
+PATH_KEYS = ("model.pretrained", "tokenizer.path", "data.path", "data.val_path", "data.store", "data.cache_dir", "checkpoint.path", "checkpoint.init_from", "export.dir", "generate.prompts_file", "resume")
+
+
+def home_path_problems(cfg) -> list[Problem]:
+    """`~` reaches tinytrain unexpanded (no shell between; Hydra keeps it): a quoted '~/data' was
+    looked for, or written, in a folder named `~` of the current one."""
+    named = [(key, OmegaConf.select(cfg, key)) for key in PATH_KEYS]
+    named += [(f"data.sources[{i}].path", source.get("path")) for i, source in enumerate(cfg.data.sources or [])]
+    named += [(f"checkpoint.average[{i}]", path) for i, path in enumerate(cfg.checkpoint.average or [])]
+    return [
+        Problem(key, value, "starts with '~', which nothing expands here (it would name a folder called '~' in the current one)", f"write the home folder out: {key}=${{oc.env:HOME}}{value[1:]} (or an absolute path)")
+        for key, value in named
+        if isinstance(value, str) and value.startswith("~")
+    ]
 
 
 def run_name_problems(cfg) -> list[Problem]:

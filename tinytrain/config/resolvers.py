@@ -46,9 +46,21 @@ def _run_dir(root: str, name: str) -> str:
     problem = run_name_problem(str(name))
     if problem:
         raise ConfigError(problem)
+    if str(root).startswith("~"):
+        raise ConfigError(Problem("run.root", str(root), "starts with '~', which nothing expands here: the runs would go to a folder named '~' in the current one", "write the home folder out: run.root=${oc.env:HOME}/runs (or an absolute path)"))
     path = f"{root}/{name}"
-    FOUND_BEFORE.setdefault(str(Path(path).resolve()), Path(path).exists())
+    key = str(Path(path).resolve())
+    if key not in FOUND_BEFORE:
+        FOUND_BEFORE[key] = Path(path).exists()
+        missing = [p for p in Path(key).parents if not p.exists()]
+        if missing:
+            MADE_ABOVE[key] = missing[-1]
     return path
+
+
+# Each run directory -> the topmost of its parents Hydra creates with it (run.root on first use, a
+# run.name's sub-folders): removed with an unused run directory where left empty.
+MADE_ABOVE: dict[str, Path] = {}
 
 
 LOCK_NAME = ".tinytrain.lock"  # the run directory's lock (checkpoint/run_lock.py)

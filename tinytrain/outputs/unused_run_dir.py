@@ -13,7 +13,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from tinytrain.config.resolvers import FOUND_BEFORE, LOCK_NAME
+from tinytrain.config.resolvers import FOUND_BEFORE, LOCK_NAME, MADE_ABOVE
 
 # What Hydra and the lock put in every run directory; anything else is a mode's output.
 BOOKKEEPING = {".hydra", "tinytrain.log", LOCK_NAME}
@@ -30,4 +30,13 @@ def remove_if_unused(run_dir: Path) -> bool:
     # The log's handler still has tinytrain.log open: its later lines go nowhere, as intended.
     logging.getLogger("tinytrain").debug("removing %s: this command wrote nothing there", run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
+    top = MADE_ABOVE.get(key)
+    if top is not None:  # the parents created with it (runs/, a run.name's folders), while empty
+        for parent in Path(key).parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            if parent == top:
+                break
     return True

@@ -8,6 +8,7 @@ from pathlib import Path
 from tinytrain.checkpoint.export_target import export_dir_problems, export_folder_problems
 from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.remote_code import remote_code_problems
+from tinytrain.config.checks import home_path_problems
 from tinytrain.config.generate_checks import sampling_problems
 from tinytrain.config.schema import Mode
 from tinytrain.errors import ConfigError, Problem
@@ -26,6 +27,9 @@ def problems(cfg, run_dir: Path, data_overridden: bool = False) -> list[Problem]
         from tinytrain.plan.layout import cluster_problems
 
         return cluster_problems(cfg) + health_problems(cfg)
+    home = home_path_problems(cfg)
+    if home:  # each path is read or written under a folder called '~'
+        return home
     # mode=average names its checkpoints in checkpoint.average (outputs/average.py checks them).
     found = [] if cfg.mode == Mode.average else source_problems(cfg, run_dir)
     if cfg.mode == Mode.generate:

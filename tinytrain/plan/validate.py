@@ -17,6 +17,7 @@ from tinytrain.config.checks import (
     checkpoint_path_problems,
     experiment_problems,
     guard_problems,
+    home_path_problems,
     run_name_problems,
     trainer_problems,
     unknown_key_problems,
@@ -47,6 +48,7 @@ def validate(cfg) -> None:
         unknown_key_problems(cfg)
         + experiment_problems()
         + run_name_problems(cfg)
+        + home_path_problems(cfg)
         + model_problems(cfg)
         + tp_model_problems(cfg)
         + pretrained_path_problems(cfg.model.pretrained)

@@ -1,0 +1,24 @@
+"""A command that made its run directory and wrote nothing there removes it, and the parents Hydra
+made with it (run.root on first use, a run.name's sub-folders), leaving no empty runs/ behind."""
+
+from tinytrain.config.resolvers import _run_dir
+from tinytrain.outputs.unused_run_dir import remove_if_unused
+
+
+def test_the_parents_made_with_an_unused_run_directory_go_with_it(tmp_path):
+    kept = tmp_path / "project"
+    kept.mkdir()
+    run_dir = type(kept)(_run_dir(str(kept / "runs"), "sweep/child"))
+    run_dir.mkdir(parents=True)
+    (run_dir / "tinytrain.log").write_text("refused\n")
+    assert remove_if_unused(run_dir)
+    assert list(kept.iterdir()) == []  # runs/ and runs/sweep were made for it
+
+
+def test_a_parent_holding_another_run_stays(tmp_path):
+    root = tmp_path / "runs"
+    run_dir = type(root)(_run_dir(str(root), "sweep/child"))
+    run_dir.mkdir(parents=True)
+    (root / "other").mkdir()  # another run, made since
+    assert remove_if_unused(run_dir)
+    assert sorted(p.name for p in root.iterdir()) == ["other"]
