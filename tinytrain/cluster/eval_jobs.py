@@ -52,7 +52,7 @@ def render(cfg, *, run_dir: Path, step: int, workdir: Path, python: str = sys.ex
         *([f"--partition={c.partition}"] if c.partition else []),
         *([f"--account={c.account}"] if c.account else []),
     ]
-    command = " ".join(shlex.quote(a) for a in [python, "-m", "tinytrain", "mode=eval", f"checkpoint.path={run_dir}", f"eval.step={step}", f"hydra.run.dir={folder}/step{step:07d}"])
+    command = " ".join(shlex.quote(a) for a in [python, "-m", "tinytrain", "mode=eval", f"checkpoint.path={slurm_values.hydra_value(str(run_dir))}", f"eval.step={step}", f"hydra.run.dir={slurm_values.hydra_value(f'{folder}/step{step:07d}')}"])
     failed = shlex.quote(str(folder / f"step{step:07d}.failed"))
     return "\n".join(
         [

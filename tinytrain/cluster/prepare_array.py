@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from tinytrain.cluster.sbatch import SCRIPT_NAME, check_script_values, training_overrides
-from tinytrain.cluster.slurm_values import comment_safe
+from tinytrain.cluster.slurm_values import comment_safe, hydra_value
 
 PREPARE_NAME = "prepare.sbatch"
 SUBMIT_NAME = "submit.sh"
@@ -65,10 +65,19 @@ def render_prepare(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, p
             "export PYTHONUNBUFFERED=1",
             'part="${SLURM_ARRAY_TASK_ID:?prepare.sbatch runs as a Slurm array task}"',
             'echo "job ${SLURM_ARRAY_JOB_ID}_${part} on ${SLURM_JOB_NODELIST}: part ${part}, restart ${SLURM_RESTART_COUNT:-0}, $(date)"',
-            f'srun --kill-on-bad-exit=1 {command} "data.prepare_part=${{part}}" {shlex.quote(f"hydra.run.dir={logs}/part-")}"${{part}}"',
+            f'srun --kill-on-bad-exit=1 {command} "data.prepare_part=${{part}}" {part_run_dir(logs)}',
             "",
         ]
     )
+
+
+def part_run_dir(logs: Path) -> str:
+    """`hydra.run.dir=<logs>/part-<task id>` as one shell word: the folder quoted for Hydra (where it
+    needs quotes) and for the shell, the array task's id expanded by the shell inside Hydra's quotes."""
+    quoted = hydra_value(f"{logs}/part-")
+    if quoted.endswith("'"):  # Hydra's closing quote goes after the task id
+        return shlex.quote(f"hydra.run.dir={quoted[:-1]}") + '"${part}"' + shlex.quote("'")
+    return shlex.quote(f"hydra.run.dir={quoted}") + '"${part}"'
 
 
 def render_submit(run_dir: Path, parts: int) -> str:

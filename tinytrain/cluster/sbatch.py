@@ -94,7 +94,7 @@ def render(cfg, *, overrides: list[str], run_dir: Path, workdir: Path, python: s
     comment with the --mem that asks for it (not set: a partition's default may be all of a node)."""
     c = cfg.cluster
     run_dir = run_dir.resolve()
-    args = [*training_overrides(overrides), f"hydra.run.dir={run_dir}"]
+    args = [*training_overrides(overrides), f"hydra.run.dir={slurm_values.hydra_value(str(run_dir))}"]
     directives = [
         f"--job-name={cfg.run.name}",
         f"--nodes={c.nodes}",

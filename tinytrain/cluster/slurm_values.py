@@ -105,3 +105,18 @@ def script_value_problems(cfg, overrides: list[str], run_dir: str, workdir: str)
         + path_problems("working directory", workdir, "run mode=sbatch from a folder whose path has no spaces, quotes or control characters (the job starts there)")
     )
     return problems + override_problems(overrides, {p.key for p in problems})
+
+
+# A value Hydra's override grammar reads as it is, unquoted (a path of these characters).
+HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_./+\-:@%]*")
+
+
+def hydra_value(value: str) -> str:
+    """`value` as Hydra's command-line grammar reads it back unchanged: quoted where it holds `=`,
+    `,`, spaces, brackets or quotes (`hydra.run.dir=runs/v=2` was refused when the job started).
+    Inside quotes Hydra unescapes a backslash only before a quote or at the end."""
+    if HYDRA_PLAIN.fullmatch(value):
+        return value
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+    return f"'{escaped}'"
+

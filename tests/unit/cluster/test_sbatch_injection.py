@@ -180,3 +180,35 @@ def test_the_prepare_array_script_is_refused_like_the_job(tmp_path):
     with pytest.raises(ConfigError, match="cluster.account"):
         prepare_array.write(compose(overrides), overrides, tmp_path)
     assert not (tmp_path / prepare_array.PREPARE_NAME).exists()
+
+
+def parsed_override(word: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(word).value()
+
+
+def test_a_run_directory_with_hydra_s_own_characters_reaches_the_job_as_itself(stubs, tmp_path):
+    """run.name='v=2' (or 'sb,2'): the job's `hydra.run.dir=<...>/v=2` was refused by Hydra's parser
+    when it started, after its wait in the queue; the prepare array's parts the same."""
+    from tinytrain.cluster import prepare_array
+
+    text = tmp_path / "docs.txt"
+    text.write_text("One document.\n\nAnother.\n")
+    overrides = [*BASE, "data=text", f"data.path={text}", "data.prepare_parts=2"]
+    cfg = compose(overrides)
+    run_dir = tmp_path / "v=2,sb"
+    run_dir.mkdir()
+    argv = run_script(sbatch.write(cfg, overrides, run_dir), stubs, tmp_path)
+    assert parsed_override(argv[-1]) == str(run_dir.resolve())
+    prepare_array.write(cfg, overrides, run_dir)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "ARGV_FILE": str(tmp_path / "argv"), "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_JOB_ID": "9", "SLURM_JOB_NODELIST": "node1"}
+    done = subprocess.run(["bash", str(run_dir / prepare_array.PREPARE_NAME)], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
+    assert parsed_override(argv[-1]) == str(run_dir.resolve() / "prepare" / "part-1")
+
+
+@pytest.mark.parametrize("value", ["/runs/plain-2026_12.01", "/runs/v=2", "/runs/a,b", "/runs/it's", "/runs/[x]", "/runs/back\\", "/runs/b\\'c", "/runs/é"])
+def test_hydra_values_read_back_unchanged(value):
+    assert parsed_override(f"hydra.run.dir={slurm_values.hydra_value(value)}") == value
