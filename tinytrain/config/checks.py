@@ -44,8 +44,7 @@ def experiment_problems() -> list[Problem]:
     if not HydraConfig.initialized():
         return []
     choice = HydraConfig.get().runtime.choices.get("experiment")
-    folder = CONF_DIR / "experiment"
-    options = sorted(p.stem for p in folder.glob("*.yaml"))
+    options = experiment_options()
     if choice not in (None, "null") and choice not in options:
         return [Problem("experiment", choice, f"no such option in config group 'experiment' (available: {', '.join(options)})", "pick one of those, or add experiment/<name>.yaml to tinytrain/conf/ or to your own --config-dir")]
     return []
@@ -66,6 +65,16 @@ def home_path_problems(cfg) -> list[Problem]:
         for key, value in named
         if isinstance(value, str) and value.startswith("~")
     ]
+
+
+def experiment_options() -> list[str]:
+    """The experiment group's options on Hydra's search path: the package's and those of a user's
+    --config-dir or hydra.searchpath (a glob of the package's folder alone refused the user's own)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return sorted(GlobalHydra.instance().config_loader().get_group_options("experiment"))
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 def run_name_problems(cfg) -> list[Problem]:
