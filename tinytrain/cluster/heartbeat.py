@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tinytrain.cluster import rank_logging
+
 log = logging.getLogger(__name__)
 
 # Every phase a rank can be in; plan/watchdog.py gives each its limit. "done": finished, not watched.
@@ -47,10 +49,10 @@ def global_rank(devices_per_node: int, env=os.environ) -> int:
     """This process's rank in the world, before any process group: torchrun and srun say it
     (RANK, SLURM_PROCID); Lightning's own launcher says only LOCAL_RANK (absent in the process it
     starts from) and the node's NODE_RANK."""
-    for variable in ("RANK", "SLURM_PROCID"):
-        if variable in env:
-            return int(env[variable])
-    return int(env.get("NODE_RANK", 0)) * devices_per_node + int(env.get("LOCAL_RANK", 0))
+    for variable, companion in rank_logging.RANK_VARIABLES[:2]:
+        if variable in env and companion in env:
+            return rank_logging.rank_value(variable, env[variable])
+    return int(env.get("NODE_RANK", 0)) * devices_per_node + rank_logging.process_rank(env)
 
 
 def folder(run_dir: Path, attempt: str) -> Path:

@@ -11,15 +11,27 @@ import logging
 import os
 import sys
 
-# Set by torchrun / Lightning's DDP launcher / srun before the process starts.
-RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK")
+# Set by torchrun (RANK), srun (SLURM_PROCID) and Lightning's DDP launcher (LOCAL_RANK, in the
+# processes it starts), each beside the variable its launcher always sets with it. One alone is a
+# stray in the user's shell (`export LOCAL_RANK=$SLURM_LOCALID` outside srun): read as this
+# process's rank it made tinytrain act as rank 1 (no plan.json, no metrics.csv, no lock) while
+# Lightning trained as rank 0.
+RANK_VARIABLES = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"), ("LOCAL_RANK", "WORLD_SIZE"))
 
 
-def process_rank() -> int:
-    for var in RANK_VARIABLES:
-        if var in os.environ:
-            return int(os.environ[var])
+def process_rank(env=os.environ) -> int:
+    for var, companion in RANK_VARIABLES:
+        if var in env and companion in env:
+            return rank_value(var, env[var])
     return 0
+
+
+def rank_value(var: str, value: str) -> int:
+    if not value.strip().isdigit():
+        from tinytrain.errors import ConfigError, Problem
+
+        raise ConfigError(Problem(var, value, "is not a rank (a whole number from 0), yet its launcher's companion variable is set", f"unset {var} where no launcher starts this process (srun, torchrun, Lightning set it themselves)"))
+    return int(value)
 
 
 def configure(rank: int) -> None:

@@ -24,13 +24,38 @@ def root_handler():
     logging.captureWarnings(False)
 
 
-@pytest.mark.parametrize(("env", "rank"), [({}, 0), ({"LOCAL_RANK": "1"}, 1), ({"SLURM_PROCID": "3", "LOCAL_RANK": "1"}, 3), ({"RANK": "5", "SLURM_PROCID": "3"}, 5)])
+LAUNCHED = {"WORLD_SIZE": "8", "SLURM_NTASKS": "8"}
+
+
+@pytest.mark.parametrize(
+    ("env", "rank"),
+    [
+        ({}, 0),
+        ({"LOCAL_RANK": "1", **LAUNCHED}, 1),
+        ({"SLURM_PROCID": "3", "LOCAL_RANK": "1", **LAUNCHED}, 3),
+        ({"RANK": "5", "SLURM_PROCID": "3", **LAUNCHED}, 5),
+        # Strays in a user's shell, no launcher beside them: Lightning trains as rank 0, and so must tinytrain.
+        ({"RANK": "1"}, 0),
+        ({"LOCAL_RANK": "2"}, 0),
+        ({"SLURM_PROCID": "1", "WORLD_SIZE": "2"}, 0),
+        ({"LOCAL_RANK": ""}, 0),
+    ],
+)
 def test_process_rank(monkeypatch, env, rank):
-    for var in rank_logging.RANK_VARIABLES:
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert rank_logging.process_rank() == rank
+
+
+def test_a_rank_that_is_no_number_is_named(monkeypatch):
+    from tinytrain.errors import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "")  # export LOCAL_RANK=$SLURM_LOCALID outside srun
+    with pytest.raises(ConfigError, match="LOCAL_RANK='': is not a rank"):
+        rank_logging.process_rank()
 
 
 def test_rank_zero_keeps_every_line(root_handler):

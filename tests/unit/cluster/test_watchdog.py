@@ -93,9 +93,9 @@ def test_the_attempt_is_named_by_slurm_or_torchrun_or_made_up_once():
 
 
 def test_each_process_knows_its_rank_in_the_world_before_any_process_group():
-    assert heartbeat.global_rank(8, {"RANK": "13", "LOCAL_RANK": "5"}) == 13  # torchrun
-    assert heartbeat.global_rank(8, {"SLURM_PROCID": "9"}) == 9  # srun
-    assert heartbeat.global_rank(8, {"NODE_RANK": "1", "LOCAL_RANK": "3"}) == 11  # Lightning's launcher, second node
+    assert heartbeat.global_rank(8, {"RANK": "13", "LOCAL_RANK": "5", "WORLD_SIZE": "16"}) == 13  # torchrun
+    assert heartbeat.global_rank(8, {"SLURM_PROCID": "9", "SLURM_NTASKS": "16"}) == 9  # srun
+    assert heartbeat.global_rank(8, {"NODE_RANK": "1", "LOCAL_RANK": "3", "WORLD_SIZE": "16"}) == 11  # Lightning's launcher, second node
     assert heartbeat.global_rank(8, {"NODE_RANK": "1"}) == 8  # the process that launches that node's ranks
     assert heartbeat.global_rank(8, {}) == 0
 
