@@ -73,10 +73,22 @@ def leftover_temp_files(checkpoint_dir: Path) -> list[Path]:
     return removed
 
 
+def will_resume(cfg) -> bool:
+    """Whether this training run continues from a checkpoint: resume=<path>, or resume=auto with a
+    step checkpoint in the run directory (the planner decides which, and whether it loads)."""
+    if cfg.mode != Mode.train or cfg.resume == "never":
+        return False
+    if cfg.resume != "auto":
+        return True
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and bool(step_checkpoints(Path(HydraConfig.get().runtime.output_dir) / "checkpoints"))
+
+
 def checkpoint_problems(cfg) -> list[Problem]:
     problems = []
     path = cfg.checkpoint.init_from
-    if path and not is_checkpoint(path):
+    if path and not is_checkpoint(path) and not will_resume(cfg):  # a resume does not read it (the planner says when it must)
         problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp or DeepSpeed run's .ckpt folder) from a tinytrain run's checkpoints/ folder"))
     last = cfg.checkpoint.average_last
     if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):

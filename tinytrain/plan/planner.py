@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
+from tinytrain.checkpoint.formats import is_checkpoint
 from tinytrain.cluster.node_memory import node_memory
 from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
@@ -76,13 +77,19 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     if cp > 1:
         raise_if_any(context_plan.attention_problems(cp, context_plan.choose_kind(cfg, cp)[0], model.attention.implementation, model.fam.arch.value, softcap=not model.fam.sdpa, cp_reason=cp_reason))
     batch = laid_out_batch(cfg, world, cp, cp_reason)
-    init_from = init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
     resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    # A resume continues from its own checkpoint: an init_from since pruned or moved (a requeued
+    # fine-tune whose base run kept only its newest) is not read, unless its weights are rebuilt
+    # (a LoRA base, a DPO reference: init_from_needed below).
+    gone = resume is not None and bool(cfg.checkpoint.init_from) and not is_checkpoint(cfg.checkpoint.init_from)
+    init_from = None if gone else init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
     profile_window_problem(cfg.trainer, resumed_at=resume.step if resume else 0)
     optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
     state = state_stage(cfg, model, tokenizer, vocab, preflight, init_from, precision, world)
+    if gone:
+        init_from_needed(cfg, resume, state)
     if adapters_changed := finetune_change_problem(resume, state.adapters):
         raise ConfigError(adapters_changed)
     fit = fit_stage(cfg, model, state, batch, world, cp, cp_reason, hardware, precision)
@@ -224,6 +231,29 @@ class StateStage:
     optimizer: object  # optimizer.OptimizerPlan
     preference: object | None  # preference.PreferencePlan
     states: object  # memory.ModelStates per GPU
+
+
+def init_from_needed(cfg, resume, state) -> None:
+    """A resumed run rebuilds a LoRA run's frozen base and a DPO/IPO reference from
+    checkpoint.init_from (train/fit.py build_module), and finds precomputed reference log-probs by
+    its identity: those need the file still."""
+    pref = state.preference
+    if state.adapters:
+        rebuilt = "the frozen base of its adapters built from it"
+    elif pref is not None and pref.frozen_copy:
+        rebuilt = "its frozen reference model built from it"
+    elif pref is not None and pref.precomputed:
+        rebuilt = "its cached reference log-probs found by that file's identity"
+    else:
+        return
+    raise ConfigError(
+        Problem(
+            "checkpoint.init_from",
+            cfg.checkpoint.init_from,
+            f"no such checkpoint file, and the run resumes from step {resume.step} with {rebuilt}",
+            "restore that checkpoint where it was (the weights the run started from), or point checkpoint.init_from at a copy of it",
+        )
+    )
 
 
 def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, precision, world: int) -> StateStage:
