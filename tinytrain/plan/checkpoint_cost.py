@@ -57,7 +57,8 @@ class CheckpointPlan:
     largest_rank_bytes: int = 0  # the largest part one rank writes
     save_host_bytes: int = 0  # host memory one rank needs at most while saving
     gathered_host_bytes: int = 0  # what gathering the state on rank 0 would need instead
-    disk_needed_bytes: int = 0  # keep_last + 1 checkpoints (the newest is written before the oldest goes)
+    disk_needed_bytes: int = 0  # keep_last + 1 checkpoints (the newest is written before the oldest goes) + end_bytes
+    end_bytes: int = 0  # what the run's end writes beside them: the export, DeepSpeed's consolidated weights
     free_bytes: int | None = None  # at run.root (None: could not be measured)
     save_seconds: float = 0.0  # one save at write_gbps
     between_saves_seconds: float | None = None  # trainer.checkpoint_every_n_steps steps at ASSUMED_MFU (None: no peak for this hardware)
@@ -113,6 +114,17 @@ def existing_bytes(checkpoint_dir: Path) -> int:
     return total
 
 
+def end_of_run_bytes(cfg, strategy: Strategy, *, params: int, sixteen_bit: bool) -> int:
+    """Beside the kept checkpoints and final.ckpt, the end of training writes the Hugging Face export
+    (trainer.export: the weights in export.dtype, auto: the training precision's) and keeps a DeepSpeed
+    run's consolidated fp32 weights (final.consolidated.ckpt), from which the export was made."""
+    if not cfg.trainer.export:
+        return 0
+    dtype = getattr(cfg.export.dtype, "value", cfg.export.dtype)
+    export = (4 if dtype == "fp32" or (dtype == "auto" and not sixteen_bit) else 2) * params
+    return export + (4 * params if strategy_row(strategy).deepspeed else 0)
+
+
 def human(n: float) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
@@ -120,16 +132,19 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def disk_problem(cfg, *, step: int, needed: int, free: int | None, sixteen_bit: bool) -> Problem | None:
-    """run.root without room for keep_last + 1 checkpoints (`needed`) of `step` bytes each."""
+def disk_problem(cfg, *, step: int, needed: int, free: int | None, sixteen_bit: bool, end: int = 0) -> Problem | None:
+    """run.root without room for keep_last + 1 checkpoints of `step` bytes each and the end of the
+    run's `end` bytes (`needed`: all of it, less what the run's checkpoints already take)."""
     c, par = cfg.checkpoint, cfg.parallel
     if free is None or free >= needed:
         return None
+    at_end = f" + the export at the end ({human(end)})" if end else ""
+    fits = (free - end) // step - 1
     return Problem(
         "run.root",
         cfg.run.root,
-        f"has {human(free)} free; {c.keep_last} kept checkpoints + the one being written need {human(needed)} ({human(step)} each, parallel={par.name}, {'16-bit' if sixteen_bit else 'fp32'})",
-        (f"keep fewer (checkpoint.keep_last={free // step - 1} fits), free space there, or point run.root at a larger filesystem" if free >= 2 * step else f"free space there (even checkpoint.keep_last=1 needs {human(2 * step)}), or point run.root at a larger filesystem"),
+        f"has {human(free)} free; {c.keep_last} kept checkpoints + the one being written{at_end} need {human(needed)} ({human(step)} each, parallel={par.name}, {'16-bit' if sixteen_bit else 'fp32'})",
+        (f"keep fewer (checkpoint.keep_last={fits} fits), free space there, or point run.root at a larger filesystem" if fits >= 1 else f"free space there (even checkpoint.keep_last=1 needs {human(2 * step + end)}), or point run.root at a larger filesystem"),
     )
 
 
@@ -144,12 +159,13 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
     step = weights + optimizer + rest
     rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, partitions=partitions)
     host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, partitions=partitions)
-    needed = max(step, (c.keep_last + 1) * step - existing_bytes(run_dir / "checkpoints"))
+    end = end_of_run_bytes(cfg, strategy, params=params, sixteen_bit=sixteen_bit)
+    needed = max(step, (c.keep_last + 1) * step + end - existing_bytes(run_dir / "checkpoints"))
     free = free_space(run_dir)
     save_seconds = step / (c.write_gbps * GB)
     between = step_seconds * cfg.trainer.checkpoint_every_n_steps if step_seconds else None
     warnings = []
-    if cfg.mode != Mode.train and (problem := disk_problem(cfg, step=step, needed=needed, free=free, sixteen_bit=sixteen_bit)):
+    if cfg.mode != Mode.train and (problem := disk_problem(cfg, step=step, needed=needed, free=free, sixteen_bit=sixteen_bit, end=end)):
         warnings.append(problem.render())  # planning for a cluster from elsewhere: said, not refused
     if between is not None and not c.async_save and save_seconds > c.max_save_share * between:
         warnings.append(
@@ -168,6 +184,7 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
         host,
         weights + optimizer + rest,
         needed,
+        end,
         free,
         round(save_seconds, 3),
         round(between, 1) if between is not None else None,
@@ -180,10 +197,11 @@ def render(c: dict) -> list[str]:
     free = human(c["free_bytes"]) if c["free_bytes"] is not None else "unknown"
     how = {"file": "one file", "deepspeed": "DeepSpeed's shard folder", "sharded": "sharded folder, every rank its own file"}[c["format"]]
     gathered = f" (gathered on rank 0: {human(c['gathered_host_bytes'])})" if c["format"] == "sharded" else ""
+    at_end = f" + export {human(c['end_bytes'])}" if c.get("end_bytes") else ""
     lines = [
         f"checkpoint {how}{', async' if c['async_save'] else ''}: {human(c['step_bytes'])} per step checkpoint "
         f"(weights {human(c['weights_bytes'])} + optimizer {human(c['optimizer_bytes'])}), largest rank part {human(c['largest_rank_bytes'])}, "
-        f"host memory at save <= {human(c['save_host_bytes'])} per rank{gathered}; keep_last {c['keep_last']} + 1 being written = {human(c['disk_needed_bytes'])}, "
+        f"host memory at save <= {human(c['save_host_bytes'])} per rank{gathered}; keep_last {c['keep_last']} + 1 being written{at_end} = {human(c['disk_needed_bytes'])}, "
         f"{free} free at run.root; ~{c['save_seconds']:.1f} s per save"
         + (f", ~{c['between_saves_seconds']:.0f} s between saves" if c["between_saves_seconds"] is not None else "")
     ]

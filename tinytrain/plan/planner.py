@@ -401,7 +401,7 @@ def machine_problems(cfg, checkpoint, host, *, on_gpu: bool, sixteen_bit: bool) 
     """mode=train refuses what the machine it runs on cannot hold: its disk (keep_last + 1
     checkpoints at run.root) and its node's memory, both at once, so a run short of both is not
     fixed one at a time."""
-    disk = disk_problem(cfg, step=checkpoint.step_bytes, needed=checkpoint.disk_needed_bytes, free=checkpoint.free_bytes, sixteen_bit=sixteen_bit)
+    disk = disk_problem(cfg, step=checkpoint.step_bytes, needed=checkpoint.disk_needed_bytes, free=checkpoint.free_bytes, sixteen_bit=sixteen_bit, end=checkpoint.end_bytes)
     memory = host_memory.host_problem(host, on_gpu=on_gpu, model_name=cfg.model.name, parallel_name=cfg.parallel.name)
     if problems := [p for p in (memory, disk) if p is not None]:
         raise ConfigError(problems)

@@ -28,7 +28,8 @@ def test_sizes_per_strategy_and_precision(tmp_path):
     assert sharded.largest_rank_bytes == pytest.approx(12 * p / 8, rel=1e-3)  # each of 8 ranks writes its eighth
     assert sharded.save_host_bytes < sharded.largest_rank_bytes / 10  # streamed tensor by tensor, never gathered
     assert sharded.gathered_host_bytes == pytest.approx(8 * sharded.largest_rank_bytes, rel=1e-3)  # what rank 0 held before
-    assert sharded.disk_needed_bytes == pytest.approx(4 * sharded.step_bytes, rel=1e-3)  # keep_last 3 + the one being written
+    # keep_last 3 + the one being written + the end of the run's export (bf16 weights)
+    assert sharded.end_bytes == pytest.approx(2 * p, rel=1e-3) and sharded.disk_needed_bytes == pytest.approx(4 * sharded.step_bytes + 2 * p, rel=1e-3)
     staged, _ = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2", "checkpoint.async_save=true")
     assert staged.save_host_bytes == staged.largest_rank_bytes  # async: the rank's shard staged in host memory
     zero2_bf16, _ = checkpoint(tmp_path, "parallel=zero2")
@@ -37,14 +38,17 @@ def test_sizes_per_strategy_and_precision(tmp_path):
     assert zero2_bf16.step_bytes == pytest.approx(14 * p, rel=1e-3) and zero2_fp32.step_bytes == pytest.approx(16 * p, rel=1e-3)
     assert zero3.step_bytes == pytest.approx(12 * p, rel=1e-3) and zero3.format == "deepspeed"
     ddp, _ = checkpoint(tmp_path, "parallel=ddp", "checkpoint.keep_last=5")
-    assert ddp.format == "file" and ddp.largest_rank_bytes == ddp.step_bytes and ddp.disk_needed_bytes == pytest.approx(6 * ddp.step_bytes, rel=1e-3)
+    assert ddp.format == "file" and ddp.largest_rank_bytes == ddp.step_bytes and ddp.disk_needed_bytes == pytest.approx(6 * ddp.step_bytes + 2 * p, rel=1e-3)
+    assert zero2_bf16.end_bytes == pytest.approx((2 + 4) * p, rel=1e-3)  # the export and DeepSpeed's consolidated fp32 weights
+    unexported, _ = checkpoint(tmp_path, "parallel=zero2", "trainer.export=false")
+    assert unexported.end_bytes == 0 and unexported.disk_needed_bytes == pytest.approx(4 * unexported.step_bytes, rel=1e-3)
 
 
 def test_plan_prints_the_checkpoint_line_and_plan_json_carries_it(tmp_path, capsys):
     _, plan = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2")
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("checkpoint "))
-    assert "sharded folder, every rank its own file: 78.1 GB per step checkpoint" in line and "keep_last 3 + 1 being written = 312.5 GB" in line
+    assert "sharded folder, every rank its own file: 78.1 GB per step checkpoint" in line and "keep_last 3 + 1 being written + export 13.0 GB = 325.5 GB" in line
     assert "free at run.root" in line and "(gathered on rank 0: 78.1 GB)" in line
     import json
 
@@ -70,18 +74,18 @@ def tiny_disk(tmp_path):
 
 
 def test_a_run_root_without_room_for_keep_last_plus_one_is_refused_before_training(tiny_disk):
-    # A 7.2 MB checkpoint: keep_last 3 + 1 need 28.9 MB of the 20 MB disk.
+    # A 7.2 MB checkpoint: keep_last 3 + 1 and the fp32 export (2.4 MB) need 31.3 MB of the 20 MB disk.
     model = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=2", "model.intermediate_size=128"]
     cfg = compose(["experiment=smoke", *model, "data.seq_len=32", f"run.root={tiny_disk}"])
     with pytest.raises(ConfigError) as e:
         run_stages(cfg, tiny_disk / "run")
     message = str(e.value)
-    assert f"run.root='{tiny_disk}'" in message and "3 kept checkpoints + the one being written need 28.9 MB" in message
+    assert f"run.root='{tiny_disk}'" in message and "3 kept checkpoints + the one being written + the export at the end (2.4 MB) need 31.3 MB" in message
     assert "checkpoint.keep_last=1 fits" in message
     assert not (tiny_disk / "run" / "checkpoints").exists()
     # mode=plan (planning for a cluster from elsewhere) says it instead of stopping.
     plan = run_stages(compose(["mode=plan", "experiment=smoke", *model, "data.seq_len=32"]), tiny_disk / "plan")
-    assert any(w.startswith("run.root='runs': has ") and "need 28.9 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings
+    assert any(w.startswith("run.root='runs': has ") and "need 31.3 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings
 
 
 def test_a_run_short_of_both_disk_and_host_memory_is_told_both_at_once(tiny_disk, monkeypatch):
@@ -93,7 +97,7 @@ def test_a_run_short_of_both_disk_and_host_memory_is_told_both_at_once(tiny_disk
         run_stages(cfg, tiny_disk / "run")
     assert [p.key for p in e.value.problems] == ["model", "run.root"], e.value.problems
     message = str(e.value)
-    assert "2 configuration errors" in message and "kept checkpoints + the one being written need" in message and "the Slurm job's --mem" in message, message
+    assert "2 configuration errors" in message and "kept checkpoints + the one being written + the export at the end" in message and "the Slurm job's --mem" in message, message
 
 
 @pytest.mark.parametrize("parallel", ["zero2", "zero3"])
