@@ -50,6 +50,14 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     if cfg.mode in modes.MODES:
         # The model, tokenizer and template are the checkpoint's run's, not this command line's.
         return modes.run(cfg, run_dir, data_overridden())
+    signals = None
+    if cfg.mode == Mode.train:
+        from tinytrain.cluster.signal_memory import SignalMemory
+
+        # Slurm's SIGUSR1 reaches every rank whenever it comes, and by default kills: from here on it
+        # is remembered and honoured at the first step boundary (train/callbacks/preemption.py).
+        signals = SignalMemory()
+        signals.install_early()
     adopt_pretrained_shape(cfg, given_model_keys())  # model.pretrained's shape, not the preset's
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
@@ -86,7 +94,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
         built = data.build(plan.batch)
         if watched is not None:
             watched.beat(phase="startup")
-        return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched)
+        return fit(cfg=cfg, plan=plan, run_dir=run_dir, tokenizer=tokenizer, data=built, watched=watched, signals=signals)
     finally:
         if watched is not None:
             watched.finish()  # however this ends (an error in the data, a multirun's next job in this process)

@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", type=json.loads, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle; this ends with it
+    # Slurm's --signal=USR1@N reaches every process of the job: its default action killed the
+    # watchdog, and a rank already hung then was never reported or requeued.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return Watchdog(args.folder, args.run_dir, args.rank, args.pid, args.world, args.limits).run()
 
 

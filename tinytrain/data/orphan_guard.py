@@ -1,4 +1,4 @@
-"""Worker processes end when their parent dies, by any signal.
+"""Worker processes end when their parent dies, by any signal, and leave stop signals to it.
 
 A spawned tokenizer worker blocks on its task pipe, which its siblings keep open: when the parent
 is killed (SIGKILL, or SIGTERM, which Python does not turn into an exception) nothing would ever
@@ -27,6 +27,11 @@ def die_with_parent(parent_pid: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass  # no prctl: the watchdog alone
+    # Stop signals are the parent's to act on (a checkpoint at the step boundary, exit 75): Slurm
+    # and a terminal signal the whole process group, and a DataLoader worker killed by SIGTERM
+    # made torch raise mid-step in the parent instead. The worker ends with its parent.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     # The parent may have died before prctl took effect: then no signal will come.
     if os.getppid() != parent_pid:
         os._exit(1)

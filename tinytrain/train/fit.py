@@ -12,6 +12,7 @@ from pathlib import Path
 from tinytrain.checkpoint.average import newest_step_checkpoints
 from tinytrain.checkpoint.format import vocab_param_names
 from tinytrain.cluster.rank_logging import say
+from tinytrain.cluster.signal_memory import SignalMemory
 from tinytrain.config.schema import Arch, UntrainedPolicy
 from tinytrain.data.datamodule import DataModule
 from tinytrain.data.reference_cache import ReferenceCache, model_source
@@ -115,14 +116,15 @@ def preference_layout_check(plan: RunPlan, data: DataModule) -> None:
         raise ConfigError(Problem("finetune.objective", "kto", "kto trains on unpaired {prompt, completion, label} records and these are pairs", "set finetune.objective=dpo (or ipo, simpo, orpo), or give TRL's unpaired layout"))
 
 
-def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watched=None) -> dict:
+def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watched=None, signals: SignalMemory | None = None) -> dict:
     """Build the module and the trainer for the plan, train on `data` (the run's DataModule, built
     for the plan's batch), save the final checkpoint and (rank 0) export. A plan with a resume
-    point continues from it. `watched`: this rank's hang watchdog (cluster/watched_rank.py), or None."""
+    point continues from it. `watched`: this rank's hang watchdog (cluster/watched_rank.py), or None.
+    `signals`: the handler the run installed before its plan (cli.run_stages)."""
     import lightning.pytorch as pl
 
-    preemption = Preemption(run_dir)
-    preemption.install_early()  # a SIGUSR1 while the data is built is honoured at the first step
+    preemption = Preemption(run_dir, signals)
+    preemption.install_early()  # a SIGUSR1 until training starts is honoured at the first step
     quiet_lightning()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     log.info("%s", data.describe())
@@ -141,7 +143,14 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
     failed = True
     try:
         # Raises Preempted (callbacks/preemption.py) after a signal: no final checkpoint, no export.
-        trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader(), ckpt_path=resume and str(resume.path))
+        try:
+            trainer.fit(module, train_dataloaders=data.train_dataloader(), val_dataloaders=data.val_dataloader(), ckpt_path=resume and str(resume.path))
+        except SystemExit:
+            # Lightning turns a KeyboardInterrupt (a second Ctrl-C, one while a checkpoint loads)
+            # into exit(1) after its teardown: it is the user's interrupt (cli.main: exit 130).
+            if trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
         # Every rank takes part: each writes its shards (fsdp_tp, DeepSpeed), and an async save
         # in flight is finished first; the final one is written before the export reads it.
         trainer.save_checkpoint(final)

@@ -181,6 +181,31 @@ def test_a_frozen_rank_that_cannot_exit_is_killed_and_the_status_it_ends_with_is
     assert f"tinytrain: rank 0 (pid {frozen.pid}) did not exit within 0.5 s (frozen): killed, so it ends by SIGKILL (exit 137 in a shell), not 76" in capsys.readouterr().err
 
 
+def ignored(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` ignores `sig` (its SigIgn mask in /proc)."""
+    mask = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+def test_slurm_s_sigusr1_to_every_process_leaves_the_watchdog_watching(tmp_path):
+    """--signal=USR1@N reaches the watchdog too: its default action killed it, and training went on unwatched."""
+    from tinytrain.cluster.watched_rank import WatchedRank
+
+    watched = WatchedRank(tmp_path, 0, 1, dict.fromkeys(["startup", "data", "first_step", "compile", "train", "validation", "checkpoint"], 60))
+    try:
+        watched.beat(1, "train")
+        deadline = time.monotonic() + 30
+        while not ignored(watched.process.pid, signal.SIGUSR1):  # once started, it ignores SIGUSR1
+            assert watched.process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        watched.process.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert watched.process.poll() is None
+    finally:
+        watched.finish()
+    assert watched.process.wait(timeout=10) == 0
+
+
 def test_a_finished_rank_s_watchdog_exits(tmp_path):
     """finish() is called however training ends (cli.py): a watchdog left behind would later stop
     the process it watched (a multirun's next job, a test runner)."""

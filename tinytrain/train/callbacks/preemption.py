@@ -20,65 +20,39 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from pathlib import Path
 
 import lightning.pytorch as pl
 
 from tinytrain.cluster import slurm
+from tinytrain.cluster.signal_memory import SignalMemory
 from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 
 log = logging.getLogger(__name__)
 
 
-class SignalMemory:
-    """The installed handler: it only remembers. It holds nothing of the callback, which Lightning
-    binds to the module (its `log`): a handler left installed after fit (Lightning's teardown puts
-    back the early SIGUSR1 one) would keep the model, and fsdp_tp's process groups with their gloo
-    threads, alive into the interpreter's exit."""
-
-    def __init__(self) -> None:
-        self.received: list[str] = []  # signal names, in order of arrival
-
-    def __call__(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if name == "SIGINT" and name in self.received:
-            # Ctrl-C again: the user will not wait for the step boundary.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        if name == "SIGINT":
-            log.warning("Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, without one)")
-        self.received.append(name)
-
-
 class Preemption(pl.Callback):
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, memory: SignalMemory | None = None):
+        """`memory`: the handler the run installed before its plan and data (cli.run_stages)."""
         self.run_dir = run_dir
         self.checkpoints: StepCheckpoints | None = None  # the trainer's, found when training starts
-        self.memory = SignalMemory()
+        self.memory = memory or SignalMemory()
         self.received = self.memory.received
         self.step_seen = 0
         self.asked_after_save = 0  # the last step whose checkpoint was followed by a stop check
+        self.after_validation = False  # every rank agreed to stop at a step that validates: after it
         self.stop_message: str | None = None
 
-    def handle(self, signals) -> None:
-        if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-            for sig in signals:
-                signal.signal(sig, self.memory)
-
     def install_early(self) -> None:
-        """Before data and model building: a SIGUSR1 then is remembered (its default action would
-        kill the process) and honoured at the first step boundary. SIGTERM keeps its default until
-        training starts: stopping before then loses nothing."""
-        self.handle([signal.SIGUSR1])
+        self.memory.install_early()
 
     def on_train_start(self, trainer, pl_module):
         self.checkpoints = next(c for c in trainer.checkpoint_callbacks if isinstance(c, StepCheckpoints))
         self.step_seen = self.asked_after_save = trainer.global_step
         # After Lightning installed its handlers (register_signal_handlers); its teardown restores
         # the ones from before fit.
-        self.handle([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
+        self.memory.install([signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step_seen:  # inside gradient accumulation
@@ -86,9 +60,12 @@ class Preemption(pl.Callback):
         self.step_seen = trainer.global_step
         self.stop_if_signalled(trainer)
 
-    def stop_if_signalled(self, trainer) -> None:
+    def stop_if_signalled(self, trainer, validated: bool = False) -> None:
         """Whether any rank was signalled (one small all_reduce under DDP/FSDP/DeepSpeed; nothing on
-        one process); if so, save this step's checkpoint (unless saved already) and set the stop."""
+        one process); if so, save this step's checkpoint (unless saved already) and set the stop.
+        At a step that validates, the save waits for the validation (`validated`: it ran, or did
+        not come), as a step checkpoint's does: a process killed between the two would leave a
+        checkpoint whose step's validation row the resumed run never writes."""
         if not trainer.strategy.reduce_boolean_decision(bool(self.received), all=False):
             return
         step = trainer.global_step
@@ -96,8 +73,11 @@ class Preemption(pl.Callback):
             log.warning("%s at the last step (%d): finishing the run instead", self.what(), step)
             self.received.clear()
             return
+        if not validated and self.checkpoints.validates_at(step):
+            self.after_validation = True  # the same on every rank: the all_reduce above agreed
+            return
         wants_requeue = trainer.strategy.reduce_boolean_decision("SIGUSR1" in self.received, all=False)
-        path = self.checkpoints.save(trainer)
+        path = self.checkpoints.save(trainer, row_written=validated)
         shown = path.relative_to(self.run_dir) if path.is_relative_to(self.run_dir) else path
         job = slurm.job_id()
         if wants_requeue and job:
@@ -114,7 +94,15 @@ class Preemption(pl.Callback):
     def what(self) -> str:
         return " and ".join(dict.fromkeys(self.received)) or "a signal on another rank"
 
+    def on_validation_end(self, trainer, pl_module):
+        if self.after_validation and not trainer.sanity_checking:
+            self.after_validation = False
+            self.stop_if_signalled(trainer, validated=True)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.after_validation:  # Lightning did not validate after all
+            self.after_validation = False
+            self.stop_if_signalled(trainer, validated=True)
         # A signal that came during the step's own checkpoint save (after on_train_batch_end asked:
         # Lightning runs checkpoint callbacks last) stops here, on that checkpoint, instead of
         # training a step more and saving again (the save Slurm's SIGKILL would land in).

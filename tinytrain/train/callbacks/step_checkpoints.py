@@ -49,10 +49,13 @@ class StepCheckpoints(Checkpoint):
         step = trainer.global_step
         if step % self.every_n_steps != 0:
             return
-        if validates_at(step, val_every_n_steps=self.val_every_n_steps, max_steps=self.max_steps):
+        if self.validates_at(step):
             self.waiting_for_validation = True
         else:
             self.save(trainer)
+
+    def validates_at(self, step: int) -> bool:
+        return validates_at(step, val_every_n_steps=self.val_every_n_steps, max_steps=self.max_steps)
 
     def on_validation_end(self, trainer, pl_module):
         self.save_if_waiting(trainer)
