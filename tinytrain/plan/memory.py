@@ -63,6 +63,7 @@ class StateLayout:
     offload_params: bool = False
     largest_layer_params: int = 0  # ZeRO-3 gathers one layer's full weights during its forward
     buckets: float = 0.0  # bytes of ZeRO's reduce buckets (plan/deepspeed_config.py bucket_bytes)
+    fp32: bool = False  # training in fp32: DeepSpeed's weights and gradients are 4 B, not 2 (AMP's are 4 B anyway)
 
 
 @dataclass(frozen=True)
@@ -99,13 +100,14 @@ def deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
 
 def _deepspeed_states(params: int, layout: StateLayout) -> ModelStateMemory:
     p, n = float(params), layout.world
+    w = 4 if layout.fp32 else 2  # DeepSpeed holds the module's weights and gradients in the training dtype
     opt = 0.0 if layout.offload_optimizer else (4 + 8) * p / n  # fp32 master + moments, partitioned
     if layout.zero_stage == 1:
-        return ModelStateMemory(2 * p, 2 * p + (0.0 if layout.offload_optimizer else 4 * p / n), opt)
+        return ModelStateMemory(w * p, w * p + (0.0 if layout.offload_optimizer else 4 * p / n), opt)
     if layout.zero_stage == 2:
-        return ModelStateMemory(2 * p, 0.0 if layout.offload_optimizer else (2 + 4) * p / n, opt)
+        return ModelStateMemory(w * p, 0.0 if layout.offload_optimizer else (w + 4) * p / n, opt)
     gathered = 4.0 * layout.largest_layer_params  # one layer's full weights live during its forward
-    params_mem = gathered + (0.0 if layout.offload_params else 2 * p / n)
+    params_mem = gathered + (0.0 if layout.offload_params else w * p / n)
     # Stage 3 keeps no separate full fp32 gradient: 16-bit grads + the fp32 partition (4 B),
     # as DeepSpeed's estimator counts it (18 B/param over N with the 16-bit params).
     return ModelStateMemory(params_mem, 0.0 if layout.offload_optimizer else 4 * p / n, opt)
@@ -121,10 +123,11 @@ def sharded_frozen_copy(params: int, layout: StateLayout) -> float:
 
 
 def deepspeed_frozen_copy(params: int, layout: StateLayout) -> float:
-    """16-bit under DeepSpeed, partitioned at ZeRO-3 (or offloaded with the parameters)."""
+    """In the training dtype under DeepSpeed, partitioned at ZeRO-3 (or offloaded with the parameters)."""
+    w = 4.0 if layout.fp32 else 2.0
     if layout.zero_stage == 3:
-        return 0.0 if layout.offload_params else 2.0 * params / layout.world
-    return 2.0 * params
+        return 0.0 if layout.offload_params else w * params / layout.world
+    return w * params
 
 
 def local_adapter_states(a: AdapterStates, layout: StateLayout) -> ModelStateMemory:

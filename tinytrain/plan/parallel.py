@@ -188,10 +188,10 @@ def strategy_row(strategy: Strategy | str) -> StrategyRow:
     return STRATEGIES[Strategy(strategy)]
 
 
-def state_layout(par, world: int, largest_layer_params: int = 0, buckets: float = 0.0) -> StateLayout:
+def state_layout(par, world: int, largest_layer_params: int = 0, buckets: float = 0.0, fp32: bool = False) -> StateLayout:
     """`par`: cfg.parallel (or anything with tp, zero_stage and the offload flags); `buckets`: bytes of
-    ZeRO's reduce buckets (planner.ds_buckets)."""
-    return StateLayout(world=world, tp=par.tp, zero_stage=par.zero_stage, offload_optimizer=par.offload_optimizer, offload_params=par.offload_params, largest_layer_params=largest_layer_params, buckets=buckets)
+    ZeRO's reduce buckets (planner.ds_buckets); `fp32`: the run trains in fp32."""
+    return StateLayout(world=world, tp=par.tp, zero_stage=par.zero_stage, offload_optimizer=par.offload_optimizer, offload_params=par.offload_params, largest_layer_params=largest_layer_params, buckets=buckets, fp32=fp32)
 
 
 def model_state_memory(strategy: Strategy | str, params: int, *, world: int, tp: int, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False, largest_layer_params: int = 0) -> ModelStateMemory:

@@ -199,7 +199,7 @@ def context_size(cfg, model: ModelStage, world: int, hardware, precision) -> tup
     """The context-parallel size comes first: the data-parallel size, and so the batch, follow from it."""
     par, shape = cfg.parallel, model.shape
     row = strategy_row(par.strategy)
-    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision)))
+    full_states = row.model_states(parameter_count(shape), state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision), fp32=precision.dtype is Dtype.fp32))
     estimate = activation_estimate(cfg, model, precision, op_off=row.op_checkpoint_off(par.zero_stage))
     step = step_peak.held_everything(row, shape, par.tp)
 
@@ -274,7 +274,7 @@ def states_on(cfg, shape, params: int, adapters, optimizer, precision, world: in
     a larger world's that a fix names (ZeRO and FSDP partition them over more ranks)."""
     par = cfg.parallel
     row = strategy_row(par.strategy)
-    layout = state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision))
+    layout = state_layout(par, world, shape.largest_layer_params, buckets=ds_buckets(par, shape, precision), fp32=precision.dtype is Dtype.fp32)
     if adapters:
         states = finetune.adapter_state_memory(adapters, shape, params, strategy=par.strategy, layout=layout)
     else:

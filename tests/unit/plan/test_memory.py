@@ -66,3 +66,18 @@ def test_a_memory_line_that_does_not_fit_names_only_the_levers_left(tmp_path, ov
     assert note.startswith("does NOT fit") and "; try " in note, note
     fixes = note.split("; try ", 1)[1]
     assert all(n in fixes for n in named) and not any(n in fixes for n in not_named), fixes
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_in_fp32_holds_4_byte_weights_and_gradients(stage):
+    """precision=fp32 under DeepSpeed: the module's weights and gradients are fp32 (4 B), and the
+    plan counted them at 2 B as in bf16/fp16, under the GPU."""
+    from tinytrain.plan.memory import StateLayout, deepspeed_states
+
+    p, layout = 1_000_000, dict(world=8, tp=1, zero_stage=stage)
+    half, full = deepspeed_states(p, StateLayout(**layout)), deepspeed_states(p, StateLayout(**layout, fp32=True))
+    shards = 8 if stage == 3 else 1
+    assert full.params - half.params == pytest.approx(2 * p / shards)
+    grads = {1: 2 * p, 2: 2 * p / 8, 3: 0}[stage]  # ZeRO-1's whole gradient, ZeRO-2's partition; ZeRO-3 counts its fp32 partition only
+    assert full.grads - half.grads == pytest.approx(grads)
+    assert full.optimizer == half.optimizer  # the fp32 master and the moments either way
