@@ -148,13 +148,14 @@ def disk_problem(cfg, *, step: int, needed: int, free: int | None, sixteen_bit: 
     )
 
 
-def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, partitions: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0) -> CheckpointPlan:
+def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, world: int, partitions: int, sixteen_bit: bool, step_seconds: float | None, run_dir: Path, muon_params: int = 0, adapter_params: int = 0) -> CheckpointPlan:
     """The checkpoint line's numbers. A training run's disk that cannot hold keep_last + 1
     checkpoints is refused by the planner, beside the host memory refusal (disk_problem); other
-    modes carry it as a warning."""
+    modes carry it as a warning. `adapter_params`: a LoRA run's, saved beside the base's weights
+    (the export merges them into those)."""
     c, par = cfg.checkpoint, cfg.parallel
     strategy = par.strategy
-    weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params, trainable=trainable, world=world)
+    weights, optimizer, rest = step_checkpoint_bytes(strategy, zero_stage=par.zero_stage, sixteen_bit=sixteen_bit, params=params + adapter_params, trainable=trainable, world=world)
     optimizer -= 4 * muon_params  # trainer.optimizer=muon: one fp32 momentum, not two moments (plan/optimizer.py)
     step = weights + optimizer + rest
     rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, partitions=partitions)

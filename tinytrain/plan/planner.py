@@ -473,6 +473,7 @@ def checkpoint_cost(cfg, shape, state: StateStage, fit: FitStage, world: int, pa
     return checkpoint_plan(
         cfg,
         params=state.params,
+        adapter_params=state.adapters.adapter_params if state.adapters else 0,
         trainable=state.adapters.trainable_params if state.adapters else state.params,
         largest_tensor=4 * max(shape.vocab * shape.hidden, shape.intermediate * shape.hidden),
         world=world,
