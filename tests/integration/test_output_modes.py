@@ -79,7 +79,7 @@ def test_eval_reproduces_the_validation_loss(chat_run, tmp_path):
     r = run_cli(["mode=eval", f"checkpoint={chat_run / 'hf_export'}", "data=text", f"data.path={text}", "data.seq_len=32", f"data.cache_dir={tmp_path / 'cache'}"], tmp_path / "eval_text")
     assert r.returncode == 0, r.stderr[-3000:]
     other = json.loads((tmp_path / "eval_text" / "eval.json").read_text())
-    assert other["data"] == "text" and other["split"] == "whole" and other["loss"] != result["loss"]
+    assert other["data"] == "text" and other["split"] == "whole" and other["loss"] != result["loss"] and other["data_path"] == str(text)
     from transformers import AutoTokenizer
 
     # Every window of 32 tokens; 5% of them before (data.val_fraction).
