@@ -207,11 +207,13 @@ def test_sigkill_during_a_slow_checkpoint_write_keeps_the_previous_one(tmp_path,
 
 
 @pytest.mark.timeout(300)
-def test_a_signal_during_a_step_s_checkpoint_save_stops_on_that_checkpoint(tmp_path):
+@pytest.mark.parametrize("val_every", [6, 4], ids=["validating elsewhere", "validating at the save"])
+def test_a_signal_during_a_step_s_checkpoint_save_stops_on_that_checkpoint(tmp_path, val_every):
     """The signal came after the step had asked whether to stop: the run trained a step more and
-    saved again, the save Slurm's SIGKILL lands in after its KillWait."""
+    saved again, the save Slurm's SIGKILL lands in after its KillWait (also where the step validates:
+    its checkpoint, after the validation, is the one to stop on)."""
     run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
-    proc = start(run_dir, [*RUN, "trainer.val_every_n_steps=6"], env={"TT_TEST_SLOW_SAVE": "3"})
+    proc = start(run_dir, [*RUN, f"trainer.val_every_n_steps={val_every}"], env={"TT_TEST_SLOW_SAVE": "3"})
     wait_for(lambda: list(checkpoints.glob("step0000004.ckpt.tmp-*")), proc, "the step-4 save")
     proc.send_signal(signal.SIGTERM)
     out = finish(proc, run_dir)

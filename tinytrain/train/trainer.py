@@ -23,7 +23,7 @@ from tinytrain.train.callbacks.loss_scale_guard import LossScaleGuard
 from tinytrain.train.callbacks.loss_summary import LossSummary
 from tinytrain.train.callbacks.mixture_exhaustion import MixtureExhaustion
 from tinytrain.train.callbacks.nonfinite_guard import NonFiniteGuard
-from tinytrain.train.callbacks.preemption import Preemption
+from tinytrain.train.callbacks.preemption import Preemption, SaveAfterValidation
 from tinytrain.train.callbacks.profiler import Profiler
 from tinytrain.train.callbacks.progress_lines import ProgressLines, bar_on_terminal
 from tinytrain.train.callbacks.rng_state import RNGState
@@ -206,11 +206,14 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     mixture = mixture_callback(plan, train_sampler)
     stragglers = Stragglers(plan.stragglers.every_n_steps, plan.stragglers.threshold) if plan.stragglers and plan.stragglers.enabled else None
     guards = guard_callbacks(cfg, plan, run_dir)
+    preemption = preemption or Preemption(run_dir)
     callbacks = [
         *([HealthCheck(plan.health.budget_s, plan.health.on_bad_node, plan.hardware)] if plan.health and plan.health.enabled else []),
         # First: a batch's beat is written before any other callback's work on it.
         *([Heartbeat(watched, compiling=plan.fast_paths.compile != "none")] if watched is not None else []),
         *([ContextParallel(cp, b.micro_batch_size, plan.context.kind, plan.parallel.tp)] if cp > 1 else []),
+        # Before the samples and evals: a stop at a validating step saves as soon as it is logged.
+        SaveAfterValidation(preemption),
         # Before the throughput monitor: it closes validation's pause at validation's end.
         *at_validation_end,
         throughput,
@@ -226,7 +229,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
         *([FinalValidation(plan.max_steps, val_every)] if last_validated else []),
         dead_rank,
         # After DataPosition: a checkpoint it saves has counted the step's batch.
-        preemption or Preemption(run_dir),
+        preemption,
         # Checkpoint callbacks run last (Lightning orders them so).
         StepCheckpoints(run_dir / "checkpoints", t.checkpoint_every_n_steps, cfg.checkpoint.keep_last, val_every, last_validated),
         *extra_callbacks,

@@ -94,7 +94,8 @@ class Preemption(pl.Callback):
     def what(self) -> str:
         return " and ".join(dict.fromkeys(self.received)) or "a signal on another rank"
 
-    def on_validation_end(self, trainer, pl_module):
+    def validation_ended(self, trainer) -> None:
+        """SaveAfterValidation's hook: the step's validation is logged; its samples and evals follow."""
         if self.after_validation and not trainer.sanity_checking:
             self.after_validation = False
             self.stop_if_signalled(trainer, validated=True)
@@ -112,9 +113,22 @@ class Preemption(pl.Callback):
         written = not getattr(trainer.strategy, "async_save", False)
         if self.stop_message is None and written and self.checkpoints.last_saved_step == step != self.asked_after_save:
             self.asked_after_save = step
-            self.stop_if_signalled(trainer)
+            self.stop_if_signalled(trainer, validated=True)  # a validation due at this step has run
         # Here and not right after the save: Lightning logs the step's metrics after
         # on_train_batch_end, and a validation due at this step runs in between (a resumed run
         # does not repeat it), so metrics.csv ends up as an uninterrupted run's.
         if self.stop_message is not None:
             raise Preempted(self.stop_message)
+
+
+class SaveAfterValidation(pl.Callback):
+    """Preemption's save at a step that validates, as soon as the validation is logged: placed
+    before the samples and evals that run at validation's end (build_trainer), so a SIGKILL during
+    those (Slurm's KillWait after SIGTERM) finds the checkpoint written."""
+
+    def __init__(self, preemption: Preemption):
+        self.preemption = preemption
+
+    def on_validation_end(self, trainer, pl_module):
+        self.preemption.validation_ended(trainer)
+
