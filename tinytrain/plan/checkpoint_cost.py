@@ -97,11 +97,8 @@ def save_host_bytes(strategy: Strategy, *, async_save: bool, rank_bytes: int, la
 
 def free_space(run_dir: Path) -> int | None:
     """Free bytes on the filesystem the run directory is (or will be) on."""
-    where = run_dir.absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
     try:
-        return shutil.disk_usage(where).free
+        return shutil.disk_usage(existing_parent(run_dir)).free
     except OSError:
         return None
 
@@ -114,15 +111,33 @@ def existing_bytes(checkpoint_dir: Path) -> int:
     return total
 
 
-def end_of_run_bytes(cfg, strategy: Strategy, *, params: int, sixteen_bit: bool) -> int:
+def end_of_run_bytes(cfg, strategy: Strategy, *, params: int, sixteen_bit: bool, run_dir: Path) -> int:
     """Beside the kept checkpoints and final.ckpt, the end of training writes the Hugging Face export
-    (trainer.export: the weights in export.dtype, auto: the training precision's) and keeps a DeepSpeed
-    run's consolidated fp32 weights (final.consolidated.ckpt), from which the export was made."""
+    (trainer.export: the weights in export.dtype, auto: the training precision's; counted where it
+    lands on run.root's filesystem, not in an export.dir on another) and keeps a DeepSpeed run's
+    consolidated fp32 weights (final.consolidated.ckpt, in checkpoints/), from which the export was made."""
     if not cfg.trainer.export:
         return 0
     dtype = getattr(cfg.export.dtype, "value", cfg.export.dtype)
     export = (4 if dtype == "fp32" or (dtype == "auto" and not sixteen_bit) else 2) * params
+    if cfg.export.dir and not same_filesystem(Path(cfg.export.dir), run_dir):
+        export = 0
     return export + (4 * params if strategy_row(strategy).deepspeed else 0)
+
+
+def same_filesystem(a: Path, b: Path) -> bool:
+    """Whether two paths (or, where they do not exist yet, their nearest existing folders) are on one filesystem."""
+    try:
+        return existing_parent(a).stat().st_dev == existing_parent(b).stat().st_dev
+    except OSError:
+        return True  # unknown: counted, as before
+
+
+def existing_parent(path: Path) -> Path:
+    where = path.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where
 
 
 def human(n: float) -> str:
@@ -138,7 +153,8 @@ def disk_problem(cfg, *, step: int, needed: int, free: int | None, sixteen_bit: 
     c, par = cfg.checkpoint, cfg.parallel
     if free is None or free >= needed:
         return None
-    at_end = f" + the export at the end ({human(end)})" if end else ""
+    what = "the export and DeepSpeed's consolidated weights at the end" if strategy_row(par.strategy).deepspeed else "the export at the end"
+    at_end = f" + {what} ({human(end)})" if end else ""
     fits = (free - end) // step - 1
     return Problem(
         "run.root",
@@ -160,7 +176,7 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
     step = weights + optimizer + rest
     rank = largest_rank_bytes(strategy, zero_stage=par.zero_stage, weights=weights, optimizer=optimizer, rest=rest, world=world, partitions=partitions)
     host = save_host_bytes(strategy, async_save=c.async_save, rank_bytes=rank, largest_tensor=largest_tensor, trainable=trainable, partitions=partitions)
-    end = end_of_run_bytes(cfg, strategy, params=params, sixteen_bit=sixteen_bit)
+    end = end_of_run_bytes(cfg, strategy, params=params, sixteen_bit=sixteen_bit, run_dir=run_dir)
     needed = max(step, (c.keep_last + 1) * step + end - existing_bytes(run_dir / "checkpoints"))
     free = free_space(run_dir)
     save_seconds = step / (c.write_gbps * GB)
@@ -198,7 +214,7 @@ def render(c: dict) -> list[str]:
     free = human(c["free_bytes"]) if c["free_bytes"] is not None else "unknown"
     how = {"file": "one file", "deepspeed": "DeepSpeed's shard folder", "sharded": "sharded folder, every rank its own file"}[c["format"]]
     gathered = f" (gathered on rank 0: {human(c['gathered_host_bytes'])})" if c["format"] == "sharded" else ""
-    at_end = f" + export {human(c['end_bytes'])}" if c.get("end_bytes") else ""
+    at_end = f" + {'export and consolidated weights' if c['format'] == 'deepspeed' else 'export'} {human(c['end_bytes'])}" if c.get("end_bytes") else ""
     lines = [
         f"checkpoint {how}{', async' if c['async_save'] else ''}: {human(c['step_bytes'])} per step checkpoint "
         f"(weights {human(c['weights_bytes'])} + optimizer {human(c['optimizer_bytes'])}), largest rank part {human(c['largest_rank_bytes'])}, "

@@ -44,6 +44,7 @@ def test_sizes_per_strategy_and_precision(tmp_path):
     assert unexported.end_bytes == 0 and unexported.disk_needed_bytes == pytest.approx(4 * unexported.step_bytes, rel=1e-3)
 
 
+
 def test_plan_prints_the_checkpoint_line_and_plan_json_carries_it(tmp_path, capsys):
     _, plan = checkpoint(tmp_path, "parallel=fsdp_tp", "parallel.tp=2")
     out = capsys.readouterr().out
@@ -86,6 +87,14 @@ def test_a_run_root_without_room_for_keep_last_plus_one_is_refused_before_traini
     # mode=plan (planning for a cluster from elsewhere) says it instead of stopping.
     plan = run_stages(compose(["mode=plan", "experiment=smoke", *model, "data.seq_len=32"]), tiny_disk / "plan")
     assert any(w.startswith("run.root='runs': has ") and "need 31.3 MB" in w for w in plan.checkpoint.warnings), plan.checkpoint.warnings
+
+
+def test_an_export_dir_on_another_filesystem_is_not_counted_at_run_root(tiny_disk, tmp_path):
+    """export.dir on another disk is the remedy the export's disk-full message names: run.root need
+    not hold the export then; DeepSpeed's consolidated weights stay in checkpoints/ and count."""
+    here, plan = checkpoint(tmp_path / "run", "parallel=zero2", f"export.dir={tmp_path / 'model'}")
+    elsewhere, _ = checkpoint(tmp_path / "run", "parallel=zero2", f"export.dir={tiny_disk / 'model'}")
+    assert here.end_bytes == pytest.approx(6 * plan.params, rel=1e-3) and elsewhere.end_bytes == pytest.approx(4 * plan.params, rel=1e-3)
 
 
 def test_a_run_short_of_both_disk_and_host_memory_is_told_both_at_once(tiny_disk, monkeypatch):
