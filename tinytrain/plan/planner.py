@@ -263,7 +263,7 @@ def state_stage(cfg, model: ModelStage, tokenizer, vocab, preflight, init_from, 
     adapters = finetune.make(cfg, shape, tokenizer, base_rows=base_rows, rows_to_fix=preflight.rows_to_fix, compute=precision.dtype, fam=model.fam)
     optimizer = optimizer_plan.make(cfg.trainer, shape, adapters.trainable_params if adapters else params, fp32=precision.dtype is Dtype.fp32)
     states = states_on(cfg, shape, params, adapters, optimizer, precision, world)
-    preference = preference_plan.make(cfg, params, world)
+    preference = preference_plan.make(cfg, params, world, fp32=precision.dtype is Dtype.fp32)
     if adapters:
         preference_plan.trainable_rows_problem(preference, adapters)
     return StateStage(params, adapters, optimizer, preference, states)

@@ -116,14 +116,15 @@ def kto_problems(cfg) -> list[Problem]:
     return found
 
 
-def reference_bytes(strategy, params: int, *, world: int, tp: int, zero_stage: int, offload_params: bool) -> float:
+def reference_bytes(strategy, params: int, *, world: int, tp: int, zero_stage: int, offload_params: bool, fp32: bool = False) -> float:
     """A frozen copy held like the policy: its weights only (no gradients, no optimizer state), by
     the strategy table's formula (plan/parallel.py)."""
-    layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_params=offload_params)
+    layout = StateLayout(world=world, tp=tp, zero_stage=zero_stage, offload_params=offload_params, fp32=fp32)
     return strategy_row(strategy).frozen_copy_bytes(params, layout)
 
 
-def make(cfg, params: int, world: int) -> PreferencePlan | None:
+def make(cfg, params: int, world: int, fp32: bool = False) -> PreferencePlan | None:
+    """`fp32`: the run trains in fp32 (a DeepSpeed reference copy is held in the training dtype)."""
     f, par = cfg.finetune, cfg.parallel
     if f.objective == Objective.sft:
         return None
@@ -136,7 +137,7 @@ def make(cfg, params: int, world: int) -> PreferencePlan | None:
         reference = ADAPTERS_OFF
     else:
         reference = FROZEN_COPY
-        held = reference_bytes(par.strategy, params, world=world, tp=par.tp, zero_stage=par.zero_stage, offload_params=par.offload_params)
+        held = reference_bytes(par.strategy, params, world=world, tp=par.tp, zero_stage=par.zero_stage, offload_params=par.offload_params, fp32=fp32)
     return PreferencePlan(f.objective.value, float(f.beta), float(f.label_smoothing), float(f.simpo_gamma), reference, held, float(f.desirable_weight), float(f.undesirable_weight))
 
 

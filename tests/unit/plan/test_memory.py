@@ -81,3 +81,11 @@ def test_deepspeed_in_fp32_holds_4_byte_weights_and_gradients(stage):
     grads = {1: 2 * p, 2: 2 * p / 8, 3: 0}[stage]  # ZeRO-1's whole gradient, ZeRO-2's partition; ZeRO-3 counts its fp32 partition only
     assert full.grads - half.grads == pytest.approx(grads)
     assert full.optimizer == half.optimizer  # the fp32 master and the moments either way
+
+
+def test_a_deepspeed_reference_copy_in_fp32_is_counted_at_4_bytes():
+    from tinytrain.plan.preference import reference_bytes
+
+    half = reference_bytes("deepspeed", 1_000_000, world=8, tp=1, zero_stage=2, offload_params=False)
+    full = reference_bytes("deepspeed", 1_000_000, world=8, tp=1, zero_stage=2, offload_params=False, fp32=True)
+    assert (half, full) == (2_000_000, 4_000_000)
