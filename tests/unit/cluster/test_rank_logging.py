@@ -39,10 +39,12 @@ LAUNCHED = {"WORLD_SIZE": "8", "SLURM_NTASKS": "8"}
         ({"LOCAL_RANK": "2"}, 0),
         ({"SLURM_PROCID": "1", "WORLD_SIZE": "2"}, 0),
         ({"LOCAL_RANK": ""}, 0),
+        # Inside `srun --pty bash`: Lightning's launcher starts the ranks, each inheriting the shell's SLURM_PROCID=0.
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}, 1),
     ],
 )
 def test_process_rank(monkeypatch, env, rank):
-    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS"):
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)

@@ -98,6 +98,7 @@ def test_each_process_knows_its_rank_in_the_world_before_any_process_group():
     assert heartbeat.global_rank(8, {"NODE_RANK": "1", "LOCAL_RANK": "3", "WORLD_SIZE": "16"}) == 11  # Lightning's launcher, second node
     assert heartbeat.global_rank(8, {"NODE_RANK": "1"}) == 8  # the process that launches that node's ranks
     assert heartbeat.global_rank(8, {}) == 0
+    assert heartbeat.global_rank(2, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}) == 1  # srun --pty bash
 
 
 # A stand-in rank: beats through steps like a training rank, then at `stop_at` gets stuck in a
