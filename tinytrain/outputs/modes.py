@@ -155,7 +155,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     result = {
         "checkpoint": str(saved.checkpoint),
         "data": data_cfg.name,
-        "data_path": None if data_cfg.path is None else str(Path(data_cfg.path).absolute()),  # the file scored, wherever this ran
+        "data_path": None if data_cfg.path is None else str(Path(data_cfg.path).absolute() if Path(data_cfg.path).exists() else data_cfg.path),  # the file scored (a hub name as given)
         "split": "whole" if data_overridden and data_cfg.val_path == data_cfg.path else "validation",
         "batches": batches,
         "tokens": tokens,
