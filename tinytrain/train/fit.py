@@ -159,8 +159,9 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
             wait_for_checkpoint()
         val_now = trainer.callback_metrics.get("val_loss")
         unusable = built.nonfinite.unusable_end(None if val_now is None else float(val_now), summary.last, trainer.global_step)
-        if unusable:
-            raise TrainingStopped(unusable)  # exit 3 before the export, the evals and the summary
+        # Every rank stops alike: without validation each judges its own last loss.
+        if trainer.strategy.reduce_boolean_decision(unusable is not None, all=False):
+            raise TrainingStopped(unusable or "tinytrain: training ended on weights whose last training loss was non-finite on another rank; nothing was exported")  # exit 3 before the export, the evals and the summary
         failed = False
     except Exception as e:
         dead = built.dead_rank.message
