@@ -27,15 +27,30 @@ def die_with_parent(parent_pid: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass  # no prctl: the watchdog alone
-    # Stop signals are the parent's to act on (a checkpoint at the step boundary, exit 75): Slurm
-    # and a terminal signal the whole process group, and a DataLoader worker killed by SIGTERM
-    # made torch raise mid-step in the parent instead. The worker ends with its parent.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+    leave_stop_signals_to(parent_pid)
     # The parent may have died before prctl took effect: then no signal will come.
     if os.getppid() != parent_pid:
         os._exit(1)
     threading.Thread(target=_watch, args=(parent_pid,), name="tinytrain-orphan-guard", daemon=True).start()
+
+
+def leave_stop_signals_to(parent_pid: int) -> None:
+    """Stop signals are the parent's to act on (a checkpoint at the step boundary, exit 75): Slurm
+    and a terminal signal the whole process group, and a DataLoader worker killed by SIGTERM made
+    torch raise mid-step in the parent instead. The worker ends with its parent, and still on a
+    SIGTERM from the parent itself (torch's DataLoader terminates a worker that will not exit)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):  # not Linux: the group's SIGTERM keeps its default
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+
+    def from_parent_only() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=from_parent_only, name="tinytrain-stop-signals", daemon=True).start()
 
 
 def _watch(parent_pid: int) -> None:
