@@ -60,11 +60,15 @@ def home_path_problems(cfg) -> list[Problem]:
     named = [(key, OmegaConf.select(cfg, key)) for key in PATH_KEYS]
     named += [(f"data.sources[{i}].path", source.get("path")) for i, source in enumerate(cfg.data.sources or [])]
     named += [(f"checkpoint.average[{i}]", path) for i, path in enumerate(cfg.checkpoint.average or [])]
-    return [
-        Problem(key, value, "starts with '~', which nothing expands here (it would name a folder called '~' in the current one)", f"write the home folder out: {key}=${{oc.env:HOME}}{value[1:]} (or an absolute path)")
-        for key, value in named
-        if isinstance(value, str) and value.startswith("~")
-    ]
+    return [Problem(key, value, "starts with '~', which nothing expands here (it would name a folder called '~' in the current one)", home_fix(key, value)) for key, value in named if isinstance(value, str) and value.startswith("~")]
+
+
+def home_fix(key: str, value: str) -> str:
+    """The override with the home folder written out, quoted for the shell (`${...}` unquoted is
+    bash's "bad substitution"); another user's `~name` has no such form."""
+    if value == "~" or value.startswith("~/"):
+        return f"write the home folder out: '{key}=${{oc.env:HOME}}{value[1:]}' (quoted as shown), or give an absolute path"
+    return f"give the absolute path instead of {value.split('/')[0]}"
 
 
 def experiment_options() -> list[str]:

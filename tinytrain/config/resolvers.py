@@ -47,7 +47,9 @@ def _run_dir(root: str, name: str) -> str:
     if problem:
         raise ConfigError(problem)
     if str(root).startswith("~"):
-        raise ConfigError(Problem("run.root", str(root), "starts with '~', which nothing expands here: the runs would go to a folder named '~' in the current one", "write the home folder out: run.root=${oc.env:HOME}/runs (or an absolute path)"))
+        from tinytrain.config.checks import home_fix
+
+        raise ConfigError(Problem("run.root", str(root), "starts with '~', which nothing expands here: the runs would go to a folder named '~' in the current one", home_fix("run.root", str(root))))
     path = f"{root}/{name}"
     key = str(Path(path).resolve())
     if key not in FOUND_BEFORE:

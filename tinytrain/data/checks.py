@@ -4,6 +4,7 @@ paths (data/sources.py), a mixture's entries (data/mixture.py) and the chat temp
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tinytrain.config.schema import DataFormat, Mode
@@ -51,17 +52,21 @@ def data_problems(cfg) -> list[Problem]:
         value = getattr(d, key)
         if value is not None and value < 0:
             problems.append(Problem(f"data.{key}", value, "must be >= 0", "use 0 to work in the training process"))
-        elif value is not None and value > MAX_WORKERS:
+        elif value is not None and value > max_workers():
             # Each is a process (per rank, for data.num_workers): this many would exhaust the node's
             # process table and memory before the first batch.
-            problems.append(Problem(f"data.{key}", value, f"starts that many processes{' on every rank' if key == 'num_workers' else ''}, more than any node has cores for (at most {MAX_WORKERS})", f"use about the cores per rank (e.g. data.{key}=4), or {'0' if key == 'num_workers' else 'null (one per core)'}"))
+            problems.append(Problem(f"data.{key}", value, f"starts that many processes{' on every rank' if key == 'num_workers' else ''}, more than this machine's {os.cpu_count()} cores and more than {MAX_WORKERS}", f"use about the cores per rank (e.g. data.{key}=4), or {'0' if key == 'num_workers' else 'null (one per core)'}"))
     problems += part_problems(cfg)
     if d.pad_to_multiple_of < 1:
         problems.append(Problem("data.pad_to_multiple_of", d.pad_to_multiple_of, "must be >= 1", "use 8 (the default) or 1 for no rounding"))
     return problems + chat_template_problems(cfg)
 
 
-MAX_WORKERS = 256
+MAX_WORKERS = 256  # allowed anywhere; a machine with more cores allows one per core
+
+
+def max_workers() -> int:
+    return max(MAX_WORKERS, os.cpu_count() or 1)
 
 
 def part_problems(cfg) -> list[Problem]:
