@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import library_notices, process_group, rank_logging
-from tinytrain.cluster.import_gc import collector_paused
+from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -248,6 +248,8 @@ def hydra_main(cfg: DictConfig):
     finally:
         if ended_cleanly and held and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
             unused_run_dir.remove_if_unused(run_dir)
+        if multirun:
+            release_finished_job()
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
 
