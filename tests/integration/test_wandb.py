@@ -45,13 +45,15 @@ def test_offline_wandb_run_holds_config_plan_and_metrics(run_dir):
     assert len(losses) >= 3 and losses[-1] < losses[0]
     assert any("val_loss" in row for row in history) and any("tokens_per_s" in row for row in history)
     assert (run_dir / "metrics.csv").exists()  # the CSV metrics are kept next to wandb
-    # Sample generations at each validation step: a wandb table beside samples.jsonl.
+    # Sample generations at each validation step: one wandb table beside samples.jsonl, logged
+    # incrementally (each validation sends its own rows, not every earlier one again).
     tables = [row["samples/_type"] for row in history if "samples/_type" in row]
-    assert tables == ["table-file", "table-file"], tables
+    assert tables == ["incremental-table-file", "incremental-table-file"], tables
     # Each table sits at its validation's step, as Lightning counts it for val_loss (one less than samples.jsonl's).
     table_steps = [row["trainer/global_step"] for row in history if "samples/_type" in row]
     val_steps = [row["trainer/global_step"] for row in history if "val_loss" in row]
     assert table_steps == val_steps, (table_steps, val_steps)
-    table = json.loads(max(runs[0].parent.glob("files/media/table/samples_*.table.json"), key=lambda p: int(p.name.split("_")[1])).read_text())
-    assert table["columns"] == ["step", "prompt", "completion"] and len(table["data"]) == 4  # 2 prompts x 2 validations
+    increments = [json.loads(p.read_text()) for p in runs[0].parent.glob("files/media/table/samples_*.table.json")]
+    assert len(increments) == 2 and all(t["columns"] == ["step", "prompt", "completion"] and len(t["data"]) == 2 for t in increments), increments  # 2 prompts a validation
+    assert sorted(row[0] for t in increments for row in t["data"]) == [4, 4, 8, 8]
     assert len((run_dir / "samples.jsonl").read_text().splitlines()) == 4

@@ -99,8 +99,11 @@ def extra_loggers(cfg, plan: RunPlan, run_dir: Path) -> list:
     if cfg.logger.tensorboard:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        # <run dir>/tensorboard/: a resumed run adds an event file beside the first one's.
-        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False))
+        # <run dir>/tensorboard/: a resumed run adds an event file beside the first one's, and purges
+        # the earlier files' events of the steps it trains again (TensorBoard showed them twice).
+        # Lightning logs optimizer step k at k - 1: the resumed step's own rows stay.
+        purge = {"purge_step": plan.resume.step} if plan.resume else {}
+        loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False, **purge))
     return loggers
 
 

@@ -1,4 +1,5 @@
-"""Gradient-norm spikes relative to a running average, logged as events (the run goes on)."""
+"""Gradient-norm spikes relative to a running average, logged as events (the run goes on). The
+average is kept in checkpoints; a resumed run drops the events of steps after its checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 from pathlib import Path
 
 import lightning.pytorch as pl
+
+from tinytrain.train.jsonl_rows import drop_after
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +25,17 @@ class GradSpikeMonitor(pl.Callback):
         self.seen = 0
         self.events: list[dict] = []
         self._last_step = -1
+
+    def state_dict(self) -> dict:
+        # A resumed run goes on with the running average (its warm-up unchecked again, otherwise).
+        return {"average": self.average, "seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.average, self.seen = state["average"], int(state["seen"])
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.is_global_zero and trainer.global_step:  # a resumed run: its later events come again
+            drop_after(self.events_file, trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         norm = getattr(pl_module, "step_values", {}).get("grad_norm")  # every step's (the loggers get some)

@@ -1,6 +1,6 @@
 """Sample generations at each validation step: a few prompts (generate.sample_prompts), greedy, through
 the run's chat template when it fine-tunes, appended to samples.jsonl (and a wandb table under
-logger=wandb). What a loss number cannot show: whether the model stops at the turn end, repeats
+logger=wandb). A resumed run drops the rows of steps after its checkpoint (they are generated again). What a loss number cannot show: whether the model stops at the turn end, repeats
 itself, or has learnt the format.
 
 Rank 0 generates with the model it holds; under DeepSpeed and fsdp_tp that model is partitioned
@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 from tinytrain.checkpoint.export import served_tokenizer
 from tinytrain.config.schema import DataFormat
 from tinytrain.model.generation import Sampling, generate
+from tinytrain.train.jsonl_rows import drop_after
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,22 @@ class SampleGenerations(pl.Callback):
         self.stop_ids = stop_ids
         self.true_vocab = true_vocab
         self.sharded = sharded
-        self.rows: list[list] = []  # every sample so far, for the wandb table
+        self.said_skipped = False
+        self.table = None  # the wandb table, logged incrementally: each validation adds its own rows
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.is_global_zero and trainer.global_step:  # a resumed run: its later samples come again
+            _, dropped = drop_after(self.path, trainer.global_step)
+            if dropped:
+                log.info("samples.jsonl: %d row(s) of steps after step %d dropped: those steps are trained again", dropped, trainer.global_step)
 
     def on_validation_end(self, trainer, pl_module):
         if not self.prompts or trainer.sanity_checking or not trainer.is_global_zero:
             return
         if self.sharded:
-            if not self.rows:
+            if not self.said_skipped:
                 log.info("samples: skipped under a sharded strategy (DeepSpeed, fsdp_tp); mode=generate on a checkpoint gives them")
-                self.rows.append([])
+                self.said_skipped = True
             return
         import torch
 
@@ -52,11 +60,21 @@ class SampleGenerations(pl.Callback):
         with self.path.open("a", encoding="utf-8") as f:
             for r in results:
                 f.write(json.dumps({"step": step, **r}, ensure_ascii=False) + "\n")
-        self.rows += [[step, r["prompt"], r["completion"]] for r in results]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):  # WandbLogger
-                # Lightning logs optimizer step k as k - 1: the table sits in val_loss's row (as evals do).
-                logger.log_table(key="samples", columns=["step", "prompt", "completion"], data=self.rows, step=max(step - 1, 0))
+                self.log_to_wandb(logger, [[step, r["prompt"], r["completion"]] for r in results], step)
+
+    def log_to_wandb(self, logger, rows: list[list], step: int) -> None:
+        """One table for the run, logged incrementally: each validation sends its own rows (logging the
+        whole table each time wrote every earlier row again, a quadratic total over a long run)."""
+        import wandb
+
+        if self.table is None:
+            self.table = wandb.Table(columns=["step", "prompt", "completion"], log_mode="INCREMENTAL")
+        for row in rows:
+            self.table.add_data(*row)
+        # Lightning logs optimizer step k as k - 1: the table sits in val_loss's row (as evals do).
+        logger.log_metrics({"samples": self.table}, step=max(step - 1, 0))
 
 
 def sample_callback(cfg, plan, run_dir: Path, tokenizer) -> list:
