@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def gpu_check(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    # WHEELS: no wheel folder here, the venv has every package already.
-    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": "/nonexistent", **(env or {})}
+    # WHEELS: no wheel folder here, the venv has every package already (a path of this test's own:
+    # a /nonexistent that some other program made was read as an empty wheel folder).
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(REPO / "benchmarks" / ".no-wheels-in-tests"), **(env or {})}
     return subprocess.run(["bash", "benchmarks/gpu_check.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
