@@ -5,20 +5,37 @@ trained again and write their rows again; a kill and resume left them twice)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from tinytrain.checkpoint.files import fsync_directory, temp_path
 
+log = logging.getLogger(__name__)
+
 
 def drop_after(path: Path, step: int) -> tuple[list[dict], int]:
-    """(the rows kept, how many went); the file rewritten beside itself and renamed over it."""
+    """(the rows kept, how many went); the file rewritten beside itself and renamed over it. A line
+    that is not JSON (the last one cut where a full disk or a kill stopped its write) goes too, with
+    a warning: a record file never stops a resume."""
     if not path.exists():
         return [], 0
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [json.loads(line) for line in lines]
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines, rows, broken = [], [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            broken += 1
+            continue
+        lines.append(line)
+        rows.append(row)
+    if broken:
+        log.warning("%s: %d line(s) that are not JSON dropped (cut short by a full disk or a kill while written)", path, broken)
     kept = [(line, row) for line, row in zip(lines, rows) if int(row.get("step", 0)) <= step]
-    if len(kept) < len(rows):
+    if len(kept) < len(rows) or broken:
         tmp = temp_path(path)
         with tmp.open("w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line, _ in kept)
