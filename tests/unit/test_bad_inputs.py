@@ -621,6 +621,25 @@ def test_an_unwritable_run_root_is_named(read_only_root, clean_env):
     assert "Fix: choose a writable folder with run.root=<folder>" in err
 
 
+def test_a_run_directory_on_a_disk_turned_read_only_is_named(clean_env, tmp_path):
+    """The run directory exists (a run to resume) on a disk since remounted read-only: Hydra's log
+    handler failed to open tinytrain.log and the user got its traceback (exit 1)."""
+    import subprocess
+
+    from tests.conftest import mounted_tmpfs
+
+    if os.geteuid() != 0:
+        pytest.skip("remounting a tmpfs read-only needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with mounted_tmpfs(disk, "size=1m"):
+        (disk / "runs" / "b").mkdir(parents=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        code, err = run_in_process(["mode=plan", f"run.root={disk / 'runs'}", "run.name=b"])
+    assert code == 2 and "Traceback" not in err, err
+    assert f"hydra.run.dir: cannot write its log in the run directory {disk / 'runs' / 'b' / 'tinytrain.log'}: Read-only file system" in err
+
+
 def test_every_problem_is_reported_at_once(clean_env, tmp_path):
     code, err = run_in_process(["mode=plan", "model.hidden_size=0", "trainer.lr=-1", "cluster.nodes=0", "guard.loss_scale_halvings=0", f"hydra.run.dir={tmp_path / 'run'}"])
     assert code == 2, err

@@ -138,12 +138,18 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         if isinstance(err, ConfigError):
             return f"{err.render()}\n{HINT}"
     head = chain[0]
-    if isinstance(head, OSError) and _raised_in(head, "run_job") and not _raised_in(head, "hydra_main"):
-        # Hydra creates the run directory before tinytrain runs (before hydra_main): a regular
-        # file in the way, a read-only or full disk, no permission.
+    # Hydra creates the run directory and opens its log (a ValueError "Unable to configure handler
+    # 'file'" around the OSError) before tinytrain runs (before hydra_main): a regular file in the
+    # way, a read-only or full disk, no permission.
+    in_setup = _raised_in(head, "run_job") and not _raised_in(head, "hydra_main")
+    opened = isinstance(head, ValueError) and "configure handler" in str(head)
+    setup = head if isinstance(head, OSError) else next((err for err in chain if isinstance(err, OSError)), None) if opened else None
+    if setup is not None and in_setup:
+        head = setup
         where = head.filename or "the run directory"
+        what = "cannot write its log in the run directory" if opened else "cannot create the run directory"
         return (
-            f"tinytrain: configuration error: hydra.run.dir: cannot create the run directory {where}: {head.strerror or head}. "
+            f"tinytrain: configuration error: hydra.run.dir: {what} {where}: {head.strerror or head}. "
             f"Fix: choose a writable folder with run.root=<folder> (or hydra.run.dir=<folder>), and move away any regular file on that path. {HINT}"
         )
     if isinstance(head, MissingConfigException) and head.missing_cfg_file and "/" in head.missing_cfg_file:
