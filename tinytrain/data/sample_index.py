@@ -55,11 +55,15 @@ def index_dir(cache_dir: str, store, *what) -> Path:
 
 def _save(folder: Path, name: str, array: np.ndarray) -> None:
     tmp = folder / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with tmp.open("wb") as f:
-        np.save(f, array)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / name)
+    try:
+        with tmp.open("wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk's partial file would hold on to the space freed for the rerun
+        raise
 
 
 def _map(folder: Path, name: str) -> np.ndarray:

@@ -9,6 +9,7 @@ gives its folder the same treatment.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -37,12 +38,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, final)
         except (OSError, RuntimeError) as e:
             full = disk_full(e, final.parent)  # measured before the partial file is removed
-            tmp.unlink(missing_ok=True)
+            remove_quietly(tmp)
             if full:
                 raise TrainingStopped(disk_full_message(final)) from e
             raise
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            remove_quietly(tmp)
             raise
         fsync_directory(final.parent)
 
@@ -67,3 +68,11 @@ def disk_full_message(final: Path) -> str:
         f"tinytrain: disk full while saving {final}; {previous} (a save in progress never replaces one). "
         f"Free space on {final.parent} (checkpoint.keep_last keeps fewer) and run the same command again: resume=auto continues from the newest checkpoint."
     )
+
+
+def remove_quietly(tmp) -> None:
+    """The failed save's temp file, removed where it can be: on a disk turned read-only the removal
+    fails too, and its error hid the save's own (the next run removes the file instead)."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+
