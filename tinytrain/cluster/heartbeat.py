@@ -97,6 +97,13 @@ class Heartbeat:
                 # A full disk (or a run folder gone): the run's own save names it; a beat not written
                 # must not end this rank with a traceback of its own. The next beat tries again.
                 self.written_seq = -1
+                try:
+                    # Progress still shows: a new mtime needs no space (the watchdog reads it beside
+                    # seq), so a rank training on a full disk is not taken for a hung one.
+                    os.utime(self.path)
+                    self.written_seq = record["seq"]  # not retried by flush() until the rank moves on
+                except OSError:
+                    pass
                 if not self.write_failed:
                     log.warning("heartbeat %s not written (%s): the hang watchdog sees this rank's older beat until one is", self.path, e.strerror or e)
                 self.write_failed = True
@@ -108,6 +115,7 @@ def read(where: Path) -> dict[int, dict]:
     for path in where.glob("rank*.json"):
         try:
             record = json.loads(path.read_text())
+            record["touched"] = path.stat().st_mtime_ns  # a beat on a full disk: the mtime alone moves
         except (OSError, ValueError):
             continue  # replaced while read: the next poll reads it
         beats[record["rank"]] = record

@@ -48,7 +48,7 @@ class Watchdog:
         self.host = socket.gethostname()
         self.launcher = process_state(rank_pid)["ppid"]
         self.started = time.monotonic()
-        self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it changed, our clock)
+        self.seen: dict[int, tuple[tuple, float]] = {}  # rank -> ((seq, mtime), when it changed, our clock)
         self.dead_since: dict[int, float] = {}
         self.dead_grace = min(DEAD_PEER_GRACE_S, limits["train"] / 2)
 
@@ -93,7 +93,7 @@ class Watchdog:
             os.kill(self.rank_pid, signal.SIGUSR2)  # faulthandler: every thread's Python stack
         (self.where / "dump").touch()  # the rank's thread dumps its flight recorder
         time.sleep(STACK_WAIT_S)
-        hang_report.write(self.where / f"state-rank{self.rank}.json", json.dumps(process_state(self.rank_pid)))
+        written(self.where / f"state-rank{self.rank}.json", json.dumps(process_state(self.rank_pid)))
         try:
             os.close(os.open(self.where / "claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:  # another watchdog writes the report; give it the time to
@@ -102,9 +102,9 @@ class Watchdog:
         wait_until(lambda: len(list(self.where.glob("state-rank*.json"))) >= self.world, GATHER_S)
         _, seconds, limit, phase = verdict.split(":", 3)
         text = hang_report.render(where=self.where, world=self.world, stalled_s=float(seconds), limit_s=int(limit), limit_phase=phase, beats=heartbeat.read(self.where))
-        hang_report.write(self.run_dir / REPORT, text)
+        report = f"every rank's stack and collectives in {self.run_dir / REPORT}" if written(self.run_dir / REPORT, text) else f"{REPORT} could not be written (the disk is full or read-only)"
         named = next(line for line in text.splitlines() if line.startswith("did not arrive"))
-        say(f"tinytrain: hang: no rank made progress for {limit} s (phase {phase}); {named}; every rank's stack and collectives in {self.run_dir / REPORT}; exit {EXIT_CODE}")
+        say(f"tinytrain: hang: no rank made progress for {limit} s (phase {phase}); {named}; {report}; exit {EXIT_CODE}")
         job = slurm.job_id()
         if job:
             # The requeue's SIGTERM reaches this process too, as soon as slurmctld takes the requeue:
@@ -114,7 +114,7 @@ class Watchdog:
                 say(f"tinytrain: {outcome}" + ("; the requeued job resumes from the newest checkpoint" if requeued else ""))
 
     def stop_rank(self, why: str) -> None:
-        hang_report.write(self.where / f"stop-rank{self.rank}", why)
+        written(self.where / f"stop-rank{self.rank}", why)  # not written: the kill below after the grace
         if not wait_until(lambda: process_state(self.rank_pid)["state"] in ("gone", "Z"), EXIT_GRACE_S):
             os.kill(self.rank_pid, signal.SIGKILL)  # frozen, or its thread could not run
             # Its status is then SIGKILL's, not 76: rank 0 of a local run is the command itself.
@@ -125,13 +125,14 @@ EXIT_CODE = 76  # tinytrain.errors.HANG_EXIT_CODE (not imported: this process st
 REPORT = "hang_report.txt"
 
 
-def stalled(beats: dict[int, dict], seen: dict[int, tuple[int, float]], now: float, started: float, limits: dict[str, int], world: int) -> str | None:
+def stalled(beats: dict[int, dict], seen: dict[int, tuple[tuple, float]], now: float, started: float, limits: dict[str, int], world: int) -> str | None:
     """"hang:<seconds>:<limit>:<phase>" when no rank's heartbeat changed for the limit of the slowest
     phase any unfinished rank is in (a rank not yet beating counts as starting up); else None.
-    `seen` is updated: rank -> (seq, when we first saw it)."""
+    `seen` is updated: rank -> ((seq, file mtime), when we first saw it)."""
     for rank, beat in beats.items():
-        if rank not in seen or seen[rank][0] != beat["seq"]:
-            seen[rank] = (beat["seq"], now)
+        mark = (beat["seq"], beat.get("touched"))
+        if rank not in seen or seen[rank][0] != mark:
+            seen[rank] = (mark, now)
     phases = [b["phase"] for b in beats.values() if b["phase"] != "done"] + ["startup"] * (world - len(beats))
     if not phases:
         return None
@@ -140,6 +141,16 @@ def stalled(beats: dict[int, dict], seen: dict[int, tuple[int, float]], now: flo
     if now - last > limits[phase]:
         return f"hang:{now - last:.0f}:{limits[phase]}:{phase}"
     return None
+
+
+def written(path: Path, text: str) -> bool:
+    """hang_report.write, False where the disk is full or read-only (a traceback here ended the
+    watchdog, and the run went on unwatched)."""
+    try:
+        hang_report.write(path, text)
+        return True
+    except OSError:
+        return False
 
 
 def wait_until(condition, seconds: float) -> bool:

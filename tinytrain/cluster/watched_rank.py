@@ -14,6 +14,7 @@ its flight-recorder dump on request, and its exit when its watchdog says so.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -70,7 +71,8 @@ class WatchedRank:
             if not dumped and (self.where / "dump").exists():  # a hang verdict: stop files follow in >= 3 s
                 dumped = True
                 hold_off_lightning_observer()
-                hang_report.write(self.where / f"fr-rank{self.rank}.json", json.dumps(flight_recorder()))
+                with contextlib.suppress(OSError):  # a full disk: the report goes without this rank's collectives
+                    hang_report.write(self.where / f"fr-rank{self.rank}.json", json.dumps(flight_recorder()))
             if stop.exists():
                 print(f"tinytrain: rank {self.rank} stopped by its watchdog: {stop.read_text()} (exit {HANG_EXIT_CODE})", file=sys.stderr, flush=True)
                 self.stacks.flush()

@@ -4,6 +4,7 @@ cluster/watched_rank.py as a training rank does, without torch. The 2-rank train
 frozen with SIGSTOP, a slow checkpoint save, rank 0 killed) are in
 tests/integration/test_watchdog.py."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
-from tinytrain.cluster import hang_report, heartbeat
+from tinytrain.cluster import hang_report, heartbeat, watchdog
 from tinytrain.cluster.watchdog import stalled
 
 LIMITS = {"startup": 100, "data": 100, "first_step": 50, "compile": 50, "train": 10, "validation": 50, "checkpoint": 60}
@@ -82,7 +83,29 @@ def test_a_new_phase_is_written_at_once_steps_when_flushed_and_read_back(tmp_pat
     hb.flush()  # the rank's watchdog thread, each second
     assert heartbeat.read(tmp_path)[3]["step"] == 2
     hb.beat(phase="checkpoint")
-    assert heartbeat.read(tmp_path)[3] | {"time": 0, "host": "h", "pid": 1} == beat(3, 2, "checkpoint", 3)
+    assert heartbeat.read(tmp_path)[3] | {"time": 0, "host": "h", "pid": 1, "touched": 0} == beat(3, 2, "checkpoint", 3) | {"touched": 0}
+
+
+def test_a_rank_beating_on_a_full_disk_is_not_taken_for_a_hung_one(tmp_path):
+    """Its beats cannot be written, but their mtime still moves (no space needed): the watchdog
+    declared a hang of a rank that trained on, and died writing its report on the same disk."""
+    from tests.conftest import mounted_tmpfs
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    with mounted_tmpfs(tmp_path, "size=64k"):
+        hb = heartbeat.Heartbeat(tmp_path, rank=0)
+        hb.beat(1, "train")
+        with contextlib.suppress(OSError):
+            (tmp_path / "filler").write_bytes(b"x" * 200_000)  # the disk is full now
+        seen: dict = {}
+        assert watchdog.stalled(heartbeat.read(tmp_path), seen, 0.0, 0.0, LIMITS, 1) is None
+        time.sleep(0.01)
+        hb.beat(phase="validation")  # a new phase is written at once: it fails, its mtime moves
+        assert hb.write_failed and heartbeat.read(tmp_path)[0]["phase"] == "train"
+        assert watchdog.stalled(heartbeat.read(tmp_path), seen, 50.0, 0.0, LIMITS, 1) is None  # moved at 50 s
+        assert seen[0][1] == 50.0
+        assert watchdog.written(tmp_path / "hang_report.txt", "x" * 100_000) is False  # said, not a traceback
 
 
 def test_the_attempt_is_named_by_slurm_or_torchrun_or_made_up_once():
