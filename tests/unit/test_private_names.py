@@ -98,6 +98,7 @@ PRIVATE_NAMES = [
     ("lightning", "_LoggerConnector.metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "metrics")),
     ("lightning", "_LoggerConnector.log_metrics", "train/metrics_csv.py", class_attr("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "log_metrics")),
     ("lightning", "csv_logs.ExperimentWriter._check_log_dir_exists", "train/metrics_csv.py (keeps metrics.csv on resume)", class_attr("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_check_log_dir_exists")),
+    ("lightning", "csv_logs.ExperimentWriter._rewrite_with_new_header", "train/metrics_csv.py (a new column rewrites metrics.csv beside itself)", class_attr("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_rewrite_with_new_header")),
     ("lightning", "CSVLogger._experiment", "train/metrics_csv.py", assigned_in_init("lightning.pytorch.loggers", "CSVLogger", "_experiment")),
     ("lightning", "_ChildProcessObserver._finished", "cluster/watched_rank.py hold_off_lightning_observer (a dead rank's message, a hang verdict's exit 76)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_finished")),
     (

@@ -90,6 +90,24 @@ class ContinuedMetrics(ExperimentWriter):
         os.replace(tmp, path)
         self.metrics_keys = sorted(keys)  # new keys later rewrite the header, old rows kept
 
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        """A new column (val_loss's first value): Lightning rewrote metrics.csv in place, and a full
+        disk there left it empty (every earlier row lost). Written beside it and renamed over it."""
+        path = Path(self.metrics_file_path)
+        _, rows = read_complete_rows(path)
+        tmp = temp_path(path)
+        try:
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fieldnames)
+                writer.writeheader()
+                writer.writerows(rows)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
 
 class ResumableCSVLogger(CSVLogger):
     def __init__(self, run_dir: Path, resume_step: int | None, stage: str = "main"):
