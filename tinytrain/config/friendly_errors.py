@@ -103,12 +103,30 @@ OS_ERROR_FIXES = {
 def os_error_message(e: OSError, argv: list[str]) -> str:
     """An OSError raised by a stage: the file, the operation, and a fix for that errno, with the
     override that named the path when one did."""
-    path = e.filename or "a file"
+    path = e.filename or _open_file(e) or "a file"
     operation = _operation(e)
     key = next((a for a in argv if "=" in a and e.filename and a.split("=", 1)[1] and str(e.filename).startswith(a.split("=", 1)[1].strip("'\""))), None)
     fix = OS_ERROR_FIXES.get(e.errno, "check the path and the disk, then run again").format(path=path, parent=Path(str(path)).parent)
     named = f" (from {key})" if key else ""
     return f"tinytrain: {operation} failed on {path}{named}: {e.strerror or e}. Fix: {fix}. {HINT}"
+
+
+def _open_file(e: BaseException) -> str | None:
+    """The file a write, flush or close failed on (those OSErrors carry no filename: "close in fit
+    failed on a file"): the innermost frame's open file object with a name."""
+    import io
+
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            name = getattr(value, "name", None) if isinstance(value, io.IOBase) else None
+            if isinstance(name, str) and name:
+                return name
+    return None
 
 
 def _operation(e: BaseException) -> str:
