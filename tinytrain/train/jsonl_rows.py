@@ -22,7 +22,7 @@ def drop_after(path: Path, step: int) -> tuple[list[dict], int]:
         return [], 0
     text = path.read_text(encoding="utf-8", errors="replace")
     lines, rows, broken = [], [], 0
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): a completion may hold U+2028 or U+0085 unescaped
         if not line.strip():
             continue
         try:
