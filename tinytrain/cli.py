@@ -237,6 +237,7 @@ def hydra_main(cfg: DictConfig):
         if multirun:
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
             # raises the first failure again and main() exits with its code.
+            forget_job(e)
             raise
         sys.exit(2 if isinstance(e, ConfigError) else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
     except Preempted as e:
@@ -245,6 +246,10 @@ def hydra_main(cfg: DictConfig):
         sys.exit(PREEMPTED_EXIT_CODE)
     except BrokenPipeError:
         reader_left()  # here, before Hydra prints "Error executing job ..." for it
+    except Exception as e:
+        if multirun:
+            forget_job(e)
+        raise
     finally:
         if ended_cleanly and held and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
             unused_run_dir.remove_if_unused(run_dir)
@@ -252,6 +257,19 @@ def hydra_main(cfg: DictConfig):
             release_finished_job()
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
+
+
+def forget_job(e: BaseException) -> None:
+    """A failed multirun job's exception is kept by Hydra until the sweep ends (the first is raised
+    again then): its traceback's frames held the job's module, trainer and data (on a GPU its memory)
+    through every later job. Their locals are cleared; the traceback's lines stay."""
+    import traceback
+
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:  # the exceptions it was raised from hold frames too
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def name_multirun_job(cfg: DictConfig, job_num: int) -> None:
