@@ -113,19 +113,25 @@ def os_error_message(e: OSError, argv: list[str]) -> str:
 
 def _open_file(e: BaseException) -> str | None:
     """The file a write, flush or close failed on (those OSErrors carry no filename: "close in fit
-    failed on a file"): the innermost frame's open file object with a name."""
+    failed on a file"): an open file object of the innermost frame that its failing line names
+    (`f.write(...)`, or `with ... as f:` for the close). None where none is: better "a file" than
+    another file, on another disk."""
     import io
+    import linecache
+    import re
 
-    frames = []
     tb = e.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
         tb = tb.tb_next
-    for frame in reversed(frames):
-        for value in frame.f_locals.values():
-            name = getattr(value, "name", None) if isinstance(value, io.IOBase) else None
-            if isinstance(name, str) and name:
-                return name
+    frame = tb.tb_frame
+    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+    for var, value in frame.f_locals.items():
+        # A file object's name; fsspec's local file (Lightning's CSV logger writes through it) has a path.
+        name = (getattr(value, "name", None) or getattr(value, "path", None)) if isinstance(value, io.IOBase) else None
+        if isinstance(name, str) and name and re.search(rf"\b{re.escape(var)}\b", line):
+            return name
     return None
 
 

@@ -31,3 +31,15 @@ def test_without_an_open_file_it_says_a_file():
     with pytest.raises(OSError) as e:
         raise OSError(28, "No space left on device")
     assert "failed on a file" in os_error_message(e.value, [])
+
+
+def test_a_file_the_failing_line_does_not_name_is_not_blamed(tmp_path):
+    """A file open in the frame, but the write that failed went elsewhere (stdout on a full disk)."""
+
+    def write_elsewhere(path):
+        with open(path, "a") as kept_open:  # noqa: F841 - open beside the failing write
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as e:
+        write_elsewhere(tmp_path / "generations.jsonl")
+    assert "failed on a file" in os_error_message(e.value, [])
