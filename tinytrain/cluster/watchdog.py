@@ -24,6 +24,7 @@ one of them (the first to create `claim`) writes hang_report.txt. Then each tell
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -91,7 +92,8 @@ class Watchdog:
         state = process_state(self.rank_pid)
         if state["state"] not in hang_report.FROZEN:
             os.kill(self.rank_pid, signal.SIGUSR2)  # faulthandler: every thread's Python stack
-        (self.where / "dump").touch()  # the rank's thread dumps its flight recorder
+        with contextlib.suppress(OSError):  # a read-only disk: the report goes without the collectives
+            (self.where / "dump").touch()  # the rank's thread dumps its flight recorder
         time.sleep(STACK_WAIT_S)
         written(self.where / f"state-rank{self.rank}.json", json.dumps(process_state(self.rank_pid)))
         try:
@@ -99,6 +101,8 @@ class Watchdog:
         except FileExistsError:  # another watchdog writes the report; give it the time to
             wait_until(lambda: (self.run_dir / REPORT).exists(), GATHER_S + 2 * STACK_WAIT_S)
             return
+        except OSError:
+            pass  # a read-only disk: no claim to take; this watchdog says what it can
         wait_until(lambda: len(list(self.where.glob("state-rank*.json"))) >= self.world, GATHER_S)
         _, seconds, limit, phase = verdict.split(":", 3)
         text = hang_report.render(where=self.where, world=self.world, stalled_s=float(seconds), limit_s=int(limit), limit_phase=phase, beats=heartbeat.read(self.where))
