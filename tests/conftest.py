@@ -244,6 +244,17 @@ def mounted_tmpfs(folder: Path, options: str):
         subprocess.run(["umount", str(folder)], check=False)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KB tmpfs (root only; skipped otherwise): a disk that a test's writes fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    folder = tmp_path / "small_disk"
+    folder.mkdir()
+    with mounted_tmpfs(folder, "size=64k"):
+        yield folder
+
+
 def pytest_sessionfinish(session):
     """Under pytest-xdist: a worker hands its zygote's counts to the controller's summary."""
     if hasattr(session.config, "workeroutput"):

@@ -2,11 +2,8 @@
 failed on a file" for a full disk under metrics.csv (or samples.jsonl, a generation's file, the run
 lock). The file is read from the failing frame's open file object."""
 
-import os
-
 import pytest
 
-from tests.conftest import mounted_tmpfs
 from tinytrain.config.friendly_errors import os_error_message
 
 
@@ -15,16 +12,13 @@ def append_rows(path):
         f.write("step,loss\n" * 20_000)
 
 
-def test_a_full_disk_under_a_write_names_the_file(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    with mounted_tmpfs(tmp_path, "size=64k"):
-        with pytest.raises(OSError) as e:
-            append_rows(tmp_path / "metrics.csv")
-        assert e.value.filename is None  # what the message had to go on before
-        message = os_error_message(e.value, [])
-    assert f"failed on {tmp_path / 'metrics.csv'}: No space left on device" in message
-    assert f"df -h {tmp_path}" in message
+def test_a_full_disk_under_a_write_names_the_file(small_disk):
+    with pytest.raises(OSError) as e:
+        append_rows(small_disk / "metrics.csv")
+    assert e.value.filename is None  # what the message had to go on before
+    message = os_error_message(e.value, [])
+    assert f"failed on {small_disk / 'metrics.csv'}: No space left on device" in message
+    assert f"df -h {small_disk}" in message
 
 
 def test_without_an_open_file_it_says_a_file():
