@@ -12,11 +12,14 @@ No Lightning here: `mode=plan` lists checkpoints to show what it would resume fr
 
 from __future__ import annotations
 
+import csv
 import glob
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from tinytrain.cluster.local_process import running, started_at
 
@@ -65,6 +68,33 @@ def temp_siblings(final: Path) -> list[Path]:
     if not final.parent.is_dir():
         return []
     return sorted(final.parent.glob(f"{glob.escape(final.name)}{TEMP_MARK}*"))
+
+
+def replace_text(final: Path, write: Callable[[TextIO], None], newline: str | None = None) -> None:
+    """`final` written whole by `write(file)` beside itself and renamed over it, fsynced with its
+    folder: a failure (a full disk's included) leaves the old file as it was and no temp file."""
+    tmp = temp_path(final)
+    try:
+        with tmp.open("w", encoding="utf-8", newline=newline) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(final.parent)
+
+
+def replace_csv(final: Path, fieldnames: list[str], rows: list[dict]) -> None:
+    """A CSV file of `rows` under a header of `fieldnames`, replaced whole (replace_text)."""
+
+    def write(f: TextIO) -> None:
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    replace_text(final, write, newline="")
 
 
 def fsync_directory(directory: Path) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
 
-from tinytrain.checkpoint.files import fsync_directory, temp_path
+from tinytrain.checkpoint.files import replace_csv
 
 COLUMNS = ("step", "tokens", "task", "metric", "value", "stderr")
 
@@ -75,12 +74,4 @@ def rewrite(path: Path, change) -> None:
 
     with FileLock(str(path) + ".lock"):  # eval.where=slurm: jobs of several checkpoints append at once
         rows = change(read(path))
-        tmp = temp_path(path)
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(sorted(rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
+        replace_csv(path, COLUMNS, sorted(rows, key=lambda r: (int(r["step"]), r["task"], r["metric"])))

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
-from tinytrain.checkpoint.files import fsync_directory, temp_path
+from tinytrain.checkpoint.files import replace_text
 
 log = logging.getLogger(__name__)
 
 
-def drop_after(path: Path, step: int) -> tuple[list[dict], int]:
-    """(the rows kept, how many went); the file rewritten beside itself and renamed over it. A line
+def drop_after(path: Path, step: int) -> int:
+    """How many rows went; the file rewritten beside itself and renamed over it. A line
     that is not JSON (the last one cut where a full disk or a kill stopped its write) goes too, with
     a warning: a record file never stops a resume."""
     if not path.exists():
-        return [], 0
+        return 0
     text = path.read_text(encoding="utf-8", errors="replace")
     lines, rows, broken = [], [], 0
     for line in text.split("\n"):  # not splitlines(): a completion may hold U+2028 or U+0085 unescaped
@@ -36,11 +35,5 @@ def drop_after(path: Path, step: int) -> tuple[list[dict], int]:
         log.warning("%s: %d line(s) that are not JSON dropped (cut short by a full disk or a kill while written)", path, broken)
     kept = [(line, row) for line, row in zip(lines, rows) if int(row.get("step", 0)) <= step]
     if len(kept) < len(rows) or broken:
-        tmp = temp_path(path)
-        with tmp.open("w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line, _ in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
-    return [row for _, row in kept], len(rows) - len(kept)
+        replace_text(path, lambda f: f.writelines(line + "\n" for line, _ in kept))
+    return len(rows) - len(kept)

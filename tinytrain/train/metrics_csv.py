@@ -27,7 +27,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from tinytrain.checkpoint.files import temp_path
+from tinytrain.checkpoint.files import replace_csv
 from tinytrain.model.module import writes_metrics_row
 
 log = logging.getLogger(__name__)
@@ -81,32 +81,14 @@ class ContinuedMetrics(ExperimentWriter):
             super()._check_log_dir_exists()
             return
         keys, rows = read_complete_rows(path)
-        rows = rows_to_keep(rows, self.resume_step)
-        tmp = temp_path(path)
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
+        replace_csv(path, keys, rows_to_keep(rows, self.resume_step))
         self.metrics_keys = sorted(keys)  # new keys later rewrite the header, old rows kept
 
     def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
         """A new column (val_loss's first value): Lightning rewrote metrics.csv in place, and a full
         disk there left it empty (every earlier row lost). Written beside it and renamed over it."""
         path = Path(self.metrics_file_path)
-        _, rows = read_complete_rows(path)
-        tmp = temp_path(path)
-        try:
-            with tmp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fieldnames)
-                writer.writeheader()
-                writer.writerows(rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        replace_csv(path, fieldnames, read_complete_rows(path)[1])
 
 
 class ResumableCSVLogger(CSVLogger):

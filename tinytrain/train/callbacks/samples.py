@@ -38,7 +38,7 @@ class SampleGenerations(pl.Callback):
 
     def on_train_start(self, trainer, pl_module):
         if trainer.is_global_zero and trainer.global_step:  # a resumed run: its later samples come again
-            _, dropped = drop_after(self.path, trainer.global_step)
+            dropped = drop_after(self.path, trainer.global_step)
             if dropped:
                 log.info("samples.jsonl: %d row(s) of steps after step %d dropped: those steps are trained again", dropped, trainer.global_step)
 
