@@ -27,9 +27,14 @@ def out_of_space(error: BaseException) -> bool:
 
 def free_space(folder: Path) -> str:
     """`1.2 MiB free of 64.0 MiB` on the disk holding `folder` (its nearest existing parent)."""
-    existing = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), Path("/"))
-    usage = shutil.disk_usage(existing)
+    usage = shutil.disk_usage(nearest_existing(folder))
     return f"{size(usage.free)} free of {size(usage.total)}"
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or where it does not exist yet its nearest existing parent: the disk it will be on."""
+    path = Path(path).absolute()
+    return next((p for p in (path, *path.parents) if p.exists()), Path("/"))
 
 
 def size(n: float) -> str:

@@ -32,6 +32,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tinytrain.checkpoint.disk_space import nearest_existing
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.config.schema import Mode, Strategy
 from tinytrain.errors import Problem
@@ -98,7 +99,7 @@ def save_host_bytes(strategy: Strategy, *, async_save: bool, rank_bytes: int, la
 def free_space(run_dir: Path) -> int | None:
     """Free bytes on the filesystem the run directory is (or will be) on."""
     try:
-        return shutil.disk_usage(existing_parent(run_dir)).free
+        return shutil.disk_usage(nearest_existing(run_dir)).free
     except OSError:
         return None
 
@@ -128,16 +129,9 @@ def end_of_run_bytes(cfg, strategy: Strategy, *, params: int, sixteen_bit: bool,
 def same_filesystem(a: Path, b: Path) -> bool:
     """Whether two paths (or, where they do not exist yet, their nearest existing folders) are on one filesystem."""
     try:
-        return existing_parent(a).stat().st_dev == existing_parent(b).stat().st_dev
+        return nearest_existing(a).stat().st_dev == nearest_existing(b).stat().st_dev
     except OSError:
         return True  # unknown: counted, as before
-
-
-def existing_parent(path: Path) -> Path:
-    where = path.absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    return where
 
 
 def human(n: float) -> str:
