@@ -49,10 +49,10 @@ def global_rank(devices_per_node: int, env=os.environ) -> int:
     """This process's rank in the world, before any process group: torchrun and srun say it
     (RANK, SLURM_PROCID); Lightning's own launcher says only LOCAL_RANK (absent in the process it
     starts from) and the node's NODE_RANK."""
-    for variable, companion in rank_logging.launcher_variables(env):
-        if variable != "LOCAL_RANK" and variable in env and companion in env:
-            return rank_logging.rank_value(variable, env[variable])
-    return int(env.get("NODE_RANK", 0)) * devices_per_node + rank_logging.process_rank(env)
+    said = rank_logging.launcher_rank(env)
+    if said and said[0] != "LOCAL_RANK":
+        return said[1]
+    return int(env.get("NODE_RANK", 0)) * devices_per_node + (said[1] if said else 0)
 
 
 def folder(run_dir: Path, attempt: str) -> Path:

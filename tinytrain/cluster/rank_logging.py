@@ -20,18 +20,20 @@ RANK_VARIABLES = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"), ("LO
 
 
 def process_rank(env=os.environ) -> int:
-    for var, companion in launcher_variables(env):
-        if var in env and companion in env:
-            return rank_value(var, env[var])
-    return 0
+    said = launcher_rank(env)
+    return said[1] if said else 0
 
 
-def launcher_variables(env) -> tuple:
-    """RANK_VARIABLES less srun's inside an interactive allocation (`srun --pty bash`, salloc):
-    Lightning's launcher starts the ranks there, and each inherits the shell's SLURM_PROCID=0."""
+def launcher_rank(env=os.environ) -> tuple[str, int] | None:
+    """(the variable, the rank) of the first of RANK_VARIABLES set beside its companion; None where
+    none is. Not srun's inside an interactive allocation (`srun --pty bash`, salloc): Lightning's
+    launcher starts the ranks there, and each inherits the shell's SLURM_PROCID=0."""
     from tinytrain.cluster.slurm import interactive
 
-    return tuple(pair for pair in RANK_VARIABLES if not (pair[0] == "SLURM_PROCID" and interactive(env)))
+    for var, companion in RANK_VARIABLES:
+        if var in env and companion in env and not (var == "SLURM_PROCID" and interactive(env)):
+            return var, rank_value(var, env[var])
+    return None
 
 
 def rank_value(var: str, value: str) -> int:
