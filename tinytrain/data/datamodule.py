@@ -42,6 +42,7 @@ from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
 from tinytrain.data.tokenizer import fingerprint
 from tinytrain.data.unpaired import UnpairedCollator, UnpairedDataset, build_unpaired, is_unpaired
+from tinytrain.data.worker_loader import WorkerSafeDataLoader
 from tinytrain.errors import ConfigError, Problem
 
 # The split does not follow the run's seed: runs with different seeds validate on the same documents.
@@ -355,10 +356,10 @@ class DataModule:
     # validation) draws its workers' seed from the global torch RNG, and a resumed run, which
     # creates its iterators at other moments, would see different random draws afterwards.
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
+        return WorkerSafeDataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
+        return WorkerSafeDataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
 
     def _worker_init(self):
         """DataLoader workers end with this process, whatever signal ends it (orphan_guard.py)."""

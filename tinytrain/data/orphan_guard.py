@@ -15,9 +15,27 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_SECONDS = 1.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextmanager
+def stop_signals_held():
+    """Start workers inside: they inherit the stop signals blocked (through fork and exec), so the
+    group's signal in the moment before leave_stop_signals_to runs in them waits there instead of
+    killing them (a validation's fresh DataLoader workers died so: exit 1, no checkpoint). This
+    thread gets a signal that came meanwhile when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -42,7 +60,11 @@ def leave_stop_signals_to(parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if not hasattr(signal, "sigwaitinfo"):  # not Linux: the group's SIGTERM keeps its default
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return
+    # Started under stop_signals_held: ignored now, so they may arrive (one pending is discarded).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGUSR1})
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
 
     def from_parent_only() -> None:

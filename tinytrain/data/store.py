@@ -30,6 +30,7 @@ import numpy as np
 
 from tinytrain.data import tokenize_worker
 from tinytrain.data.build_lock import BuildLock
+from tinytrain.data.orphan_guard import stop_signals_held
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,8 @@ def encoded_chunks(docs: Iterable[str], tokenizer, dtype: np.dtype, eos: int | N
     with ProcessPoolExecutor(workers, mp_context=context, initializer=tokenize_worker.init, initargs=(*init_args, True, os.getpid())) as pool:
         pending: deque = deque()
         for chunk in _chunks(docs):
-            pending.append(pool.submit(tokenize_worker.encode, chunk))
+            with stop_signals_held():  # a submit may start a worker
+                pending.append(pool.submit(tokenize_worker.encode, chunk))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
         while pending:

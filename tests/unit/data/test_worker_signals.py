@@ -2,10 +2,13 @@
 sends the whole process group does not end it (it made torch raise mid-step in the trainer), while
 its parent's own SIGTERM (torch's DataLoader terminating a worker that will not exit) still does."""
 
+import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -30,3 +33,27 @@ def test_the_group_s_stop_signals_are_left_to_the_parent_and_the_parent_s_sigter
     finally:
         worker.kill()
         worker.wait()
+
+
+def slow_guard(parent_pid, worker_id):
+    """torch's own worker setup runs before worker_init_fn: this widens that moment to 1 s."""
+    time.sleep(1.0)
+    from tinytrain.data.orphan_guard import dataloader_worker_init
+
+    dataloader_worker_init(parent_pid, worker_id)
+
+
+@pytest.mark.parametrize("sig", ["TERM", "INT", "USR1"])
+def test_a_stop_signal_before_the_worker_s_init_waits_for_it(sig):
+    """A validation starts fresh workers: the group's SIGTERM between a worker's fork and its
+    worker_init_fn killed it, and torch raised "DataLoader worker exited unexpectedly" mid-run."""
+    import functools
+    import multiprocessing
+
+    from tinytrain.data.worker_loader import WorkerSafeDataLoader
+
+    loader = WorkerSafeDataLoader(list(range(8)), batch_size=2, num_workers=1, worker_init_fn=functools.partial(slow_guard, os.getpid()))
+    batches = iter(loader)
+    (worker,) = multiprocessing.active_children()
+    subprocess.run(["kill", f"-{sig}", str(worker.pid)], check=True)  # from another process, as the group's are
+    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
