@@ -197,11 +197,17 @@ def hydra_main(cfg: DictConfig):
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
     # without main(): the resolvers the config refers to are registered again.
     register_resolvers()
-    rank_logging.configure(rank_logging.process_rank())
-    library_notices.quiet()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        rank = rank_logging.process_rank()
+    except ConfigError:  # refused before any work: the directory Hydra made for it goes
+        if not multirun:
+            unused_run_dir.remove_if_unused(run_dir)
+        raise
+    rank_logging.configure(rank)
+    library_notices.quiet()
     if multirun:
         name_multirun_job(cfg, hydra_cfg.job.num)
     ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
