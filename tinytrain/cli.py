@@ -200,21 +200,17 @@ def hydra_main(cfg: DictConfig):
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    try:
-        rank = rank_logging.process_rank()
-    except ConfigError:  # refused before any work: the directory Hydra made for it goes
-        if not multirun:
-            unused_run_dir.remove_if_unused(run_dir)
-        raise
-    rank_logging.configure(rank)
-    library_notices.quiet()
-    if multirun:
-        name_multirun_job(cfg, hydra_cfg.job.num)
+    rank = None  # until read: a rank variable that is no number is refused as a bad key is
     ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
     held = False  # a process refused the lock leaves the directory to its holder (who may have made it just now)
     try:
+        rank = rank_logging.process_rank()
+        rank_logging.configure(rank)
+        library_notices.quiet()
+        if multirun:
+            name_multirun_job(cfg, hydra_cfg.job.num)
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
-        with run_lock.hold(run_dir, cfg.mode.value) if is_rank_zero() else contextlib.nullcontext():
+        with run_lock.hold(run_dir, cfg.mode.value) if rank == 0 else contextlib.nullcontext():
             held = True
             result = run_stages(cfg, run_dir)
             process_group.release()
@@ -238,7 +234,7 @@ def hydra_main(cfg: DictConfig):
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
         message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
-        if is_rank_zero():  # every rank of a DDP run reaches the same guard decision: say it once
+        if rank in (0, None):  # every rank of a DDP run reaches the same guard decision: say it once
             rank_logging.say(message, logging.ERROR)  # in tinytrain.log too: why the run stopped
         if multirun:
             # Hydra marks the job failed and runs the next one; after the last job the sweeper
@@ -247,7 +243,7 @@ def hydra_main(cfg: DictConfig):
             raise
         sys.exit(2 if isinstance(e, ConfigError) else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
     except Preempted as e:
-        if is_rank_zero():
+        if rank == 0:
             rank_logging.say(str(e), logging.WARNING)
         sys.exit(PREEMPTED_EXIT_CODE)
     except BrokenPipeError:
@@ -257,7 +253,8 @@ def hydra_main(cfg: DictConfig):
             forget_job(e)
         raise
     finally:
-        if ended_cleanly and held and is_rank_zero() and not multirun:  # a multirun's job directories are the sweep's record
+        # A multirun's job directories are the sweep's record; rank None: refused for its rank variable.
+        if ended_cleanly and not multirun and (rank is None or (rank == 0 and held)):
             unused_run_dir.remove_if_unused(run_dir)
         if multirun:
             release_finished_job()

@@ -320,6 +320,7 @@ CASES = {
     # wandb
     "wandb project empty": (["mode=plan", "logger=wandb", "logger.wandb_project=''"], ["logger.wandb_project=''", "is empty"]),
     "wandb mode invalid": (["mode=plan", "logger=wandb"], ["WANDB_MODE='ofline'", "not a wandb mode", "WANDB_MODE=offline"]),
+    "rank variable that is no number": (["mode=plan"], ["LOCAL_RANK='x'", "is not a rank", "unset LOCAL_RANK"]),
     "wandb online without a key": (["logger=wandb"], ["logger='wandb'", "no API key", "WANDB_MODE=offline"]),
     # tokenizer
     "tokenizer missing": (["mode=plan", "tokenizer=hf", "tokenizer.path={F}/no_tokenizer"], ["tokenizer.path='{F}/no_tokenizer'", "no such file or folder"]),
@@ -433,6 +434,7 @@ CASES = {
 }
 ENV = {
     "wandb mode invalid": {"WANDB_MODE": "ofline"},
+    "rank variable that is no number": {"LOCAL_RANK": "x", "WORLD_SIZE": "2"},
     "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"},
     "CPU run over the job's host memory": {"SLURM_MEM_PER_NODE": "4096"},
     "two CPU processes over the job's --mem-per-cpu": {"SLURM_MEM_PER_CPU": "2048", "SLURM_CPUS_ON_NODE": "2"},
@@ -597,6 +599,16 @@ def test_bad_input_exits_2_naming_key_value_and_fix(name, bad, clean_env, tmp_pa
     assert not (tmp_path / "run" / "plan.json").exists()
     assert not (bad / "escape").exists() and not (bad / "runs" / "a").exists()
 
+
+
+@pytest.mark.parametrize("env", [{}, {"LOCAL_RANK": "x", "WORLD_SIZE": "2"}], ids=["a bad key", "a rank that is no number"])
+def test_a_refused_command_leaves_no_run_directory(env, clean_env, tmp_path):
+    """The rank is read before anything else: its refusal came before the unused directory's removal."""
+    for var, value in env.items():
+        clean_env.setenv(var, value)
+    code, err = run_in_process(["mode=plan", "trainer.lr=-1", f"run.root={tmp_path / 'runs'}"])
+    assert code == 2 and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
 
 @pytest.fixture
 def read_only_root(tmp_path):

@@ -100,7 +100,11 @@ def _log_file(run_dir: str) -> str:
     appended to that run's log. Other ranks of the running run log there (rank_logging.py)."""
     from tinytrain.cluster.rank_logging import process_rank
 
-    if process_rank() == 0 and running_here(Path(run_dir)):
+    try:
+        rank = process_rank()
+    except ConfigError:  # a rank variable that is no number: refused by cli.hydra_main, which removes the directory
+        rank = None
+    if rank == 0 and running_here(Path(run_dir)):
         import os
 
         return os.devnull
