@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import library_notices, process_group, rank_logging
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
+from tinytrain.cluster.overrides import task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
@@ -121,9 +122,7 @@ def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
 
 def data_overridden() -> bool:
     """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return any(o.lstrip("+~").startswith("data") for o in HydraConfig.get().overrides.task)
+    return any(o.lstrip("+~").startswith("data") for o in task_overrides())
 
 
 def checkpoint_shorthand(args: list[str]) -> list[str]:
@@ -217,11 +216,11 @@ def hydra_main(cfg: DictConfig):
             if cfg.mode == Mode.sbatch:
                 from tinytrain.cluster import sbatch
 
-                path = sbatch.write(cfg, list(hydra_cfg.overrides.task), run_dir, host_peak_bytes=result.host.peak_bytes if result.host else None)
+                path = sbatch.write(cfg, task_overrides(), run_dir, host_peak_bytes=result.host.peak_bytes if result.host else None)
                 if cfg.data.prepare_parts > 1:
                     from tinytrain.cluster import prepare_array
 
-                    submit = prepare_array.write(cfg, list(hydra_cfg.overrides.task), run_dir)
+                    submit = prepare_array.write(cfg, task_overrides(), run_dir)
                     print(f"Slurm jobs written: {run_dir / prepare_array.PREPARE_NAME} (the token store, {cfg.data.prepare_parts} parts as an array) and {path} (training, after every part); submit both with:\n  bash {submit}")
                 else:
                     print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")

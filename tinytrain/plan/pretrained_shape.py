@@ -97,9 +97,7 @@ def source(m) -> str:
 
 def given_model_keys() -> set[str]:
     """The model.* keys set on this command line (none where Hydra did not compose it)."""
-    from hydra.core.hydra_config import HydraConfig
+    from tinytrain.cluster.overrides import task_overrides
 
-    if not HydraConfig.initialized():
-        return set()
-    keys = (o.lstrip("+~").split("=", 1)[0] for o in HydraConfig.get().overrides.task)
+    keys = (o.lstrip("+~").split("=", 1)[0] for o in task_overrides())
     return {k.removeprefix("model.") for k in keys if k.startswith("model.")}

@@ -82,3 +82,17 @@ def test_the_prepare_array_quotes_every_value_and_training_waits_for_it(tmp_path
     assert f'--dependency="afterok:${{prepare}}" {tmp_path / "run"}/job.sbatch' in submit
     for text in (script, submit):
         assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_interpolations_on_the_command_line_reach_the_job_as_typed(tmp_path, monkeypatch):
+    """Hydra's list of overrides resolved each one when read: a relative interpolation raised
+    (exit 1), and an oc.env was read on the login node into the job's command line."""
+    from tests.cli_in_process import run_in_process
+
+    monkeypatch.setenv("SCRATCHX", str(tmp_path / "login"))
+    typed = ["data.cache_dir=${oc.env:SCRATCHX}/cache", "trainer.warmup_steps=${.micro_batch_size}"]
+    run_dir = tmp_path / "run"
+    code, err = run_in_process(["mode=sbatch", "cluster=slurm", "parallel=ddp", "hardware.gpu=A800", *typed, f"hydra.run.dir={run_dir}"])
+    assert code == 0, err
+    srun = next(line for line in (run_dir / "job.sbatch").read_text().splitlines() if line.startswith("srun "))
+    assert shlex.split(srun)[-4:-2] == typed
