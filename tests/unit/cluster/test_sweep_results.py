@@ -1,6 +1,7 @@
 """The multirun callback: result.json per job from Hydra's JobReturn, and the jobs listed best first."""
 
 import json
+from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
@@ -47,3 +48,62 @@ def test_single_runs_write_no_result_file(tmp_path):
     (tmp_path / "0").mkdir()
     SweepResults().on_job_end(job_config(tmp_path, 0, mode=RunMode.RUN), finished([], JobStatus.COMPLETED, 3.0))
     assert not (tmp_path / "0" / "result.json").exists()
+
+
+def job_in(sweep_dir, num, overrides, subdir=None):
+    config = job_config(sweep_dir, num)
+    config.hydra.overrides = {"task": overrides}
+    config.hydra.sweep.subdir = subdir or str(num)
+    config.hydra.runtime.output_dir = str(sweep_dir / config.hydra.sweep.subdir)
+    Path(config.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
+    return config
+
+
+def claimed(callback, sweep_dir, num, overrides, subdir=None):
+    """on_job_start for job `num`: its exit status where it refused (SystemExit), else None."""
+    config = job_in(sweep_dir, num, overrides, subdir)
+    try:
+        callback.on_job_start(config)
+    except SystemExit as e:
+        return e.code
+    return None
+
+
+def test_jobs_of_one_multirun_sharing_a_directory_stop_it(tmp_path, capsys):
+    """Job 1 resumed job 0's run and reported its loss as its own."""
+    callback = SweepResults()
+    callback.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(callback, tmp_path, 0, ["trainer.lr=0.001"], subdir="same") is None
+    callback.on_job_end(job_in(tmp_path, 0, ["trainer.lr=0.001"], "same"), finished(["trainer.lr=0.001"], JobStatus.COMPLETED, 4.0))
+    assert claimed(callback, tmp_path, 1, ["trainer.lr=0.003"], subdir="same") == 2
+    assert "hydra.sweep.subdir='same': puts jobs 0 and 1 of this multirun in one directory" in capsys.readouterr().err
+    assert json.loads((tmp_path / "same" / "result.json").read_text())["val_loss"] == 4.0  # job 0's record kept
+
+
+def test_an_earlier_multirun_s_job_is_continued_only_by_its_own_overrides(tmp_path, capsys):
+    first = SweepResults()
+    first.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(first, tmp_path, 0, ["trainer.lr=0.001"]) is None
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "running"  # killed here, say
+    again = SweepResults()
+    again.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(again, tmp_path, 0, ["trainer.lr=0.005"]) == 2
+    assert "holds an earlier multirun" in capsys.readouterr().err
+    assert claimed(again, tmp_path, 0, ["trainer.lr=0.001"]) is None  # the same command again continues it
+
+
+def test_the_list_holds_this_multirun_s_jobs_at_any_depth(tmp_path, capsys):
+    old = SweepResults()
+    old.on_multirun_start(job_config(tmp_path, 0))
+    for num in (0, 1, 2):
+        (tmp_path / str(num)).mkdir()
+        old.on_job_end(job_config(tmp_path, num), finished([f"trainer.lr={num}"], JobStatus.COMPLETED, 1.0 + num))
+    new = SweepResults()
+    new.on_multirun_start(job_config(tmp_path, 0))
+    nested = job_config(tmp_path, 0)
+    nested.hydra.runtime.output_dir = str(tmp_path / "lr_5" / "0")
+    Path(nested.hydra.runtime.output_dir).mkdir(parents=True)
+    new.on_job_end(nested, finished(["trainer.lr=5"], JobStatus.COMPLETED, 9.0))
+    new.on_multirun_end(job_config(tmp_path, 0))
+    table = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("job ")]
+    assert table == [["job", "0", "val_loss", "9.0000", "trainer.lr=5"]]
