@@ -22,6 +22,7 @@ from tinytrain.cluster import library_notices, process_group, rank_logging
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import task_overrides
 from tinytrain.config import CONF_DIR, run_mode
+from tinytrain.config.checks import removed_key_problems
 from tinytrain.config.resolvers import register_resolvers
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
@@ -190,7 +191,9 @@ def prepare_data(cfg: DictConfig, data):
 def hydra_main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from omegaconf.errors import InterpolationResolutionError
 
+    from tinytrain.config.friendly_errors import interpolation_message
     from tinytrain.errors import HANG_EXIT_CODE, PREEMPTED_EXIT_CODE, HangStopped, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
@@ -201,14 +204,19 @@ def hydra_main(cfg: DictConfig):
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     rank = None  # until read: a rank variable that is no number is refused as a bad key is
     ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
-    held = False  # a process refused the lock leaves the directory to its holder (who may have made it just now)
+    # A process refused the lock leaves the directory to its holder (who may have made it just now).
+    locking = held = False
     try:
         rank = rank_logging.process_rank()
         rank_logging.configure(rank)
         library_notices.quiet()
+        removed = removed_key_problems(cfg)
+        if removed:
+            raise ConfigError(removed)
         if multirun:
             name_multirun_job(cfg, hydra_cfg.job.num)
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
+        locking = True
         with run_lock.hold(run_dir, cfg.mode.value) if rank == 0 else contextlib.nullcontext():
             held = True
             result = run_stages(cfg, run_dir)
@@ -228,11 +236,15 @@ def hydra_main(cfg: DictConfig):
                     # The job asks for GPUs; precision, memory and --mem were planned for this machine.
                     print(f"note: planned for {result.hardware.name} (no GPU here, no hardware.gpu): name the job's GPU (hardware.gpu=A800) so its precision, memory and host memory are planned for it")
         ended_cleanly = True
-    except (ConfigError, TrainingStopped) as e:
-        ended_cleanly = isinstance(e, ConfigError)
+    except (ConfigError, TrainingStopped, InterpolationResolutionError) as e:
+        refused = not isinstance(e, TrainingStopped)  # a bad key or value, or a ${...} that does not resolve
+        ended_cleanly = refused
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
-        message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if isinstance(e, ConfigError) else str(e)
+        if isinstance(e, InterpolationResolutionError):
+            message = interpolation_message(e, sys.argv[1:])
+        else:
+            message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if refused else str(e)
         if rank in (0, None):  # every rank of a DDP run reaches the same guard decision: say it once
             rank_logging.say(message, logging.ERROR)  # in tinytrain.log too: why the run stopped
         if multirun:
@@ -240,7 +252,7 @@ def hydra_main(cfg: DictConfig):
             # raises the first failure again and main() exits with its code.
             forget_job(e)
             raise
-        sys.exit(2 if isinstance(e, ConfigError) else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
+        sys.exit(2 if refused else HANG_EXIT_CODE if isinstance(e, HangStopped) else 3)
     except Preempted as e:
         if rank == 0:
             rank_logging.say(str(e), logging.WARNING)
@@ -253,7 +265,8 @@ def hydra_main(cfg: DictConfig):
         raise
     finally:
         # A multirun's job directories are the sweep's record; rank None: refused for its rank variable.
-        if ended_cleanly and not multirun and (rank is None or (rank == 0 and held)):
+        # Where rank 0 was refused the lock, the directory is its holder's.
+        if ended_cleanly and not multirun and rank in (0, None) and (held or not locking):
             unused_run_dir.remove_if_unused(run_dir)
         if multirun:
             release_finished_job()

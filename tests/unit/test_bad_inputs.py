@@ -320,6 +320,13 @@ CASES = {
     # wandb
     "wandb project empty": (["mode=plan", "logger=wandb", "logger.wandb_project=''"], ["logger.wandb_project=''", "is empty"]),
     "wandb mode invalid": (["mode=plan", "logger=wandb"], ["WANDB_MODE='ofline'", "not a wandb mode", "WANDB_MODE=offline"]),
+    # Hydra's command line: '~' on the root, a group set to null, a ${...} that does not resolve (tracebacks, exit 1)
+    "top-level key removed": (["mode=plan", "~seed"], ["seed=null: was removed with '~seed'", "drop '~seed'"]),
+    "settings group removed": (["mode=plan", "~run"], ["'~run'", "drop '~run'"]),
+    "config group set to null": (["mode=plan", "model=null"], ["model=null: a config group takes one of its options", "tinyllama_1b"]),
+    "interpolation to no key": (["mode=plan", "trainer.lr=${oops}"], ["trainer.lr=${oops}: cannot resolve trainer.lr", "Interpolation key 'oops' not found"]),
+    "interpolation of the wrong type": (["mode=plan", "trainer.max_steps=${oc.env:TT_UNSET_VAR,abc}"], ["cannot resolve trainer.max_steps", "could not be converted to Integer"]),
+    "interpolation to an unset variable": (["mode=plan", "run.name=${oc.env:TT_UNSET_VAR}"], ["run.name=${oc.env:TT_UNSET_VAR}", "TT_UNSET_VAR' not found"]),
     "rank variable that is no number": (["mode=plan"], ["LOCAL_RANK='x'", "is not a rank", "unset LOCAL_RANK"]),
     "wandb online without a key": (["logger=wandb"], ["logger='wandb'", "no API key", "WANDB_MODE=offline"]),
     # tokenizer
@@ -601,12 +608,17 @@ def test_bad_input_exits_2_naming_key_value_and_fix(name, bad, clean_env, tmp_pa
 
 
 
-@pytest.mark.parametrize("env", [{}, {"LOCAL_RANK": "x", "WORLD_SIZE": "2"}], ids=["a bad key", "a rank that is no number"])
-def test_a_refused_command_leaves_no_run_directory(env, clean_env, tmp_path):
-    """The rank is read before anything else: its refusal came before the unused directory's removal."""
+@pytest.mark.parametrize(
+    ("env", "bad"),
+    [({}, "trainer.lr=-1"), ({"LOCAL_RANK": "x", "WORLD_SIZE": "2"}, "trainer.lr=-1"), ({}, "~seed"), ({}, "trainer.lr=${oops}")],
+    ids=["a bad key", "a rank that is no number", "a removed key", "an interpolation to no key"],
+)
+def test_a_refused_command_leaves_no_run_directory(env, bad, clean_env, tmp_path):
+    """Refusals before the run lock (the rank, a removed key) or inside the job (a ${...}) came
+    before, or around, the unused directory's removal."""
     for var, value in env.items():
         clean_env.setenv(var, value)
-    code, err = run_in_process(["mode=plan", "trainer.lr=-1", f"run.root={tmp_path / 'runs'}"])
+    code, err = run_in_process(["mode=plan", bad, f"run.root={tmp_path / 'runs'}"])
     assert code == 2 and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
 

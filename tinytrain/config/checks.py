@@ -22,6 +22,17 @@ def unknown_key_problems(cfg) -> list[Problem]:
     return _unknown_keys(cfg, Config, "")
 
 
+def removed_key_problems(cfg) -> list[Problem]:
+    """Top-level keys removed with `~key` (Hydra lets '~' delete from the root, which is no struct;
+    deeper keys it refuses itself): tinytrain reads every one, and a missing one was a traceback."""
+    problems = []
+    for field in dataclasses.fields(Config):
+        if field.name not in cfg:
+            group = field.default_factory is not dataclasses.MISSING
+            problems.append(Problem(field.name, None, f"was removed with '~{field.name}', and tinytrain reads every top-level key", f"drop '~{field.name}'; to change it, set {field.name}{'.<key>' if group else ''}=<value>"))
+    return problems
+
+
 def _unknown_keys(node, schema, prefix: str) -> list[Problem]:
     fields = {f.name: f for f in dataclasses.fields(schema)}
     problems = []

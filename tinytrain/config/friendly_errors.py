@@ -157,11 +157,18 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
         OverrideParseException,
         SearchPathException,
     )
+    from omegaconf.errors import InterpolationResolutionError
+
     chain = list(causes(e))
     for err in chain:
         if isinstance(err, ConfigError):
             return f"{err.render()}\n{HINT}"
+    for err in chain:
+        if isinstance(err, InterpolationResolutionError):
+            return interpolation_message(err, argv)
     head = chain[0]
+    if isinstance(head, ValueError) and "Config group override must be a string" in str(head):
+        return null_group_message(argv)
     # Hydra creates the run directory and opens its log (a ValueError "Unable to configure handler
     # 'file'" around the OSError) before tinytrain runs (before hydra_main): a regular file in the
     # way, a read-only or full disk, no permission.
@@ -194,6 +201,39 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
     if isinstance(head, OSError):  # after Hydra's own errors (MissingConfigException is an IOError)
         return os_error_message(head, argv)
     return None
+
+
+MISSING_KEY = re.compile(r"Interpolation key '([\w.]+)' not found")
+
+
+def interpolation_message(err, argv: list[str]) -> str:
+    """A `${...}` that cannot be resolved: one of the user's (a key that is not there, an unset
+    variable, a value of the wrong type), or one of tinytrain's after a '~' removed what it reads."""
+    full_key = getattr(err, "full_key", None) or "?"
+    said = _first_line(str(err))
+    missing = MISSING_KEY.search(said)
+    if missing:
+        parts = missing.group(1).split(".")
+        removed = [f"~{'.'.join(parts[:i])}" for i in range(1, len(parts) + 1)]
+        deleting = next((arg for arg in argv if arg in removed), None)
+        if deleting:
+            return f"tinytrain: configuration error: {deleting}: removes {missing.group(1)}, which {full_key} refers to. Fix: drop '{deleting}'; to change it, set {deleting[1:]}=<value>. {HINT}"
+    override = _override_for(full_key, argv) or next((arg for arg in argv if "${" in arg), None) or full_key
+    return (
+        f"tinytrain: configuration error: {override}: cannot resolve {full_key}: {said}. Fix: refer to a key that exists "
+        f"(${{trainer.micro_batch_size}}, or ${{.key}} within its own node) or to an environment variable that is set "
+        f"(${{oc.env:VAR,default}} gives a default), of the key's type. {HINT}"
+    )
+
+
+def null_group_message(argv: list[str]) -> str:
+    """`model=null`: Hydra's ValueError about a config group override's type."""
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    given = next((arg for arg in argv if arg.split("=", 1)[0].lstrip("+~") in groups and arg.split("=", 1)[-1] in ("null", "~")), None)
+    group = given.split("=", 1)[0].lstrip("+~") if given else None
+    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group else []
+    available = f" Available: {', '.join(options)}." if options else ""
+    return f"tinytrain: configuration error: {given or 'a config group set to null'}: a config group takes one of its options, not null.{available} Fix: pick one of those. {HINT}"
 
 
 def composition_message(head, chain: list, argv: list[str]) -> str:
