@@ -126,3 +126,14 @@ main()
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("logging_option", ["disabled", "stdout", "none"])
+def test_hydra_s_other_job_logging_options_run_without_tinytrain_log(logging_option, tmp_path):
+    """tinytrain set its log file's name into whichever job logging was chosen: on one without a
+    file handler that made a handler of no class (a ValueError traceback, exit 1)."""
+    from tests.cli_in_process import run_in_process
+
+    code, err = run_in_process(["mode=plan", f"hydra/job_logging={logging_option}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert code == 0, err
+    assert (tmp_path / "run" / "plan.json").exists() and not (tmp_path / "run" / "tinytrain.log").exists()
