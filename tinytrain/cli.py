@@ -200,6 +200,11 @@ def hydra_main(cfg: DictConfig):
     # without main(): the resolvers the config refers to are registered again.
     register_resolvers()
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.job.chdir:
+        # Every output is written into the run directory by its full path; relative inputs
+        # (data.path, data.cache_dir's shared token stores, a tokenizer folder) are read from where
+        # the command ran, as without it. Hydra returns to that folder after the job either way.
+        os.chdir(hydra_cfg.runtime.cwd)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     rank = None  # until read: a rank variable that is no number is refused as a bad key is

@@ -137,3 +137,17 @@ def test_hydra_s_other_job_logging_options_run_without_tinytrain_log(logging_opt
     code, err = run_in_process(["mode=plan", f"hydra/job_logging={logging_option}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert code == 0, err
     assert (tmp_path / "run" / "plan.json").exists() and not (tmp_path / "run" / "tinytrain.log").exists()
+
+
+def test_hydra_job_chdir_reads_relative_inputs_where_the_command_ran(tmp_path, monkeypatch):
+    """Under hydra.job.chdir=true a relative data.path was looked up in the run directory (refused
+    as missing), and each run built its own token store in its own .cache/."""
+    from tests.cli_in_process import run_in_process
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("\n\n".join(f"Document {i} says something about tokens." for i in range(200)))
+    for name in ("a", "b"):
+        code, err = run_in_process(["mode=prepare", "data=text", "data.path=corpus.txt", "data.seq_len=32", "hydra.job.chdir=true", f"hydra.run.dir={tmp_path / 'runs' / name}"])
+        assert code == 0, err
+    assert len(list((tmp_path / ".cache").rglob("meta.json"))) >= 1  # one store, where the command ran
+    assert not list((tmp_path / "runs").rglob("meta.json"))
