@@ -30,10 +30,24 @@ def test_no_shipped_config_sets_hydra_mode():
         (["--config-dir", "my_configs", "experiment=mine"], False),
         (["-cd=my_configs"], False),
         (["hydra.searchpath=[file://my_configs]"], False),
+        (["--multi", "trainer.lr=1e-3,3e-3"], False),  # argparse's abbreviations of Hydra's flags
+        (["--config-d", "my_configs", "experiment=mine"], False),
+        (["experiment=smoke"], True),
     ],
 )
 def test_what_counts_as_a_plain_run(args, plain):
     assert plainly_a_run(args) is plain
+
+
+def test_an_experiment_a_user_added_with_hydra_settings_gets_hydra_s_own_mode(tmp_path, monkeypatch):
+    """A sweep's experiment (hydra.mode: MULTIRUN) added to the package's experiments ran once."""
+    from tinytrain.config import run_mode
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
+    (tmp_path / "experiment" / "plain.yaml").write_text("# @package _global_\ntrainer:\n  lr: 1.0e-3\n")
+    monkeypatch.setattr(run_mode, "CONF_DIR", tmp_path)
+    assert not plainly_a_run(["experiment=sweep"]) and plainly_a_run(["experiment=plain"])
 
 
 def test_a_plain_command_composes_once_and_a_multirun_as_hydra_does(tmp_path, monkeypatch):
