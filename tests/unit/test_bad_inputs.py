@@ -622,6 +622,15 @@ def test_a_refused_command_leaves_no_run_directory(env, bad, clean_env, tmp_path
     assert code == 2 and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
 
+
+def test_a_multirun_s_run_name_that_leaves_run_root_writes_nothing(clean_env, tmp_path):
+    """hydra.sweep.dir did not go through run.name's check: multirun.yaml and a job's directory were
+    written outside run.root before the refusal."""
+    code, err = run_in_process(["-m", "mode=plan", f"run.root={tmp_path / 'runs' / 'sub'}", "run.name=../../escaped"])
+    assert code == 2 and "run.name='../../escaped': must name a folder under run.root" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture
 def read_only_root(tmp_path):
     """A folder this process cannot write to: a read-only tmpfs as root (root ignores modes), else mode 0555."""

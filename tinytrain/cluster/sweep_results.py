@@ -25,6 +25,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from tinytrain.errors import ConfigError, Problem
 
@@ -102,7 +103,10 @@ def render(results: list[dict]) -> str:
 
 class SweepResults(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            sweep_dir = Path(config.hydra.sweep.dir)
+        except InterpolationResolutionError:
+            return  # refused next where the sweeper resolves it (a run.name that leaves run.root)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / SWEEP_FILE).write_text(uuid.uuid4().hex + "\n")
 
