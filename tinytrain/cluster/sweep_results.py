@@ -111,7 +111,10 @@ class SweepResults(Callback):
         (sweep_dir / SWEEP_FILE).write_text(uuid.uuid4().hex + "\n")
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:
+        # Only training continues what it finds in its directory (an eval of each job's checkpoint
+        # runs in the training multirun's job directories on purpose).
+        mode = OmegaConf.select(config, "mode", default="train")
+        if config.hydra.mode != RunMode.MULTIRUN or getattr(mode, "value", mode) != "train":
             return
         hydra = config.hydra
         overrides = [str(o) for o in OmegaConf.to_container(hydra.overrides.task, resolve=False)]

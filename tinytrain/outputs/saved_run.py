@@ -55,6 +55,16 @@ class SavedRun:
         return self.train_cfg is not None and DataFormat(self.train_cfg.data.format) != DataFormat.text
 
 
+def run_named() -> str:
+    """How a command names the run whose `final` / `last` it reads."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return "in a multirun that is each job's own directory (<sweep dir>/<job number>), so give the checkpoints' paths instead (a sweep of checkpoint=<path>,<path>)"
+    return "name the run with run.name=<run> (or hydra.run.dir=<run dir>)"
+
+
 def locate(value: str | None, run_dir: Path) -> Path:
     """The checkpoint `checkpoint.path` names; an error naming the key, value and fix otherwise."""
     if not value:
@@ -65,12 +75,12 @@ def locate(value: str | None, run_dir: Path) -> Path:
     elif value == "last":
         steps = step_checkpoints(checkpoints)
         if not steps:
-            raise ConfigError(Problem(KEY, value, f"{checkpoints} holds no step checkpoint", "name the run with run.name=<run> (or hydra.run.dir=<run dir>), or give the checkpoint's path"))
+            raise ConfigError(Problem(KEY, value, f"{checkpoints} holds no step checkpoint", f"{run_named()}, or give the checkpoint's path"))
         path = steps[0][1]
     else:
         path = Path(value)
     if not path.exists():
-        raise ConfigError(Problem(KEY, value, f"{path} does not exist", "give a checkpoint file or folder that exists; `final` and `last` are looked up in the run of hydra.run.dir (run.name=<run>)"))
+        raise ConfigError(Problem(KEY, value, f"{path} does not exist", f"give a checkpoint file or folder that exists; `final` and `last` are looked up in this command's run directory: {run_named()}"))
     # `final.ckpt` (or `.`) typed inside checkpoints/ (or an export): its run is found from its parents.
     return path.absolute()
 

@@ -107,3 +107,15 @@ def test_the_list_holds_this_multirun_s_jobs_at_any_depth(tmp_path, capsys):
     new.on_multirun_end(job_config(tmp_path, 0))
     table = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("job ")]
     assert table == [["job", "0", "val_loss", "9.0000", "trainer.lr=5"]]
+
+
+def test_an_output_mode_multirun_reads_the_training_multirun_s_job_directories(tmp_path):
+    """`-m mode=eval checkpoint=final` under the training multirun's run.name evaluates each job."""
+    train = SweepResults()
+    train.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(train, tmp_path, 0, ["trainer.lr=0.001"]) is None
+    evals = SweepResults()
+    evals.on_multirun_start(job_config(tmp_path, 0))
+    config = job_in(tmp_path, 0, ["mode=eval", "checkpoint=final"])
+    config.mode = "eval"
+    evals.on_job_start(config)  # no SystemExit
