@@ -139,6 +139,15 @@ def test_lora_trains_exports_and_resumes(variant, base_model, tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert (run_dir / "hf_export-step0000003" / "adapter" / "adapter_model.safetensors").is_file()
         assert (run_dir / "hf_export-step0000003" / "model.safetensors").is_file()
+        # Without peft (an install without the lora extra): named before anything is written (it failed mid-export, exit 1).
+        from tests.cli_in_process import run_in_process
+
+        with pytest.MonkeyPatch.context() as patch:
+            find_spec = importlib.util.find_spec
+            patch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else find_spec(name, *a))
+            code, err = run_in_process(["mode=export", f"checkpoint={step3}", f"export.dir={tmp_path / 'no_peft'}", f"hydra.run.dir={tmp_path / 'export_no_peft'}"])
+        assert code == 2 and "peft is not installed here. Fix: pip install 'tinytrain-llm[lora]'" in err, err
+        assert not (tmp_path / "no_peft").exists()
         # Other adapters than the checkpoint's: refused in the plan (it died loading the state with
         # a size mismatch after the data was built; another alpha silently made another model).
         r = run_cli([*run_args(base_model, variant), f"resume={step3}", "finetune.rank=4", "finetune.alpha=8"], tmp_path / "other_adapters")

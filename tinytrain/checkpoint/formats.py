@@ -112,7 +112,7 @@ def deepspeed_state(path: Path, key: str) -> dict:
     """Each file checked first, since DeepSpeed's own loader unpickles anything."""
     check_deepspeed_folder(path, key)
     state_file = deepspeed_state_file(path)
-    state = load_file(state_file, key, deepspeed_globals())
+    state = load_file(state_file, key, deepspeed_globals(path, key))
     check_shards(path, state, state_file, key)  # every rank's partition, before DeepSpeed reads them
     return state
 

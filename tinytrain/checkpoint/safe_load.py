@@ -21,9 +21,16 @@ from tinytrain.errors import ConfigError, Problem
 UNSUPPORTED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
 
 
-def deepspeed_globals() -> list:
+def deepspeed_globals(folder: Path, key: str) -> list:
     """What DeepSpeed 0.19 pickles into a ZeRO checkpoint besides tensors (found by loading the
-    shards of every zero* option in fp32, bf16 and fp16)."""
+    shards of every zero* option in fp32, bf16 and fp16). Without DeepSpeed installed its folder
+    cannot be read: named (it was a ModuleNotFoundError traceback)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        consolidated = folder.parent / "final.consolidated.ckpt"  # a finished DeepSpeed run's, in checkpoints/
+        other = f", or use {consolidated} (the run's final weights, whole)" if consolidated.is_file() else ""
+        raise ConfigError(Problem(key, str(folder), "is a DeepSpeed checkpoint folder, and DeepSpeed is not installed here", f"pip install 'tinytrain-llm[deepspeed]'{other}"))
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -59,13 +66,13 @@ def load_file(path: Path | str, key: str, allowed: list | None = None) -> dict:
 
 def check_deepspeed_folder(folder: Path, key: str) -> None:
     """Every .pt file of a DeepSpeed checkpoint folder holds only what DeepSpeed itself saves."""
-    allowed = deepspeed_globals()
     files = sorted(folder.rglob("*.pt"))
     if not files:
         steps = sorted((folder / "checkpoints").glob("step*.ckpt")) or sorted(folder.glob("step*.ckpt"))
         if steps:  # a run directory (or its checkpoints/) given for one of its checkpoints
             raise ConfigError(Problem(key, str(folder), "is a folder of step checkpoints, not one checkpoint", f"name one of them ({key}={steps[-1]}, the newest), or run in that run's directory (its run.name) with resume=auto"))
         raise ConfigError(Problem(key, str(folder), "is a folder without DeepSpeed checkpoint files (*.pt)", "point it at a checkpoint file (checkpoints/step<N>.ckpt, final.ckpt), or a DeepSpeed checkpoint folder saved under parallel=zero*"))
+    allowed = deepspeed_globals(folder, key)
     for path in files:
         load_file(path, key, allowed)
 

@@ -14,6 +14,7 @@ this invocation's run directory (hydra.run.dir).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import logging
 import math
@@ -48,6 +49,8 @@ def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     saved = saved_run.load(cfg.checkpoint.path, run_dir)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
+    if saved.finetune and importlib.util.find_spec("peft") is None:  # it failed writing the export, after the merge
+        raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "holds LoRA adapters, exported as the merged model and peft's adapter folder, and peft is not installed here", "pip install 'tinytrain-llm[lora]'"))
     model = saved_run.run_model(saved, cfg.export.dtype.value)
     spec = model.spec
     out = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()

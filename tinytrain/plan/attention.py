@@ -33,7 +33,7 @@ class AttentionChoice:
 FLASH_MIN_CAPABILITY = MIN_CAPABILITY
 
 
-def choose_attention(requested: Attention, *, flash_installed: bool, varlen: VarlenSupport, hardware: Hardware, sliding_window: bool = False, softcap: bool = False) -> AttentionChoice:
+def choose_attention(requested: Attention, *, flash_installed: bool, varlen: VarlenSupport, hardware: Hardware, sliding_window: bool = False, softcap: bool = False, planning: bool = True) -> AttentionChoice:
     """The attention implementation for `hardware` (detected, or named by hardware.gpu), with why.
     `varlen`: what the installed torch's varlen kernel offers; `sliding_window`/`softcap`: what the
     model needs of a kernel. An explicit varlen or flash_attention_2 where it cannot run is a
@@ -62,6 +62,8 @@ def choose_attention(requested: Attention, *, flash_installed: bool, varlen: Var
         if not capable:
             raise ConfigError(Problem("model.attention", requested.value, f"flash-attn 2 needs a GPU with compute capability >= 8.0 (A100, A800, H100, ...) and this run is on {where}", "use model.attention=sdpa (or auto, which picks SDPA here)"))
         if not flash_installed:
+            if not planning:  # this is the machine that runs it: transformers would refuse after the data and the model are built
+                raise ConfigError(Problem("model.attention", requested.value, "needs flash-attn, which is not installed here", "pip install 'tinytrain-llm[flash-attn]', or use model.attention=auto (torch's varlen kernel or SDPA)"))
             return AttentionChoice("flash_attention_2", "as configured; flash-attn is not installed on this machine: the one that trains needs it (pip install 'tinytrain-llm[flash-attn]')")
         return AttentionChoice("flash_attention_2", f"as configured ({where})")
     return AttentionChoice(requested.value, "as configured")

@@ -52,7 +52,7 @@ ZERO3_MODEL = (
 )
 
 
-def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0) -> FastPaths:
+def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_vocab: int, liger_available: bool = False, zero_stage: int = 0, logits_only: str | None = None, checkpointing: CheckpointingPlan | None = None, seq_len: int = 0, planning: bool = True) -> FastPaths:
     """`logits_only`: why the family's loss must come from its own logits (Gemma-2 soft-caps them
     inside its forward), which rules out the losses from hidden states and liger's kernels.
     `seq_len`: the tokens of a sequence (data.seq_len), whose logits turn the chunked loss on too.
@@ -64,7 +64,7 @@ def select_fast_paths(trainer_cfg, strategy: Strategy, *, on_gpu: bool, padded_v
     reasons["fused_adamw"] = (
         "CUDA tensors" if fused else "DeepSpeed/DTensor parameters: foreach AdamW" if on_gpu else "CPU: AdamW's per-tensor loop"
     )
-    liger, liger_loss = select_liger(trainer_cfg.liger, row.liger_off, on_gpu=on_gpu, available=liger_available, zero_stage=zero_stage, reasons=reasons, logits_only=logits_only)
+    liger, liger_loss = select_liger(trainer_cfg.liger, row.liger_off, on_gpu=on_gpu, available=liger_available, zero_stage=zero_stage, reasons=reasons, logits_only=logits_only, planning=planning)
     chunk = trainer_cfg.loss_chunk_tokens
     if liger_loss:
         chunk = 0
@@ -105,7 +105,7 @@ def large_logits(padded_vocab: int, seq_len: int) -> str | None:
     return None
 
 
-def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None) -> tuple[bool, bool]:
+def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu: bool, available: bool, zero_stage: int, reasons: dict, logits_only: str | None = None, planning: bool = True) -> tuple[bool, bool]:
     """(kernels, fused loss). trainer.liger: null = where it can run, true = required, false = off.
     Triton kernels need CUDA; `strategy_blocker`: why the strategy rules them out (the strategy
     table's liger_off: under fsdp_tp the norms and the lm_head are DTensors, which they are not
@@ -121,6 +121,8 @@ def select_liger(requested: bool | None, strategy_blocker: str | None, *, on_gpu
         reasons["liger"] = f"off: {blocker}"
         return False, False
     if not available:
+        if requested and not planning:  # this is the machine that runs it: the import would fail after the data and the model are built
+            raise ConfigError(Problem("trainer.liger", True, "needs liger-kernel, which is not installed here", f"pip install '{DISTRIBUTION}[gpu]', or set trainer.liger=null (on where it is installed)"))
         if requested:
             reasons["liger"] = f"as configured; liger-kernel is not installed on this machine: the one that trains needs it (pip install '{DISTRIBUTION}[gpu]')"
             return True, zero_stage != 3

@@ -83,10 +83,12 @@ def decide(cfg, hardware, *, hidden: int, strategy_blocker: str | None, finetune
     if want is True:
         if blocker:
             raise ConfigError(Problem("precision.fp8", True, blocker, "use precision.fp8=false (or auto, which turns it on only where it runs)"))
-        if not (installed() if available is None else available) and not planning:
+        here = installed() if available is None else available
+        if not here and not planning:
             raise ConfigError(Problem("precision.fp8", True, "needs torchao (not installed)", "pip install 'tinytrain-llm[fp8]'"))
         how = "torchao's emulation (precision.fp8_emulate, for tests)" if emulate else f"torchao float8 on {describe(hardware)}"
-        return Fp8Plan(True, emulate, f"as configured: {how}")
+        missing = "" if here else "; torchao is not installed on this machine: the one that trains needs it (pip install 'tinytrain-llm[fp8]')"
+        return Fp8Plan(True, emulate, f"as configured: {how}{missing}")
     if blocker:
         return Fp8Plan(False, False, f"auto: off, {blocker}")
     if hidden < AUTO_MIN_HIDDEN:

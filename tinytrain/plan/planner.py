@@ -179,7 +179,7 @@ def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
         fam = family(cfg.model.arch)
     # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
-    attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
+    attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, planning=cfg.mode in PLANNING_MODES, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
     return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer), logits_tokens(cfg, fam, vocab, hardware))
 
 
@@ -451,7 +451,7 @@ def deepspeed_for(cfg, model: ModelStage, fit: FitStage, precision, cp: int, res
 
 
 def fast_paths_for(cfg, model: ModelStage, state: StateStage, fit: FitStage, vocab, hardware):
-    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=model.fam.logits_only, checkpointing=fit.checkpointing, seq_len=cfg.data.seq_len)
+    fast = select_fast_paths(cfg.trainer, cfg.parallel.strategy, on_gpu=not hardware.is_cpu, padded_vocab=vocab.padded, liger_available=liger_installed(), zero_stage=cfg.parallel.zero_stage, logits_only=model.fam.logits_only, checkpointing=fit.checkpointing, seq_len=cfg.data.seq_len, planning=cfg.mode in PLANNING_MODES)
     return preference_plan.logits_loss(fast) if state.preference else fast
 
 

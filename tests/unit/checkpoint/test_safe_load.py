@@ -91,3 +91,20 @@ def test_random_bytes_are_not_a_checkpoint(tmp_path):
     path.write_bytes(os.urandom(4096))
     with pytest.raises(ConfigError, match="cannot read checkpoint"):
         read(str(path))
+
+
+def test_a_deepspeed_folder_without_deepspeed_installed_is_named_with_the_extra(tmp_path, monkeypatch):
+    """An install without the deepspeed extra met a ZeRO run's checkpoint with ModuleNotFoundError (exit 1)."""
+    import importlib.util
+
+    folder = tmp_path / "checkpoints" / "step0000004.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    torch.save({"global_step": 4}, folder / "mp_rank_00_model_states.pt")
+    torch.save({"state_dict": {}}, tmp_path / "checkpoints" / "final.consolidated.ckpt")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else find_spec(name, *a))
+    with pytest.raises(ConfigError) as e:
+        read_state(tmp_path / "checkpoints" / "step0000004.ckpt")
+    problem = e.value.problems[0]
+    assert problem.key == "resume" and "is a DeepSpeed checkpoint folder, and DeepSpeed is not installed here" in problem.message
+    assert "pip install 'tinytrain-llm[deepspeed]'" in problem.fix and "final.consolidated.ckpt" in problem.fix

@@ -33,6 +33,13 @@ def test_auto_and_true_per_gpu(value, hardware, hidden, enabled):
     assert not fp8.decide(cfg("auto"), H100, hidden=8192, strategy_blocker="not checked", finetune=False, planning=True, available=True).enabled
 
 
+def test_true_without_torchao_is_noted_in_a_plan_and_refused_where_it_runs():
+    planned = fp8.decide(cfg(True), H100, hidden=8192, strategy_blocker=None, finetune=False, planning=True, available=False)
+    assert planned.enabled and "torchao is not installed on this machine: the one that trains needs it" in planned.reason
+    with pytest.raises(ConfigError, match="needs torchao"):
+        fp8.decide(cfg(True), H100, hidden=8192, strategy_blocker=None, finetune=False, planning=False, available=False)
+
+
 def test_auto_keeps_an_fp32_run_in_fp32_and_emulation_needs_fp8():
     def decide(c, **kw):
         return fp8.decide(c, H100, hidden=8192, strategy_blocker=None, finetune=False, planning=True, available=True, **kw)

@@ -114,3 +114,12 @@ def test_plan_for_an_h100_picks_torch_varlen_and_says_why(tmp_path):
     result = run_cli(["mode=plan", "hardware.gpu=H100"], tmp_path / "run")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "attention  torch_varlen: torch 2.13.0's varlen kernel (packed documents by cu_seq_lens) on H100-SXM" in result.stdout
+
+
+def test_flash_requested_where_it_is_missing_is_a_note_in_a_plan_and_refused_where_it_runs():
+    """The machine that trains without flash-attn built the data and the model, then transformers
+    refused (exit 1); a plan for another machine only notes it."""
+    planned = choose_attention(Attention.flash_attention_2, flash_installed=False, varlen=TORCH["2.12"], hardware=lookup_gpu("A100"), planning=True)
+    assert planned.implementation == "flash_attention_2" and "the one that trains needs it" in planned.reason
+    with pytest.raises(ConfigError, match=r"model.attention='flash_attention_2': needs flash-attn, which is not installed here. Fix: pip install 'tinytrain-llm\[flash-attn\]'"):
+        choose_attention(Attention.flash_attention_2, flash_installed=False, varlen=TORCH["2.12"], hardware=lookup_gpu("A100"), planning=False)

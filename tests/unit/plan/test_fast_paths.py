@@ -102,3 +102,10 @@ def test_liger_fused_loss_and_kernels_match_the_plain_path():
         plain_logits = model(input_ids=ids).logits
         apply_kernels(model, Arch.llama)  # RoPE is patched module-wide: plain logits come first
         torch.testing.assert_close(model(input_ids=ids).logits, plain_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_liger_requested_where_it_is_missing_is_a_note_in_a_plan_and_refused_where_it_runs():
+    planned = select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=False, planning=True)
+    assert planned.liger and "the one that trains needs it" in planned.reasons["liger"]
+    with pytest.raises(ConfigError, match=r"trainer.liger=true: needs liger-kernel, which is not installed here. Fix: pip install 'tinytrain-llm\[gpu\]'"):
+        select_fast_paths(trainer(liger=True), Strategy.single, on_gpu=True, padded_vocab=4096, liger_available=False, planning=False)
