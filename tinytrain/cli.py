@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
-from tinytrain.cluster import library_notices, process_group, rank_logging
+from tinytrain.cluster import library_notices, process_group, rank_logging, sweep_results
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import task_overrides
 from tinytrain.config import CONF_DIR, run_mode
@@ -193,7 +193,7 @@ def hydra_main(cfg: DictConfig):
     from hydra.types import RunMode
     from omegaconf.errors import InterpolationResolutionError
 
-    from tinytrain.config.friendly_errors import interpolation_message
+    from tinytrain.config.friendly_errors import causes, interpolation_message
     from tinytrain.errors import HANG_EXIT_CODE, PREEMPTED_EXIT_CODE, HangStopped, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
@@ -224,6 +224,8 @@ def hydra_main(cfg: DictConfig):
         locking = True
         with run_lock.hold(run_dir, cfg.mode.value) if rank == 0 else contextlib.nullcontext():
             held = True
+            if multirun and rank == 0 and cfg.mode == Mode.train:  # its directory may hold another job's run
+                sweep_results.claim(run_dir, task_overrides(), str(OmegaConf.select(hydra_cfg, "sweep.subdir", default="")), Path(hydra_cfg.sweep.dir))
             result = run_stages(cfg, run_dir)
             process_group.release()
             if cfg.mode == Mode.sbatch:
@@ -246,10 +248,14 @@ def hydra_main(cfg: DictConfig):
         ended_cleanly = refused
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
-        if isinstance(e, InterpolationResolutionError):
+        # A ConfigError, also one a resolver raised inside a ${...} (with its own fix).
+        inner = next((c for c in causes(e) if isinstance(c, ConfigError)), None) if refused else None
+        if inner is not None:
+            message = inner.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)"
+        elif refused:
             message = interpolation_message(e, sys.argv[1:])
         else:
-            message = e.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)" if refused else str(e)
+            message = str(e)
         if rank in (0, None):  # every rank of a DDP run reaches the same guard decision: say it once
             rank_logging.say(message, logging.ERROR)  # in tinytrain.log too: why the run stopped
         if multirun:

@@ -44,6 +44,11 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class MissingExtra(ConfigError):
+    """An optional package the input needs is not installed: the input is not broken (resume=auto
+    must not skip past such a checkpoint, nor set it aside as unreadable)."""
+
+
 class TrainingStopped(Exception):
     """A runtime guard stopped the run; the message is the whole diagnosis (cause, step, fixes)."""
 

@@ -326,6 +326,7 @@ CASES = {
     "config group set to null": (["mode=plan", "model=null"], ["model=null: a config group takes one of its options", "tinyllama_1b"]),
     "interpolation to no key": (["mode=plan", "trainer.lr=${oops}"], ["trainer.lr=${oops}: cannot resolve trainer.lr", "Interpolation key 'oops' not found"]),
     "interpolation of the wrong type": (["mode=plan", "trainer.max_steps=${oc.env:TT_UNSET_VAR,abc}"], ["cannot resolve trainer.max_steps", "could not be converted to Integer"]),
+    "a config's variable of the wrong type": (["mode=plan", "cluster=slurm"], ["cluster.nodes: cannot resolve it", "SLURM_NNODES", "Value 'abc'"]),
     "interpolation to an unset variable": (["mode=plan", "run.name=${oc.env:TT_UNSET_VAR}"], ["run.name=${oc.env:TT_UNSET_VAR}", "TT_UNSET_VAR' not found"]),
     "rank variable that is no number": (["mode=plan"], ["LOCAL_RANK='x'", "is not a rank", "unset LOCAL_RANK"]),
     "wandb online without a key": (["logger=wandb"], ["logger='wandb'", "no API key", "WANDB_MODE=offline"]),
@@ -442,6 +443,7 @@ CASES = {
 ENV = {
     "wandb mode invalid": {"WANDB_MODE": "ofline"},
     "rank variable that is no number": {"LOCAL_RANK": "x", "WORLD_SIZE": "2"},
+    "a config's variable of the wrong type": {"SLURM_NNODES": "abc"},
     "eval task data on an unreachable hub": {"HF_HUB_OFFLINE": "1"},
     "CPU run over the job's host memory": {"SLURM_MEM_PER_NODE": "4096"},
     "two CPU processes over the job's --mem-per-cpu": {"SLURM_MEM_PER_CPU": "2048", "SLURM_CPUS_ON_NODE": "2"},

@@ -11,7 +11,7 @@ from pathlib import Path
 from tinytrain.checkpoint.files import is_temp, step_checkpoints, temp_writer_alive
 from tinytrain.checkpoint.formats import format_of, is_checkpoint
 from tinytrain.config.schema import CheckpointConfig, FinetuneMethod, Mode
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, MissingExtra, Problem
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ def newest_loadable(directory: Path) -> tuple[Path, dict, list[tuple[Path, str]]
     for _, path in step_checkpoints(directory):
         try:
             return path, read_state(path), skipped
+        except MissingExtra:  # it loads once the package is installed: nothing to skip or rename
+            raise
         except ConfigError as e:
             why = e.problems[0].message
             log.warning("resume=auto: %s does not load (%s); trying the one before", path.name, why)

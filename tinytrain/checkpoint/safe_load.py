@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, MissingExtra, Problem
 
 UNSUPPORTED_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)")
 
@@ -30,7 +30,7 @@ def deepspeed_globals(folder: Path, key: str) -> list:
     if importlib.util.find_spec("deepspeed") is None:
         consolidated = folder.parent / "final.consolidated.ckpt"  # a finished DeepSpeed run's, in checkpoints/
         other = f", or use {consolidated} (the run's final weights, whole)" if consolidated.is_file() else ""
-        raise ConfigError(Problem(key, str(folder), "is a DeepSpeed checkpoint folder, and DeepSpeed is not installed here", f"pip install 'tinytrain-llm[deepspeed]'{other}"))
+        raise MissingExtra(Problem(key, str(folder), "is a DeepSpeed checkpoint folder, and DeepSpeed is not installed here", f"pip install 'tinytrain-llm[deepspeed]'{other}"))
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

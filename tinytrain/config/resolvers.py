@@ -104,7 +104,7 @@ def _log_file(run_dir: str) -> str:
         rank = process_rank()
     except ConfigError:  # a rank variable that is no number: refused by cli.hydra_main, which removes the directory
         rank = None
-    if rank == 0 and running_here(Path(run_dir)):
+    if rank in (0, None) and running_here(Path(run_dir)):
         import os
 
         return os.devnull

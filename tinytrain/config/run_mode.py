@@ -34,7 +34,7 @@ def plainly_a_run(args: list[str]) -> bool:
 
 def sets_hydra(group: str, option: str) -> bool:
     """Whether a group option's file sets hydra.* (none shipped does; one a user adds may sweep)."""
-    if "/" in group or "." in group or not option or not re.fullmatch(r"[\w.-]+", option):
+    if "/" in group or "." in group or not re.fullmatch(r"[\w.-]+(/[\w.-]+)*", option) or ".." in option:
         return False
     path = CONF_DIR / group / f"{option}.yaml"
     try:

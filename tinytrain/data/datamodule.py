@@ -15,8 +15,6 @@ MixtureBatchSampler); the training one is what callbacks/data_position.py checkp
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -356,18 +354,10 @@ class DataModule:
     # validation) draws its workers' seed from the global torch RNG, and a resumed run, which
     # creates its iterators at other moments, would see different random draws afterwards.
     def train_dataloader(self) -> DataLoader:
-        return WorkerSafeDataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
+        return WorkerSafeDataLoader(self.train, batch_sampler=self.train_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
 
     def val_dataloader(self) -> DataLoader:
-        return WorkerSafeDataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator(), worker_init_fn=self._worker_init())
-
-    def _worker_init(self):
-        """DataLoader workers end with this process, whatever signal ends it (orphan_guard.py)."""
-        if not self.cfg.num_workers:
-            return None
-        from tinytrain.data.orphan_guard import dataloader_worker_init
-
-        return functools.partial(dataloader_worker_init, os.getpid())
+        return WorkerSafeDataLoader(self.val, batch_sampler=self.val_sampler, collate_fn=self.collate, num_workers=self.cfg.num_workers, generator=self._generator())
 
     def _generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.train_sampler.seed)

@@ -108,3 +108,9 @@ def test_a_deepspeed_folder_without_deepspeed_installed_is_named_with_the_extra(
     problem = e.value.problems[0]
     assert problem.key == "resume" and "is a DeepSpeed checkpoint folder, and DeepSpeed is not installed here" in problem.message
     assert "pip install 'tinytrain-llm[deepspeed]'" in problem.fix and "final.consolidated.ckpt" in problem.fix
+    # resume=auto neither skips past it to an older checkpoint nor sets it aside as unreadable.
+    from tinytrain.checkpoint.resume import newest_loadable
+
+    torch.save({"global_step": 2, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny"), "state_dict": {}}, tmp_path / "checkpoints" / "step0000002.ckpt")
+    with pytest.raises(ConfigError, match="DeepSpeed is not installed here"):
+        newest_loadable(tmp_path / "checkpoints")

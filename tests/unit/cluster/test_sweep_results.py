@@ -7,7 +7,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from tinytrain.cluster.sweep_results import SweepResults
+from tinytrain.cluster.sweep_results import DirectoryTaken, SweepResults, claim
 from tinytrain.errors import ConfigError, Problem
 
 
@@ -50,46 +50,68 @@ def test_single_runs_write_no_result_file(tmp_path):
     assert not (tmp_path / "0" / "result.json").exists()
 
 
-def job_in(sweep_dir, num, overrides, subdir=None):
+def job_in(sweep_dir, num, overrides, subdir=None, mode="train"):
     config = job_config(sweep_dir, num)
     config.hydra.overrides = {"task": overrides}
     config.hydra.sweep.subdir = subdir or str(num)
     config.hydra.runtime.output_dir = str(sweep_dir / config.hydra.sweep.subdir)
+    config.mode = mode
     Path(config.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
     return config
 
 
 def claimed(callback, sweep_dir, num, overrides, subdir=None):
-    """on_job_start for job `num`: its exit status where it refused (SystemExit), else None."""
+    """Job `num` starts and claims its directory (as hydra_main does, holding the run lock): the
+    refusal's message, or None."""
     config = job_in(sweep_dir, num, overrides, subdir)
+    callback.on_job_start(config)
     try:
-        callback.on_job_start(config)
-    except SystemExit as e:
-        return e.code
+        claim(Path(config.hydra.runtime.output_dir), overrides, config.hydra.sweep.subdir, sweep_dir)
+    except DirectoryTaken as e:
+        return str(e)
     return None
 
 
-def test_jobs_of_one_multirun_sharing_a_directory_stop_it(tmp_path, capsys):
+def test_jobs_of_one_multirun_sharing_a_directory_are_refused_keeping_the_first_s_record(tmp_path):
     """Job 1 resumed job 0's run and reported its loss as its own."""
     callback = SweepResults()
     callback.on_multirun_start(job_config(tmp_path, 0))
     assert claimed(callback, tmp_path, 0, ["trainer.lr=0.001"], subdir="same") is None
     callback.on_job_end(job_in(tmp_path, 0, ["trainer.lr=0.001"], "same"), finished(["trainer.lr=0.001"], JobStatus.COMPLETED, 4.0))
-    assert claimed(callback, tmp_path, 1, ["trainer.lr=0.003"], subdir="same") == 2
-    assert "hydra.sweep.subdir='same': puts jobs 0 and 1 of this multirun in one directory" in capsys.readouterr().err
+    refusal = claimed(callback, tmp_path, 1, ["trainer.lr=0.003"], subdir="same")
+    assert "hydra.sweep.subdir='same': puts jobs 0 and 1 of this multirun in one directory" in refusal
+    refused = finished(["trainer.lr=0.003"], JobStatus.FAILED, DirectoryTaken(Problem("hydra.sweep.subdir", "same", "x", "y")))
+    callback.on_job_end(job_in(tmp_path, 1, ["trainer.lr=0.003"], "same"), refused)
     assert json.loads((tmp_path / "same" / "result.json").read_text())["val_loss"] == 4.0  # job 0's record kept
 
 
-def test_an_earlier_multirun_s_job_is_continued_only_by_its_own_overrides(tmp_path, capsys):
+def test_an_earlier_multirun_s_job_is_continued_only_by_its_own_overrides(tmp_path):
     first = SweepResults()
     first.on_multirun_start(job_config(tmp_path, 0))
     assert claimed(first, tmp_path, 0, ["trainer.lr=0.001"]) is None
     assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "running"  # killed here, say
     again = SweepResults()
     again.on_multirun_start(job_config(tmp_path, 0))
-    assert claimed(again, tmp_path, 0, ["trainer.lr=0.005"]) == 2
-    assert "holds an earlier multirun" in capsys.readouterr().err
+    assert "holds an earlier multirun" in claimed(again, tmp_path, 0, ["trainer.lr=0.005"])
     assert claimed(again, tmp_path, 0, ["trainer.lr=0.001"]) is None  # the same command again continues it
+
+
+def test_an_eval_multirun_in_the_training_job_directories_keeps_their_records(tmp_path):
+    """`-m mode=eval checkpoint=final` under the training multirun's run.name evaluates each job;
+    the training multirun's command, run again, still continues its jobs."""
+    train = SweepResults()
+    train.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(train, tmp_path, 0, ["trainer.lr=0.001"]) is None
+    evals = SweepResults()
+    evals.on_multirun_start(job_config(tmp_path, 0))
+    config = job_in(tmp_path, 0, ["mode=eval", "checkpoint=final"], mode="eval")
+    evals.on_job_start(config)
+    evals.on_job_end(config, finished(["mode=eval", "checkpoint=final"], JobStatus.COMPLETED, 3.0))
+    assert json.loads((tmp_path / "0" / "result-eval.json").read_text())["val_loss"] == 3.0
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["mode"] == "train"
+    rerun = SweepResults()
+    rerun.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(rerun, tmp_path, 0, ["trainer.lr=0.001"]) is None
 
 
 def test_the_list_holds_this_multirun_s_jobs_at_any_depth(tmp_path, capsys):
@@ -107,15 +129,3 @@ def test_the_list_holds_this_multirun_s_jobs_at_any_depth(tmp_path, capsys):
     new.on_multirun_end(job_config(tmp_path, 0))
     table = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("job ")]
     assert table == [["job", "0", "val_loss", "9.0000", "trainer.lr=5"]]
-
-
-def test_an_output_mode_multirun_reads_the_training_multirun_s_job_directories(tmp_path):
-    """`-m mode=eval checkpoint=final` under the training multirun's run.name evaluates each job."""
-    train = SweepResults()
-    train.on_multirun_start(job_config(tmp_path, 0))
-    assert claimed(train, tmp_path, 0, ["trainer.lr=0.001"]) is None
-    evals = SweepResults()
-    evals.on_multirun_start(job_config(tmp_path, 0))
-    config = job_in(tmp_path, 0, ["mode=eval", "checkpoint=final"])
-    config.mode = "eval"
-    evals.on_job_start(config)  # no SystemExit

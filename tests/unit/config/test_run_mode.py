@@ -46,8 +46,11 @@ def test_an_experiment_a_user_added_with_hydra_settings_gets_hydra_s_own_mode(tm
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
     (tmp_path / "experiment" / "plain.yaml").write_text("# @package _global_\ntrainer:\n  lr: 1.0e-3\n")
+    (tmp_path / "experiment" / "mine").mkdir()
+    (tmp_path / "experiment" / "mine" / "sweep.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
     monkeypatch.setattr(run_mode, "CONF_DIR", tmp_path)
     assert not plainly_a_run(["experiment=sweep"]) and plainly_a_run(["experiment=plain"])
+    assert not plainly_a_run(["experiment=mine/sweep"])
 
 
 def test_a_plain_command_composes_once_and_a_multirun_as_hydra_does(tmp_path, monkeypatch):

@@ -2,7 +2,6 @@
 sends the whole process group does not end it (it made torch raise mid-step in the trainer), while
 its parent's own SIGTERM (torch's DataLoader terminating a worker that will not exit) still does."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -35,25 +34,22 @@ def test_the_group_s_stop_signals_are_left_to_the_parent_and_the_parent_s_sigter
         worker.wait()
 
 
-def slow_guard(parent_pid, worker_id):
-    """torch's own worker setup runs before worker_init_fn: this widens that moment to 1 s."""
-    time.sleep(1.0)
-    from tinytrain.data.orphan_guard import dataloader_worker_init
-
-    dataloader_worker_init(parent_pid, worker_id)
-
-
 @pytest.mark.parametrize("sig", ["TERM", "INT", "USR1"])
-def test_a_stop_signal_before_the_worker_s_init_waits_for_it(sig):
+def test_a_stop_signal_before_the_worker_s_init_waits_for_it(sig, monkeypatch):
     """A validation starts fresh workers: the group's SIGTERM between a worker's fork and its
     worker_init_fn killed it, and torch raised "DataLoader worker exited unexpectedly" mid-run."""
-    import functools
     import multiprocessing
 
-    from tinytrain.data.worker_loader import WorkerSafeDataLoader
+    from tinytrain.data import orphan_guard, worker_loader
 
-    loader = WorkerSafeDataLoader(list(range(8)), batch_size=2, num_workers=1, worker_init_fn=functools.partial(slow_guard, os.getpid()))
+    def slow_guard(parent_pid, worker_id):  # torch's own worker setup runs first: widened to 1 s here
+        time.sleep(1.0)
+        orphan_guard.dataloader_worker_init(parent_pid, worker_id)
+
+    monkeypatch.setattr(worker_loader, "dataloader_worker_init", slow_guard)
+    loader = worker_loader.WorkerSafeDataLoader(list(range(8)), batch_size=2, num_workers=1)
+    before = {p.pid for p in multiprocessing.active_children()}
     batches = iter(loader)
-    (worker,) = multiprocessing.active_children()
+    (worker,) = [p for p in multiprocessing.active_children() if p.pid not in before]
     subprocess.run(["kill", f"-{sig}", str(worker.pid)], check=True)  # from another process, as the group's are
     assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
