@@ -59,10 +59,11 @@ def test_a_refused_plan_leaves_the_trained_run_s_hydra_record_as_it_was(tmp_path
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.max_steps=60\n"
 
 
-def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
+@pytest.mark.parametrize(("env", "refusal"), [({}, "is in use by tinytrain mode=train"), ({"LOCAL_RANK": "x", "WORLD_SIZE": "2"}, "is not a rank")], ids=["the lock", "a rank that is no number"])
+def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path, env, refusal):
     """Hydra writes .hydra/ and opens tinytrain.log before the lock is tried: a plan refused while a
     run trained there replaced that run's record of how it was composed (mode=plan, trainer.lr=9)
-    and appended its refusal to that run's log."""
+    and appended its refusal to that run's log (a rank variable's refusal too, its rank unknown)."""
     import socket
     import subprocess
     import sys
@@ -74,11 +75,11 @@ def test_a_process_the_lock_refuses_leaves_the_running_run_s_record(tmp_path):
     try:
         with hold(tmp_path, "train"):
             (tmp_path / LOCK_NAME).write_text(f"tinytrain mode=train, pid {running.pid} on {socket.gethostname()}, since now\n")
-            r = run_cli(["mode=plan", "trainer.lr=9"], tmp_path)
+            r = run_cli(["mode=plan", "trainer.lr=9"], tmp_path, env=env)
     finally:
         running.kill()
         running.wait()
-    assert r.returncode == 2 and "is in use by tinytrain mode=train" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and refusal in r.stderr, r.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / ".hydra").iterdir()) == ["overrides.yaml"]
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- trainer.lr=1e-3\n"
     assert (tmp_path / "tinytrain.log").read_text() == "the running run's log\n"  # the refusal is on stderr only
