@@ -215,7 +215,7 @@ def hydra_main(cfg: DictConfig):
         rank = rank_logging.process_rank()
         rank_logging.configure(rank)
         library_notices.quiet()
-        removed = removed_key_problems(cfg)
+        removed = removed_key_problems(cfg) + (local_multirun_ranks_problems(cfg, hydra_cfg) if multirun else [])
         if removed:
             raise ConfigError(removed)
         if multirun:
@@ -283,6 +283,18 @@ def hydra_main(cfg: DictConfig):
             release_finished_job()
     # Hydra multirun sweepers optimise the task's return value.
     return result.get("val_loss") if isinstance(result, dict) else None
+
+
+def local_multirun_ranks_problems(cfg: DictConfig, hydra_cfg) -> list[Problem]:
+    """Jobs of a local multirun run one after another in this process; Lightning's launcher starts
+    the other ranks of a job with this process's whole command line (-m and every swept value), so
+    rank 1 ran a multirun of its own: it took job 1's directory and the real job 1 was refused."""
+    from tinytrain.plan.layout import world_size
+
+    launcher = str(OmegaConf.select(hydra_cfg, "launcher._target_", default=""))
+    if cfg.mode != Mode.train or not launcher.endswith("BasicLauncher") or world_size(cfg) <= 1:
+        return []
+    return [Problem("cluster.devices", cfg.cluster.devices, f"gives each job of a local multirun {world_size(cfg)} ranks, which Lightning's launcher would start with the whole multirun's command line", "run each combination as its own command (a shell loop over the values), or launch the multirun on the cluster with hydra/launcher=submitit_slurm")]
 
 
 def forget_job(e: BaseException) -> None:

@@ -633,6 +633,16 @@ def test_a_multirun_s_run_name_that_leaves_run_root_writes_nothing(clean_env, tm
     assert list(tmp_path.iterdir()) == []
 
 
+
+def test_a_local_multirun_of_jobs_with_several_ranks_is_refused_and_a_plan_sweep_is_not(clean_env, tmp_path):
+    """Lightning started rank 1 with the whole multirun's command line: it ran a multirun of its own."""
+    code, err = run_in_process(["-m", "trainer.lr=1e-3,2e-3", "cluster.devices=2", "parallel=ddp", f"run.root={tmp_path / 'runs'}"])
+    assert code == 2 and "cluster.devices=2: gives each job of a local multirun 2 ranks" in err, err
+    assert not list((tmp_path / "runs").rglob("plan.json"))
+    code, err = run_in_process(["-m", "mode=plan", "trainer.lr=1e-3,2e-3", "cluster.devices=2", "parallel=ddp", "hardware.gpu=A800", f"run.root={tmp_path / 'plans'}"])
+    assert code == 0, err
+
+
 @pytest.fixture
 def read_only_root(tmp_path):
     """A folder this process cannot write to: a read-only tmpfs as root (root ignores modes), else mode 0555."""

@@ -34,6 +34,8 @@ log = logging.getLogger("tinytrain")
 RESULT_FILE = "result.json"
 # This process's multirun job, set as it starts (on_job_start, then the task function runs).
 JOB: dict = {}
+# What a job may change and still continue its earlier run (a sweep extended to more steps).
+CONTINUABLE_KEYS = ("trainer.max_steps", "trainer.progress_bar", "data.num_workers")
 
 
 def result_file(mode: str) -> str:
@@ -54,20 +56,31 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
         earlier = json.loads((job_dir / RESULT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         earlier = None
-    if earlier is not None and earlier.get("mode") == "train":
+    if earlier is not None and earlier.get("mode") == "train" and trained(job_dir):
         if earlier.get("sweep") == this and earlier.get("job") != job_num:
             raise DirectoryTaken(Problem("hydra.sweep.subdir", subdir, f"puts jobs {earlier.get('job')} and {job_num} of this multirun in one directory, {job_dir}: job {job_num} would resume job {earlier.get('job')}'s run as its own", "give every job its own directory: keep ${hydra.job.num} in hydra.sweep.subdir"))
-        if earlier.get("sweep") != this and sorted(earlier.get("overrides") or []) != sorted(overrides):
+        if earlier.get("sweep") != this and identity(earlier.get("overrides") or []) != identity(overrides):
             raise DirectoryTaken(
                 Problem(
                     "hydra.sweep.dir",
                     str(sweep_dir),
                     f"holds an earlier multirun: {job_dir} is its job {earlier.get('job')} ({' '.join(earlier.get('overrides') or [])}), which this job ({' '.join(overrides)}) would take over (resume=auto continues the run it finds there)",
-                    "name this multirun anew (run.name=<new>), or run the earlier multirun's command again to continue its jobs",
+                    f"name this multirun anew (run.name=<new>), or run the earlier multirun's command again to continue its jobs (changing at most {', '.join(CONTINUABLE_KEYS)})",
                 )
             )
     record = {"sweep": this, "mode": "train", "job": job_num, "overrides": overrides, "status": "running", "val_loss": None, "error": None}
     (job_dir / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    JOB["claimed"] = True
+
+
+def trained(job_dir: Path) -> bool:
+    """Whether the directory holds checkpoints resume=auto would continue (a failed job's has none)."""
+    checkpoints = job_dir / "checkpoints"
+    return any(checkpoints.glob("step*.ckpt")) or (checkpoints / "final.ckpt").exists()
+
+
+def identity(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in CONTINUABLE_KEYS)
 
 
 def job_result(job_return: JobReturn, job_num: int, sweep: str | None = None, mode: str = "train") -> dict:
@@ -121,10 +134,14 @@ class SweepResults(Callback):
             JOB.update(sweep=getattr(self, "sweep", None), job=config.hydra.job.num)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN or isinstance(job_return._return_value, DirectoryTaken):
-            return  # a refused job leaves the record of the run it found
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
         mode = OmegaConf.select(config, "mode", default="train")
         result = job_result(job_return, config.hydra.job.num, getattr(self, "sweep", None), str(getattr(mode, "value", mode)))
+        # A training job refused before its claim (the run lock held by the job running there, a
+        # bad key, DirectoryTaken) leaves the record it found: only its own goes over one.
+        if result["mode"] == "train" and not JOB.get("claimed") and Path(config.hydra.runtime.output_dir, RESULT_FILE).exists():
+            return
         Path(config.hydra.runtime.output_dir, result_file(result["mode"])).write_text(json.dumps(result, indent=2) + "\n")
         log.info("multirun %s", render([result]).strip())
 

@@ -218,7 +218,9 @@ def interpolation_message(err, argv: list[str]) -> str:
         deleting = next((arg for arg in argv if arg in removed), None)
         if deleting:
             return f"tinytrain: configuration error: {deleting}: removes {missing.group(1)}, which {full_key} refers to. Fix: drop '{deleting}'; to change it, set {deleting[1:]}=<value>. {HINT}"
-    override = _override_for(full_key, argv)
+    # The key's own override, or one whose ${...} the message names (hydra.run.dir fails on run.name's).
+    named = re.findall(r"'([^']+)'", said)
+    override = _override_for(full_key, argv) or next((arg for arg in argv if "${" in arg and any(n in arg for n in named)), None)
     if override is None:  # set by a config file or a resolver's environment variable, not on this command line
         return f"tinytrain: configuration error: {full_key}: cannot resolve it: {said}. Fix: give {full_key} a value that resolves (set it on the command line, or the variable or key it refers to). {HINT}"
     return (

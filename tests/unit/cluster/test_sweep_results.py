@@ -60,6 +60,12 @@ def job_in(sweep_dir, num, overrides, subdir=None, mode="train"):
     return config
 
 
+def trains(job_dir):
+    """The job saved a checkpoint: what resume=auto would continue."""
+    (job_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (job_dir / "checkpoints" / "step0000004.ckpt").write_bytes(b"")
+
+
 def claimed(callback, sweep_dir, num, overrides, subdir=None):
     """Job `num` starts and claims its directory (as hydra_main does, holding the run lock): the
     refusal's message, or None."""
@@ -77,6 +83,7 @@ def test_jobs_of_one_multirun_sharing_a_directory_are_refused_keeping_the_first_
     callback = SweepResults()
     callback.on_multirun_start(job_config(tmp_path, 0))
     assert claimed(callback, tmp_path, 0, ["trainer.lr=0.001"], subdir="same") is None
+    trains(tmp_path / "same")
     callback.on_job_end(job_in(tmp_path, 0, ["trainer.lr=0.001"], "same"), finished(["trainer.lr=0.001"], JobStatus.COMPLETED, 4.0))
     refusal = claimed(callback, tmp_path, 1, ["trainer.lr=0.003"], subdir="same")
     assert "hydra.sweep.subdir='same': puts jobs 0 and 1 of this multirun in one directory" in refusal
@@ -90,10 +97,31 @@ def test_an_earlier_multirun_s_job_is_continued_only_by_its_own_overrides(tmp_pa
     first.on_multirun_start(job_config(tmp_path, 0))
     assert claimed(first, tmp_path, 0, ["trainer.lr=0.001"]) is None
     assert json.loads((tmp_path / "0" / "result.json").read_text())["status"] == "running"  # killed here, say
+    trains(tmp_path / "0")
     again = SweepResults()
     again.on_multirun_start(job_config(tmp_path, 0))
     assert "holds an earlier multirun" in claimed(again, tmp_path, 0, ["trainer.lr=0.005"])
     assert claimed(again, tmp_path, 0, ["trainer.lr=0.001"]) is None  # the same command again continues it
+    assert claimed(again, tmp_path, 0, ["trainer.lr=0.001", "trainer.max_steps=8"]) is None  # extended
+
+
+def test_a_job_that_trained_nothing_leaves_its_directory_free_and_a_refused_one_its_record(tmp_path):
+    """A job failed on a bad value (no checkpoint): the corrected multirun may use its directory.
+    A job refused before its claim (the run lock, a bad key) wrote its failure over the record of
+    the job running there, which the next multirun then took over."""
+    first = SweepResults()
+    first.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(first, tmp_path, 0, ["trainer.lr=-1"]) is None  # fails in its plan: no checkpoint
+    fixed = SweepResults()
+    fixed.on_multirun_start(job_config(tmp_path, 0))
+    assert claimed(fixed, tmp_path, 0, ["trainer.lr=0.001"]) is None
+    trains(tmp_path / "0")
+    second = SweepResults()
+    second.on_multirun_start(job_config(tmp_path, 0))
+    config = job_in(tmp_path, 0, ["trainer.lr=0.005"])
+    second.on_job_start(config)  # then refused by the run lock, before its claim
+    second.on_job_end(config, finished(["trainer.lr=0.005"], JobStatus.FAILED, ConfigError(Problem("hydra.run.dir", "x", "is in use", "wait"))))
+    assert json.loads((tmp_path / "0" / "result.json").read_text())["overrides"] == ["trainer.lr=0.001"]
 
 
 def test_an_eval_multirun_in_the_training_job_directories_keeps_their_records(tmp_path):
