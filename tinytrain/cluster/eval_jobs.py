@@ -32,9 +32,19 @@ def value_problems(cfg, run_dir: str, workdir: str) -> list[Problem]:
         + slurm_values.name_problems("cluster.partition", c.partition, "use the partition's name as sinfo lists it, e.g. cluster.partition=gpu", allow_list=True)
         + slurm_values.name_problems("cluster.account", c.account, "use the account's name as sacctmgr lists it, e.g. cluster.account=myproject")
         + slurm_values.time_problems(str(c.time))
+        + time_format_problems(str(c.time))
         + slurm_values.path_problems("hydra.run.dir", run_dir, "choose a run directory path without spaces, quotes or control characters (run.root=<folder>, run.name=<name>)")
         + slurm_values.path_problems("working directory", workdir, "start the run from a folder whose path has no spaces, quotes or control characters (each eval job starts there)")
     )
+
+
+def time_format_problems(time: str) -> list[Problem]:
+    """sbatch refused each eval job's --time while training went on (0 of N submitted, exit 0)."""
+    from tinytrain.cluster.sbatch import TIME_FIX, slurm_time_seconds
+
+    if not slurm_values.time_problems(time) and slurm_time_seconds(time) is None:
+        return [Problem("cluster.time", time, "is not a Slurm time limit (each eval job asks for it)", TIME_FIX)]
+    return []
 
 
 def render(cfg, *, run_dir: Path, step: int, workdir: Path, python: str = sys.executable) -> str:

@@ -20,6 +20,8 @@ from tinytrain.errors import ConfigError, Problem
 SCRIPT_NAME = "job.sbatch"
 # Overrides the rendered command sets itself.
 OWN_KEYS = ("mode", "hydra.run.dir")
+MAX_SIGNAL_DELAY_S = 65535  # sbatch --signal's largest delay
+TIME_FIX = "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. cluster.time=24:00:00 or 2-00:00:00"
 
 
 def sbatch_problems(cfg, overrides: list[str] | None = None, run_dir: Path | None = None) -> list[Problem]:
@@ -32,8 +34,8 @@ def sbatch_problems(cfg, overrides: list[str] | None = None, run_dir: Path | Non
         problems.append(Problem("cluster.devices", c.devices, "mode=sbatch needs the GPUs (tasks) per node", "set cluster.devices=8 (or the node's GPU count)"))
     if c.cpus_per_task is not None and c.cpus_per_task < 1:
         problems.append(Problem("cluster.cpus_per_task", c.cpus_per_task, "must be >= 1", "use the node's cores / GPUs, or null to leave it to Slurm"))
-    if c.signal_delay_s < 0:
-        problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "use e.g. 300 (seconds before the time limit)"))
+    if c.signal_delay_s < 0 or c.signal_delay_s > MAX_SIGNAL_DELAY_S:
+        problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"must be 0 to {MAX_SIGNAL_DELAY_S} (sbatch refuses --signal=USR1@<more>)", "use e.g. 300 (seconds before the time limit)"))
     if overrides is None:
         overrides, run_dir = hydra_context()
     values = slurm_values.script_value_problems(cfg, training_overrides(overrides), str(run_dir.resolve()) if run_dir else "", str(Path.cwd()))
@@ -42,7 +44,7 @@ def sbatch_problems(cfg, overrides: list[str] | None = None, run_dir: Path | Non
         return problems
     limit = slurm_time_seconds(str(c.time))
     if limit is None:
-        problems.append(Problem("cluster.time", c.time, "is not a Slurm time limit", "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. cluster.time=24:00:00 or 2-00:00:00"))
+        problems.append(Problem("cluster.time", c.time, "is not a Slurm time limit", TIME_FIX))
     elif c.signal_delay_s >= limit > 0:
         problems.append(Problem("cluster.signal_delay_s", c.signal_delay_s, f"not shorter than cluster.time={c.time} ({limit} s): the warning would come before the job starts", "lower cluster.signal_delay_s or raise cluster.time"))
     return problems
@@ -80,8 +82,7 @@ def slurm_time_seconds(text: str) -> int | None:
         d, h, mi, sec = 0, int(m["a"]), int(m["b"]), int(m["c"])
     else:
         d, h, mi, sec = 0, 0, int(m["a"]), int(m["b"] or 0)
-    if (m["days"] is not None and h > 23) or (m["c"] is not None or m["days"] is not None) and (mi > 59 or sec > 59):
-        return None
+    # No range per field: Slurm's parser takes 00:90:00 and 1-25 as 90 minutes and 49 hours.
     return ((d * 24 + h) * 60 + mi) * 60 + sec
 
 

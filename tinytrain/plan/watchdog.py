@@ -53,13 +53,19 @@ def watchdog_plan(cluster, save_seconds: float) -> WatchdogPlan:
     return WatchdogPlan(cluster.watchdog, cluster.hang_timeout_s, cluster.startup_timeout_s, cluster.slow_phase_timeout_s, checkpoint, longest + PG_TIMEOUT_MARGIN_S, reason)
 
 
+# torch's collective timeout is the longest limit + 60 s: a timedelta past ~1.1e14 s overflows (a
+# traceback), and from ~1e10 s the rendezvous failed or stalled on two CPU ranks. 30 days is beyond
+# any step, save or start-up a limit is for.
+MAX_TIMEOUT_S = 30 * 24 * 3600
+
+
 def watchdog_problems(cfg) -> list[Problem]:
     c = cfg.cluster
     problems = []
     for key, example in (("hang_timeout_s", 300), ("startup_timeout_s", 1800), ("slow_phase_timeout_s", 1800)):
         value = getattr(c, key)
-        if value <= 0:
-            problems.append(Problem(f"cluster.{key}", value, "must be a positive number of seconds", f"use e.g. cluster.{key}={example}, or cluster.watchdog=false to run without the hang watchdog"))
+        if not 0 < value <= MAX_TIMEOUT_S:  # NaN too
+            problems.append(Problem(f"cluster.{key}", value, f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (30 days): the ranks' collective timeout is made from it", f"use e.g. cluster.{key}={example}, or cluster.watchdog=false to run without the hang watchdog"))
     if c.hang_timeout_s > 0 and c.startup_timeout_s > 0 and c.startup_timeout_s < c.hang_timeout_s:
         problems.append(Problem("cluster.startup_timeout_s", c.startup_timeout_s, f"is shorter than cluster.hang_timeout_s({c.hang_timeout_s}): start-up (data and op builds, rendezvous) takes longer than a step", f"use cluster.startup_timeout_s >= {c.hang_timeout_s}"))
     if c.hang_timeout_s > 0 and c.slow_phase_timeout_s > 0 and c.slow_phase_timeout_s < c.hang_timeout_s:

@@ -96,3 +96,12 @@ def test_interpolations_on_the_command_line_reach_the_job_as_typed(tmp_path, mon
     assert code == 0, err
     srun = next(line for line in (run_dir / "job.sbatch").read_text().splitlines() if line.startswith("srun "))
     assert shlex.split(srun)[-4:-2] == typed
+
+
+def test_slurm_time_limits_read_as_slurm_reads_them():
+    """Slurm's parser has no range per field: 00:90:00 and 1-25 were refused as no time limit."""
+    from tinytrain.cluster.sbatch import slurm_time_seconds
+
+    assert slurm_time_seconds("00:90:00") == 5400 and slurm_time_seconds("1-25") == 49 * 3600
+    assert slurm_time_seconds("90") == 5400 and slurm_time_seconds("UNLIMITED") == 0
+    assert slurm_time_seconds("1:2:3:4") is None and slurm_time_seconds("1h") is None
