@@ -193,7 +193,7 @@ def hydra_main(cfg: DictConfig):
     from hydra.types import RunMode
     from omegaconf.errors import InterpolationResolutionError
 
-    from tinytrain.config.friendly_errors import causes, interpolation_message
+    from tinytrain.config.friendly_errors import friendly_message
     from tinytrain.errors import HANG_EXIT_CODE, PREEMPTED_EXIT_CODE, HangStopped, Preempted, TrainingStopped
 
     # A multirun job on a cluster (hydra/launcher=submitit_slurm) starts here in a fresh process,
@@ -215,9 +215,9 @@ def hydra_main(cfg: DictConfig):
         rank = rank_logging.process_rank()
         rank_logging.configure(rank)
         library_notices.quiet()
-        removed = removed_key_problems(cfg) + (local_multirun_ranks_problems(cfg, hydra_cfg) if multirun else [])
-        if removed:
-            raise ConfigError(removed)
+        problems = removed_key_problems(cfg) + (local_multirun_ranks_problems(cfg, hydra_cfg) if multirun else [])
+        if problems:
+            raise ConfigError(problems)
         if multirun:
             name_multirun_job(cfg, hydra_cfg.job.num)
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
@@ -248,14 +248,8 @@ def hydra_main(cfg: DictConfig):
         ended_cleanly = refused
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
-        # A ConfigError, also one a resolver raised inside a ${...} (with its own fix).
-        inner = next((c for c in causes(e) if isinstance(c, ConfigError)), None) if refused else None
-        if inner is not None:
-            message = inner.render() + "\n(set HYDRA_FULL_ERROR=1 for the traceback)"
-        elif refused:
-            message = interpolation_message(e, sys.argv[1:])
-        else:
-            message = str(e)
+        # As main() words it: a ConfigError (also one a resolver raised inside a ${...}), or the ${...}.
+        message = friendly_message(e, sys.argv[1:]) if refused else str(e)
         if rank in (0, None):  # every rank of a DDP run reaches the same guard decision: say it once
             rank_logging.say(message, logging.ERROR)  # in tinytrain.log too: why the run stopped
         if multirun:

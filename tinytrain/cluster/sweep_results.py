@@ -28,6 +28,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from tinytrain.cluster.trained_run import holds_checkpoints
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger("tinytrain")
@@ -56,7 +57,7 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
         earlier = json.loads((job_dir / RESULT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         earlier = None
-    if earlier is not None and earlier.get("mode") == "train" and trained(job_dir):
+    if earlier is not None and earlier.get("mode") == "train" and holds_checkpoints(job_dir):  # a failed job's has none
         if earlier.get("sweep") == this and earlier.get("job") != job_num:
             raise DirectoryTaken(Problem("hydra.sweep.subdir", subdir, f"puts jobs {earlier.get('job')} and {job_num} of this multirun in one directory, {job_dir}: job {job_num} would resume job {earlier.get('job')}'s run as its own", "give every job its own directory: keep ${hydra.job.num} in hydra.sweep.subdir"))
         if earlier.get("sweep") != this and identity(earlier.get("overrides") or []) != identity(overrides):
@@ -71,12 +72,6 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
     record = {"sweep": this, "mode": "train", "job": job_num, "overrides": overrides, "status": "running", "val_loss": None, "error": None}
     (job_dir / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     JOB["claimed"] = True
-
-
-def trained(job_dir: Path) -> bool:
-    """Whether the directory holds checkpoints resume=auto would continue (a failed job's has none)."""
-    checkpoints = job_dir / "checkpoints"
-    return any(checkpoints.glob("step*.ckpt")) or (checkpoints / "final.ckpt").exists()
 
 
 def identity(overrides: list[str]) -> list[str]:
@@ -131,13 +126,13 @@ class SweepResults(Callback):
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         JOB.clear()
         if config.hydra.mode == RunMode.MULTIRUN:
-            JOB.update(sweep=getattr(self, "sweep", None), job=config.hydra.job.num)
+            JOB.update(sweep=self.sweep, job=config.hydra.job.num)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         mode = OmegaConf.select(config, "mode", default="train")
-        result = job_result(job_return, config.hydra.job.num, getattr(self, "sweep", None), str(getattr(mode, "value", mode)))
+        result = job_result(job_return, config.hydra.job.num, self.sweep, str(getattr(mode, "value", mode)))
         # A training job refused before its claim (the run lock held by the job running there, a
         # bad key, DirectoryTaken) leaves the record it found: only its own goes over one.
         if result["mode"] == "train" and not JOB.get("claimed") and Path(config.hydra.runtime.output_dir, RESULT_FILE).exists():
@@ -147,4 +142,4 @@ class SweepResults(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        print(f"multirun {sweep_dir}, jobs best first:\n{render(read_results(sweep_dir, getattr(self, 'sweep', None)))}", flush=True)
+        print(f"multirun {sweep_dir}, jobs best first:\n{render(read_results(sweep_dir, self.sweep))}", flush=True)

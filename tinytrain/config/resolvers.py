@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from tinytrain.cluster.trained_run import holds_checkpoints
 from tinytrain.errors import ConfigError, Problem
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -86,10 +87,7 @@ def _hydra_record(mode: str, run_dir: str) -> str | None:
     mode (a plan, an export, an eval) would write it over a trained run's record, or any process
     over the record of a run still running there (run_lock refuses it, after Hydra wrote): Hydra
     writes it before tinytrain runs. None: Hydra writes no record."""
-    checkpoints = Path(run_dir) / "checkpoints"
-    # step<N>.ckpt (a file or DeepSpeed's folder) or final.ckpt; a save's temp name ends otherwise.
-    trained = any(checkpoints.glob("step*.ckpt")) or (checkpoints / "final.ckpt").exists()
-    if (str(mode) != "train" and trained) or running_here(Path(run_dir)):
+    if (str(mode) != "train" and holds_checkpoints(Path(run_dir))) or running_here(Path(run_dir)):
         return None
     return ".hydra"
 
