@@ -28,12 +28,14 @@ the whole checkpoint there; the plan prints that figure beside it.
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tinytrain.checkpoint.disk_space import nearest_existing
 from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.cluster.sbatch import MAX_SIGNAL_DELAY_S
 from tinytrain.config.schema import Mode, Strategy
 from tinytrain.errors import Problem
 from tinytrain.plan.parallel import CheckpointFormat, strategy_row
@@ -184,6 +186,8 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
             f"(more than checkpoint.max_save_share={c.max_save_share:g}): save less often (trainer.checkpoint_every_n_steps)"
             + (", or checkpoint.async_save=true" if strategy_row(strategy).checkpoint_format is CheckpointFormat.sharded else "")
         )
+    if (late := requeue_save_warning(cfg, save_seconds=save_seconds, step_seconds=step_seconds)) is not None:
+        warnings.append(late)
     return CheckpointPlan(
         strategy_row(strategy).checkpoint_format.value,
         bool(c.async_save),
@@ -200,6 +204,23 @@ def checkpoint_plan(cfg, *, params: int, trainable: int, largest_tensor: int, wo
         round(save_seconds, 3),
         round(between, 1) if between is not None else None,
         tuple(warnings),
+    )
+
+
+def requeue_save_warning(cfg, *, save_seconds: float, step_seconds: float | None) -> str | None:
+    """On Slurm, USR1 comes cluster.signal_delay_s before the time limit (cluster/sbatch.py): the
+    run finishes its step and saves before it requeues. A save that outlasts the delay is killed
+    at the limit (the last complete checkpoint stays), and the job resumes from the previous one,
+    losing the steps between. Said, not refused: write_gbps is the plan's assumption."""
+    c = cfg.cluster
+    needed = save_seconds + (step_seconds or 0.0)
+    if c.name != "slurm" or needed <= c.signal_delay_s:
+        return None
+    step = f"the step under way (~{step_seconds:.0f} s) and " if step_seconds and step_seconds >= 1 else ""
+    return (
+        f"cluster.signal_delay_s={c.signal_delay_s}: Slurm's USR1 comes {c.signal_delay_s} s before the time limit, and finishing {step}the save "
+        f"(~{save_seconds:.0f} s at checkpoint.write_gbps={cfg.checkpoint.write_gbps:g}) take ~{needed:.0f} s: the requeue's checkpoint would be cut off "
+        f"and the job resume from the one before; raise cluster.signal_delay_s to {min(MAX_SIGNAL_DELAY_S, math.ceil(2 * needed))} (twice that), or set checkpoint.write_gbps to the disk's measured speed"
     )
 
 

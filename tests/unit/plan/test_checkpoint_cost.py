@@ -121,3 +121,16 @@ def test_deepspeed_partitions_over_every_rank_of_a_context_parallel_group(tmp_pa
         figures[cp] = (saved.step_bytes, saved.largest_rank_bytes, saved.save_host_bytes, plan.host.training_bytes, plan.host.peak_bytes)
     assert figures[2] == figures[1] and figures[8] == figures[1], figures
     assert figures[1][1] < figures[1][0] / 2  # rank 0 writes an eighth of the optimizer state (and ZeRO-2 the weights)
+
+
+def test_a_slurm_requeue_save_longer_than_the_signal_delay_warns(tmp_path):
+    # zero3 7B: ~84 GB a checkpoint; at 0.2 GB/s a save takes ~420 s, past the default 300 s warning.
+    slurm = ["cluster=slurm", "cluster.nodes=1", "parallel=zero3"]
+    late, _ = checkpoint(tmp_path, *slurm, "checkpoint.write_gbps=0.2")
+    (warning,) = [w for w in late.warnings if "cluster.signal_delay_s" in w]
+    assert "cluster.signal_delay_s=300" in warning and "raise cluster.signal_delay_s to" in warning, warning
+    raised = int(warning.split("raise cluster.signal_delay_s to ")[1].split()[0])
+    ok, _ = checkpoint(tmp_path, *slurm, "checkpoint.write_gbps=0.2", f"cluster.signal_delay_s={raised}")
+    assert not [w for w in ok.warnings if "cluster.signal_delay_s" in w]
+    local, _ = checkpoint(tmp_path, "parallel=zero3", "checkpoint.write_gbps=0.2")  # no Slurm signal to wait for
+    assert not [w for w in local.warnings if "cluster.signal_delay_s" in w]
