@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import library_notices, process_group, rank_logging, sweep_results
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
-from tinytrain.cluster.overrides import task_overrides
+from tinytrain.cluster.overrides import script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
 from tinytrain.config.resolvers import register_resolvers
@@ -231,11 +231,11 @@ def hydra_main(cfg: DictConfig):
             if cfg.mode == Mode.sbatch:
                 from tinytrain.cluster import sbatch
 
-                path = sbatch.write(cfg, task_overrides(), run_dir, host_peak_bytes=result.host.peak_bytes if result.host else None)
+                path = sbatch.write(cfg, script_overrides(), run_dir, host_peak_bytes=result.host.peak_bytes if result.host else None)
                 if cfg.data.prepare_parts > 1:
                     from tinytrain.cluster import prepare_array
 
-                    submit = prepare_array.write(cfg, task_overrides(), run_dir)
+                    submit = prepare_array.write(cfg, script_overrides(), run_dir)
                     print(f"Slurm jobs written: {run_dir / prepare_array.PREPARE_NAME} (the token store, {cfg.data.prepare_parts} parts as an array) and {path} (training, after every part); submit both with:\n  bash {submit}")
                 else:
                     print(f"Slurm job written to {path}; submit it with:\n  sbatch {path}")

@@ -18,3 +18,17 @@ def task_overrides() -> list[str]:
         return []
     task = OmegaConf.select(HydraConfig.get(), "overrides.task", default=None)
     return [str(o) for o in OmegaConf.to_container(task, resolve=False)] if task is not None else []
+
+
+def script_overrides() -> list[str]:
+    """What a Slurm script tinytrain writes passes on to its srun: the task's overrides and the
+    user's own Hydra settings (`hydra/job_logging=stdout`, `hydra.verbose=true`), which a job run
+    without them would not have. hydra.mode is Hydra's own entry for every run."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return []
+    own = OmegaConf.select(HydraConfig.get(), "overrides.hydra", default=None)
+    hydra = [str(o) for o in OmegaConf.to_container(own, resolve=False)] if own is not None else []
+    return task_overrides() + [o for o in hydra if o.split("=", 1)[0] != "hydra.mode"]

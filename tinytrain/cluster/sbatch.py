@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tinytrain.cluster import slurm_values
-from tinytrain.cluster.overrides import task_overrides
+from tinytrain.cluster.overrides import script_overrides
 from tinytrain.errors import ConfigError, Problem
 
 SCRIPT_NAME = "job.sbatch"
@@ -61,7 +61,7 @@ def hydra_context() -> tuple[list[str], Path | None]:
     # A config composed by Hydra's compose API (tests, tools) has no run directory: None, not an error.
     hydra_cfg = HydraConfig.get()
     output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False)
-    return task_overrides(), Path(output_dir) if output_dir else None
+    return script_overrides(), Path(output_dir) if output_dir else None
 
 
 # sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",

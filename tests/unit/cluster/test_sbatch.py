@@ -98,6 +98,21 @@ def test_interpolations_on_the_command_line_reach_the_job_as_typed(tmp_path, mon
     assert shlex.split(srun)[-4:-2] == typed
 
 
+def test_the_user_s_hydra_settings_reach_the_job(tmp_path):
+    """The script passed on the task's overrides only: `hydra/job_logging=stdout` on the command
+    line that wrote it did not reach the job it wrote."""
+    from tests.cli_in_process import run_in_process
+
+    run_dir = tmp_path / "run"
+    hydra = ["hydra/job_logging=stdout", "hydra.verbose=true"]
+    code, err = run_in_process(["mode=sbatch", "cluster=slurm", "parallel=ddp", "hardware.gpu=A800", *hydra, f"hydra.run.dir={run_dir}"])
+    assert code == 0, err
+    srun = next(line for line in (run_dir / "job.sbatch").read_text().splitlines() if line.startswith("srun "))
+    args = shlex.split(srun)
+    assert args[-4:-2] == hydra and args[-2] == f"hydra.run.dir={run_dir.resolve()}"
+    assert not [a for a in args if a.startswith("hydra.mode")]  # Hydra's own entry, not the user's
+
+
 def test_slurm_time_limits_read_as_slurm_reads_them():
     """Slurm's parser has no range per field: 00:90:00 and 1-25 were refused as no time limit."""
     from tinytrain.cluster.sbatch import slurm_time_seconds
