@@ -275,8 +275,11 @@ def hydra_main(cfg: DictConfig):
             unused_run_dir.remove_if_unused(run_dir)
         if multirun:
             release_finished_job()
-    # Hydra multirun sweepers optimise the task's return value.
-    return result.get("val_loss") if isinstance(result, dict) else None
+    # Hydra multirun sweepers optimise the task's return value: a training's final validation
+    # loss, an eval's loss (a multirun of mode=eval over checkpoints ranks them).
+    if not isinstance(result, dict):
+        return None
+    return result.get("loss") if cfg.mode == Mode.eval else result.get("val_loss")
 
 
 def local_multirun_ranks_problems(cfg: DictConfig, hydra_cfg) -> list[Problem]:

@@ -87,3 +87,16 @@ def test_local_multirun_returns_val_loss_and_survives_a_failed_job(tmp_path):
         assert any("val_loss" in row for row in history)
         run_ids.add(runs[0].name)
     assert len(run_ids) == 2
+
+    # The same multirun in mode=eval scores each job's final checkpoint: its return value (and the
+    # list's outcome) is the eval's loss, beside the training's record, which it leaves alone.
+    trained = {job: (sweep_dir / str(job) / "result.json").read_text() for job in (0, 1, 2)}
+    evals = ["-m", "mode=eval", "checkpoint=final", "experiment=smoke", "trainer.lr=-1,1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"]
+    r = run_cli(evals, tmp_path / "unused", env=env)
+    assert r.returncode == 2 and "sweep/0/checkpoints/final.ckpt does not exist" in r.stderr, r.stderr[-3000:]  # job 0 never trained
+    listed = [line.split(" - multirun ")[1].split() for line in r.stdout.splitlines() if " - multirun job " in line]  # each job's line as it ends
+    for job in (1, 2):
+        scored = json.loads((sweep_dir / str(job) / "result-eval.json").read_text())
+        assert scored["val_loss"] == json.loads((sweep_dir / str(job) / "eval.json").read_text())["loss"]
+        assert ["job", str(job), "eval", "loss", f"{scored['val_loss']:.4f}"] in [row[:5] for row in listed], r.stdout
+    assert {job: (sweep_dir / str(job) / "result.json").read_text() for job in (0, 1, 2)} == trained

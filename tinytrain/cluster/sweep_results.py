@@ -111,7 +111,11 @@ def read_results(sweep_dir: Path, sweep: str | None = None) -> list[dict]:
 def render(results: list[dict]) -> str:
     lines = []
     for r in results:
-        outcome = f"val_loss {r['val_loss']:.4f}" if r["val_loss"] is not None else r["error"] or "no validation ran"
+        mode = r.get("mode", "train")
+        if r["val_loss"] is not None:
+            outcome = f"{'val_loss' if mode == 'train' else mode + ' loss'} {r['val_loss']:.4f}"
+        else:
+            outcome = r["error"] or ("no validation ran" if mode == "train" else f"{mode} {r['status']}")
         lines.append(f"  job {r['job']:<3} {outcome:<20} {' '.join(r['overrides'])}")
     return "\n".join(lines)
 
