@@ -27,13 +27,29 @@ def _slurm_tasks_per_node(default: int) -> int:
 
 
 def _run_name() -> str:
+    """run.name's default. Every srun task evaluates this itself: a timestamp could differ between
+    tasks of one job, and a requeued job must find its own directory again. The ranks Lightning's
+    launcher starts are given rank 0's directory; torchrun's ranks are not (below)."""
+    import os
     from datetime import datetime
 
     from tinytrain.cluster import slurm
 
-    # Every srun task evaluates this itself: a timestamp could differ between tasks of one job,
-    # and a requeued job must find its own directory again.
-    return slurm.run_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    named = slurm.run_name()
+    if named:
+        return named
+    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("WORLD_SIZE", "1") != "1":
+        return TORCHRUN_UNNAMED  # refused where it would name the directory (_run_dir)
+    # Milliseconds: launches started together (a shell loop's `&`) each get their own directory,
+    # where one second's name gave them one, whose record the refused ones wrote over.
+    now = datetime.now()
+    return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}"
+
+
+# run.name's default in a rank torchrun started: a timestamp each rank made itself put ranks a
+# second apart into different directories. Refused as the directory's name; harmless where the
+# command gives hydra.run.dir itself.
+TORCHRUN_UNNAMED = "torchrun-unnamed"
 
 
 # Each run directory as this process first resolved it -> whether it existed then (before Hydra
@@ -47,6 +63,8 @@ def _run_dir(root: str, name: str) -> str:
     problem = run_name_problem(str(name))
     if problem:
         raise ConfigError(problem)
+    if str(name) == TORCHRUN_UNNAMED:
+        raise ConfigError(Problem("run.name", "(the default, a timestamp)", "would be made by every rank torchrun starts from the time it starts: ranks a second apart would train into different directories", "give the run a name, the same on every node: run.name=<name> (the same command then resumes it)"))
     if str(root).startswith("~"):
         from tinytrain.config.checks import home_fix
 

@@ -166,7 +166,7 @@ def slurm_problems(cfg) -> list[Problem]:
     if cfg.mode != Mode.train:
         return []
     if task is None:
-        return other_nodes_problems(cfg)
+        return other_nodes_problems(cfg) + launcher_world_problems(cfg)
     return allocation_problems(cfg.cluster.nodes, devices_per_node(cfg), cfg.cluster.name, task)
 
 
@@ -182,3 +182,23 @@ def other_nodes_problems(cfg) -> list[Problem]:
     if cfg.cluster.nodes <= 1 or any(v in os.environ for v in NODE_LAUNCHER_VARIABLES):
         return []
     return [Problem("cluster.nodes", cfg.cluster.nodes, "asks for other nodes' processes, and nothing here starts them: no Slurm job, no torchrun (or NODE_RANK and MASTER_ADDR) on this machine", "submit it to Slurm (cluster=slurm, mode=sbatch), run `torchrun --nnodes ...` on each node, or train on this machine with cluster.nodes=1")]
+
+
+def launcher_world_problems(cfg, env=os.environ) -> list[Problem]:
+    """A launcher that starts the ranks itself (torchrun; a pod's RANK and WORLD_SIZE) says the
+    world in WORLD_SIZE: one that is not the plan's nodes x devices ran a world of 2 on a plan of
+    1 (every rank a whole run of its own, into one directory) or stopped in Lightning's traceback
+    after the data was built. Lightning's own launcher sets it to the plan's world."""
+    said = env.get("WORLD_SIZE")
+    if said is None or not said.isdigit():
+        return []
+    planned = world_size(cfg)
+    if int(said) == planned:
+        return []
+    per_node = env.get("LOCAL_WORLD_SIZE")
+    fix = (
+        f"make the config's world the launcher's: cluster.nodes={int(said) // int(per_node)} cluster.devices={per_node} (torchrun's --nnodes and --nproc-per-node) with a multi-process strategy (parallel=ddp, zero2, ...)"
+        if per_node and per_node.isdigit() and int(per_node) > 0 and int(said) % int(per_node) == 0
+        else "make cluster.nodes x cluster.devices the launcher's world, or unset WORLD_SIZE where no launcher starts this process"
+    )
+    return [Problem("cluster.devices", cfg.cluster.devices, f"plans a world of {planned} (cluster.nodes={cfg.cluster.nodes} x {devices_per_node(cfg)} per node), and the launcher that started this process says WORLD_SIZE={said}", fix)]

@@ -62,8 +62,24 @@ def test_run_name_comes_from_the_job(no_slurm):
 
 def test_run_name_outside_slurm_is_the_start_time(no_slurm):
     cfg = compose()
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", cfg.run.name)
+    # To the millisecond: launches started together (a shell loop's `&`) shared one second's directory.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{3}", cfg.run.name)
     assert cfg.run.name == cfg.run.name  # one value per config, however often it is read
+
+
+def test_torchrun_s_ranks_are_refused_the_default_name(no_slurm, tmp_path):
+    """Each rank torchrun starts made its own timestamp: ranks a second apart trained into two directories."""
+    from tests.cli_in_process import run_in_process
+
+    no_slurm.setenv("TORCHELASTIC_RUN_ID", "none")
+    no_slurm.setenv("WORLD_SIZE", "2")
+    no_slurm.chdir(tmp_path)
+    code, err = run_in_process(["mode=plan", "experiment=smoke"])
+    assert code == 2 and "run.name=<name>" in err and not (tmp_path / "runs").exists(), err
+    assert compose().run.name == "torchrun-unnamed"  # harmless where the command gives hydra.run.dir itself
+    assert compose(["run.name=mine"]).run.name == "mine"
+    no_slurm.setenv("WORLD_SIZE", "1")  # one process: nobody to disagree with
+    assert compose().run.name
 
 
 def test_lightning_requeue_handler_is_off_under_srun(no_slurm):
