@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tinytrain.checkpoint import run_lock
-from tinytrain.cluster import library_notices, process_group, rank_logging, sweep_results
+from tinytrain.cluster import console_handler, library_notices, process_group, rank_logging, sweep_results
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
@@ -349,6 +349,7 @@ def main() -> None:
     os.environ.setdefault("TINYTRAIN_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv = checkpoint_shorthand(sys.argv)
+    console_handler.quiet_for_printing_flags(sys.argv[1:])
     try:
         with run_mode.composed_once(sys.argv[1:]):
             hydra_main()
