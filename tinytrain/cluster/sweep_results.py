@@ -57,7 +57,9 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
         earlier = json.loads((job_dir / RESULT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         earlier = None
-    if earlier is not None and earlier.get("mode") == "train" and holds_checkpoints(job_dir):  # a failed job's has none
+    # A failed job's directory holds no checkpoints. Records of tinytrain before multirun ids carry
+    # neither a mode nor an id: a training job of an earlier multirun.
+    if earlier is not None and earlier.get("mode", "train") == "train" and holds_checkpoints(job_dir):
         if earlier.get("sweep") == this and earlier.get("job") != job_num:
             raise DirectoryTaken(Problem("hydra.sweep.subdir", subdir, f"puts jobs {earlier.get('job')} and {job_num} of this multirun in one directory, {job_dir}: job {job_num} would resume job {earlier.get('job')}'s run as its own", "give every job its own directory: keep ${hydra.job.num} in hydra.sweep.subdir"))
         if earlier.get("sweep") != this and identity(earlier.get("overrides") or []) != identity(overrides):

@@ -105,6 +105,19 @@ def test_an_earlier_multirun_s_job_is_continued_only_by_its_own_overrides(tmp_pa
     assert claimed(again, tmp_path, 0, ["trainer.lr=0.001", "trainer.max_steps=8"]) is None  # extended
 
 
+def test_a_record_of_an_older_tinytrain_is_an_earlier_multirun_s_job(tmp_path):
+    """Records written before multirun ids carry no mode and no id: a new multirun under the same
+    run.name took over those jobs' runs under its own learning rates, silently."""
+    (tmp_path / "0").mkdir()
+    trains(tmp_path / "0")
+    old = {"job": 0, "overrides": ["trainer.lr=0.001"], "status": "completed", "val_loss": 6.9, "error": None}
+    (tmp_path / "0" / "result.json").write_text(json.dumps(old))
+    newer = SweepResults()
+    newer.on_multirun_start(job_config(tmp_path, 0))
+    assert "holds an earlier multirun" in claimed(newer, tmp_path, 0, ["trainer.lr=0.01"])
+    assert claimed(newer, tmp_path, 0, ["trainer.lr=0.001"]) is None  # its own command continues it
+
+
 def test_a_job_that_trained_nothing_leaves_its_directory_free_and_a_refused_one_its_record(tmp_path):
     """A job failed on a bad value (no checkpoint): the corrected multirun may use its directory.
     A job refused before its claim (the run lock, a bad key) wrote its failure over the record of
