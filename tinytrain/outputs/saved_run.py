@@ -11,6 +11,7 @@ DeepSpeed folder is consolidated into one state dict first (its files are checke
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
 from tinytrain.plan.start_points import check_shape
 from tinytrain.train.run_end import RunModel, export_dir_for
+
+log = logging.getLogger(__name__)
 
 KEY = "checkpoint.path"
 RUN_CONFIG = "config_resolved.yaml"
@@ -132,9 +135,34 @@ def _hf_folder(path: Path) -> SavedRun:
 
 
 def run_config(path: Path):
-    """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted),
-    its relative paths taken from the folder the run ran in (run_paths)."""
-    return run_paths(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)), recorded_cwd(path.parent))
+    """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted,
+    keys removed since then left out: on_schema), its relative paths taken from the folder the run
+    ran in (run_paths)."""
+    return run_paths(on_schema(OmegaConf.load(path), path), recorded_cwd(path.parent))
+
+
+def on_schema(saved, path: Path):
+    """A run's config by an older tinytrain may hold keys this one no longer has (`logger.csv`):
+    the merge refused them with a traceback in every mode that reads the run. They configure nothing
+    here, so they are left out, and said."""
+    from omegaconf.errors import ConfigKeyError
+
+    dropped = []
+    while True:
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(Config), saved)
+        except ConfigKeyError as e:
+            key = e.full_key
+            parent, _, leaf = (key or "").rpartition(".")
+            node = OmegaConf.select(saved, parent) if parent else saved
+            if not key or key in dropped or not OmegaConf.is_dict(node) or leaf not in node:
+                raise
+            del node[leaf]
+            dropped.append(key)
+            continue
+        if dropped:
+            log.warning("%s: written by an older tinytrain, with keys this one no longer has, left out: %s", path, ", ".join(dropped))
+        return merged
 
 
 # Paths a run reads that a user types relative to where they run it (and data.sources[*].path).

@@ -71,3 +71,14 @@ def test_a_checkpoint_typed_inside_its_folder_finds_its_run(tmp_path, monkeypatc
     monkeypatch.chdir(checkpoints)
     assert locate("final.ckpt", tmp_path / "elsewhere") == checkpoints / "final.ckpt"
     assert resolve_paths(["step0000004.ckpt", "./final.ckpt"], None, tmp_path / "elsewhere")[0].parent == checkpoints
+
+
+def test_keys_an_older_tinytrain_had_are_left_out_and_said(tmp_path, caplog):
+    """logger.csv (removed from the schema) made every mode that read such a run exit 1 with
+    omegaconf's ConfigKeyError; free-form maps keep whatever keys they hold."""
+    _, record = saved_run(tmp_path, {"logger": {"csv": True, "wandb": False}, "model": {"retired": {"a": 1}}, "parallel": {"deepspeed_overrides": {"zero_optimization": {"reduce_bucket_size": 5}}}})
+    with caplog.at_level("WARNING"):
+        cfg = run_config(record)
+    assert "csv" not in cfg.logger and "retired" not in cfg.model and cfg.logger.wandb is False
+    assert cfg.parallel.deepspeed_overrides.zero_optimization.reduce_bucket_size == 5
+    assert "keys this one no longer has, left out: " in caplog.text and "logger.csv" in caplog.text and "model.retired" in caplog.text
