@@ -40,6 +40,7 @@ class WatchedRank:
         self.where = heartbeat.folder(run_dir, attempt)
         self.where.mkdir(parents=True, exist_ok=True)
         self.rank = rank
+        clear_earlier_attempt(self.where, rank)
         os.environ.setdefault(flight_recorder_variable(), FLIGHT_RECORDER_ENTRIES)
         self.stacks = (self.where / f"stack-rank{rank}.txt").open("w")
         faulthandler.register(STACK_SIGNAL, file=self.stacks, all_threads=True, chain=False)
@@ -77,6 +78,17 @@ class WatchedRank:
                 print(f"tinytrain: rank {self.rank} stopped by its watchdog: {stop.read_text()} (exit {HANG_EXIT_CODE})", file=sys.stderr, flush=True)
                 self.stacks.flush()
                 os._exit(HANG_EXIT_CODE)
+
+
+def clear_earlier_attempt(where: Path, rank: int) -> None:
+    """A static torchrun launch names every attempt `none` (its --rdzv-id's default): a relaunch
+    found the hang's stop-rank<N> of the one before and exited 76 at once, every time. Each rank
+    removes its own files before its watchdog starts; rank 0 the shared ones too (a hang of this
+    attempt writes them only after its limit)."""
+    names = [f"stop-rank{rank}", f"state-rank{rank}.json", f"fr-rank{rank}.json"] + (["claim", "dump"] if rank == 0 else [])
+    for name in names:
+        with contextlib.suppress(OSError):
+            (where / name).unlink()
 
 
 def hold_off_lightning_observer() -> None:

@@ -161,6 +161,14 @@ def test_a_rank_stuck_in_a_python_loop_is_reported_with_its_stack_and_exits_76(t
     assert "no process group yet" in report  # the flight recorder has nothing before rendezvous
     stderr = rank.stderr.read()
     assert "tinytrain: hang: no rank made progress for 2 s (phase train)" in stderr and "exit 76" in stderr
+    # Run again in the same attempt's folder (a static torchrun launch names every attempt `none`):
+    # the earlier hang's stop file stopped it at once; it trains on to its own hang at step 15.
+    again = stand_in(tmp_path, 0, 1, train_limit=2, stop_at=15)
+    try:
+        assert again.wait(timeout=40) == 76
+    finally:
+        again.kill()
+    assert "(limit 2 s, phase train); step 15" in (tmp_path / "hang_report.txt").read_text()
 
 
 @pytest.mark.timeout(60)
