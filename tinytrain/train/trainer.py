@@ -173,6 +173,20 @@ def mixture_callback(plan: RunPlan, train_sampler) -> MixtureExhaustion | None:
     return MixtureExhaustion(train_sampler, keys, plan.batch.accumulate_grad_batches)
 
 
+def rank_zero_where_no_launcher() -> None:
+    """Lightning reads its rank-0 switch (what logs metrics.csv and the curve) from LOCAL_RANK,
+    RANK or SLURM_PROCID alone, as it is imported: one of them stray in the user's shell made a
+    single run skip its metrics, silently. tinytrain reads them only beside their launcher's
+    companion variable (cluster/rank_logging.py); where no launcher started this process, it is
+    rank 0 (Lightning's launcher sets each rank it starts itself)."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from tinytrain.cluster.rank_logging import launcher_rank
+
+    if launcher_rank() is None:
+        rank_zero_only.rank = 0
+
+
 class BuiltTrainer(NamedTuple):
     """The trainer, and the callbacks whose findings are the run's result (fit reads them here)."""
 
@@ -195,6 +209,7 @@ def build_trainer(cfg, plan: RunPlan, run_dir: Path, *, train_sampler=None, extr
     (callbacks/final_validation.py)."""
     import lightning.pytorch as pl
 
+    rank_zero_where_no_launcher()
     t = cfg.trainer
     b = plan.batch
     hw = build_trainer_hardware(plan)

@@ -65,3 +65,23 @@ def test_a_row_written_before_a_checkpoint_is_not_written_twice(tmp_path):
     logger.log_metrics({"loss": 3.0, "epoch": 0}, step=7)
     logger.log_metrics({"val_loss": 2.5, "epoch": 0}, step=7)
     assert [(r["step"], r["loss"], r["val_loss"]) for r in rows(tmp_path / "metrics.csv")] == [("7", "3.0", ""), ("7", "", "2.5")]
+
+
+def test_a_stray_rank_variable_does_not_silence_a_single_run_s_metrics(monkeypatch):
+    """Lightning reads LOCAL_RANK alone as its rank: `LOCAL_RANK=1` left in a shell made a single
+    run write no metrics.csv and no curve, with exit 0."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from tinytrain.train.trainer import rank_zero_where_no_launcher
+
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # as Lightning set it from the stray variable
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    rank_zero_where_no_launcher()
+    assert rank_zero_only.rank == 0
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launcher's rank 1: left alone
+    rank_zero_where_no_launcher()
+    assert rank_zero_only.rank == 1
