@@ -164,6 +164,8 @@ def fit(*, cfg, plan: RunPlan, run_dir: Path, tokenizer, data: DataModule, watch
             raise TrainingStopped(unusable or "tinytrain: training ended on weights whose last training loss was non-finite on another rank; nothing was exported")  # exit 3 before the export, the evals and the summary
         failed = False
     except Exception as e:
+        if built.dead_rank.refusal is not None:
+            raise ConfigError(built.dead_rank.refusal) from e
         dead = built.dead_rank.message
         if dead is None:
             raise

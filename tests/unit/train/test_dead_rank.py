@@ -32,3 +32,25 @@ def test_a_rank_that_failed_is_named_as_failed_not_as_a_hang(tmp_path):
     callback = DeadRank(tmp_path)
     callback.on_exception(trainer_with([ended_child(1)]), None, RuntimeError("Connection closed by peer"))
     assert not callback.hang and "rank 1 (pid " in callback.message and "failed (exit status 1) during step 6" in callback.message
+
+
+def test_a_taken_rendezvous_port_is_a_refusal_not_a_lost_rank(tmp_path, monkeypatch):
+    """MASTER_PORT held by another run: rank 0 said it lost a rank during step 1 (exit 3)."""
+    import socket
+
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        try:  # torch's own error for it, as the rendezvous raises it
+            dist.TCPStore("127.0.0.1", port, 1, True, use_libuv=True)
+        except dist.DistNetworkError as e:
+            taken = e
+    callback = DeadRank(tmp_path)
+    callback.on_exception(trainer_with([]), None, taken)
+    assert callback.message is None and callback.refusal.key == "MASTER_PORT" and callback.refusal.value == str(port)
+    assert "unset MASTER_PORT" in callback.refusal.render()

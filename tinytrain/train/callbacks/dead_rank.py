@@ -9,6 +9,7 @@ collective fails because its peer went away says that in one line instead, and w
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -18,7 +19,7 @@ import lightning.pytorch as pl
 
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.cluster.watched_rank import hold_off_lightning_observer
-from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, TrainingStopped
+from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, Problem, TrainingStopped
 
 OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
 
@@ -28,10 +29,19 @@ class DeadRank(pl.Callback):
         self.run_dir = run_dir
         self.message: str | None = None
         self.hang = False  # the rank that ended was stopped by the hang watchdog: this one exits as it did
+        self.refusal: Problem | None = None  # the rendezvous port was taken: exit 2, as for a bad value
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, OWN_STOPS):
             return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
+        if address_in_use(exception):  # the rendezvous, before any step: no peer was lost
+            self.refusal = Problem(
+                "MASTER_PORT",
+                os.environ.get("MASTER_PORT"),
+                f"is in use on {os.environ.get('MASTER_ADDR', 'this machine')}: rank 0 could not open the ranks' rendezvous there (another run on this machine holds it, or another program)",
+                "unset MASTER_PORT (Lightning then picks a free port), or give each run on a machine its own",
+            )
+            return
         procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         dead = died(procs)
         if not dead:
@@ -70,6 +80,12 @@ class DeadRank(pl.Callback):
 
 # What gloo and NCCL say when the other end of a collective is gone.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited", "communicator was aborted", "socket timeout", "timed out")
+
+
+def address_in_use(exception: BaseException) -> bool:
+    """torch's TCPStore could not listen: `... port: 29555, useIpv6: false, code: -98, name: EADDRINUSE ...`."""
+    text = str(exception).lower()
+    return "eaddrinuse" in text or "address already in use" in text
 
 
 def lost_a_peer(exception: BaseException) -> bool:
