@@ -151,7 +151,7 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
     import time
 
     path = run_dir / WANDB_ID_FILE
-    mine = f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{secrets.token_hex(4)}"
+    mine = earlier_wandb_id(run_dir) or f"{re.sub(r'[^A-Za-z0-9_-]', '-', run_name)[:48]}-{secrets.token_hex(4)}"
     try:
         with open(path, "x") as f:  # exclusive: one writer
             f.write(mine + "\n")
@@ -162,6 +162,16 @@ def wandb_run_id(run_name: str, run_dir: Path) -> str:
                 return text
             time.sleep(0.1)
         return mine
+
+
+def earlier_wandb_id(run_dir: Path) -> str | None:
+    """The wandb run of a directory an older tinytrain trained in, before it kept its id there:
+    wandb's own folder of it, `wandb/[offline-]run-<YYYYMMDD_HHMMSS>-<id>` (the newest). Without
+    it, resuming such a run started a second wandb run, silently."""
+    import re
+
+    found = sorted((m.group(1), m.group(2)) for d in (run_dir / "wandb").glob("*run-*") if (m := re.fullmatch(r"(?:offline-)?run-(\d{8}_\d{6})-(.+)", d.name)))
+    return found[-1][1] if found else None
 
 
 def mixture_callback(plan: RunPlan, train_sampler) -> MixtureExhaustion | None:
