@@ -166,7 +166,7 @@ def slurm_problems(cfg) -> list[Problem]:
     if cfg.mode != Mode.train:
         return []
     if task is None:
-        return other_nodes_problems(cfg) + launcher_world_problems(cfg)
+        return other_nodes_problems(cfg) + launcher_world_problems(cfg) + one_node_rendezvous_problems(cfg)
     return allocation_problems(cfg.cluster.nodes, devices_per_node(cfg), cfg.cluster.name, task)
 
 
@@ -202,3 +202,37 @@ def launcher_world_problems(cfg, env=os.environ) -> list[Problem]:
         else "make cluster.nodes x cluster.devices the launcher's world, or unset WORLD_SIZE where no launcher starts this process"
     )
     return [Problem("cluster.devices", cfg.cluster.devices, f"plans a world of {planned} (cluster.nodes={cfg.cluster.nodes} x {devices_per_node(cfg)} per node), and the launcher that started this process says WORLD_SIZE={said}", fix)]
+
+
+def one_node_rendezvous_problems(cfg, env=os.environ) -> list[Problem]:
+    """Variables a shell kept from another job, on a run of this machine's ranks: NODE_RANK=1 made
+    them ranks 2 and 3 of a world of 2, and a MASTER_ADDR of another host had rank 0 wait for
+    itself there; either waited for the start-up limit (30 minutes by default) in a rendezvous."""
+    if cfg.cluster.nodes != 1 or world_size(cfg) <= 1 or env.get("TORCHELASTIC_RUN_ID"):
+        return []
+    problems = []
+    for var in ("NODE_RANK", "GROUP_RANK"):
+        if env.get(var, "0").strip() not in ("", "0"):
+            problems.append(Problem(var, env[var], "is set in the environment, and cluster.nodes=1 trains on this machine only: its ranks would number past the world and wait for the others", f"unset {var}, or set cluster.nodes to the launcher's node count"))
+    address = env.get("MASTER_ADDR")
+    if address and not local_address(address):
+        problems.append(Problem("MASTER_ADDR", address, "is set in the environment and is not an address of this machine, where cluster.nodes=1 trains: rank 0 would wait for itself there", "unset MASTER_ADDR (the ranks then meet on this machine), or set it to this machine's address"))
+    return problems
+
+
+def local_address(address: str) -> bool:
+    """Whether rank 0 could listen on `address` here (binding succeeds for this machine's own)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((sockaddr[0], 0))
+                return True
+        except OSError:
+            continue
+    return False
