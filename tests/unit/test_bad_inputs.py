@@ -73,6 +73,7 @@ CASES = {
     "kto warm-up from micro batches of one": (["mode=plan", "experiment=dpo_smoke", "finetune.objective=kto", "data.path=${tt.asset:examples/kto_tiny.jsonl}", "data.group_by_length=false", "trainer.max_steps=12", "trainer.batch_size_warmup.start=1", "trainer.batch_size_warmup.tokens=2048"], ["trainer.batch_size_warmup.start=1", "gives micro batches of 1 example at first", "kto estimates its KL term", "Fix: use trainer.batch_size_warmup.start=2 or more"]),
     # Accepted before: the run waited for a rank nothing started, until the 30-minute startup watchdog.
     "torchrun's world not the plan's": (["parallel=ddp"], ["WORLD_SIZE=2", "plans a world of 1", "Fix: make the config's world the launcher's: cluster.nodes=1 cluster.devices=2"]),
+    "a stray RANK beside WORLD_SIZE under Lightning's launcher": (["parallel=ddp", "cluster.devices=2"], ["RANK='0'", "without LOCAL_RANK", "Fix: start the ranks with torchrun"]),
     "a stray NODE_RANK on one node": (["parallel=ddp", "cluster.devices=2"], ["NODE_RANK='1'", "cluster.nodes=1 trains on this machine only", "Fix: unset NODE_RANK"]),
     "a stray MASTER_ADDR on one node": (["parallel=ddp", "cluster.devices=2"], ["MASTER_ADDR='10.255.255.1'", "is not an address of this machine", "Fix: unset MASTER_ADDR"]),
     "other nodes with nothing to start them": (["parallel=ddp", "cluster.nodes=2", "cluster.devices=1"], ["cluster.nodes=2", "nothing here starts them", "Fix: submit it to Slurm"]),
@@ -449,6 +450,7 @@ CASES = {
 ENV = {
     "wandb mode invalid": {"WANDB_MODE": "ofline"},
     "rank variable that is no number": {"LOCAL_RANK": "x", "WORLD_SIZE": "2"},
+    "a stray RANK beside WORLD_SIZE under Lightning's launcher": {"RANK": "0", "WORLD_SIZE": "2"},
     "a stray NODE_RANK on one node": {"NODE_RANK": "1"},
     "a stray MASTER_ADDR on one node": {"MASTER_ADDR": "10.255.255.1"},
     "torchrun's world not the plan's": {"TORCHELASTIC_RUN_ID": "t1", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"},

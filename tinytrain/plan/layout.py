@@ -192,6 +192,10 @@ def launcher_world_problems(cfg, env=os.environ) -> list[Problem]:
     said = env.get("WORLD_SIZE")
     if said is None or not said.isdigit():
         return []
+    if "RANK" in env and "LOCAL_RANK" not in env and devices_per_node(cfg) > 1:
+        # Lightning's launcher starts this node's other ranks itself, each inheriting RANK: they
+        # took rank 0's part (its run lock: its own parent's), and Lightning killed them all (137).
+        return [Problem("RANK", env["RANK"], f"is set beside WORLD_SIZE={said} without LOCAL_RANK, and cluster.devices={devices_per_node(cfg)}: Lightning's launcher would start this node's other ranks, each reading RANK={env['RANK']} as its own", "start the ranks with torchrun (which sets RANK and LOCAL_RANK for each), or unset RANK and WORLD_SIZE and let Lightning start them")]
     planned = world_size(cfg)
     if int(said) == planned:
         return []
