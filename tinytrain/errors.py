@@ -62,6 +62,12 @@ PREEMPTED_EXIT_CODE = 75
 HANG_EXIT_CODE = 76
 
 
+def again_in(run_dir, *, sentence: bool = False) -> str:
+    """How a stopped run is continued: in its own directory. "Run the same command again" alone
+    made a new one where run.name was left at its default (the time the command started)."""
+    return f"{'R' if sentence else 'r'}un the same command again with hydra.run.dir={run_dir} (or its run.name)"
+
+
 class HangStopped(TrainingStopped):
     """Another local rank was stopped by the hang watchdog before this one's own watchdog acted:
     this rank stops the same way, with HANG_EXIT_CODE (a Slurm job requeues on it)."""

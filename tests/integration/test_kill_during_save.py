@@ -162,7 +162,7 @@ def test_a_killed_ddp_rank_is_named_by_rank_0_in_one_line(tmp_path):
     lines = [line for line in out.splitlines() if "died" in line]
     assert len(lines) == 1, out[-3000:]
     assert f"tinytrain: rank 1 (pid {rank_1}) died (killed by SIGKILL) during step" in lines[0]
-    assert f"Run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]
+    assert f"Run the same command again with hydra.run.dir={run_dir} (or its run.name): resume=auto continues from checkpoints/step" in lines[0]
 
 
 def rank_of(pid: int) -> int | None:
@@ -195,4 +195,4 @@ def test_a_rank_killed_under_torchrun_is_explained_by_the_other_in_one_line(tmp_
     assert len(lines) == 1, rank_0_log[-3000:]
     assert "Traceback" not in rank_0_log and "pair.cc" not in rank_0_log.replace(lines[0], ""), rank_0_log[-3000:]
     assert lines[0].startswith("tinytrain: rank 0 lost its connection to another rank during step")
-    assert f"run the same command again in {run_dir}: resume=auto continues from checkpoints/step" in lines[0]
+    assert f"run the same command again with hydra.run.dir={run_dir} (or its run.name): resume=auto continues from checkpoints/step" in lines[0]

@@ -112,7 +112,9 @@ def render(*, where: Path, world: int, stalled_s: float, limit_s: int, limit_pha
         stack = where / f"stack-rank{rank}.txt"
         text = stack.read_text(errors="replace").strip() if stack.exists() else ""
         lines.append(text or ("none: " + (STATES.get(states.get(rank, {}).get("state", ""), "") or "the rank did not answer") + " (its heartbeat is in the table above)"))
-    lines += ["", "Exit 76: the run stopped on this hang; run the same command again (resume=auto continues from the newest checkpoint)."]
+    # As tinytrain.errors.again_in words it (this module stays free of the package's imports).
+    run_dir = where.parent.parent  # <run dir>/watchdog/<attempt>
+    lines += ["", f"Exit 76: the run stopped on this hang; run the same command again with hydra.run.dir={run_dir} (or its run.name): resume=auto continues from the newest checkpoint."]
     return "\n".join(lines) + "\n"
 
 

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tinytrain.checkpoint.files import fsync_directory, step_checkpoints, temp_path
-from tinytrain.errors import TrainingStopped
+from tinytrain.errors import TrainingStopped, again_in
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -66,7 +66,7 @@ def disk_full_message(final: Path) -> str:
     previous = f"the previous checkpoint {kept[0].name} is intact" if kept else "no earlier checkpoint was lost"
     return (
         f"tinytrain: disk full while saving {final}; {previous} (a save in progress never replaces one). "
-        f"Free space on {final.parent} (checkpoint.keep_last keeps fewer) and run the same command again: resume=auto continues from the newest checkpoint."
+        f"Free space on {final.parent} (checkpoint.keep_last keeps fewer) and {again_in(final.parent.parent)}: resume=auto continues from the newest checkpoint."
     )
 
 

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 
 from tinytrain.checkpoint.files import step_checkpoints
 from tinytrain.cluster.watched_rank import hold_off_lightning_observer
-from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, Problem, TrainingStopped
+from tinytrain.errors import HANG_EXIT_CODE, ConfigError, Preempted, Problem, TrainingStopped, again_in
 
 OWN_STOPS = (Preempted, TrainingStopped, ConfigError, KeyboardInterrupt)
 
@@ -49,7 +49,7 @@ class DeadRank(pl.Callback):
                 self.message = (
                     f"tinytrain: rank {trainer.global_rank} lost its connection to another rank during step {trainer.global_step + 1} "
                     f"({type(exception).__name__}: {first_line(exception)}): that rank stopped first (killed, out of memory, its node lost, or its own error); "
-                    f"its log says which (under Slurm, `sacct -j <job id>` names the failed task). Once that is fixed, run the same command again in {self.run_dir}: {self.resume_hint()}."
+                    f"its log says which (under Slurm, `sacct -j <job id>` names the failed task). Once that is fixed, {again_in(self.run_dir)}: {self.resume_hint()}."
                 )
             return
         hold_off_lightning_observer()  # its SIGKILL would come within 5 s; the message needs them
@@ -60,17 +60,17 @@ class DeadRank(pl.Callback):
             self.hang = True
             self.message = (
                 f"tinytrain: rank {rank} (pid {proc.pid}) was stopped by the hang watchdog during step {step} (exit {HANG_EXIT_CODE}); "
-                f"{self.run_dir / 'hang_report.txt'} says which rank did not arrive. Run the same command again in {self.run_dir}: {then}."
+                f"{self.run_dir / 'hang_report.txt'} says which rank did not arrive. {again_in(self.run_dir, sentence=True)}: {then}."
             )
         elif proc.returncode < 0:  # killed from outside (OOM killer, kill -9): rerunning is the fix
             self.message = (
                 f"tinytrain: rank {rank} (pid {proc.pid}) died (killed by {signal.Signals(-proc.returncode).name}) during step {step}; "
-                f"the other ranks stopped. Run the same command again in {self.run_dir}: {then}."
+                f"the other ranks stopped. {again_in(self.run_dir, sentence=True)}: {then}."
             )
         else:  # it raised: its own error, printed above, says what to fix before a rerun
             self.message = (
                 f"tinytrain: rank {rank} (pid {proc.pid}) failed (exit status {proc.returncode}) during step {step}: its error is printed above; "
-                f"the other ranks stopped. Once that is fixed, run the same command again in {self.run_dir}: {then}."
+                f"the other ranks stopped. Once that is fixed, {again_in(self.run_dir)}: {then}."
             )
 
     def resume_hint(self) -> str:
