@@ -402,6 +402,8 @@ CASES = {
     "resume a DeepSpeed folder missing a shard": (["mode=plan", "parallel=zero2", "hardware.gpu=A100", "resume={F}/ds_missing.ckpt"], ["resume='{F}/ds_missing.ckpt'", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is missing"]),
     "resume missing": (["mode=plan", "resume={F}/missing.ckpt"], ["resume='{F}/missing.ckpt'", "neither auto, never"]),
     "resume from a text file": (["mode=plan", "resume={F}/good.txt"], ["resume='{F}/good.txt'", "not a PyTorch checkpoint file"]),
+    "init_from a newer tinytrain's checkpoint": (["mode=plan", "checkpoint.init_from={F}/newer.ckpt"], ["checkpoint.init_from='{F}/newer.ckpt'", "was saved by tinytrain 9.9 (checkpoint metadata version 99; this tinytrain reads up to 1)", "Fix: upgrade tinytrain"]),
+    "resume from a newer tinytrain's checkpoint": (["mode=plan", "resume={F}/newer.ckpt"], ["resume='{F}/newer.ckpt'", "was saved by tinytrain 9.9", "Fix: upgrade tinytrain"]),
     "resume from another model size": (["mode=plan", "resume={F}/small_model.ckpt"], ["resume='{F}/small_model.ckpt'", "another model size"]),
     "resume a word": (["mode=plan", "resume=latest"], ["resume='latest'", "resume=auto"]),
     "pretrained folder missing": (["mode=plan", "model.pretrained={F}/missing_model"], ["model.pretrained='{F}/missing_model'", "no config.json"]),
@@ -518,6 +520,9 @@ def bad(tmp_path_factory):
     torch.save(torch.zeros(3), f / "tensor.ckpt")
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")
+    newer = torch.load(f / "small_model.ckpt", weights_only=True)
+    newer["tinytrain"] |= {"metadata_version": 99, "tinytrain_version": "9.9"}  # as a later tinytrain would write it
+    torch.save(newer, f / "newer.ckpt")
     parted_store(f)
     # A ZeRO-2 bf16 step folder of 2 ranks whose rank 1 partition was not copied.
     (f / "ds_missing.ckpt" / "checkpoint").mkdir(parents=True)

@@ -58,11 +58,28 @@ def read(path: str, key: str = "checkpoint.init_from") -> dict:
     return load_file(path, key)
 
 
+# The version of what a checkpoint's "tinytrain" metadata holds: raised when a field changes
+# meaning or a reader needs one an older writer did not record. Checkpoints from before it was
+# written count as 0; one from a newer tinytrain is refused (it was read as if this one wrote it).
+METADATA_VERSION = 1
+
+
 def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
     meta = ckpt.get("tinytrain")
     if meta is None:
         raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
+    newer_problem = newer_metadata_problem(meta, path, key)
+    if newer_problem:
+        raise ConfigError(newer_problem)
     return meta
+
+
+def newer_metadata_problem(meta: dict, path: str, key: str) -> Problem | None:
+    version = meta.get("metadata_version", 0)
+    if not isinstance(version, int) or version <= METADATA_VERSION:
+        return None
+    written_by = f"tinytrain {meta['tinytrain_version']}" if meta.get("tinytrain_version") else "a newer tinytrain"
+    return Problem(key, path, f"was saved by {written_by} (checkpoint metadata version {version}; this tinytrain reads up to {METADATA_VERSION})", "upgrade tinytrain to the version that saved it (pip install -U tinytrain-llm), or use a checkpoint this version saved")
 
 
 def unpad_rows(tensor, true_vocab: int):

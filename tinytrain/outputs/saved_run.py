@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from tinytrain.checkpoint.export import checkpoint_state_dict, export_spec, model_from_state_dict
 from tinytrain.checkpoint.export_target import partial_export_problems
 from tinytrain.checkpoint.files import step_checkpoints
+from tinytrain.checkpoint.format import tinytrain_metadata
 from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
@@ -101,9 +102,7 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     train_cfg = run_config(source_run / RUN_CONFIG)
 
     state = read_state(path, KEY)
-    meta = state.get("tinytrain")
-    if meta is None:
-        raise ConfigError(Problem(KEY, str(path), "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain"))
+    meta = tinytrain_metadata(state, str(path), KEY)
     # A checkpoint of another model than its run's config describes (copied between runs): the
     # same size check resume makes, before any weights are loaded.
     check_shape(state, str(path), KEY, run_model_shape(train_cfg, int(meta["true_vocab"])))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.checkpoint.format import saved_layer_kinds, saved_shape, tinytrain_metadata
+from tinytrain.checkpoint.format import METADATA_VERSION, saved_layer_kinds, saved_shape, tinytrain_metadata
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.families import family
@@ -144,7 +144,11 @@ def batch_change_note(resume: ResumePoint, micro_batch: int, accumulation: int, 
 def checkpoint_metadata(vocab: VocabPlan, tokenizer_fingerprint: str, model_name: str, stage: str = "main") -> dict:
     """What every tinytrain checkpoint carries (under "tinytrain"), checked here when a run
     resumes from it or starts from its weights."""
+    import tinytrain
+
     return {
+        "metadata_version": METADATA_VERSION,
+        "tinytrain_version": tinytrain.__version__,
         "true_vocab": vocab.true,
         "padded_vocab": vocab.padded,
         "vocab_multiple": vocab.multiple,
