@@ -23,7 +23,7 @@ from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
-from tinytrain.config.resolvers import register_resolvers
+from tinytrain.config.resolvers import register_resolvers, remember_found
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.outputs import unused_run_dir
@@ -349,6 +349,9 @@ def main() -> None:
     os.environ.setdefault("TINYTRAIN_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", "0"))
     os.environ["HYDRA_FULL_ERROR"] = "1"
     sys.argv = checkpoint_shorthand(sys.argv)
+    given_run_dir = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")]
+    if given_run_dir and "${" not in given_run_dir[-1]:  # as tt.run_dir records the default one
+        remember_found(given_run_dir[-1])
     console_handler.quiet_for_printing_flags(sys.argv[1:])
     try:
         with run_mode.composed_once(sys.argv[1:]):

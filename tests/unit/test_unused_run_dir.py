@@ -22,3 +22,18 @@ def test_a_parent_holding_another_run_stays(tmp_path):
     (root / "other").mkdir()  # another run, made since
     assert remove_if_unused(run_dir)
     assert sorted(p.name for p in root.iterdir()) == ["other"]
+
+
+def test_a_refused_command_removes_the_hydra_run_dir_it_was_given_and_made(tmp_path):
+    """An explicit hydra.run.dir bypasses tt.run_dir: a refused command left it behind, holding its
+    .hydra record and log only. One that existed before stays."""
+    from tests.cli_in_process import run_in_process
+
+    made = tmp_path / "made" / "run"
+    code, err = run_in_process(["mode=plan", "trainer.lr=-1", f"hydra.run.dir={made}"])
+    assert code == 2 and "trainer.lr" in err, err
+    assert not (tmp_path / "made").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    code, _ = run_in_process(["mode=plan", "trainer.lr=-1", f"hydra.run.dir={existing}"])
+    assert code == 2 and existing.is_dir()

@@ -70,13 +70,19 @@ def _run_dir(root: str, name: str) -> str:
 
         raise ConfigError(Problem("run.root", str(root), "starts with '~', which nothing expands here: the runs would go to a folder named '~' in the current one", home_fix("run.root", str(root))))
     path = f"{root}/{name}"
+    remember_found(path)
+    return path
+
+
+def remember_found(path: str) -> None:
+    """Whether the run directory (and which of its parents) existed as this process first saw it,
+    before Hydra creates it: for tt.run_dir, and for a hydra.run.dir given on the command line."""
     key = str(Path(path).resolve())
     if key not in FOUND_BEFORE:
         FOUND_BEFORE[key] = Path(path).exists()
         missing = [p for p in Path(key).parents if not p.exists()]
         if missing:
             MADE_ABOVE[key] = missing[-1]
-    return path
 
 
 # Each run directory -> the topmost of its parents Hydra creates with it (run.root on first use, a
