@@ -49,6 +49,7 @@ class ResumePoint:
     saved_finetune: dict | None = None  # its adapters (FinetunePlan.to_dict), None for full training
     numerics_change: str | None = None  # numerics_change_note
     saved_rate: dict | None = None  # {"schedule_step", "lr"}: the rate its next step would have taken, where recorded
+    saved_metadata_version: int = METADATA_VERSION  # 0: an older tinytrain's, before it recorded its rate and version
     rate_change: str | None = None  # rate_change_note
 
     def describe(self, run_dir: Path) -> str:
@@ -112,6 +113,8 @@ def rate_change_note(resume: ResumePoint, schedule, lr: float) -> str | None:
     the same stage): the schedule is this run's, read at the checkpoint's position on it."""
     saved = resume.saved_rate
     if not saved:
+        if resume.saved_metadata_version == 0 and resume.step > 0:  # said once, not silently skipped
+            return f"the checkpoint was saved by an older tinytrain, before checkpoints recorded their rate: whether this run's schedule gives step {resume.step} another rate than the checkpoint's run would have is not checked"
         return None
     new = lr * schedule.multiplier(saved["schedule_step"])
     if abs(new - saved["lr"]) <= 1e-3 * max(abs(saved["lr"]), 1e-12):
@@ -219,7 +222,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_data_parallel=(meta.get("batch") or {}).get("data_parallel"), saved_numerics=meta.get("numerics"), saved_rate=meta.get("rate"), saved_finetune=meta.get("finetune"))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_data_parallel=(meta.get("batch") or {}).get("data_parallel"), saved_numerics=meta.get("numerics"), saved_rate=meta.get("rate"), saved_finetune=meta.get("finetune"), saved_metadata_version=meta.get("metadata_version", 0))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:

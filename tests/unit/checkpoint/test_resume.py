@@ -258,3 +258,13 @@ def test_a_run_directory_given_for_a_checkpoint_names_its_newest(tmp_path, given
     problem = e.value.problems[0]
     assert "is a folder of step checkpoints, not one checkpoint" in problem.message
     assert f"resume={tmp_path / 'checkpoints' / 'step0000008.ckpt'}, the newest" in problem.fix
+
+
+def test_a_checkpoint_from_before_the_rate_was_recorded_says_so():
+    """An older tinytrain's checkpoint has no rate: a schedule changed since was resumed silently."""
+    from tinytrain.plan.start_points import ResumePoint, rate_change_note
+
+    old = ResumePoint(Path("step0000010.ckpt"), 10, "resume=auto", saved_metadata_version=0)
+    assert "saved by an older tinytrain, before checkpoints recorded their rate" in rate_change_note(old, None, 3e-3)
+    unscheduled = ResumePoint(Path("step0000010.ckpt"), 10, "resume=auto")  # this version's, saved without a scheduler
+    assert rate_change_note(unscheduled, None, 3e-3) is None
