@@ -351,7 +351,7 @@ def main() -> None:
     sys.argv = checkpoint_shorthand(sys.argv)
     given_run_dir = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")]
     if given_run_dir and "${" not in given_run_dir[-1]:  # as tt.run_dir records the default one
-        remember_found(given_run_dir[-1])
+        remember_found(given_run_dir[-1].strip("\"'"))  # Lightning's launcher quotes it
     console_handler.quiet_for_printing_flags(sys.argv[1:])
     try:
         with run_mode.composed_once(sys.argv[1:]):

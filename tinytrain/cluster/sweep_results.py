@@ -57,9 +57,8 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
         earlier = json.loads((job_dir / RESULT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         earlier = None
-    # A failed job's directory holds no checkpoints. Records of tinytrain before multirun ids carry
-    # neither a mode nor an id: a training job of an earlier multirun.
-    if earlier is not None and earlier.get("mode", "train") == "train" and holds_checkpoints(job_dir):
+    # A failed job's directory holds no checkpoints.
+    if earlier is not None and record_mode(earlier) == "train" and holds_checkpoints(job_dir):
         if earlier.get("sweep") == this and earlier.get("job") != job_num:
             raise DirectoryTaken(Problem("hydra.sweep.subdir", subdir, f"puts jobs {earlier.get('job')} and {job_num} of this multirun in one directory, {job_dir}: job {job_num} would resume job {earlier.get('job')}'s run as its own", "give every job its own directory: keep ${hydra.job.num} in hydra.sweep.subdir"))
         if earlier.get("sweep") != this and identity(earlier.get("overrides") or []) != identity(overrides):
@@ -74,6 +73,15 @@ def claim(job_dir: Path, overrides: list[str], subdir: str, sweep_dir: Path) -> 
     record = {"sweep": this, "mode": "train", "job": job_num, "overrides": overrides, "status": "running", "val_loss": None, "error": None}
     (job_dir / RESULT_FILE).write_text(json.dumps(record, indent=2) + "\n")
     JOB["claimed"] = True
+
+
+def record_mode(record: dict) -> str:
+    """The mode of a job's record. Records of tinytrain before multirun ids carry no mode (nor an
+    id), and every mode wrote result.json then: its overrides' mode=, train where none is given."""
+    if "mode" in record:
+        return str(record["mode"])
+    given = [o.split("=", 1)[1] for o in record.get("overrides") or [] if str(o).lstrip("+").startswith("mode=")]
+    return given[-1] if given else "train"
 
 
 def identity(overrides: list[str]) -> list[str]:

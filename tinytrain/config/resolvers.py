@@ -29,8 +29,7 @@ def _slurm_tasks_per_node(default: int) -> int:
 def _run_name() -> str:
     """run.name's default. Every srun task evaluates this itself: a timestamp could differ between
     tasks of one job, and a requeued job must find its own directory again. The ranks Lightning's
-    launcher starts are given rank 0's directory; torchrun's ranks are not (below)."""
-    import os
+    launcher starts are given rank 0's directory; other launchers' ranks are not (below)."""
     from datetime import datetime
 
     from tinytrain.cluster import slurm
@@ -38,18 +37,28 @@ def _run_name() -> str:
     named = slurm.run_name()
     if named:
         return named
-    if os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("WORLD_SIZE", "1") != "1":
-        return TORCHRUN_UNNAMED  # refused where it would name the directory (_run_dir)
+    if started_by_a_launcher():
+        return LAUNCHED_UNNAMED  # refused where it would name the directory (_run_dir)
     # Milliseconds: launches started together (a shell loop's `&`) each get their own directory,
     # where one second's name gave them one, whose record the refused ones wrote over.
     now = datetime.now()
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}"
 
 
-# run.name's default in a rank torchrun started: a timestamp each rank made itself put ranks a
-# second apart into different directories. Refused as the directory's name; harmless where the
-# command gives hydra.run.dir itself.
-TORCHRUN_UNNAMED = "torchrun-unnamed"
+# run.name's default in a rank a launcher started (torchrun, DeepSpeed's, a pod's RANK and
+# WORLD_SIZE): a timestamp each rank made itself put ranks apart into different directories.
+# Refused as the directory's name; harmless where the command gives hydra.run.dir itself, as
+# Lightning's launcher does for the ranks it starts.
+LAUNCHED_UNNAMED = "unnamed"
+
+
+def started_by_a_launcher() -> bool:
+    import os
+
+    from tinytrain.cluster.rank_logging import launcher_rank
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    return launcher_rank() is not None and world.isdigit() and int(world) > 1
 
 
 # Each run directory as this process first resolved it -> whether it existed then (before Hydra
@@ -63,8 +72,8 @@ def _run_dir(root: str, name: str) -> str:
     problem = run_name_problem(str(name))
     if problem:
         raise ConfigError(problem)
-    if str(name) == TORCHRUN_UNNAMED:
-        raise ConfigError(Problem("run.name", "(the default, a timestamp)", "would be made by every rank torchrun starts from the time it starts: ranks a second apart would train into different directories", "give the run a name, the same on every node: run.name=<name> (the same command then resumes it)"))
+    if str(name) == LAUNCHED_UNNAMED and started_by_a_launcher():
+        raise ConfigError(Problem("run.name", "(the default, a timestamp)", "would be made by every rank the launcher (torchrun, a pod's RANK and WORLD_SIZE) starts, from the time it starts: ranks apart would train into different directories", "give the run a name, the same on every node: run.name=<name> (the same command then resumes it)"))
     if str(root).startswith("~"):
         from tinytrain.config.checks import home_fix
 

@@ -72,11 +72,16 @@ def test_torchrun_s_ranks_are_refused_the_default_name(no_slurm, tmp_path):
     from tests.cli_in_process import run_in_process
 
     no_slurm.setenv("TORCHELASTIC_RUN_ID", "none")
+    no_slurm.setenv("RANK", "0")
     no_slurm.setenv("WORLD_SIZE", "2")
     no_slurm.chdir(tmp_path)
     code, err = run_in_process(["mode=plan", "experiment=smoke"])
     assert code == 2 and "run.name=<name>" in err and not (tmp_path / "runs").exists(), err
-    assert compose().run.name == "torchrun-unnamed"  # harmless where the command gives hydra.run.dir itself
+    assert compose().run.name == "unnamed"  # harmless where the command gives hydra.run.dir itself
+    no_slurm.delenv("TORCHELASTIC_RUN_ID")  # a pod's RANK and WORLD_SIZE, DeepSpeed's launcher: alike
+    code, err = run_in_process(["mode=plan", "experiment=smoke"])
+    assert code == 2 and "run.name=<name>" in err, err
+    no_slurm.delenv("RANK")
     assert compose(["run.name=mine"]).run.name == "mine"
     no_slurm.setenv("WORLD_SIZE", "1")  # one process: nobody to disagree with
     assert compose().run.name

@@ -116,6 +116,9 @@ def test_a_record_of_an_older_tinytrain_is_an_earlier_multirun_s_job(tmp_path):
     newer.on_multirun_start(job_config(tmp_path, 0))
     assert "holds an earlier multirun" in claimed(newer, tmp_path, 0, ["trainer.lr=0.01"])
     assert claimed(newer, tmp_path, 0, ["trainer.lr=0.001"]) is None  # its own command continues it
+    # Then every mode wrote result.json: an eval's over the training's record is no training job.
+    (tmp_path / "0" / "result.json").write_text(json.dumps({**old, "overrides": ["mode=eval", "checkpoint=final", "trainer.lr=0.001"]}))
+    assert claimed(newer, tmp_path, 0, ["trainer.lr=0.001"]) is None
 
 
 def test_a_job_that_trained_nothing_leaves_its_directory_free_and_a_refused_one_its_record(tmp_path):
