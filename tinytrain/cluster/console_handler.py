@@ -17,15 +17,15 @@ import sys
 class ConsoleHandler(logging.StreamHandler):
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         if isinstance(sys.exc_info()[1], BrokenPipeError):
-            stdout_to_devnull()
+            to_devnull(self.stream)
             return
         super().handleError(record)
 
 
-def stdout_to_devnull() -> None:
+def to_devnull(stream) -> None:
     """What is still buffered for the pipe, and every later write, goes to /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, stream.fileno())
     os.close(devnull)
 
 
@@ -37,7 +37,7 @@ PRINTING_SHORT = ("-i", "-c", "-sc")
 def quiet_for_printing_flags(argv: list[str]) -> None:
     def printing(arg: str) -> bool:
         name = arg.split("=", 1)[0]
-        return name in PRINTING_SHORT or (name.startswith("--") and len(name) > 3 and any(flag.startswith(name) for flag in PRINTING_FLAGS))
+        return name in PRINTING_SHORT or (name.startswith("--") and len(name) > 2 and any(flag.startswith(name) for flag in PRINTING_FLAGS))
 
     if any(printing(arg) for arg in argv):
         logging.raiseExceptions = False

@@ -19,6 +19,7 @@ import faulthandler
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from tinytrain.cluster import hang_report, heartbeat
+from tinytrain.cluster.local_process import running
 from tinytrain.errors import HANG_EXIT_CODE
 
 STACK_SIGNAL = signal.SIGUSR2  # SIGUSR1 is Slurm's warning (callbacks/preemption.py)
@@ -86,6 +88,8 @@ def clear_earlier_attempt(where: Path, rank: int) -> None:
     removes its own files before its watchdog starts; rank 0 the shared ones too (a hang of this
     attempt writes them only after its limit)."""
     names = [f"stop-rank{rank}", f"state-rank{rank}.json", f"fr-rank{rank}.json"] + (["claim", "dump"] if rank == 0 else [])
+    if rank == 0:  # another rank's beat of before, from a process of this host no longer running: "died"
+        names += [f"rank{r}.json" for r, beat in heartbeat.read(where).items() if r != 0 and beat.get("host") == socket.gethostname() and not running(int(beat.get("pid", 0)))]
     for name in names:
         with contextlib.suppress(OSError):
             (where / name).unlink()

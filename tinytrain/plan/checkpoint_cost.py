@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tinytrain.checkpoint.disk_space import nearest_existing
 from tinytrain.checkpoint.files import step_checkpoints
-from tinytrain.cluster.sbatch import MAX_SIGNAL_DELAY_S
+from tinytrain.cluster.sbatch import MAX_SIGNAL_DELAY_S, slurm_time_seconds
 from tinytrain.config.schema import Mode, Strategy
 from tinytrain.errors import Problem
 from tinytrain.plan.parallel import CheckpointFormat, strategy_row
@@ -217,10 +217,19 @@ def requeue_save_warning(cfg, *, save_seconds: float, step_seconds: float | None
     if c.name != "slurm" or needed <= c.signal_delay_s:
         return None
     step = f"the step under way (~{step_seconds:.0f} s) and " if step_seconds and step_seconds >= 1 else ""
+    # The delay must stay below the job's time limit (sbatch_problems refuses one that is not).
+    limit = slurm_time_seconds(str(c.time)) or MAX_SIGNAL_DELAY_S + 1
+    room = min(MAX_SIGNAL_DELAY_S, limit - 1)
+    suggested = min(room, math.ceil(2 * needed))
+    fix = (
+        f"raise cluster.signal_delay_s to {suggested}" + (" (twice that)" if suggested == math.ceil(2 * needed) else f" (the most below cluster.time={c.time})")
+        if suggested >= needed
+        else f"a longer cluster.time (no delay below {c.time} leaves room for it)"
+    )
     return (
         f"cluster.signal_delay_s={c.signal_delay_s}: Slurm's USR1 comes {c.signal_delay_s} s before the time limit, and finishing {step}the save "
-        f"(~{save_seconds:.0f} s at checkpoint.write_gbps={cfg.checkpoint.write_gbps:g}) take ~{needed:.0f} s: the requeue's checkpoint would be cut off "
-        f"and the job resume from the one before; raise cluster.signal_delay_s to {min(MAX_SIGNAL_DELAY_S, math.ceil(2 * needed))} (twice that), or set checkpoint.write_gbps to the disk's measured speed"
+        f"(~{save_seconds:.0f} s at checkpoint.write_gbps={cfg.checkpoint.write_gbps:g}) takes ~{needed:.0f} s: the requeue's checkpoint would be cut off "
+        f"and the job resume from the one before; {fix}, or set checkpoint.write_gbps to the disk's measured speed"
     )
 
 

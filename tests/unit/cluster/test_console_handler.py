@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import REPO, cli_env
 
 
-@pytest.mark.parametrize("args", [["--info", "all"], ["--inf", "all"], ["--cfg", "job"]], ids=["--info", "abbreviated", "--cfg"])
+@pytest.mark.parametrize("args", [["--info", "all"], ["--i", "all"]], ids=["--info", "abbreviated"])
 def test_a_reader_that_leaves_gets_no_tracebacks(args, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tinytrain", *args], cwd=tmp_path, env=cli_env({"PYTHONPATH": str(REPO)}), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.readline()

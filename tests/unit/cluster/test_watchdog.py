@@ -272,3 +272,22 @@ def test_a_hang_verdict_holds_off_lightnings_observer_before_any_rank_is_told_to
         watched.finish()
         done.set()
     assert watched.process.wait(timeout=10) == 0
+
+
+def test_rank_0_clears_the_earlier_attempt_s_files_and_beats_of_ranks_gone_from_this_host(tmp_path):
+    """A static torchrun launch reuses its attempt's folder: rank 1's beat of before (a dead pid)
+    made rank 0's watchdog stop the run as 'rank 1 died' while the new rank 1 was still starting."""
+    import json
+    import socket
+
+    from tinytrain.cluster.watched_rank import clear_earlier_attempt
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=60)
+    beat = {"step": 8, "phase": "train", "seq": 3}
+    for rank, pid, host in ((1, gone.pid, socket.gethostname()), (2, os.getpid(), socket.gethostname()), (3, gone.pid, "another-node")):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({**beat, "rank": rank, "pid": pid, "host": host}))
+    for name in ("stop-rank0", "claim", "dump", "stop-rank1"):
+        (tmp_path / name).write_text("earlier attempt")
+    clear_earlier_attempt(tmp_path, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank2.json", "rank3.json", "stop-rank1"]  # rank 1 clears its own

@@ -132,5 +132,10 @@ def test_a_slurm_requeue_save_longer_than_the_signal_delay_warns(tmp_path):
     raised = int(warning.split("raise cluster.signal_delay_s to ")[1].split()[0])
     ok, _ = checkpoint(tmp_path, *slurm, "checkpoint.write_gbps=0.2", f"cluster.signal_delay_s={raised}")
     assert not [w for w in ok.warnings if "cluster.signal_delay_s" in w]
+    short, _ = checkpoint(tmp_path, *slurm, "checkpoint.write_gbps=0.2", "cluster.time=00:10:00")  # 782 would not fit in 600 s
+    (warning,) = [w for w in short.warnings if "cluster.signal_delay_s" in w]
+    assert "raise cluster.signal_delay_s to 599 (the most below cluster.time=00:10:00)" in warning, warning
+    tight, _ = checkpoint(tmp_path, *slurm, "checkpoint.write_gbps=0.2", "cluster.time=00:05:00")
+    assert "a longer cluster.time (no delay below 00:05:00 leaves room for it)" in next(w for w in tight.warnings if "cluster.signal_delay_s" in w)
     local, _ = checkpoint(tmp_path, "parallel=zero3", "checkpoint.write_gbps=0.2")  # no Slurm signal to wait for
     assert not [w for w in local.warnings if "cluster.signal_delay_s" in w]

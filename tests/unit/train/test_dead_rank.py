@@ -51,6 +51,15 @@ def test_a_taken_rendezvous_port_is_a_refusal_not_a_lost_rank(tmp_path, monkeypa
         except dist.DistNetworkError as e:
             taken = e
     callback = DeadRank(tmp_path)
-    callback.on_exception(trainer_with([]), None, taken)
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a rank it started
+    callback.on_exception(trainer_with([waiting]), None, taken)
+    assert waiting.wait(timeout=30) != 0  # not left waiting for the rendezvous
     assert callback.message is None and callback.refusal.key == "MASTER_PORT" and callback.refusal.value == str(port)
     assert "unset MASTER_PORT" in callback.refusal.render()
+    # Not the user's: Lightning's, from the Slurm job id, or a free port it picked.
+    monkeypatch.delenv("MASTER_PORT")
+    lightnings = DeadRank(tmp_path)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    lightnings.on_exception(trainer_with([]), None, taken)
+    assert "from the Slurm job id" in lightnings.refusal.render() and "export MASTER_PORT=<a free port> in the job script" in lightnings.refusal.render()

@@ -30,17 +30,15 @@ class DeadRank(pl.Callback):
         self.message: str | None = None
         self.hang = False  # the rank that ended was stopped by the hang watchdog: this one exits as it did
         self.refusal: Problem | None = None  # the rendezvous port was taken: exit 2, as for a bad value
+        self.given_port = os.environ.get("MASTER_PORT")  # the user's, before Lightning sets one
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, OWN_STOPS):
             return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
         if address_in_use(exception):  # the rendezvous, before any step: no peer was lost
-            self.refusal = Problem(
-                "MASTER_PORT",
-                os.environ.get("MASTER_PORT"),
-                f"is in use on {os.environ.get('MASTER_ADDR', 'this machine')}: rank 0 could not open the ranks' rendezvous there (another run on this machine holds it, or another program)",
-                "unset MASTER_PORT (Lightning then picks a free port), or give each run on a machine its own",
-            )
+            self.refusal = port_taken(self.given_port)
+            for proc in getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []:
+                proc.kill()  # the ranks it started would wait for a rendezvous that never opens
             return
         procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         dead = died(procs)
@@ -80,6 +78,17 @@ class DeadRank(pl.Callback):
 
 # What gloo and NCCL say when the other end of a collective is gone.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited", "communicator was aborted", "socket timeout", "timed out")
+
+
+def port_taken(given: str | None) -> Problem:
+    """The rendezvous port rank 0 could not open, and where it came from."""
+    where = f"in use on {os.environ.get('MASTER_ADDR', 'this machine')}: rank 0 could not open the ranks' rendezvous there"
+    port = os.environ.get("MASTER_PORT")
+    if given is not None:
+        return Problem("MASTER_PORT", given, f"is {where} (another run on this machine holds it, or another program)", "unset MASTER_PORT (Lightning then picks a free port), or give each run on a machine its own")
+    if os.environ.get("SLURM_JOB_ID"):
+        return Problem("MASTER_PORT", port, f"(Lightning's, from the Slurm job id: 15000 + its last 4 digits) is {where}: another job on this node holds it", "export MASTER_PORT=<a free port> in the job script")
+    return Problem("MASTER_PORT", port, f"(a free port Lightning picked) is {where}: another program took it in the meantime", "run the same command again (Lightning picks another), or export MASTER_PORT=<a free port>")
 
 
 def address_in_use(exception: BaseException) -> bool:
