@@ -23,7 +23,7 @@ from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
-from tinytrain.config.resolvers import register_resolvers, remember_found
+from tinytrain.config.resolvers import LAUNCHED_UNNAMED, register_resolvers, remember_found
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.outputs import unused_run_dir
@@ -220,6 +220,8 @@ def hydra_main(cfg: DictConfig):
             raise ConfigError(problems)
         if multirun:
             name_multirun_job(cfg, hydra_cfg.job.num)
+        if cfg.run.name == LAUNCHED_UNNAMED:  # a launcher's rank given hydra.run.dir: named by it (wandb too)
+            cfg.run.name = run_dir.name
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
         locking = True
         with run_lock.hold(run_dir, cfg.mode.value) if rank == 0 else contextlib.nullcontext():

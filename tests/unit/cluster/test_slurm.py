@@ -77,7 +77,9 @@ def test_torchrun_s_ranks_are_refused_the_default_name(no_slurm, tmp_path):
     no_slurm.chdir(tmp_path)
     code, err = run_in_process(["mode=plan", "experiment=smoke"])
     assert code == 2 and "run.name=<name>" in err and not (tmp_path / "runs").exists(), err
-    assert compose().run.name == "unnamed"  # harmless where the command gives hydra.run.dir itself
+    assert compose().run.name == "unnamed"  # harmless where the command gives hydra.run.dir itself,
+    code, err = run_in_process(["mode=plan", "experiment=smoke", f"hydra.run.dir={tmp_path / 'given'}"])
+    assert code == 0 and "name: given" in (tmp_path / "given" / "config_resolved.yaml").read_text(), err  # which names it
     no_slurm.delenv("TORCHELASTIC_RUN_ID")  # a pod's RANK and WORLD_SIZE, DeepSpeed's launcher: alike
     code, err = run_in_process(["mode=plan", "experiment=smoke"])
     assert code == 2 and "run.name=<name>" in err, err
