@@ -360,7 +360,12 @@ def main() -> None:
             hydra_main()
     except KeyboardInterrupt:
         # Ctrl-C before training (during training the first one saves a checkpoint and exits 75),
-        # or a second Ctrl-C during training: what is on disk is complete (atomic saves).
+        # or a second Ctrl-C during training: what is on disk is complete (atomic saves). The ranks
+        # Lightning started got it too and exit 130 first: its observer would SIGKILL this process
+        # (-9, 137 in a shell) before it exits.
+        from tinytrain.cluster.watched_rank import hold_off_lightning_observer
+
+        hold_off_lightning_observer()
         if os.environ["TINYTRAIN_TRACEBACK"] == "1":
             raise
         print("tinytrain: interrupted (Ctrl-C); checkpoints already on disk are complete, resume=auto continues from the newest", file=sys.stderr)
