@@ -11,12 +11,32 @@ operator the backward runs (benchmarks/allocator_count.py's dispatch mode).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 
 from benchmarks.allocator_count import OperatorPeak, allocated, has_mallinfo2  # noqa: F401 (has_mallinfo2: the tests' skip)
 
 VOCAB = 256
+
+
+@contextlib.contextmanager
+def heap_frozen():
+    """What is alive now (torch, transformers and the other imports; in a test worker, every module
+    pytest collected) out of the collector's reach for the block (gc.freeze), as tinytrain's runs
+    freeze their imports (tinytrain/cluster/import_gc.py): settled()'s full collection then walks only
+    what the block allocates. It walked the whole heap before, 0.1-0.3 s a time, two a reading: over
+    half of tp_activation_worker's 40 s. What the block allocates is collected as before, so every
+    reading is the same. Thawed after, unless something had frozen the heap before (an in-process
+    CLI run in the same test worker): the thaw cannot tell its objects from ours."""
+    thawed = gc.get_freeze_count() == 0
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if thawed:
+            gc.unfreeze()
 
 
 def settled() -> int:

@@ -20,7 +20,7 @@ def main(out_dir: Path) -> None:
     import transformers
     from torch.distributed.device_mesh import init_device_mesh
 
-    from tests.activation_bytes import VOCAB, kept_after_forward
+    from tests.activation_bytes import VOCAB, heap_frozen, kept_after_forward
     from tinytrain.model.activation_checkpointing import apply_checkpointing
     from tinytrain.model.tensor_parallel import parallelize
     from tinytrain.plan.activations import Layout, weight_copy_bytes
@@ -34,19 +34,20 @@ def main(out_dir: Path) -> None:
         return transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=layers, vocab_size=VOCAB, use_cache=False, pad_token_id=0)
 
     results = {}
-    for mode in ("none", "full"):
+    with heap_frozen():  # each reading's collections walk what it allocated (tests/activation_bytes.py)
+        for mode in ("none", "full"):
 
-        def kept(layers: int, seq: int, mode=mode) -> int:
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config(layers), attn_implementation="sdpa").train()
-            apply_checkpointing(model, mode)
-            parallelize(model, mesh)
-            return min(kept_after_forward(model, autocast=True, seq=seq) for _ in range(3))
+            def kept(layers: int, seq: int, mode=mode) -> int:
+                torch.manual_seed(0)
+                model = transformers.AutoModelForCausalLM.from_config(config(layers), attn_implementation="sdpa").train()
+                apply_checkpointing(model, mode)
+                parallelize(model, mesh)
+                return min(kept_after_forward(model, autocast=True, seq=seq) for _ in range(3))
 
-        seq = 64
-        per_layer = {n: (kept(4, n) - kept(2, n)) / 2 for n in (seq, 2 * seq)}
-        copies = weight_copy_bytes(shape_from_hf(config(1), VOCAB), Layout.mixed)
-        results[mode] = {"measured": 2 * per_layer[seq] - per_layer[2 * seq], "planned": copies if mode == "none" else 0.0, "copies": copies, "copies_over_dp": copies / dp}
+            seq = 64
+            per_layer = {n: (kept(4, n) - kept(2, n)) / 2 for n in (seq, 2 * seq)}
+            copies = weight_copy_bytes(shape_from_hf(config(1), VOCAB), Layout.mixed)
+            results[mode] = {"measured": 2 * per_layer[seq] - per_layer[2 * seq], "planned": copies if mode == "none" else 0.0, "copies": copies, "copies_over_dp": copies / dp}
     if dist.get_rank() == 0:
         (out_dir / "fsdp_copies.json").write_text(json.dumps(results, indent=2))
     end_rank()

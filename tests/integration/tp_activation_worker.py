@@ -25,7 +25,7 @@ def main(out_dir: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from tests.activation_bytes import VOCAB, per_layer_token
+    from tests.activation_bytes import VOCAB, heap_frozen, per_layer_token
     from tinytrain.model.activation_checkpointing import apply_checkpointing
     from tinytrain.model.tensor_parallel import tp_plan
     from tinytrain.plan.activations import Layout, input_bytes, layer_bytes, selective_bytes
@@ -44,19 +44,22 @@ def main(out_dir: Path) -> None:
         return {"none": layer_bytes(shape, Layout.mixed, tp), "selective": selective_bytes(shape, Layout.mixed, tp), "full": input_bytes(shape, Layout.mixed)}[mode]
 
     results = {}
-    # Full checkpointing keeps the layer's input, whole on every rank whatever the tp: tp 2 checks it.
-    for mode in ("none", "selective", "full") if tp == 2 else ("none", "selective"):
+    # The imports out of the collector's reach: each reading's two full collections walk what it
+    # allocated, not the whole heap (tests/activation_bytes.py heap_frozen).
+    with heap_frozen():
+        # Full checkpointing keeps the layer's input, whole on every rank whatever the tp: tp 2 checks it.
+        for mode in ("none", "selective", "full") if tp == 2 else ("none", "selective"):
 
-        def build(layers: int, mode=mode):
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config(layers), attn_implementation="sdpa").train()
-            parallelize_module(model, mesh, tp_plan(model))
-            apply_checkpointing(model, mode)
-            return model
+            def build(layers: int, mode=mode):
+                torch.manual_seed(0)
+                model = transformers.AutoModelForCausalLM.from_config(config(layers), attn_implementation="sdpa").train()
+                parallelize_module(model, mesh, tp_plan(model))
+                apply_checkpointing(model, mode)
+                return model
 
-        # 512 tokens, the middle of 3: a collective's buffer freed early or late moves one reading by ~0.4 MB.
-        results[mode] = {"measured": per_layer_token(build, autocast=True, seq=512, repeats=3), "planned": counted(mode, tp), "whole_over_tp": counted(mode, 1) / tp}
-    chunked = chunked_loss_peak(mesh)
+            # 512 tokens, the middle of 3: a collective's buffer freed early or late moves one reading by ~0.4 MB.
+            results[mode] = {"measured": per_layer_token(build, autocast=True, seq=512, repeats=3), "planned": counted(mode, tp), "whole_over_tp": counted(mode, 1) / tp}
+        chunked = chunked_loss_peak(mesh)
     if dist.get_rank() == 0:
         (out_dir / "tp_activations.json").write_text(json.dumps(results, indent=2))
         (out_dir / "tp_chunked_loss.json").write_text(json.dumps(chunked, indent=2))

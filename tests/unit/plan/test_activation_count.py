@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from tests.activation_bytes import VOCAB, has_mallinfo2, kept_and_peak_by_loss, kept_by_loss, per_layer_token
+from tests.activation_bytes import VOCAB, has_mallinfo2, heap_frozen, kept_and_peak_by_loss, kept_by_loss, per_layer_token
 from tinytrain.config.schema import Checkpointing
 from tinytrain.model.activation_checkpointing import apply_checkpointing
 from tinytrain.model.module import CausalLMModule
@@ -34,6 +34,15 @@ CONFIGS = {
     "gemma2": transformers.Gemma2Config,
     "gemma3_text": transformers.Gemma3TextConfig,
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collections_walk_the_readings_alone():
+    """Each reading's full collections walk what it allocated, not the test worker's whole heap (every
+    collected test module's imports): 5 s a test here unfrozen, under 1 s frozen, where the worker's
+    earlier in-process CLI runs had left the heap unfrozen (tests/activation_bytes.py heap_frozen)."""
+    with heap_frozen():
+        yield
 
 
 def config(arch: str, layers: int):
