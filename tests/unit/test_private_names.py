@@ -101,6 +101,7 @@ PRIVATE_NAMES = [
     ("lightning", "csv_logs.ExperimentWriter._rewrite_with_new_header", "train/metrics_csv.py (a new column rewrites metrics.csv beside itself)", class_attr("lightning.pytorch.loggers.csv_logs", "ExperimentWriter", "_rewrite_with_new_header")),
     ("lightning", "CSVLogger._experiment", "train/metrics_csv.py", assigned_in_init("lightning.pytorch.loggers", "CSVLogger", "_experiment")),
     ("lightning", "_ChildProcessObserver._finished", "cluster/watched_rank.py hold_off_lightning_observer (a dead rank's message, a hang verdict's exit 76)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_finished")),
+    ("lightning", "_ChildProcessObserver._child_processes", "cluster/watched_rank.py hold_off_lightning_observer (rebound empty: its next look finds no child to kill for)", assigned_in_init("lightning.fabric.strategies.launchers.subprocess_script", "_ChildProcessObserver", "_child_processes")),
     (
         "lightning",
         "_ChildProcessObserver's thread name child-process-observer",

@@ -102,6 +102,11 @@ def hold_off_lightning_observer() -> None:
     message (train/callbacks/dead_rank.py): either way this process ends the run itself."""
     for thread in threading.enumerate():
         if thread.name == "child-process-observer":
+            # It loops `while not _finished: sleep; _finished = _run()`: a flag set while it sleeps
+            # is overwritten by the next _run, which kills. With no children to look at, that run
+            # finds all well and ends the loop. Rebound, not cleared: the list is the launcher's
+            # procs, which DeadRank reads.
+            thread._child_processes = []
             thread._finished = True
 
 

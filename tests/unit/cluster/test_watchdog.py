@@ -291,3 +291,24 @@ def test_rank_0_clears_the_earlier_attempt_s_files_and_beats_of_ranks_gone_from_
         (tmp_path / name).write_text("earlier attempt")
     clear_earlier_attempt(tmp_path, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank2.json", "rank3.json", "stop-rank1"]  # rank 1 clears its own
+
+
+def test_a_held_off_lightning_observer_kills_nothing_when_a_rank_it_started_exits():
+    """Lightning's real observer: the flag alone, set while it slept, was overwritten by its next
+    look, which SIGKILLed rank 0 (137) once a rank it started had exited 130 (Ctrl-C) or 76."""
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    from tinytrain.cluster.watched_rank import hold_off_lightning_observer
+
+    rank_0 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # what it would kill
+    rank_1 = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.5); sys.exit(130)"])
+    observer = _ChildProcessObserver(main_pid=rank_0.pid, child_processes=[rank_1], sleep_period=1)
+    observer.start()
+    try:
+        time.sleep(0.3)
+        hold_off_lightning_observer()  # while it sleeps, as it nearly always does
+        rank_1.wait(timeout=30)
+        observer.join(timeout=10)
+        assert not observer.is_alive() and rank_0.poll() is None, rank_0.returncode
+    finally:
+        rank_0.kill()

@@ -37,6 +37,7 @@ class DeadRank(pl.Callback):
             return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
         if address_in_use(exception):  # the rendezvous, before any step: no peer was lost
             self.refusal = port_taken(self.given_port)
+            hold_off_lightning_observer()  # it would SIGKILL this process for the ranks ended here
             for proc in getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []:
                 proc.kill()  # the ranks it started would wait for a rendezvous that never opens
             return
