@@ -57,9 +57,17 @@ def test_a_taken_rendezvous_port_is_a_refusal_not_a_lost_rank(tmp_path, monkeypa
     assert callback.message is None and callback.refusal.key == "MASTER_PORT" and callback.refusal.value == str(port)
     assert "unset MASTER_PORT" in callback.refusal.render()
     # Not the user's: Lightning's, from the Slurm job id, or a free port it picked.
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
     monkeypatch.delenv("MASTER_PORT")
     lightnings = DeadRank(tmp_path)
     monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("SLURM_JOB_ID", "1234")
-    lightnings.on_exception(trainer_with([]), None, taken)
+    in_job = trainer_with([])
+    in_job.strategy.cluster_environment = SLURMEnvironment()
+    lightnings.on_exception(in_job, None, taken)
     assert "from the Slurm job id" in lightnings.refusal.render() and "export MASTER_PORT=<a free port> in the job script" in lightnings.refusal.render()
+    local = trainer_with([])
+    local.strategy.cluster_environment = LightningEnvironment()  # an interactive allocation's too, SLURM_JOB_ID or not
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    lightnings.on_exception(local, None, taken)
+    assert "(a free port Lightning picked)" in lightnings.refusal.render()

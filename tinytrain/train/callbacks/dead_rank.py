@@ -35,8 +35,10 @@ class DeadRank(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, OWN_STOPS):
             return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
-        if address_in_use(exception):  # the rendezvous, before any step: no peer was lost
-            self.refusal = port_taken(self.given_port)
+        if address_in_use(exception) and not rendezvous_done():  # before the ranks met: no peer was lost
+            from lightning.fabric.plugins.environments import SLURMEnvironment
+
+            self.refusal = port_taken(self.given_port, isinstance(getattr(trainer.strategy, "cluster_environment", None), SLURMEnvironment))
             hold_off_lightning_observer()  # it would SIGKILL this process for the ranks ended here
             for proc in getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []:
                 proc.kill()  # the ranks it started would wait for a rendezvous that never opens
@@ -81,15 +83,23 @@ class DeadRank(pl.Callback):
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited", "communicator was aborted", "socket timeout", "timed out")
 
 
-def port_taken(given: str | None) -> Problem:
-    """The rendezvous port rank 0 could not open, and where it came from."""
+def port_taken(given: str | None, slurm: bool) -> Problem:
+    """The rendezvous port rank 0 could not open, and where it came from: the user's MASTER_PORT,
+    or Lightning's (its SLURMEnvironment's from the job id, its local one a free port it picked)."""
     where = f"in use on {os.environ.get('MASTER_ADDR', 'this machine')}: rank 0 could not open the ranks' rendezvous there"
     port = os.environ.get("MASTER_PORT")
     if given is not None:
-        return Problem("MASTER_PORT", given, f"is {where} (another run on this machine holds it, or another program)", "unset MASTER_PORT (Lightning then picks a free port), or give each run on a machine its own")
-    if os.environ.get("SLURM_JOB_ID"):
+        fix = "export another MASTER_PORT in the job script, one no other job on the node uses" if slurm else "unset MASTER_PORT (Lightning then picks a free port), or give each run on a machine its own"
+        return Problem("MASTER_PORT", given, f"is {where} (another run on this machine holds it, or another program)", fix)
+    if slurm:
         return Problem("MASTER_PORT", port, f"(Lightning's, from the Slurm job id: 15000 + its last 4 digits) is {where}: another job on this node holds it", "export MASTER_PORT=<a free port> in the job script")
     return Problem("MASTER_PORT", port, f"(a free port Lightning picked) is {where}: another program took it in the meantime", "run the same command again (Lightning picks another), or export MASTER_PORT=<a free port>")
+
+
+def rendezvous_done() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def address_in_use(exception: BaseException) -> bool:
