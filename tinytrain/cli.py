@@ -23,7 +23,7 @@ from tinytrain.cluster.import_gc import collector_paused, release_finished_job
 from tinytrain.cluster.overrides import script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
-from tinytrain.config.resolvers import LAUNCHED_UNNAMED, register_resolvers, remember_found
+from tinytrain.config.resolvers import PLACEHOLDER_GIVEN, is_placeholder, register_resolvers, remember_found
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.outputs import unused_run_dir
@@ -220,7 +220,7 @@ def hydra_main(cfg: DictConfig):
             raise ConfigError(problems)
         if multirun:
             name_multirun_job(cfg, hydra_cfg.job.num)
-        if cfg.run.name == LAUNCHED_UNNAMED:  # a launcher's rank given hydra.run.dir: named by it (wandb too)
+        if is_placeholder(cfg.run.name):  # a launcher's rank given hydra.run.dir: named by it (wandb too)
             cfg.run.name = run_dir.name
         # Rank 0 holds the run directory for the run's life; other ranks run under it.
         locking = True
@@ -355,6 +355,7 @@ def main() -> None:
     if given_run_dir and "${" not in given_run_dir[-1]:  # as tt.run_dir records the default one
         remember_found(given_run_dir[-1].strip("\"'"))  # Lightning's launcher quotes it
     console_handler.quiet_for_printing_flags(sys.argv[1:])
+    PLACEHOLDER_GIVEN.clear()  # this command's defaults, not an earlier one's in this process (tests)
     try:
         with run_mode.composed_once(sys.argv[1:]):
             hydra_main()

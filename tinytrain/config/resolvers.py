@@ -38,6 +38,7 @@ def _run_name() -> str:
     if named:
         return named
     if started_by_a_launcher():
+        PLACEHOLDER_GIVEN.add(LAUNCHED_UNNAMED)
         return LAUNCHED_UNNAMED  # refused where it would name the directory (_run_dir)
     # Milliseconds: launches started together (a shell loop's `&`) each get their own directory,
     # where one second's name gave them one, whose record the refused ones wrote over.
@@ -50,6 +51,12 @@ def _run_name() -> str:
 # Refused as the directory's name; harmless where the command gives hydra.run.dir itself, as
 # Lightning's launcher does for the ranks it starts.
 LAUNCHED_UNNAMED = "unnamed"
+PLACEHOLDER_GIVEN: set[str] = set()  # holds it once this process's default was the placeholder
+
+
+def is_placeholder(name: str) -> bool:
+    """run.name is the launcher rank's placeholder, not a user's run.name=unnamed."""
+    return str(name) == LAUNCHED_UNNAMED and LAUNCHED_UNNAMED in PLACEHOLDER_GIVEN
 
 
 def started_by_a_launcher() -> bool:
@@ -72,7 +79,7 @@ def _run_dir(root: str, name: str) -> str:
     problem = run_name_problem(str(name))
     if problem:
         raise ConfigError(problem)
-    if str(name) == LAUNCHED_UNNAMED and started_by_a_launcher():
+    if is_placeholder(name):
         raise ConfigError(Problem("run.name", "(the default, a timestamp)", "would be made by every rank the launcher (torchrun, a pod's RANK and WORLD_SIZE) starts, from the time it starts: ranks apart would train into different directories", "give the run a name, the same on every node: run.name=<name> (the same command then resumes it)"))
     if str(root).startswith("~"):
         from tinytrain.config.checks import home_fix

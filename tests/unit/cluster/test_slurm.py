@@ -80,6 +80,8 @@ def test_torchrun_s_ranks_are_refused_the_default_name(no_slurm, tmp_path):
     assert compose().run.name == "unnamed"  # harmless where the command gives hydra.run.dir itself,
     code, err = run_in_process(["mode=plan", "experiment=smoke", f"hydra.run.dir={tmp_path / 'given'}"])
     assert code == 0 and "name: given" in (tmp_path / "given" / "config_resolved.yaml").read_text(), err  # which names it
+    code, err = run_in_process(["mode=plan", "experiment=smoke", "run.name=unnamed"])  # a user's own name of that spelling
+    assert code == 0 and (tmp_path / "runs" / "unnamed" / "plan.json").exists(), err
     no_slurm.delenv("TORCHELASTIC_RUN_ID")  # a pod's RANK and WORLD_SIZE, DeepSpeed's launcher: alike
     code, err = run_in_process(["mode=plan", "experiment=smoke"])
     assert code == 2 and "run.name=<name>" in err, err
