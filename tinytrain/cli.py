@@ -209,6 +209,7 @@ def hydra_main(cfg: DictConfig):
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     rank = None  # until read: a rank variable that is no number is refused as a bad key is
     ended_cleanly = False  # finished, or refused before any work; a crash keeps its directory and log
+    was_refused = False  # a hydra.run.dir given on the command line is removed only then (unused_run_dir)
     # A process refused the lock leaves the directory to its holder (who may have made it just now).
     locking = held = False
     try:
@@ -248,6 +249,7 @@ def hydra_main(cfg: DictConfig):
     except (ConfigError, TrainingStopped, InterpolationResolutionError) as e:
         refused = not isinstance(e, TrainingStopped)  # a bad key or value, or a ${...} that does not resolve
         ended_cleanly = refused
+        was_refused = refused
         if os.environ.get("TINYTRAIN_TRACEBACK") == "1":
             raise
         # As main() words it: a ConfigError (also one a resolver raised inside a ${...}), or the ${...}.
@@ -274,7 +276,7 @@ def hydra_main(cfg: DictConfig):
         # A multirun's job directories are the sweep's record; rank None: refused for its rank variable.
         # Where rank 0 was refused the lock, the directory is its holder's.
         if ended_cleanly and not multirun and rank in (0, None) and (held or not locking):
-            unused_run_dir.remove_if_unused(run_dir)
+            unused_run_dir.remove_if_unused(run_dir, refused=was_refused)
         if multirun:
             release_finished_job()
     # Hydra multirun sweepers optimise the task's return value: a training's final validation
@@ -353,7 +355,7 @@ def main() -> None:
     sys.argv = checkpoint_shorthand(sys.argv)
     given_run_dir = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")]
     if given_run_dir and "${" not in given_run_dir[-1]:  # as tt.run_dir records the default one
-        remember_found(given_run_dir[-1].strip("\"'"))  # Lightning's launcher quotes it
+        remember_found(given_run_dir[-1].strip("\"'"), given=True)  # Lightning's launcher quotes it
     console_handler.quiet_for_printing_flags(sys.argv[1:])
     PLACEHOLDER_GIVEN.clear()  # this command's defaults, not an earlier one's in this process (tests)
     try:

@@ -37,3 +37,16 @@ def test_a_refused_command_removes_the_hydra_run_dir_it_was_given_and_made(tmp_p
     existing.mkdir()
     code, _ = run_in_process(["mode=plan", "trainer.lr=-1", f"hydra.run.dir={existing}"])
     assert code == 2 and existing.is_dir()
+
+
+def test_a_given_hydra_run_dir_is_kept_after_a_command_that_ran(tmp_path):
+    """An output mode's log in the hydra.run.dir its command gave (Slurm's eval jobs give one per
+    checkpoint) was removed with the directory once the mode wrote its outputs elsewhere."""
+    from tinytrain.config.resolvers import remember_found
+
+    given = tmp_path / "evals" / "step8"
+    remember_found(str(given), given=True)
+    given.mkdir(parents=True)
+    (given / "tinytrain.log").write_text("eval step8: loss 6.9\n")
+    assert not remove_if_unused(given) and (given / "tinytrain.log").exists()
+    assert remove_if_unused(given, refused=True)  # a refused command made it: gone again

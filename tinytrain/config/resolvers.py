@@ -90,10 +90,17 @@ def _run_dir(root: str, name: str) -> str:
     return path
 
 
-def remember_found(path: str) -> None:
+# The hydra.run.dir the command line gave: an output mode's own log there is kept (Slurm's eval
+# jobs give one per checkpoint); only a refused command removes it where it made it.
+GIVEN_RUN_DIRS: set[str] = set()
+
+
+def remember_found(path: str, given: bool = False) -> None:
     """Whether the run directory (and which of its parents) existed as this process first saw it,
     before Hydra creates it: for tt.run_dir, and for a hydra.run.dir given on the command line."""
     key = str(Path(path).resolve())
+    if given:
+        GIVEN_RUN_DIRS.add(key)
     if key not in FOUND_BEFORE:
         FOUND_BEFORE[key] = Path(path).exists()
         missing = [p for p in Path(key).parents if not p.exists()]

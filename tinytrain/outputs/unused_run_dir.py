@@ -13,17 +13,18 @@ import logging
 import shutil
 from pathlib import Path
 
-from tinytrain.config.resolvers import FOUND_BEFORE, LOCK_NAME, MADE_ABOVE
+from tinytrain.config.resolvers import FOUND_BEFORE, GIVEN_RUN_DIRS, LOCK_NAME, MADE_ABOVE
 
 # What Hydra and the lock put in every run directory; anything else is a mode's output.
 BOOKKEEPING = {".hydra", "tinytrain.log", LOCK_NAME}
 
 
-def remove_if_unused(run_dir: Path) -> bool:
-    """Remove run_dir if this process's Hydra created it and it holds only BOOKKEEPING. Returns
-    whether it was removed."""
+def remove_if_unused(run_dir: Path, refused: bool = False) -> bool:
+    """Remove run_dir if this process's Hydra created it and it holds only BOOKKEEPING: one the
+    command line named (hydra.run.dir=) only where the command was refused. Returns whether it was
+    removed."""
     key = str(run_dir.resolve())
-    if FOUND_BEFORE.get(key, True) or not run_dir.is_dir():
+    if FOUND_BEFORE.get(key, True) or not run_dir.is_dir() or (key in GIVEN_RUN_DIRS and not refused):
         return False
     if any(entry.name not in BOOKKEEPING for entry in run_dir.iterdir()):
         return False
