@@ -235,7 +235,7 @@ def local_address(address: str) -> bool:
     for family, kind, proto, _, sockaddr in infos:
         try:
             with socket.socket(family, kind, proto) as probe:
-                probe.bind((sockaddr[0], 0))
+                probe.bind((sockaddr[0], 0, *sockaddr[2:]))  # an IPv6 link-local address needs its scope id
                 return True
         except OSError:
             continue
