@@ -25,7 +25,7 @@ from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
 from tinytrain.config.resolvers import PLACEHOLDER_GIVEN, is_placeholder, register_resolvers, remember_found
 from tinytrain.config.schema import PLANNING_MODES, Mode, register_schemas
-from tinytrain.errors import ConfigError, Problem
+from tinytrain.errors import ConfigError, Problem, again_in
 from tinytrain.outputs import unused_run_dir
 
 log = logging.getLogger("tinytrain")
@@ -327,6 +327,16 @@ def reader_left() -> None:
     sys.exit(128 + 13)
 
 
+def composed_run_dir() -> Path | None:
+    """The run directory Hydra composed for this command, where it got that far."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    except Exception:  # noqa: BLE001 - only a hint for the message
+        return None
+
+
 def main() -> None:
     """The `tinytrain` command (and `python -m tinytrain`)."""
     from tinytrain.config.friendly_errors import causes, friendly_message
@@ -371,7 +381,9 @@ def main() -> None:
         hold_off_lightning_observer()
         if os.environ["TINYTRAIN_TRACEBACK"] == "1":
             raise
-        print("tinytrain: interrupted (Ctrl-C); checkpoints already on disk are complete, resume=auto continues from the newest", file=sys.stderr)
+        run_dir = composed_run_dir()
+        then = f"{again_in(run_dir)}: resume=auto continues from the newest" if run_dir and (run_dir / "checkpoints").is_dir() else "resume=auto continues from the newest"
+        print(f"tinytrain: interrupted (Ctrl-C); checkpoints already on disk are complete; {then}", file=sys.stderr)
         sys.exit(130)
     except TrainingStopped as e:  # a multirun job's, raised again by the sweeper after the last job
         if os.environ["TINYTRAIN_TRACEBACK"] == "1":

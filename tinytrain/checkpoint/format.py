@@ -67,7 +67,8 @@ METADATA_VERSION = 1
 def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
     meta = ckpt.get("tinytrain")
     if meta is None:
-        raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", "use a checkpoint saved by tinytrain, or model.pretrained for a Hugging Face folder"))
+        hf = "give a Hugging Face folder to checkpoint.path itself" if key == "checkpoint.path" else "model.pretrained for a Hugging Face folder"
+        raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", f"use a checkpoint saved by tinytrain, or {hf}"))
     newer_problem = newer_metadata_problem(meta, path, key)
     if newer_problem:
         raise ConfigError(newer_problem)

@@ -24,7 +24,7 @@ COMMON_KEYS = {
     "cluster.devices": "processes (GPUs) per node (null: every visible GPU, or 1 on CPU)",
     "parallel.tp": "tensor-parallel size (parallel=fsdp_tp)",
     "hardware.gpu": "plan for this GPU instead of the local one (V100, A800, H100-SXM, ...)",
-    "run.name": "the run directory under run.root (slurm-<job id> under Slurm, else the start time)",
+    "run.name": "the run directory under run.root (slurm-<job id> under Slurm, else the start time; ranks torchrun starts must be given one)",
     "resume": "auto | never | <checkpoint>",
 }
 
