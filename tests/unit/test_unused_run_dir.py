@@ -50,3 +50,23 @@ def test_a_given_hydra_run_dir_is_kept_after_a_command_that_ran(tmp_path):
     (given / "tinytrain.log").write_text("eval step8: loss 6.9\n")
     assert not remove_if_unused(given) and (given / "tinytrain.log").exists()
     assert remove_if_unused(given, refused=True)  # a refused command made it: gone again
+
+
+def test_the_log_handler_goes_with_the_removed_directory(tmp_path):
+    """Left on the root logger, it reopened tinytrain.log in the removed folder for the next line
+    logged in the process (FileNotFoundError in whatever logged next)."""
+    import logging
+
+    from tinytrain.config.resolvers import remember_found
+
+    run_dir = tmp_path / "refused"
+    remember_found(str(run_dir), given=True)
+    run_dir.mkdir()
+    handler = logging.FileHandler(run_dir / "tinytrain.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        assert remove_if_unused(run_dir, refused=True)
+        assert handler not in logging.getLogger().handlers
+        logging.getLogger("tinytrain.test").warning("after the removal")  # no error from a handler of the removed folder
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -28,8 +28,13 @@ def remove_if_unused(run_dir: Path, refused: bool = False) -> bool:
         return False
     if any(entry.name not in BOOKKEEPING for entry in run_dir.iterdir()):
         return False
-    # The log's handler still has tinytrain.log open: its later lines go nowhere, as intended.
     logging.getLogger("tinytrain").debug("removing %s: this command wrote nothing there", run_dir)
+    # The log's handler goes with its file: left, it would reopen tinytrain.log in the removed
+    # folder for a later line (FileNotFoundError, in whatever logs next in this process).
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler) and Path(h.baseFilename).resolve().is_relative_to(Path(key))]:
+        root.removeHandler(handler)
+        handler.close()
     shutil.rmtree(run_dir, ignore_errors=True)
     top = MADE_ABOVE.get(key)
     if top is not None:  # the parents created with it (runs/, a run.name's folders), while empty
