@@ -121,7 +121,7 @@ def read_results(sweep_dir: Path, sweep: str | None = None) -> list[dict]:
 def render(results: list[dict]) -> str:
     lines = []
     for r in results:
-        mode = r.get("mode", "train")
+        mode = record_mode(r)
         if r["val_loss"] is not None:
             outcome = f"{'val_loss' if mode == 'train' else mode + ' loss'} {r['val_loss']:.4f}"
         else:

@@ -35,15 +35,15 @@ class DeadRank(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, OWN_STOPS):
             return  # a stop every rank agreed on (another rank may have exited 75 or 3 first)
+        procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         if address_in_use(exception) and not rendezvous_done():  # before the ranks met: no peer was lost
             from lightning.fabric.plugins.environments import SLURMEnvironment
 
             self.refusal = port_taken(self.given_port, isinstance(getattr(trainer.strategy, "cluster_environment", None), SLURMEnvironment))
             hold_off_lightning_observer()  # it would SIGKILL this process for the ranks ended here
-            for proc in getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []:
+            for proc in procs:
                 proc.kill()  # the ranks it started would wait for a rendezvous that never opens
             return
-        procs = getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or []
         dead = died(procs)
         if not dead:
             if trainer.world_size > 1 and lost_a_peer(exception):
