@@ -192,16 +192,38 @@ def _transformers_sentencepiece(model_file: Path):
 def fingerprint(tok) -> str:
     """Identity of a tokenizer for checkpoints and token stores: its token -> id map (added
     tokens included) and its special tokens. Short sha256 hex."""
+    # The same vocab encoded another way (the exact SentencePiece pipeline vs transformers'
+    # conversion) is another tokenizer for token stores and checkpoints.
+    return _fingerprint(tok, getattr(tok, "tinytrain_encoding", None))
+
+
+def _fingerprint(tok, encoding: str | None) -> str:
     payload = {
         "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
         "special": {k: str(v) for k, v in sorted(tok.special_tokens_map.items())},
     }
-    if getattr(tok, "tinytrain_encoding", None):
-        # The same vocab encoded another way (the exact SentencePiece pipeline vs transformers'
-        # conversion) is another tokenizer for token stores and checkpoints.
-        payload["encoding"] = tok.tinytrain_encoding
+    if encoding:
+        payload["encoding"] = encoding
     digest = hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
     return digest[:16]
+
+
+# What changed for a checkpoint whose tokenizer an older tinytrain fingerprinted (earlier_fingerprints).
+SENTENCEPIECE_NOW_EXACT = (
+    "it was saved by a tinytrain from before the exact SentencePiece encoding of this tokenizer.model: the same file and "
+    "token ids, but text that transformers' conversion split otherwise now tokenizes as sentencepiece does, so the corpus "
+    "is encoded anew and its samples from here are not exactly the ones the old encoding gave"
+)
+
+
+def earlier_fingerprints(tok) -> dict[str, str]:
+    """The fingerprints an older tinytrain recorded for this same tokenizer, each with what has
+    changed since. A checkpoint carrying one holds the rows of the same token ids: it resumes and
+    exports with the change said, where another tokenizer's is refused."""
+    if getattr(tok, "tinytrain_encoding", None) != EXACT_SENTENCEPIECE:
+        return {}
+    # Before the exact pipeline the same file loaded through transformers, fingerprinted without an encoding.
+    return {_fingerprint(tok, None): SENTENCEPIECE_NOW_EXACT}
 
 
 def vocab_fingerprint(tok, ids: int | None = None) -> str:

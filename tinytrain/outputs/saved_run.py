@@ -28,7 +28,7 @@ from tinytrain.checkpoint.remote_code import announce
 from tinytrain.checkpoint.resume import read_state
 from tinytrain.config.resolvers import ASSETS
 from tinytrain.config.schema import Config, DataFormat
-from tinytrain.data.tokenizer import fingerprint, load_from_config
+from tinytrain.data.tokenizer import earlier_fingerprints, fingerprint, load_from_config
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.model import build
 from tinytrain.plan.model_shape import shape_from_config, shape_from_hf
@@ -107,7 +107,9 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     # same size check resume makes, before any weights are loaded.
     check_shape(state, str(path), KEY, run_model_shape(train_cfg, int(meta["true_vocab"])))
     tokenizer = load_from_config(train_cfg.tokenizer)
-    if fingerprint(tokenizer) != meta["tokenizer_fingerprint"] or len(tokenizer) != meta["true_vocab"]:
+    # An older tinytrain's fingerprint of the same tokenizer names the same token ids.
+    same = meta["tokenizer_fingerprint"] in (fingerprint(tokenizer), *earlier_fingerprints(tokenizer))
+    if not same or len(tokenizer) != meta["true_vocab"]:
         raise ConfigError(
             Problem(
                 KEY,

@@ -8,7 +8,7 @@ preflight checks (preflight.py). Nothing here allocates weights or imports Light
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tinytrain.checkpoint.export import export_spec
@@ -19,7 +19,7 @@ from tinytrain.config.dtype import Dtype
 from tinytrain.config.schema import PLANNING_MODES, Checkpointing, DataFormat, FinetuneMethod, Mode, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
 from tinytrain.data.run_data import RunData
-from tinytrain.data.tokenizer import fingerprint
+from tinytrain.data.tokenizer import earlier_fingerprints, fingerprint
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import context as context_plan
 from tinytrain.plan import deepspeed_config, finetune, host_memory, memory_margin, micro_batch, resolve, step_peak
@@ -78,12 +78,12 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         raise_if_any(context_plan.attention_problems(cp, context_plan.choose_kind(cfg, cp)[0], model.attention.implementation, model.fam.arch.value, softcap=not model.fam.sdpa, cp_reason=cp_reason))
     batch = laid_out_batch(cfg, world, cp, cp_reason)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
-    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout, model.earlier_fingerprints)
     # A resume continues from its own checkpoint: an init_from since pruned or moved (a requeued
     # fine-tune whose base run kept only its newest) is not read, unless its weights are rebuilt
     # (a LoRA base, a DPO reference: init_from_needed below).
     gone = resume is not None and bool(cfg.checkpoint.init_from) and not is_checkpoint(cfg.checkpoint.init_from)
-    init_from = None if gone else init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape)
+    init_from = None if gone else init_point(cfg.checkpoint.init_from, vocab, model.tokenizer_fingerprint, cfg.checkpoint.allow_tokenizer_change, model.shape, model.earlier_fingerprints)
     profile_window_problem(cfg.trainer, resumed_at=resume.step if resume else 0)
     optimizer_plan.resume_problem(cfg.trainer, resume, layout.dp)
     preflight = run_preflight(cfg, tokenizer, padded_vocab=vocab.padded, fp16=precision.is_fp16, pretrained_config=model.pretrained)
@@ -161,6 +161,7 @@ class ModelStage:
     tokenizer_match: object | None  # the pretrained folder's own tokenizer against the run's
     tokenizer_fingerprint: str
     logits_tokens: int | None = None  # the most tokens whose logits exist at once (the loss's path); None: all
+    earlier_fingerprints: dict[str, str] = field(default_factory=dict)  # older tinytrains' fingerprints of the tokenizer, and what changed
 
 
 def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
@@ -180,7 +181,7 @@ def model_stage(cfg, tokenizer, vocab, hardware) -> ModelStage:
     # Gemma-2's attention soft-capping has no SDPA path and no torch varlen one either (fam.sdpa).
     needs = dict(sliding_window=uses_sliding_window(cfg.model, pretrained, fam), softcap=not fam.sdpa)
     attention = for_family(choose_attention(cfg.model.attention, flash_installed=flash_attn_installed(), varlen=installed_support(), hardware=hardware, planning=cfg.mode in PLANNING_MODES, **needs), cfg.model.attention, fam.arch.value, fam.sdpa)
-    return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer), logits_tokens(cfg, fam, vocab, hardware))
+    return ModelStage(shape, fam, attention, pretrained, tokenizer_match, fingerprint(tokenizer), logits_tokens(cfg, fam, vocab, hardware), earlier_fingerprints(tokenizer))
 
 
 def logits_tokens(cfg, fam, vocab, hardware) -> int | None:

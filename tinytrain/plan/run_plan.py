@@ -391,10 +391,12 @@ def start_lines(plan: dict) -> list[str]:
             lines.append(f"init from  {i['path']}: not applied, the run resumes from its own checkpoint (below)")
         else:
             lines.append(f"init from  {i['path']}: {i['true_vocab']} rows saved with tp {i['tp']} -> re-padded to {v['padded']} for tp {v['tp']}")
+            if i.get("tokenizer_change"):
+                lines.append(f"init from  {i['tokenizer_change']}")
     if plan["resume"]:
         r = plan["resume"]
         lines.append(f"resume     {r['how']}: {r['path']} (step {r['step']}); weights, optimizer, its place on the schedule, loss scale, data position and RNG from it")
-        for change in ("batch_change", "numerics_change", "rate_change"):
+        for change in ("tokenizer_change", "batch_change", "numerics_change", "rate_change"):
             if r.get(change):
                 lines.append(f"resume     {r[change]}")
         if r.get("universal"):

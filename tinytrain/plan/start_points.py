@@ -51,13 +51,14 @@ class ResumePoint:
     saved_rate: dict | None = None  # {"schedule_step", "lr"}: the rate its next step would have taken, where recorded
     saved_metadata_version: int = METADATA_VERSION  # 0: an older tinytrain's, before it recorded its rate and version
     rate_change: str | None = None  # rate_change_note
+    tokenizer_change: str | None = None  # saved under an older tinytrain's fingerprint of this tokenizer (tokenizer.earlier_fingerprints)
 
     def describe(self, run_dir: Path) -> str:
         shown = self.path.relative_to(run_dir) if self.path.is_relative_to(run_dir) else self.path
         return f"resuming from {shown} (step {self.step})"
 
     def to_dict(self) -> dict:
-        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change, "numerics_change": self.numerics_change, "rate_change": self.rate_change}
+        return {"path": str(self.path), "step": self.step, "how": self.how, "stage": self.stage, "skipped": [f"{p.name}: {why}" for p, why in self.skipped], "universal": self.universal, "batch_change": self.batch_change, "numerics_change": self.numerics_change, "rate_change": self.rate_change, "tokenizer_change": self.tokenizer_change}
 
 
 def saved_batch(ckpt: dict) -> tuple[int | None, int | None]:
@@ -168,21 +169,28 @@ class InitPoint:
 
     path: str
     saved: dict  # its tinytrain metadata: true_vocab, tp, tokenizer fingerprint, model
+    tokenizer_change: str | None = None  # saved under an older tinytrain's fingerprint of this tokenizer
 
     def to_dict(self) -> dict:
-        return {"path": self.path, **self.saved}
+        return {"path": self.path, **self.saved, "tokenizer_change": self.tokenizer_change}
 
 
-def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> InitPoint | None:
+def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None, earlier: dict[str, str] | None = None) -> InitPoint | None:
+    """`earlier`: the fingerprints older tinytrains recorded for this run's tokenizer, with what
+    changed since (tokenizer.earlier_fingerprints): the same tokenizer, not another."""
     if not path:
         return None
     # read_state: a file, a sharded folder (shapes only) or a DeepSpeed folder (its client state).
-    return InitPoint(path, check_compatible(read_state(Path(path), "checkpoint.init_from"), path, vocab, fingerprint, allow_tokenizer_change, shape))
+    meta = check_compatible(read_state(Path(path), "checkpoint.init_from"), path, vocab, fingerprint, allow_tokenizer_change, shape, earlier)
+    return InitPoint(path, meta, (earlier or {}).get(meta["tokenizer_fingerprint"]))
 
 
-def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None) -> ResumePoint | None:
+def resolve_resume(
+    value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None, earlier: dict[str, str] | None = None
+) -> ResumePoint | None:
     """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming
-    `resume`. `layout`: the run's; a checkpoint of another layout resumes or is refused (layout_change.py)."""
+    `resume`. `layout`: the run's; a checkpoint of another layout resumes or is refused (layout_change.py).
+    `earlier`: older tinytrains' fingerprints of this run's tokenizer (as init_point's)."""
     existing = step_checkpoints(checkpoint_dir)
     if value == NEVER:
         if existing:
@@ -204,7 +212,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape, layout)
+    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape, layout, earlier)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
@@ -222,7 +230,7 @@ def resolve_resume(value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerpri
         from tinytrain.checkpoint.files import universal_path
 
         universal = str(universal_path(path))
-    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_data_parallel=(meta.get("batch") or {}).get("data_parallel"), saved_numerics=meta.get("numerics"), saved_rate=meta.get("rate"), saved_finetune=meta.get("finetune"), saved_metadata_version=meta.get("metadata_version", 0))
+    return ResumePoint(path, step, how, skipped, meta.get("stage", "main"), universal, saved_batch=saved_batch(ckpt), saved_data_parallel=(meta.get("batch") or {}).get("data_parallel"), saved_numerics=meta.get("numerics"), saved_rate=meta.get("rate"), saved_finetune=meta.get("finetune"), saved_metadata_version=meta.get("metadata_version", 0), tokenizer_change=(earlier or {}).get(meta["tokenizer_fingerprint"]))
 
 
 def other_tokenizer(meta: dict, fingerprint: str, vocab: VocabPlan) -> str:
@@ -260,11 +268,15 @@ def check_layer_kinds(state_dict: dict, path: str, key: str, shape: ModelShape) 
         )
 
 
-def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None) -> dict:
+def same_tokenizer(meta: dict, fingerprint: str, earlier: dict[str, str] | None) -> bool:
+    return meta["tokenizer_fingerprint"] == fingerprint or meta["tokenizer_fingerprint"] in (earlier or {})
+
+
+def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, allow_tokenizer_change: bool, shape: ModelShape | None = None, earlier: dict[str, str] | None = None) -> dict:
     """Weights for a new run (checkpoint.init_from): any tp, and another tokenizer when allowed."""
     meta = tinytrain_metadata(ckpt, path, "checkpoint.init_from")
     check_shape(ckpt, path, "checkpoint.init_from", shape)
-    if meta["tokenizer_fingerprint"] != fingerprint and not allow_tokenizer_change:
+    if not same_tokenizer(meta, fingerprint, earlier) and not allow_tokenizer_change:
         raise ConfigError(
             Problem(
                 "checkpoint.init_from",
@@ -276,13 +288,15 @@ def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, 
     return meta
 
 
-def check_resumable(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None) -> dict:
+def check_resumable(
+    ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None, earlier: dict[str, str] | None = None
+) -> dict:
     """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
     tokenizer and model, a layout it can load under (layout_change.py), and the same padded vocab
     unless that change re-pads the vocab rows of the weights and moments."""
     meta = tinytrain_metadata(ckpt, path, "resume")
     fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
-    if meta["tokenizer_fingerprint"] != fingerprint:
+    if not same_tokenizer(meta, fingerprint, earlier):
         raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
     if meta["model"] != model_name:
         raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import compose
+from tests.conftest import LLAMA2_TOKENIZER, compose, needs_llama2
 from tinytrain.checkpoint.resume import leftover_temp_files, set_aside
 from tinytrain.errors import ConfigError
 from tinytrain.plan.start_points import checkpoint_metadata, resolve_resume
@@ -268,3 +268,43 @@ def test_a_checkpoint_from_before_the_rate_was_recorded_says_so():
     assert "saved by an older tinytrain, before checkpoints recorded their rate" in rate_change_note(old, None, 3e-3)
     unscheduled = ResumePoint(Path("step0000010.ckpt"), 10, "resume=auto")  # this version's, saved without a scheduler
     assert rate_change_note(unscheduled, None, 3e-3) is None
+
+
+# What tinytrain wrote for ../shared/data/llama2-tokenizer before it encoded the file exactly as
+# sentencepiece does (computed with the code of the commit before that change).
+LLAMA2_PRE_EXACT_FINGERPRINT = "bf49beb719bed670"
+
+
+@needs_llama2
+def test_a_llama2_checkpoint_from_before_the_exact_encoding_resumes_and_exports(tmp_path):
+    """Refused as "another tokenizer", with the fix "resume with the tokenizer it was trained with":
+    the same file, which could never pass."""
+    from omegaconf import OmegaConf
+
+    from tinytrain.data.tokenizer import earlier_fingerprints, load_from_config
+    from tinytrain.outputs.saved_run import load
+    from tinytrain.plan.planner import make_plan
+
+    overrides = ["tokenizer=llama2", f"tokenizer.path={LLAMA2_TOKENIZER.parent}"]
+    cfg = compose(overrides)
+    tokenizer = load_from_config(cfg.tokenizer)
+    assert list(earlier_fingerprints(tokenizer)) == [LLAMA2_PRE_EXACT_FINGERPRINT]
+    run_dir = tmp_path / "run"
+    meta = make_plan(cfg, tokenizer, tmp_path / "first").checkpoint_metadata()
+    old = {**meta, "tokenizer_fingerprint": LLAMA2_PRE_EXACT_FINGERPRINT}
+    (run_dir / "checkpoints").mkdir(parents=True)
+    checkpoint = run_dir / "checkpoints" / "step0000003.ckpt"
+    torch.save({"global_step": 3, "tinytrain": old, "state_dict": {}}, checkpoint)
+    text = make_plan(cfg, tokenizer, run_dir).render()
+    assert "resume     it was saved by a tinytrain from before the exact SentencePiece encoding of this tokenizer.model" in text
+    base = tmp_path / "base.ckpt"
+    torch.save({"global_step": 3, "tinytrain": old, "state_dict": {}}, base)
+    started = make_plan(compose([*overrides, f"checkpoint.init_from={base}"]), tokenizer, tmp_path / "new")
+    assert started.init_from.tokenizer_change and "init from  it was saved by a tinytrain from before" in started.render()
+    OmegaConf.save(cfg, run_dir / "config_resolved.yaml")
+    assert load(str(checkpoint), tmp_path).tokenizer is not None  # mode=export|eval|generate read it
+    # Any other fingerprint is still another tokenizer.
+    torch.save({"global_step": 3, "tinytrain": {**meta, "tokenizer_fingerprint": "0000000000000000"}, "state_dict": {}}, checkpoint)
+    for refused in (lambda: make_plan(cfg, tokenizer, run_dir), lambda: load(str(checkpoint), tmp_path)):
+        with pytest.raises(ConfigError, match="another tokenizer|was saved with tokenizer 0000000000000000"):
+            refused()
