@@ -38,7 +38,7 @@ from tinytrain.data.sft import SftDataset, SftSample, build_samples, no_samples_
 from tinytrain.data.sources import Source, records
 from tinytrain.data.sources import fingerprint as sources_fingerprint
 from tinytrain.data.store import TokenStore, ensure_store
-from tinytrain.data.tokenizer import fingerprint
+from tinytrain.data.tokenizer import earlier_fingerprints, fingerprint
 from tinytrain.data.unpaired import UnpairedCollator, UnpairedDataset, build_unpaired, is_unpaired
 from tinytrain.data.worker_loader import WorkerSafeDataLoader
 from tinytrain.errors import ConfigError, Problem
@@ -121,8 +121,10 @@ class DataModule:
         d = self.cfg
         if d.store and not validation and src is None:
             store = PartedStore.open(d.store) if (Path(d.store) / PLAN).exists() else TokenStore.open(d.store)
-            store.check_matches(fingerprint(self.tokenizer), str(self.tokenizer.name_or_path), d.append_eos, d.prepend_bos)
+            older = store.check_matches(fingerprint(self.tokenizer), str(self.tokenizer.name_or_path), d.append_eos, d.prepend_bos, earlier=earlier_fingerprints(self.tokenizer))
             self.lines.append(f"token store {store.path} (data.store): {store.describe()}")
+            if older:
+                self.lines.append(f"token store {older}")
             self.stores.append(store)
             return store
         src = src or Source.from_config(d, validation)

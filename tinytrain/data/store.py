@@ -132,10 +132,13 @@ class TokenStore:
         m = self.meta
         return f"{m['num_documents']:,} documents, {m['num_tokens']:,} tokens ({m['dtype']}), tokenizer {m['tokenizer_fingerprint']}"
 
-    def check_matches(self, tokenizer_fingerprint: str, tokenizer_path: str, append_eos: bool, prepend_bos: bool, key: str = "data.store") -> None:
-        """A store is only usable with the tokenizer and BOS/EOS policy it was built with."""
+    def check_matches(self, tokenizer_fingerprint: str, tokenizer_path: str, append_eos: bool, prepend_bos: bool, key: str = "data.store", earlier: dict[str, str] | None = None) -> str | None:
+        """A store is only usable with the tokenizer and BOS/EOS policy it was built with. One an
+        older tinytrain built for the same tokenizer (`earlier`: tokenizer.earlier_fingerprints)
+        holds the same token ids: it trains as built, and the returned line says so."""
         m = self.meta
-        if m["tokenizer_fingerprint"] != tokenizer_fingerprint:
+        older = m["tokenizer_fingerprint"] in (earlier or {})
+        if m["tokenizer_fingerprint"] != tokenizer_fingerprint and not older:
             raise ConfigError(
                 Problem(
                     key,
@@ -155,6 +158,12 @@ class TokenStore:
                     f"set data.append_eos={str(m['append_eos']).lower()} data.prepend_bos={str(m['prepend_bos']).lower()}, or build a store with mode=prepare",
                 )
             )
+        if older:
+            return (
+                f"built by an older tinytrain's encoding of this tokenizer (fingerprint {m['tokenizer_fingerprint']}, the same token ids): "
+                "it trains as it was built; mode=prepare (without data.store) builds one in this tinytrain's encoding"
+            )
+        return None
 
 
 class _Progress:

@@ -100,6 +100,25 @@ def test_a_store_built_with_another_tokenizer_is_refused(tmp_path, bundled_token
     DataModule(explicit, bundled_tokenizer, micro_batch_size=2, seed=0, progress=False)
 
 
+@needs_llama2
+def test_a_store_an_older_tinytrain_built_for_the_same_tokenizer_trains_as_built(tmp_path):
+    """A Llama-2 store from before the exact SentencePiece encoding: refused with "train with the
+    tokenizer it was built with", the very file the run names."""
+    from tinytrain.data.tokenizer import earlier_fingerprints, load_tokenizer
+
+    tok = load_tokenizer(str(SHARED_DATA / "llama2-tokenizer" / "tokenizer.model"))
+    cfg = data_cfg(tmp_path)
+    store, _ = store_for(cfg, tok)
+    meta_file = store.path / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({**meta, "tokenizer_fingerprint": next(iter(earlier_fingerprints(tok)))}))
+    module = DataModule(data_cfg(tmp_path, f"data.store={store.path}"), tok, micro_batch_size=2, seed=0, progress=False)
+    assert any("built by an older tinytrain's encoding of this tokenizer" in line for line in module.lines)
+    meta_file.write_text(json.dumps({**meta, "tokenizer_fingerprint": "0000000000000000"}))
+    with pytest.raises(ConfigError, match="its token ids would mean other tokens"):
+        DataModule(data_cfg(tmp_path, f"data.store={store.path}"), tok, micro_batch_size=2, seed=0, progress=False)
+
+
 def test_an_exception_mid_build_leaves_nothing_usable(tmp_path, bundled_tokenizer, monkeypatch):
     import tinytrain.data.store as store_module
 
