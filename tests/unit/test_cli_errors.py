@@ -17,6 +17,9 @@ CASES = {
     "unparsable override": (["tokenizer.add_special_tokens=[<|x|>]"], ["could not parse", "add_special_tokens"]),
     "added unknown key": (["mode=plan", "+lr=1"], ["lr=1", "not a tinytrain config key"]),
     "missing resume checkpoint": (["mode=plan", "resume=missing/step0000040.ckpt"], ["resume='missing/step0000040.ckpt'", "neither auto, never"]),
+    # Hydra's own refusals: a traceback, or a key '?' that named nothing.
+    "two hydra actions": (["-c", "hydra", "-r"], ["-c (--cfg), -r (--run)", "--resolve has no short form"]),
+    "hydra settings resolved alone": (["--cfg", "hydra", "--resolve"], ["--cfg all --resolve", "run.root is not found"]),
 }
 
 

@@ -169,6 +169,8 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
     head = chain[0]
     if isinstance(head, ValueError) and "Config group override must be a string" in str(head):
         return null_group_message(argv)
+    if isinstance(head, ValueError) and str(head).startswith("Only one of --run, --multirun, --cfg"):
+        return one_action_message(argv)
     # Hydra creates the run directory and opens its log (a ValueError "Unable to configure handler
     # 'file'" around the OSError) before tinytrain runs (before hydra_main): a regular file in the
     # way, a read-only or full disk, no permission.
@@ -206,12 +208,33 @@ def friendly_message(e: BaseException, argv: list[str]) -> str | None:
 MISSING_KEY = re.compile(r"Interpolation key '([\w.]+)' not found")
 
 
+# Hydra's flags that each say what the command does; only one may be given.
+ACTIONS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg", "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion", "--shell-completion": "--shell-completion"}
+
+
+def one_action_message(argv: list[str]) -> str:
+    given = [f"{arg} ({ACTIONS[arg]})" if ACTIONS[arg] != arg else arg for arg in argv if arg in ACTIONS]
+    resolve = " (--resolve has no short form: -r is --run)" if "-r" in argv and any(ACTIONS.get(arg) == "--cfg" for arg in argv) else ""
+    return f"tinytrain: {', '.join(given) or 'the flags given'}: Hydra takes one of --run, --multirun, --cfg, --info and --shell-completion per command{resolve}. Fix: keep one of them. {HINT}"
+
+
+def _printing_hydra_resolved(argv: list[str]) -> bool:
+    """`--cfg hydra --resolve` resolves Hydra's settings alone, without the run's config they refer to."""
+    shown = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-c", "--cfg")] + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--cfg=")]
+    return "--resolve" in argv and "hydra" in shown
+
+
 def interpolation_message(err, argv: list[str]) -> str:
     """A `${...}` that cannot be resolved: one of the user's (a key that is not there, an unset
     variable, a value of the wrong type), or one of tinytrain's after a '~' removed what it reads."""
     full_key = getattr(err, "full_key", None) or "?"
     said = _first_line(str(err))
     missing = MISSING_KEY.search(said)
+    if missing and _printing_hydra_resolved(argv):
+        return (
+            f"tinytrain: --cfg hydra --resolve: Hydra's settings refer to the run's config (hydra.run.dir is ${{run.root}}/${{run.name}}), "
+            f"which --cfg hydra resolves without ({missing.group(1)} is not found). Fix: --cfg all --resolve prints Hydra's settings resolved with the run's (or --cfg hydra, unresolved). {HINT}"
+        )
     if missing:
         parts = missing.group(1).split(".")
         removed = [f"~{'.'.join(parts[:i])}" for i in range(1, len(parts) + 1)]
