@@ -49,13 +49,22 @@ class _IndexUnpickler(pickle.Unpickler):
     """DCP reads `.metadata` with pickle.load, which would run code from a file of elsewhere:
     tinytrain reads it first admitting only the classes DCP's index is made of."""
 
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem", "torch.distributed.checkpoint.planner")
+    # Modules whose own classes (dataclasses and enums of the index) may be named; nothing they import.
+    CLASS_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner")
+    NAMES = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"), ("collections", "OrderedDict"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
 
     def find_class(self, module, name):
-        if module in self.ALLOWED_MODULES or (module, name) in {("torch", "Size"), ("collections", "OrderedDict"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-            return getattr(torch, name)
+        # A dotted name is looked up attribute by attribute from protocol 4 on
+        # ("...filesystem", "os.system"): only plain names are read.
+        if "." not in name:
+            if (module, name) in self.NAMES:
+                return super().find_class(module, name)
+            if module in self.CLASS_MODULES:
+                found = super().find_class(module, name)
+                if isinstance(found, type) and found.__module__ == module:
+                    return found
+            if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+                return getattr(torch, name)
         raise pickle.UnpicklingError(f"unsupported GLOBAL {module}.{name}")
 
 

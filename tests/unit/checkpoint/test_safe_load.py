@@ -114,3 +114,43 @@ def test_a_deepspeed_folder_without_deepspeed_installed_is_named_with_the_extra(
     torch.save({"global_step": 2, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny"), "state_dict": {}}, tmp_path / "checkpoints" / "step0000002.ckpt")
     with pytest.raises(ConfigError, match="DeepSpeed is not installed here"):
         newest_loadable(tmp_path / "checkpoints")
+
+
+def dotted_global(module: str, name: str, argument: str) -> bytes:
+    """A protocol-4 pickle calling module's `name` with one string: from protocol 4 on pickle
+    follows a dotted name attribute by attribute (an allowed module's `os.system`)."""
+    text = lambda t: b"\x8c" + bytes([len(t.encode())]) + t.encode()  # noqa: E731 - SHORT_BINUNICODE
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(argument) + b"\x85R."
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("torch.distributed.checkpoint.filesystem", "os.system"),  # through an allowed module's import
+        ("torch.distributed.checkpoint.metadata", "dataclasses.sys.modules.os.system"),
+        ("torch.distributed.checkpoint.filesystem", "os"),  # a module, not one of the index's classes
+    ],
+)
+def test_a_dcp_index_naming_a_callable_through_an_allowed_module_is_refused(tmp_path, module, name):
+    """fsdp_tp folders' `.metadata` is read before DCP unpickles it: an allowed module's dotted name
+    ran os.system while merely planning with checkpoint.init_from."""
+    from tinytrain.checkpoint.sharded import read_index
+
+    marker = tmp_path / "ran"
+    (tmp_path / ".metadata").write_bytes(dotted_global(module, name, f"touch {marker}"))
+    with pytest.raises(ConfigError, match="not a DCP index tinytrain writes \\(unsupported GLOBAL"):
+        read_index(tmp_path, "checkpoint.init_from")
+    assert not marker.exists()
+
+
+def test_a_real_dcp_index_reads(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from tinytrain.checkpoint.sharded import read_index
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: DCP saves as one rank and says so
+        dcp.save({"state_dict.w": torch.zeros(4, 3, dtype=torch.bfloat16), "step": torch.tensor(3), "names": ["a"]}, checkpoint_id=tmp_path)
+    assert set(read_index(tmp_path, "resume").state_dict_metadata) == {"state_dict.w", "step", "names"}
