@@ -122,6 +122,7 @@ def deepspeed_weights(path: Path, key: str, keep_at: Path | None = None) -> dict
     final.consolidated.ckpt), else through a temp file."""
     from tinytrain.checkpoint.deepspeed_weights import consolidate_deepspeed, deepspeed_checkpoint
 
+    check_deepspeed_folder(path, key)  # Lightning's converter unpickles every file it reads
     if keep_at is None:
         return module_weights(deepspeed_checkpoint(path, key)["state_dict"])
     consolidate_deepspeed(path, keep_at)

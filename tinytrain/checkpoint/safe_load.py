@@ -64,8 +64,29 @@ def load_file(path: Path | str, key: str, allowed: list | None = None) -> dict:
     return ckpt
 
 
+def check_deepspeed_tag(folder: Path, key: str) -> None:
+    """The folder's `latest` names the sub-folder DeepSpeed and Lightning's converter load (they
+    join it to the folder and unpickle what is there): a tag of `../..` had them load files that no
+    check below had read. Only a folder directly inside this one is admitted."""
+    latest = folder / "latest"
+    if not latest.is_file():
+        return
+    tag = latest.read_text(errors="replace").strip()
+    inside = bool(tag) and tag not in (".", "..") and not any(sep in tag for sep in ("/", "\\")) and (folder / tag).resolve().parent == folder.resolve()
+    if not inside:
+        raise ConfigError(
+            Problem(
+                key,
+                str(latest),
+                f"names the sub-folder {tag[:100]!r}, which is not a folder of this checkpoint: DeepSpeed would load its files from elsewhere",
+                "use a DeepSpeed checkpoint folder saved by tinytrain (its latest file names checkpoint, the folder beside it)",
+            )
+        )
+
+
 def check_deepspeed_folder(folder: Path, key: str) -> None:
     """Every .pt file of a DeepSpeed checkpoint folder holds only what DeepSpeed itself saves."""
+    check_deepspeed_tag(folder, key)
     files = sorted(folder.rglob("*.pt"))
     if not files:
         steps = sorted((folder / "checkpoints").glob("step*.ckpt")) or sorted(folder.glob("step*.ckpt"))

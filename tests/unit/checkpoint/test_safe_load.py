@@ -65,6 +65,29 @@ def test_resume_refuses_a_deepspeed_folder_with_a_pickled_callable_in_any_shard(
     refused(lambda: read_state(tmp_path / "step0000004.ckpt"), marker, "resume")
 
 
+@pytest.mark.parametrize("tag", ["../../elsewhere", "..", "/abs", "link"])
+def test_a_deepspeed_folder_whose_latest_tag_leaves_it_is_refused(tmp_path, tag):
+    """Lightning's converter and DeepSpeed join `latest`'s tag to the folder and unpickle what is
+    there: a tag of ../.. loaded (and ran) files the per-file check had never read."""
+    from tinytrain.checkpoint.formats import format_of
+
+    marker = tmp_path / "ran"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    hostile(elsewhere / "mp_rank_00_model_states.pt", marker)
+    folder = tmp_path / "run" / "checkpoints" / "step0000004.ckpt"
+    (folder / "checkpoint").mkdir(parents=True)
+    torch.save({"global_step": 4, "tinytrain": checkpoint_metadata(VOCAB, "f", "tiny")}, folder / "checkpoint" / "mp_rank_00_model_states.pt")
+    (folder / "link").symlink_to(elsewhere)  # a sub-folder that is elsewhere
+    (folder / "latest").write_text(tag)
+    for reader in (read_state, lambda path: format_of(path).read_weights(path, "resume")):
+        with pytest.raises(ConfigError, match="not a folder of this checkpoint: DeepSpeed would load its files from elsewhere"):
+            reader(folder)
+        assert not marker.exists()
+    (folder / "latest").write_text("checkpoint")  # as Lightning writes it
+    assert read_state(folder)["global_step"] == 4
+
+
 def test_export_refuses_a_pickled_callable(tmp_path):
     marker = tmp_path / "ran"
     path = hostile(tmp_path / "final.ckpt", marker)
