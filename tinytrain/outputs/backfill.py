@@ -100,7 +100,7 @@ def backfill(cfg, run: Path, out_dir: Path, score) -> dict:
     scored_now = []
     for step, path in todo:
         try:
-            saved = saved_run.load(str(path), out_dir)
+            saved = saved_run.load(str(path), out_dir, cfg.model.trust_remote_code)
             tokens = tokens_at(run, step, path)  # before scoring: the checkpoint may be pruned meanwhile
             rows = evals_csv.rows_of(score(cfg, ev, saved, out_dir), step, tokens)
         except (ConfigError, OSError):

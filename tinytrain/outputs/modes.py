@@ -46,7 +46,7 @@ def run(cfg, run_dir: Path, data_overridden: bool = False) -> dict:
 
 
 def export(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
-    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    saved = saved_run.load(cfg.checkpoint.path, run_dir, cfg.model.trust_remote_code)
     if saved.is_hf_folder:
         raise ConfigError(Problem("checkpoint.path", str(saved.checkpoint), "is already a Hugging Face folder", "export a checkpoint: <run>/checkpoints/step<N>.ckpt, final.ckpt or a DeepSpeed folder"))
     if saved.finetune and importlib.util.find_spec("peft") is None:  # it failed writing the export, after the merge
@@ -65,7 +65,7 @@ def average(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
 
     paths = resolve_paths(list(cfg.checkpoint.average), cfg.checkpoint.average_last, run_dir)
     out = run_end.average(paths, paths[0].parent)  # as checkpoint.average_last at the end of training
-    saved = saved_run.load(str(out), run_dir)
+    saved = saved_run.load(str(out), run_dir, cfg.model.trust_remote_code)
     export_dir = Path(cfg.export.dir) if cfg.export.dir else saved.default_export_dir()
     run_end.export(out, saved_run.run_model(saved, cfg.export.dtype.value), export_dir)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {out} and {export_dir}")
@@ -93,7 +93,7 @@ def inference_setup(saved):
 def generate(cfg, run_dir: Path, _data_overridden: bool = False) -> dict:
     g = cfg.generate
     prompts = read_prompts(g.prompts, g.prompts_file)  # before any weights are read
-    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    saved = saved_run.load(cfg.checkpoint.path, run_dir, cfg.model.trust_remote_code)
     tok, stops, chat_default = inference_setup(saved)
     chat = chat_default if g.chat is None else g.chat
     if chat and not getattr(tok, "chat_template", None):
@@ -126,7 +126,7 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
 
     if cfg.checkpoint.path and backfill.is_run_folder(Path(cfg.checkpoint.path)):
         return backfill.backfill(cfg, Path(cfg.checkpoint.path), run_dir, lm_eval)
-    saved = saved_run.load(cfg.checkpoint.path, run_dir)
+    saved = saved_run.load(cfg.checkpoint.path, run_dir, cfg.model.trust_remote_code)
     if saved.train_cfg is None and not data_overridden:
         raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (the whole file is scored)"))
     data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data

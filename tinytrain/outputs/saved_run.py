@@ -24,7 +24,7 @@ from tinytrain.checkpoint.format import tinytrain_metadata
 from tinytrain.checkpoint.formats import CheckpointFormat, format_of
 from tinytrain.checkpoint.lora_weights import merge_adapters
 from tinytrain.checkpoint.pretrained import pretrained_config
-from tinytrain.checkpoint.remote_code import announce
+from tinytrain.checkpoint.remote_code import announce, remote_code_problems
 from tinytrain.checkpoint.resume import read_state
 from tinytrain.config.resolvers import ASSETS
 from tinytrain.config.schema import Config, DataFormat
@@ -89,8 +89,10 @@ def locate(value: str | None, run_dir: Path) -> Path:
     return path.absolute()
 
 
-def load(value: str | None, run_dir: Path) -> SavedRun:
-    """The checkpoint with its run's config and tokenizer (checked against the checkpoint's)."""
+def load(value: str | None, run_dir: Path, trust_remote_code: bool = False) -> SavedRun:
+    """The checkpoint with its run's config and tokenizer (checked against the checkpoint's).
+    `trust_remote_code`: this command's model.trust_remote_code; the saved run's is not read (a
+    run copied from elsewhere would run its base folder's code on export, eval or generate)."""
     path = locate(value, run_dir)
     if format_of(path).format is CheckpointFormat.hf_export:
         return _hf_folder(path)
@@ -100,6 +102,9 @@ def load(value: str | None, run_dir: Path) -> SavedRun:
     if source_run is None or not (source_run / RUN_CONFIG).is_file():
         raise ConfigError(Problem(KEY, str(path), f"is not inside a run's checkpoints/ folder next to its {RUN_CONFIG}, so its model and tokenizer are unknown", "give a checkpoint where its run saved it (<run>/checkpoints/...)"))
     train_cfg = run_config(source_run / RUN_CONFIG)
+    if train_cfg.model.pretrained:
+        raise_if_any(remote_code_problems("its run's model.pretrained", train_cfg.model.pretrained, trust_remote_code))
+    train_cfg.model.trust_remote_code = trust_remote_code
 
     state = read_state(path, KEY)
     meta = tinytrain_metadata(state, str(path), KEY)
