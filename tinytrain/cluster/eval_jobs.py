@@ -62,7 +62,10 @@ def render(cfg, *, run_dir: Path, step: int, workdir: Path, python: str = sys.ex
         *([f"--partition={c.partition}"] if c.partition else []),
         *([f"--account={c.account}"] if c.account else []),
     ]
-    command = " ".join(shlex.quote(a) for a in [python, "-m", "tinytrain", "mode=eval", f"checkpoint.path={slurm_values.hydra_value(str(run_dir))}", f"eval.step={step}", f"hydra.run.dir={slurm_values.hydra_value(f'{folder}/step{step:07d}')}"])
+    # The run's task folders named on the job's command: they may hold Python, which a mode=eval
+    # of a run folder runs only when its command names them (outputs/backfill.inherited_code_problems).
+    include = [f"eval.include=[{','.join(slurm_values.hydra_value(str(f)) for f in cfg.eval.include)}]"] if cfg.eval.include else []
+    command = " ".join(shlex.quote(a) for a in [python, "-m", "tinytrain", "mode=eval", f"checkpoint.path={slurm_values.hydra_value(str(run_dir))}", f"eval.step={step}", *include, f"hydra.run.dir={slurm_values.hydra_value(f'{folder}/step{step:07d}')}"])
     failed = shlex.quote(str(folder / f"step{step:07d}.failed"))
     return "\n".join(
         [

@@ -18,6 +18,7 @@ from tinytrain.checkpoint.resume import read_state
 from tinytrain.data.batch_ramp import BatchRamp
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.outputs import saved_run
+from tinytrain.plan import eval_tasks
 from tinytrain.plan.layout import BatchPlan
 from tinytrain.train import evals_csv
 
@@ -41,6 +42,29 @@ def run_checkpoints(run: Path) -> list[tuple[int, Path]]:
 def eval_settings(cfg, run: Path):
     """eval.* as given when it names tasks, else the run's own."""
     return cfg.eval if cfg.eval.tasks else saved_run.run_config(run / saved_run.RUN_CONFIG).eval
+
+
+def inherited_code_problems(cfg, run: Path) -> list[Problem]:
+    """The run's own eval.include, taken when the command names no tasks, may hold Python that
+    lm-eval imports to build and score its tasks: from a run copied from elsewhere that ran on
+    `mode=eval checkpoint.path=<run>`. It runs only when this command names those folders too
+    (as the run's Slurm eval jobs do)."""
+    if cfg.eval.tasks:
+        return []
+    saved = eval_settings(cfg, run)
+    named = {str(folder) for folder in cfg.eval.include}
+    code = eval_tasks.task_code(tuple(f for f in saved.include if str(f) not in named))
+    if not code:
+        return []
+    return [
+        Problem(
+            "eval.include",
+            list(saved.include),
+            f"the run's saved eval.include holds Python that lm-eval imports to build its tasks ({', '.join(code[:3])}{', ...' if len(code) > 3 else ''}); "
+            "tinytrain runs a folder's code only when the command names the folder",
+            f"read that code, then name the folders on this command: eval.include=[{','.join(saved.include)}]",
+        )
+    ]
 
 
 def ev_step(cfg) -> int | None:

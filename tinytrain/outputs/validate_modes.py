@@ -35,7 +35,9 @@ def problems(cfg, run_dir: Path, data_overridden: bool = False) -> list[Problem]
     if cfg.mode == Mode.generate:
         found += sampling_problems(cfg.generate) + prompt_problems(cfg.generate)
     if cfg.mode == Mode.eval and cfg.checkpoint.path and backfill.is_run_folder(Path(cfg.checkpoint.path)):
-        return backfill.problems(cfg, Path(cfg.checkpoint.path)) + evals.problems(cfg, backfill.eval_settings(cfg, Path(cfg.checkpoint.path)))
+        run = Path(cfg.checkpoint.path)
+        code = backfill.inherited_code_problems(cfg, run)  # before evals.problems builds (imports) the tasks
+        return backfill.problems(cfg, run) + (code or evals.problems(cfg, backfill.eval_settings(cfg, run)))
     if cfg.mode == Mode.eval:
         found += eval_problems(cfg, data_overridden)
     if cfg.mode in (Mode.export, Mode.average) and cfg.export.dir:

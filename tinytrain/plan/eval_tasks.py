@@ -48,6 +48,23 @@ class Resolved:
     builtin: bool  # lm-eval's own index was needed (not only the eval.include folders)
 
 
+def task_code(include: tuple[str, ...]) -> list[str]:
+    """The Python the eval.include folders make lm-eval import: their .py files, and the YAMLs whose
+    `!function` names one."""
+    found = []
+    for folder in map(Path, include):
+        if not folder.is_dir():
+            continue
+        found += [str(p) for p in sorted(folder.rglob("*.py"))]
+        for config in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+            try:
+                if "!function" in config.read_text(encoding="utf-8", errors="replace"):
+                    found.append(f"{config} (!function)")
+            except OSError:
+                continue  # unreadable: the task build names it
+    return found
+
+
 def installed() -> bool:
     return importlib.util.find_spec("lm_eval") is not None
 

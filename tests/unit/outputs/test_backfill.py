@@ -90,3 +90,26 @@ def test_a_run_folder_scores_cannot_be_written_to_is_named_before_any_scoring(tm
     monkeypatch.setattr(os, "access", lambda path, mode: False if os.fspath(path) == str(tmp_path / "run") else real(path, mode))
     (problem,) = backfill.problems(cfg, tmp_path / "run")
     assert problem.key == "checkpoint.path" and "is not writable, and the scores are appended to its evals.csv" in problem.message
+
+
+def test_a_run_s_own_task_folder_with_python_runs_only_when_the_command_names_it(tmp_path, bundled_tokenizer):
+    """`mode=eval checkpoint.path=<run>` took the run's eval.include, whose `!function` Python lm-eval
+    imported to build the tasks: a run copied from elsewhere ran its code on being scored."""
+    import torch
+
+    from tinytrain.outputs import validate_modes
+
+    tasks, marker = tmp_path / "tasks", tmp_path / "ran"
+    tasks.mkdir()
+    (tasks / "utils.py").write_text(f"open({str(marker)!r}, 'w').close()\n\ndef process_docs(docs):\n    return docs\n")
+    (tasks / "evil.yaml").write_text("task: evil\nprocess_docs: !function utils.process_docs\n")
+    saved_run(tmp_path / "run", [*RAMP[:3], "eval.tasks=[evil]", f"eval.include=[{tasks}]"], bundled_tokenizer)
+    (tmp_path / "run" / "checkpoints").mkdir()
+    torch.save({"global_step": 4}, tmp_path / "run" / "checkpoints" / "step0000004.ckpt")
+    inherited = compose(["mode=eval", f"checkpoint.path={tmp_path / 'run'}"])
+    (problem,) = validate_modes.problems(inherited, tmp_path / "out", False)
+    assert problem.key == "eval.include" and f"{tasks / 'utils.py'}" in problem.message and f"{tasks / 'evil.yaml'} (!function)" in problem.message
+    assert problem.fix.endswith(f"eval.include=[{tasks}]")
+    assert not marker.exists()
+    named = compose(["mode=eval", f"checkpoint.path={tmp_path / 'run'}", f"eval.include=[{tasks}]"])
+    assert backfill.inherited_code_problems(named, tmp_path / "run") == []  # as the run's Slurm eval jobs name them
