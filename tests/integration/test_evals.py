@@ -112,7 +112,9 @@ def test_inline_evals_on_single_equal_lm_eval_on_the_export(tmp_path):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(x for x in rows if x["step"] != "4")
-    backfill = run_cli(["mode=eval", f"checkpoint.path={run_dir}"], tmp_path / "backfill", env=OFFLINE)
+    # A comma in the folder lm-eval loads (this command's run dir holds the export it scores): its
+    # model_args string was split there (and "m,trust_remote_code=True" set that argument).
+    backfill = run_cli(["mode=eval", f"checkpoint.path={run_dir}", f"hydra.run.dir='{tmp_path / 'back,fill'}'"], None, env=OFFLINE)
     assert backfill.returncode == 0, backfill.stderr[-3000:]
     assert "1 of 2 checkpoints already in evals.csv; scoring step 4 on tiny_choice, tiny_cloze, tiny_text" in backfill.stdout
     again = {(x["task"], x["metric"]): float(x["value"]) for x in read_evals(run_dir) if x["step"] == "4"}

@@ -244,8 +244,10 @@ def lm_eval(cfg, ev, saved, run_dir: Path) -> dict:
         export(export_cfg, run_dir)
     resolved = eval_tasks.resolve(tuple(ev.tasks), tuple(ev.include))
     tasks = eval_tasks.task_manager(tuple(ev.include), resolved.builtin)
+    # model_args as a dict: lm-eval splits a string's on ',' and '=' (a folder named
+    # "m,trust_remote_code=True" set that argument; any comma in the run dir broke the eval).
     with without_environment_report():  # only the scores are kept
-        out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder}", tasks=list(ev.tasks), task_manager=tasks, limit=ev.limit, device="cpu", bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False)
+        out = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(folder), "trust_remote_code": bool(cfg.model.trust_remote_code)}, tasks=list(ev.tasks), task_manager=tasks, limit=ev.limit, device="cpu", bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False)
     return out["results"]
 
 
