@@ -105,6 +105,12 @@ CASES = {
     "pretrained weights cut short": (["mode=plan", "model.pretrained={H}/cut_export"], ["model.pretrained='{H}/cut_export'", "its weights are not whole", "cut short", "download or copy the model again"]),
     "pretrained weights pickling a callable": (["mode=plan", "model.pretrained={H}/pickled_bin", *SMALL_MODEL], ["model.pretrained='{H}/pickled_bin'", "pytorch_model.bin holds something other than tensors (it pickles posix.system)", "Fix: convert the weights to safetensors from a trusted source"]),
     "pretrained weights a stub": (["mode=plan", "model.pretrained={H}/stub_weights"], ["model.pretrained='{H}/stub_weights'", "shorter than a safetensors header"]),
+    # artifacts from elsewhere: weights read from outside the folder (it trained on them), a pipe
+    # (the plan hung), headers that are not a table or whose bytes cannot hold a shape (tracebacks)
+    "pretrained index naming files outside": (["mode=plan", "model.pretrained={H}/escaping_index"], ["model.pretrained='{H}/escaping_index'", "its weight_map names files outside the folder (../export/model.safetensors)"]),
+    "pretrained weights a pipe": (["mode=plan", "model.pretrained={H}/pipe_weights"], ["model.pretrained='{H}/pipe_weights'", "model.safetensors: not a regular file"]),
+    "pretrained weights header a list": (["mode=plan", "model.pretrained={H}/list_header"], ["model.pretrained='{H}/list_header'", "its header is a JSON list, not a table of tensors"]),
+    "pretrained weights shape beyond its bytes": (["mode=plan", "model.pretrained={H}/huge_shape"], ["model.pretrained='{H}/huge_shape'", "is declared F32 [1000000000000, 64] in bytes", "which do not hold it"]),
     "add_bos false beside prepend_bos true": (["mode=plan", "tokenizer.add_bos=false", "data.prepend_bos=true"], ["tokenizer.add_bos=false", "contradicts data.prepend_bos=true", "data.prepend_bos=false"]),
     "too_long skip drops every sample": (["mode=prepare", "data=alpaca", "data.path={H}/long.jsonl", "data.seq_len=16", "data.too_long=skip"], ["no usable samples", "20 skipped as longer than 16", "raise data.seq_len (the shortest sample skipped has", "data.too_long=truncate"]),
     # issue 31: a pretrained model trained with another tokenizer
@@ -155,6 +161,19 @@ def hard(tmp_path_factory, bundled_tokenizer):
     other.save_pretrained(h / "other_tokenizer")
     shutil.copytree(export, h / "stub_weights")
     (h / "stub_weights" / "model.safetensors").write_bytes(b"\x10\x00")
+    shutil.copytree(export, h / "escaping_index")
+    (h / "escaping_index" / "model.safetensors").unlink()
+    escaping = {"model.embed_tokens.weight": "../export/model.safetensors", "lm_head.weight": "../export/model.safetensors"}
+    (h / "escaping_index" / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": escaping}))
+    shutil.copytree(export, h / "pipe_weights")
+    (h / "pipe_weights" / "model.safetensors").unlink()
+    os.mkfifo(h / "pipe_weights" / "model.safetensors")
+    for name, header in (("list_header", lambda _: []), ("huge_shape", lambda hd: {**hd, "model.embed_tokens.weight": {**hd["model.embed_tokens.weight"], "shape": [10**12, 64]}})):
+        shutil.copytree(export, h / name)
+        raw = (export / "model.safetensors").read_bytes()
+        length = int.from_bytes(raw[:8], "little")
+        text = json.dumps(header(json.loads(raw[8 : 8 + length]))).encode()
+        (h / name / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
     shutil.copytree(export, h / "pickled_bin")  # weights beside a pickled os.system, as a hostile .bin
     from safetensors.torch import load_file
 

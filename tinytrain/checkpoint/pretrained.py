@@ -8,7 +8,6 @@ the weights first (`download_weights`), so preflight sees the same tables as for
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from tinytrain.checkpoint.remote_code import announce
+from tinytrain.checkpoint.weight_files import INDEX, index_weight_map
 from tinytrain.errors import ConfigError, Problem
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,8 @@ def pretrained_tables(folder: str) -> dict[str, torch.Tensor]:
         if is_hub_id(folder):  # mode=plan fetched only its config.json
             log.info("%s: weights not in the hub cache yet; the embedding-row checks run when training downloads them", folder)
         return {}
-    index = root / "model.safetensors.index.json"
-    files = json.loads(index.read_text())["weight_map"] if index.exists() else None
+    index = root / INDEX
+    files = index_weight_map(index) if index.exists() else None  # checked in the plan (input_safety)
     wanted = {"model.embed_tokens.weight": "input embeddings", "lm_head.weight": "lm_head"}
     tables = {}
     for key, table in wanted.items():

@@ -105,6 +105,9 @@ def check_folder(folder: Path, key: str) -> dict:
     index = read_index(folder, key)
     earlier = "resume from an earlier checkpoint (resume=auto skips this one), or delete the folder"
     for name, size in sorted(shard_files(index).items()):
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            # DCP's reader joins the name to the folder: it would read a file from elsewhere.
+            raise ConfigError(Problem(key, str(folder), f"its index names the shard file {str(name)[:100]!r}, outside the folder", "use a checkpoint saved by tinytrain"))
         path = folder / name
         if not path.is_file():
             raise ConfigError(Problem(key, str(folder), f"is missing the shard file {name} (one rank's part of the weights and optimizer state)", earlier))

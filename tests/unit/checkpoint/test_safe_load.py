@@ -177,3 +177,22 @@ def test_a_real_dcp_index_reads(tmp_path):
         warnings.simplefilter("ignore")  # no process group: DCP saves as one rank and says so
         dcp.save({"state_dict.w": torch.zeros(4, 3, dtype=torch.bfloat16), "step": torch.tensor(3), "names": ["a"]}, checkpoint_id=tmp_path)
     assert set(read_index(tmp_path, "resume").state_dict_metadata) == {"state_dict.w", "step", "names"}
+
+
+def test_a_dcp_index_naming_a_shard_outside_the_folder_is_refused(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from tinytrain.checkpoint.sharded import INDEX_FILE, META_FILE, check_folder
+
+    folder = tmp_path / "step0000004.ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no process group: DCP saves as one rank and says so
+        dcp.save({"state_dict.w": torch.zeros(4, 3)}, checkpoint_id=folder)
+    torch.save({"global_step": 4}, folder / META_FILE)
+    assert check_folder(folder, "resume")["global_step"] == 4
+    index = (folder / INDEX_FILE).read_bytes()
+    (folder / INDEX_FILE).write_bytes(index.replace(b"__0_0.distcp", b"../x0.distcp"))  # same length: the pickle stays whole
+    with pytest.raises(ConfigError, match="its index names the shard file '../x0.distcp', outside the folder"):
+        check_folder(folder, "resume")
