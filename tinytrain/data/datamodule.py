@@ -143,7 +143,7 @@ class DataModule:
 
     def _windows(self) -> dict:
         d = self.cfg
-        return dict(seq_len=d.seq_len, isolate_documents=not d.cross_document_attention, predict_across_documents=d.predict_across_documents)
+        return dict(seq_len=d.seq_len, isolate_documents=not d.cross_document_attention, predict_across_documents=d.predict_across_documents, vocab=len(self.tokenizer))
 
     def _pretraining(self, progress: bool):
         d = self.cfg

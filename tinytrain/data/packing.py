@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from tinytrain.data.sample_index import random_access, window_starts
 from tinytrain.data.sft import trained_tokens
+from tinytrain.errors import TrainingStopped
 
 IGNORE = -100
 WHOLE = "whole store"  # PackedWindows over every document of the store, in order
@@ -36,11 +37,15 @@ class PackedWindows(Dataset):
     so documents longer than a window continue in the next one, and position ids restart at the
     window start too (a window starting mid-document sees that document from position 0)."""
 
-    def __init__(self, store, doc_ids: np.ndarray | None, seq_len: int, isolate_documents: bool = True, predict_across_documents: bool = False, mapped: tuple[str, str] | str | None = None):
+    def __init__(
+        self, store, doc_ids: np.ndarray | None, seq_len: int, isolate_documents: bool = True, predict_across_documents: bool = False, mapped: tuple[str, str] | str | None = None, vocab: int | None = None
+    ):
         """`mapped`: where the document starts come from instead of `doc_ids`: WHOLE (every
         document, the store's own offsets) or the (doc starts, stream starts) .npy files of
-        sample_index.py, mapped read-only here and again in each DataLoader worker (never pickled)."""
+        sample_index.py, mapped read-only here and again in each DataLoader worker (never pickled).
+        `vocab`: len(tokenizer), which every id read must be below."""
         self.store = store
+        self.vocab = vocab
         self.seq_len = seq_len
         self.isolate = isolate_documents
         self.predict_across = predict_across_documents
@@ -99,6 +104,13 @@ class PackedWindows(Dataset):
             span *= 4
         doc = first + np.searchsorted(local, pos, side="right") - 1
         tokens = self._read(start, start + self.seq_len + 1, int(doc[0]), int(doc[-1]))
+        if self.vocab is not None and int(tokens.max()) >= self.vocab:
+            # The preflight read the store's recorded largest id; a store edited or damaged since
+            # would index past the embedding (a device-side assert on a GPU).
+            raise TrainingStopped(
+                f"{self.store.path}: token id {int(tokens.max())} in window {i} is not below len(tokenizer) {self.vocab}, though the store records its largest id as "
+                f"{self.store.meta.get('max_token_id')}: its tokens changed after it was built. Build the store again (mode=prepare) and run again"
+            )
         labels = tokens[1:].copy()
         if not self.predict_across:
             labels[doc[1:] != doc[:-1]] = IGNORE  # e.g. EOS -> the next document's first token

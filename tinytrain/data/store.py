@@ -74,15 +74,20 @@ class TokenStore:
             meta = json.loads((path / META).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(Problem(key, str(path), f"not a complete token store ({META}: {e})", "point it at a folder built by mode=prepare")) from e
-        if meta.get("format") != STORE_FORMAT:
-            raise ConfigError(Problem(key, str(path), f"store format {meta.get('format')}, this tinytrain reads {STORE_FORMAT}", fix))
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        size = (path / TOKENS).stat().st_size if (path / TOKENS).exists() else -1
-        if size != meta["num_tokens"] * itemsize:
-            raise ConfigError(Problem(key, str(path), f"damaged: {TOKENS} has {size} bytes, meta.json says {meta['num_tokens']} tokens x {itemsize}", fix))
-        # Mapped, not loaded: every rank and DataLoader worker shares the page cache's one copy.
-        offsets = np.load(path / OFFSETS, mmap_mode="r")
-        if offsets.shape != (meta["num_documents"] + 1,) or offsets[0] != 0 or offsets[-1] != meta["num_tokens"]:
+        if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else f"unknown ({META} holds a JSON {type(meta).__name__})"
+            raise ConfigError(Problem(key, str(path), f"store format {found}, this tinytrain reads {STORE_FORMAT}", fix))
+        try:
+            itemsize = np.dtype(meta["dtype"]).itemsize
+            size = (path / TOKENS).stat().st_size if (path / TOKENS).exists() else -1
+            if size != int(meta["num_tokens"]) * itemsize:
+                raise ConfigError(Problem(key, str(path), f"damaged: {TOKENS} has {size} bytes, meta.json says {meta['num_tokens']} tokens x {itemsize}", fix))
+            # Mapped, not loaded: every rank and DataLoader worker shares the page cache's one copy.
+            offsets = np.load(path / OFFSETS, mmap_mode="r")  # allow_pickle=False: an object array is refused
+            whole = offsets.dtype.kind in "iu" and offsets.shape == (int(meta["num_documents"]) + 1,) and offsets[0] == 0 and offsets[-1] == meta["num_tokens"]
+        except (KeyError, TypeError, ValueError, OSError) as e:
+            raise ConfigError(Problem(key, str(path), f"damaged: {META} or {OFFSETS} unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})", fix)) from e
+        if not whole:
             raise ConfigError(Problem(key, str(path), f"damaged: {OFFSETS} does not index {meta['num_documents']} documents", fix))
         return cls(path, meta, offsets)
 

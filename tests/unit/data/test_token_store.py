@@ -119,6 +119,23 @@ def test_a_store_an_older_tinytrain_built_for_the_same_tokenizer_trains_as_built
         DataModule(data_cfg(tmp_path, f"data.store={store.path}"), tok, micro_batch_size=2, seed=0, progress=False)
 
 
+def test_a_store_whose_tokens_changed_after_its_build_stops_at_the_window_not_in_the_model(tmp_path, bundled_tokenizer):
+    """The preflight reads the store's recorded largest id: ids edited in afterwards passed it and
+    indexed past the embedding (IndexError in the model; a device-side assert on a GPU)."""
+    from tinytrain.data.store import TOKENS
+    from tinytrain.errors import TrainingStopped
+
+    store, _ = store_for(data_cfg(tmp_path), bundled_tokenizer)
+    module = DataModule(data_cfg(tmp_path, f"data.store={store.path}"), bundled_tokenizer, micro_batch_size=2, seed=0, progress=False)
+    assert module.train[0]["input_ids"].max() < len(bundled_tokenizer)
+    tokens = np.memmap(store.path / TOKENS, dtype=np.dtype(store.meta["dtype"]), mode="r+")
+    tokens[5] = len(bundled_tokenizer) + 7
+    tokens.flush()
+    module = DataModule(data_cfg(tmp_path, f"data.store={store.path}"), bundled_tokenizer, micro_batch_size=2, seed=0, progress=False)
+    with pytest.raises(TrainingStopped, match=f"token id {len(bundled_tokenizer) + 7} in window 0 is not below len\\(tokenizer\\) {len(bundled_tokenizer)}.*Build the store again"):
+        module.train[0]
+
+
 def test_an_exception_mid_build_leaves_nothing_usable(tmp_path, bundled_tokenizer, monkeypatch):
     import tinytrain.data.store as store_module
 
@@ -191,6 +208,23 @@ def test_a_damaged_store_is_refused(tmp_path, bundled_tokenizer):
     with pytest.raises(ConfigError) as e:
         TokenStore.open(store.path)
     assert "damaged" in str(e.value) and "delete" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda path, meta: (path / "meta.json").write_text("[]"), "meta.json holds a JSON list"),
+        (lambda path, meta: (path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "dtype"})), "KeyError: 'dtype'"),
+        (lambda path, meta: np.save(path / "doc_offsets.npy", np.array([0, "x"], dtype=object)), "doc_offsets.npy unreadable (ValueError"),
+    ],
+    ids=["meta a list", "no dtype", "offsets of objects"],
+)
+def test_a_store_with_a_malformed_record_is_named_not_a_traceback(tmp_path, bundled_tokenizer, damage, needle):
+    store, _ = store_for(data_cfg(tmp_path), bundled_tokenizer)
+    damage(store.path, json.loads((store.path / "meta.json").read_text()))
+    with pytest.raises(ConfigError, match="delete") as e:
+        TokenStore.open(store.path)
+    assert needle in str(e.value)
 
 
 def test_concurrent_builders_build_once(tmp_path, bundled_tokenizer):
