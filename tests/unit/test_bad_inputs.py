@@ -409,6 +409,7 @@ CASES = {
     "pretrained folder missing": (["mode=plan", "model.pretrained={F}/missing_model"], ["model.pretrained='{F}/missing_model'", "no config.json"]),
     "pretrained config.json broken": (["mode=plan", "model.pretrained={F}/broken_model"], ["model.pretrained='{F}/broken_model'", "cannot read its config.json"]),
     "pretrained config.json without a model type": (["mode=plan", "model.pretrained={F}/typeless_model"], ["model.pretrained='{F}/typeless_model'", "cannot read its config.json"]),
+    "pretrained config.json with a field of the wrong type": (["mode=plan", "model.pretrained={F}/mistyped_model"], ["model.pretrained='{F}/mistyped_model'", "cannot read its config.json", "hidden_size"]),
     # finetune=lora|qlora
     "lora without a base model": (["mode=plan", "finetune=lora"], ["model.pretrained=null", "finetune=lora adapts a base model", "Fix: set model.pretrained="]),
     "lora rank zero": (["mode=plan", "finetune=lora", "finetune.rank=0"], ["finetune.rank=0", ">= 1", "finetune.rank=16"]),
@@ -517,6 +518,8 @@ def bad(tmp_path_factory):
     (f / "broken_model" / "config.json").write_text("{not json")
     (f / "typeless_model").mkdir()
     (f / "typeless_model" / "config.json").write_text('{"hidden_size": 64}')
+    (f / "mistyped_model").mkdir()  # a traceback from transformers' strict config fields
+    (f / "mistyped_model" / "config.json").write_text('{"model_type": "llama", "hidden_size": "64"}')
     torch.save(torch.zeros(3), f / "tensor.ckpt")
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")

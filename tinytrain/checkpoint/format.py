@@ -64,14 +64,26 @@ def read(path: str, key: str = "checkpoint.init_from") -> dict:
 METADATA_VERSION = 1
 
 
+# What every reader takes from the metadata, written by every tinytrain since the first.
+REQUIRED_METADATA = {"true_vocab": int, "padded_vocab": int, "vocab_multiple": int, "tp": int, "tokenizer_fingerprint": str, "model": str}
+
+
 def tinytrain_metadata(ckpt: dict, path: str, key: str) -> dict:
     meta = ckpt.get("tinytrain")
     if meta is None:
         hf = "give a Hugging Face folder to checkpoint.path itself" if key == "checkpoint.path" else "model.pretrained for a Hugging Face folder"
         raise ConfigError(Problem(key, path, "has no tinytrain metadata (true vocab, tokenizer fingerprint)", f"use a checkpoint saved by tinytrain, or {hf}"))
+    if not isinstance(meta, dict):
+        raise ConfigError(Problem(key, path, f"its tinytrain metadata is a {type(meta).__name__}, not the table tinytrain writes", "use a checkpoint saved by tinytrain"))
     newer_problem = newer_metadata_problem(meta, path, key)
     if newer_problem:
         raise ConfigError(newer_problem)
+    # A field missing or of another type failed later as a KeyError or TypeError, some in training.
+    wrong = [f"{field} {'missing' if field not in meta else repr(meta[field])[:40]}" for field, kind in REQUIRED_METADATA.items() if not isinstance(meta.get(field), kind) or isinstance(meta.get(field), bool)]
+    if not isinstance(ckpt.get("state_dict", {}), dict):
+        wrong.append(f"state_dict a {type(ckpt['state_dict']).__name__}")
+    if wrong:
+        raise ConfigError(Problem(key, path, f"its tinytrain metadata is not what tinytrain writes ({', '.join(wrong)})", "use a checkpoint saved by tinytrain"))
     return meta
 
 

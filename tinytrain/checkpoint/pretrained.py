@@ -43,9 +43,12 @@ def pretrained_config(path: str, trust_remote_code: bool = False):
 
     if trust_remote_code:
         announce("model.pretrained", local_folder(path))
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as e:  # broken JSON, no model_type, an unknown architecture; a hub id not cached offline
+    # broken JSON, no model_type, an unknown architecture, a field of the wrong type; a hub id not cached offline
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         if is_hub_id(path):
             raise ConfigError(hub_problem(path, e)) from e
         raise ConfigError(

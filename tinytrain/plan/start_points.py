@@ -242,6 +242,9 @@ def check_shape(ckpt: dict, path: str, key: str, shape: ModelShape | None) -> No
     compare the sizes while planning."""
     if shape is None or not isinstance(ckpt.get("state_dict"), dict):
         return
+    if ckpt["state_dict"] and not any(k.endswith("embed_tokens.weight") for k in ckpt["state_dict"]):
+        # Not a whole model's weights: it failed as a KeyError once training had started.
+        raise ConfigError(Problem(key, path, "holds no embedding table (embed_tokens.weight) among its weights: not a whole model", "use a checkpoint saved by tinytrain (a step or final checkpoint of a run)"))
     ours = {"num_layers": shape.layers, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate, "key/value width (num_kv_heads x head dim)": shape.kv_heads * shape.head_dim}
     saved = saved_shape(ckpt["state_dict"])
     differ = [name for name in saved if saved[name] != ours[name]]

@@ -308,3 +308,28 @@ def test_a_llama2_checkpoint_from_before_the_exact_encoding_resumes_and_exports(
     for refused in (lambda: make_plan(cfg, tokenizer, run_dir), lambda: load(str(checkpoint), tmp_path)):
         with pytest.raises(ConfigError, match="another tokenizer|was saved with tokenizer 0000000000000000"):
             refused()
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ({"tinytrain": ["not", "a", "table"]}, "its tinytrain metadata is a list"),
+        ({"tinytrain": {k: v for k, v in checkpoint_metadata(VOCAB, FINGERPRINT, "tiny").items() if k != "tokenizer_fingerprint"}}, "tokenizer_fingerprint missing"),
+        ({"tinytrain": {**checkpoint_metadata(VOCAB, FINGERPRINT, "tiny"), "true_vocab": "4096"}}, "true_vocab '4096'"),
+        ({"tinytrain": checkpoint_metadata(VOCAB, FINGERPRINT, "tiny"), "state_dict": ["w"]}, "state_dict a list"),
+        ({"tinytrain": checkpoint_metadata(VOCAB, FINGERPRINT, "tiny"), "state_dict": {"model.model.norm.weight": torch.ones(64)}}, "holds no embedding table"),
+    ],
+    ids=["metadata a list", "no fingerprint", "vocab a string", "weights a list", "no embedding"],
+)
+def test_a_checkpoint_with_malformed_metadata_is_named_in_the_plan(tmp_path, content, needle):
+    """From elsewhere: each failed as an AttributeError, KeyError or TypeError, some once training
+    had started (init_from's plan said preflight ok)."""
+    from tinytrain.plan.model_shape import shape_from_config
+    from tinytrain.plan.start_points import init_point
+
+    path = tmp_path / "step0000004.ckpt"
+    torch.save({"global_step": 4, "state_dict": {}, **content}, path)
+    shape = shape_from_config(compose([]).model, VOCAB.padded)
+    for read in (lambda: resolve_resume(str(path), tmp_path, VOCAB, FINGERPRINT, "tiny", shape), lambda: init_point(str(path), VOCAB, FINGERPRINT, False, shape)):
+        with pytest.raises(ConfigError, match=needle):
+            read()
