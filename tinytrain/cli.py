@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import console_handler, library_notices, process_group, rank_logging, sweep_results
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
-from tinytrain.cluster.overrides import script_overrides, task_overrides
+from tinytrain.cluster.overrides import names_data, script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
 from tinytrain.config.resolvers import PLACEHOLDER_GIVEN, is_placeholder, register_resolvers, remember_found
@@ -51,7 +51,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
 
     if cfg.mode in modes.MODES:
         # The model, tokenizer and template are the checkpoint's run's, not this command line's.
-        return modes.run(cfg, run_dir, data_overridden())
+        return modes.run(cfg, run_dir, names_data())
     signals = None
     if cfg.mode == Mode.train:
         from tinytrain.cluster.signal_memory import SignalMemory
@@ -119,11 +119,6 @@ def write_plan_files(cfg: DictConfig, plan, run_dir: Path) -> None:
     (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(plan.resolved_config(cfg)))
     if plan.deepspeed is not None:
         (run_dir / "deepspeed_config.json").write_text(json.dumps(plan.deepspeed, indent=2) + "\n")
-
-
-def data_overridden() -> bool:
-    """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
-    return any(o.lstrip("+~").startswith("data") for o in task_overrides())
 
 
 def checkpoint_shorthand(args: list[str]) -> list[str]:

@@ -73,6 +73,13 @@ def test_eval_reproduces_the_validation_loss(chat_run, tmp_path):
     # final.ckpt holds the weights the last validation (step 8) measured, on the same held-out split.
     assert result["loss"] == pytest.approx(logged(chat_run, "val_loss")[-1], rel=1e-6)
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"])) and result["tokens"] > 0
+    # Where and how to build the run's data (the fix a refusal of its recorded cache folder names)
+    # still scores the run's data: data.cache_dir had it score the default corpus (pydoc) silently.
+    r = run_cli(["mode=eval", "checkpoint=final", f"data.cache_dir={tmp_path / 'elsewhere'}", "data.tokenize_workers=0"], chat_run)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rebuilt = json.loads((chat_run / "eval.json").read_text())
+    assert rebuilt["data"] == "chat" and rebuilt["loss"] == pytest.approx(result["loss"], rel=1e-6)
+    assert (tmp_path / "elsewhere").is_dir()  # built there
     # On a file the command line names: all of it, not the held-out split a training run takes.
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(f"Paragraph {i}: a list holds items in order, and sorted() returns a new one." for i in range(80)))

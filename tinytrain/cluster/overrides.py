@@ -32,3 +32,21 @@ def script_overrides() -> list[str]:
     own = OmegaConf.select(HydraConfig.get(), "overrides.hydra", default=None)
     hydra = [str(o) for o in OmegaConf.to_container(own, resolve=False)] if own is not None else []
     return task_overrides() + [o for o in hydra if o.split("=", 1)[0] != "hydra.mode"]
+
+
+# data.* settings that say where or how data is built, not which data: a mode=eval given only
+# these scores its run's own data with them applied (data.cache_dir, which an unwritable recorded
+# cache folder's refusal asks for, had it score the command's default corpus instead).
+DATA_BUILD_SETTINGS = ("cache_dir", "tokenize_workers", "num_workers", "prepare_parts", "bad_records")
+
+
+def data_keys_given() -> list[str]:
+    """The data.* keys the command line sets (without the prefix; "" for the data group itself)."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in task_overrides()]
+    return ["" if k == "data" else k.removeprefix("data.") for k in keys if k == "data" or k.startswith("data.")]
+
+
+def names_data() -> bool:
+    """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
+    return any(k not in DATA_BUILD_SETTINGS for k in data_keys_given())
+

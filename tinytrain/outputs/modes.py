@@ -27,6 +27,7 @@ from omegaconf import DictConfig, read_write
 
 from tinytrain.checkpoint.average import resolve_paths
 from tinytrain.checkpoint.export import export_spec, served_tokenizer
+from tinytrain.cluster.overrides import DATA_BUILD_SETTINGS, data_keys_given
 from tinytrain.config.schema import DataFormat, Mode
 from tinytrain.data.bos_policy import resolve_add_bos, with_bos
 from tinytrain.data.datamodule import DataModule
@@ -130,6 +131,9 @@ def evaluate(cfg, run_dir: Path, data_overridden: bool) -> dict:
     if saved.train_cfg is None and not data_overridden:
         raise ConfigError(Problem("data", None, f"{saved.checkpoint} has no run config to take the data from", "name the data: data=text data.path=<file> (the whole file is scored)"))
     data_cfg = cfg.data if data_overridden or saved.train_cfg is None else saved.train_cfg.data
+    if not data_overridden and saved.train_cfg is not None:  # where and how to build the run's data, as given
+        for key in set(data_keys_given()) & set(DATA_BUILD_SETTINGS):
+            data_cfg[key] = cfg.data[key]
     if saved.train_cfg is not None:
         add_bos = bool(saved.train_cfg.data.prepend_bos)  # the run's BOS decision
     else:

@@ -204,7 +204,9 @@ def _resolve(train_cfg, key: str, cwd: Path | None) -> None:
         return
     path = Path(value)
     if not path.is_absolute():
-        if cwd is not None and (cwd / path).exists():
+        if cwd is not None and ((cwd / path).exists() or path.exists()):
+            # Gone from where the run read it but here by that name: another file (a moved or
+            # copied run's eval scored it silently), so named where the run read it, as missing.
             OmegaConf.update(train_cfg, key, str(cwd / path))
         return
     if path.exists():

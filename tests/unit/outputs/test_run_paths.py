@@ -46,7 +46,11 @@ def test_a_same_named_file_here_is_not_the_run_s(tmp_path, monkeypatch):
     monkeypatch.chdir(elsewhere)
     cfg = run_config(record)
     assert cfg.data.path == str(ran_in / "corpus.txt") and cfg.data.sources[0].path == str(ran_in / "a.jsonl")
-    (ran_in / "corpus.txt").unlink()  # gone where it ran: the path is read as typed, here
+    # Gone where it ran (the run moved, or came from another machine) but here by that name: named
+    # where the run read it, as a missing file, not this folder's corpus (it was scored silently).
+    (ran_in / "corpus.txt").unlink()
+    assert run_config(record).data.path == str(ran_in / "corpus.txt")
+    (elsewhere / "corpus.txt").unlink()  # nowhere: as typed (a hub id is no file either)
     assert run_config(record).data.path == "corpus.txt"
 
 
