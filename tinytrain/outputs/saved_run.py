@@ -144,7 +144,33 @@ def run_config(path: Path):
     """A run's config_resolved.yaml on the schema (enums typed, keys added since then defaulted,
     keys removed since then left out: on_schema), its relative paths taken from the folder the run
     ran in (run_paths)."""
-    return run_paths(on_schema(OmegaConf.load(path), path), recorded_cwd(path.parent))
+    saved = OmegaConf.load(path)
+    raise_if_any(interpolation_problems(saved, path))
+    return run_paths(on_schema(saved, path), recorded_cwd(path.parent))
+
+
+def interpolations(node, prefix: str = "") -> list[tuple[str, str]]:
+    """(key, value) of every `${...}` in a loaded config, unresolved."""
+    found = []
+    items = node.items_ex(resolve=False) if OmegaConf.is_dict(node) else enumerate(node)
+    for key, value in items:
+        name = f"{prefix}.{key}" if OmegaConf.is_dict(node) else f"{prefix}[{key}]"
+        name = name.lstrip(".")
+        if OmegaConf.is_dict(value) or OmegaConf.is_list(value):
+            found += interpolations(value, name)
+        elif OmegaConf.is_interpolation(node, key):
+            found.append((name, str(OmegaConf.to_container(node, resolve=False)[key])))
+    return found
+
+
+def interpolation_problems(saved, path: Path) -> list[Problem]:
+    """tinytrain writes config_resolved.yaml resolved: a `${...}` in it was put there since (a run
+    from elsewhere), and resolving it here would read this machine's environment into the outputs
+    (`${oc.env:TOKEN}` as the data's name, printed and written to eval.json)."""
+    return [
+        Problem(key, value, f"{path} holds an interpolation, which tinytrain never writes there (it writes the file resolved)", "replace it in that file with the value the run trained with")
+        for key, value in interpolations(saved)
+    ]
 
 
 def on_schema(saved, path: Path):

@@ -86,3 +86,17 @@ def test_keys_an_older_tinytrain_had_are_left_out_and_said(tmp_path, caplog):
     assert "csv" not in cfg.logger and "retired" not in cfg.model and cfg.logger.wandb is False
     assert cfg.parallel.deepspeed_overrides.zero_optimization.reduce_bucket_size == 5
     assert "keys this one no longer has, left out: " in caplog.text and "logger.csv" in caplog.text and "model.retired" in caplog.text
+
+
+def test_an_interpolation_in_a_saved_run_s_config_is_refused_not_resolved_here(tmp_path, monkeypatch):
+    """tinytrain writes config_resolved.yaml resolved: a `${oc.env:...}` put there since printed
+    this machine's variable as the data's name and wrote it to eval.json."""
+    from tinytrain.errors import ConfigError
+
+    monkeypatch.setenv("TT_TEST_SECRET", "hunter2")
+    _, record = saved_run(tmp_path, {"data": {"name": "${oc.env:TT_TEST_SECRET}", "sources": [{"path": "${data.name}.jsonl", "weight": 1.0}]}})
+    with pytest.raises(ConfigError) as e:
+        run_config(record)
+    keys = [(p.key, p.value) for p in e.value.problems]
+    assert keys == [("data.name", "${oc.env:TT_TEST_SECRET}"), ("data.sources[0].path", "${data.name}.jsonl")]
+    assert "hunter2" not in e.value.render() and "never writes there" in e.value.problems[0].message
