@@ -301,7 +301,7 @@ def test_a_llama2_checkpoint_from_before_the_exact_encoding_resumes_and_exports(
     torch.save({"global_step": 3, "tinytrain": old, "state_dict": {}}, base)
     started = make_plan(compose([*overrides, f"checkpoint.init_from={base}"]), tokenizer, tmp_path / "new")
     assert started.init_from.tokenizer_change and "init from  it was saved by a tinytrain from before" in started.render()
-    OmegaConf.save(cfg, run_dir / "config_resolved.yaml")
+    OmegaConf.save(OmegaConf.to_container(cfg, resolve=True), run_dir / "config_resolved.yaml")  # as training writes it
     assert load(str(checkpoint), tmp_path).tokenizer is not None  # mode=export|eval|generate read it
     # Any other fingerprint is still another tokenizer.
     torch.save({"global_step": 3, "tinytrain": {**meta, "tokenizer_fingerprint": "0000000000000000"}, "state_dict": {}}, checkpoint)

@@ -23,7 +23,7 @@ def colleagues_run(tmp_path):
     run = tmp_path / "colleague"
     (run / "checkpoints").mkdir(parents=True)
     cfg = compose([f"model.pretrained={base}", "model.trust_remote_code=true"])
-    OmegaConf.save(cfg, run / "config_resolved.yaml")
+    OmegaConf.save(OmegaConf.to_container(cfg, resolve=True), run / "config_resolved.yaml")  # as training writes it
     checkpoint = run / "checkpoints" / "final.ckpt"
     torch.save({"global_step": 1, "state_dict": {}}, checkpoint)
     return checkpoint, marker, base
