@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from tinytrain.config.schema import Attention, CompileMode, ContextParallelKind, DataFormat, Objective
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.extras import installed
+from tinytrain.plan.layout import world_size
 from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
 from tinytrain.plan.micro_batch import SAFETY_MARGIN, is_auto
@@ -114,7 +115,9 @@ def problems(cfg) -> list[Problem]:
         return [Problem("parallel.cp_kind", kind, f"does not run under parallel={par.name}: parallel={par.name} runs {', '.join(row.cp_kinds)}", f"use parallel.cp_kind=auto ({row.cp_kinds[0]} here)")]
     if kind == "ring":
         return ring_problems(cfg, par.cp, why)
-    found = head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained))
+    ranks = world_size(cfg) // max(par.tp, 1)
+    ring = "ring" in row.cp_kinds  # parallel.cp_kind=ulysses set where auto would take ring past the heads
+    found = head_problems(par.cp, m.num_heads, m.num_kv_heads, m.name, pretrained=bool(m.pretrained), ranks=ranks, ring=ring)
     compiled = ulysses_compile_blocker(cfg)
     if compiled:
         ring = ", or parallel.cp_kind=ring" if "ring" in row.cp_kinds else ""
@@ -167,18 +170,34 @@ def shared_problems(cfg, cp: int) -> list[Problem]:
     return found
 
 
-def head_problems(cp: int, heads: int, kv_heads: int, model_name: str, *, pretrained: bool) -> list[Problem]:
+def head_problems(cp: int, heads: int, kv_heads: int, model_name: str, *, pretrained: bool, ranks: int, ring: bool = False) -> list[Problem]:
     """Ulysses gives each rank heads / cp query heads and kv_heads / cp key/value heads (kv heads are
-    replicated when cp is a multiple of them): DeepSpeed's own rule, checked before any work."""
+    replicated when cp is a multiple of them): DeepSpeed's own rule, checked before any work. The fix
+    lists the cps that meet both rules and divide the `ranks` (world / tp) at once; `ring`: the
+    strategy runs ring too, which splits any heads."""
     if heads < 1 or kv_heads < 1:
         return []  # plan/families.py's model_problems names them
     where = "model.pretrained's" if pretrained else f"model={model_name}'s"
+    fix = ulysses_cp_fix(heads, kv_heads, ranks, ring=ring)
     found = []
     if heads % cp:
-        found.append(Problem("parallel.cp", cp, f"cp({cp}) must divide num_heads({heads}) of {where} config: Ulysses gives each rank whole heads", f"use a cp that divides {heads}"))
+        found.append(Problem("parallel.cp", cp, f"cp({cp}) must divide num_heads({heads}) of {where} config: Ulysses gives each rank whole heads", fix))
     if kv_heads % cp and cp % kv_heads:
-        found.append(Problem("parallel.cp", cp, f"cp({cp}) and num_kv_heads({kv_heads}) of {where} config must divide one another: Ulysses splits (or replicates) whole key/value heads", f"use a cp that divides {kv_heads}, or a multiple of it"))
+        found.append(Problem("parallel.cp", cp, f"cp({cp}) and num_kv_heads({kv_heads}) of {where} config must divide one another: Ulysses splits (or replicates) whole key/value heads", fix))
     return found
+
+
+def whole_head_cps(heads: int, kv_heads: int, ranks: int) -> list[int]:
+    """The cps above 1 that divide `ranks` (world / tp) and give every rank whole heads: cp divides
+    num_heads, and cp and num_kv_heads divide one another."""
+    return [c for c in range(2, ranks + 1) if ranks % c == 0 and heads % c == 0 and (kv_heads % c == 0 or c % kv_heads == 0)]
+
+
+def ulysses_cp_fix(heads: int, kv_heads: int, ranks: int, *, ring: bool) -> str:
+    cps = whole_head_cps(heads, kv_heads, ranks)
+    why = f"the cps that divide num_heads({heads}), divide or are a multiple of num_kv_heads({kv_heads}), and divide the world / tp ({ranks})"
+    ulysses = f"parallel.cp={' or '.join(map(str, cps))} ({why})" if cps else f"parallel.cp=1 (no cp above 1 divides num_heads({heads}), divides or is a multiple of num_kv_heads({kv_heads}), and divides the world / tp ({ranks}))"
+    return "use " + ("parallel.cp_kind=auto (ring, which splits any heads), or " if ring else "") + ulysses
 
 
 def ulysses_blockers(cfg, cp: int) -> list[str]:
