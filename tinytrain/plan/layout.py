@@ -110,6 +110,19 @@ def batch_layout(cfg, world: int, cp: int | None = None, micro: int | None = Non
     return (batch, problems) if auto_pending else with_ramp(cfg, batch, problems)
 
 
+def larger_micro_batch(cfg, batch: BatchPlan) -> str:
+    """Overrides that give a warm-up at micro batch 1 a start: micro batch 2 (or the smallest that
+    divides the accumulation trainer.global_batch_size sets) and a start one step unit."""
+    t, dp, accum = cfg.trainer, batch.data_parallel, batch.accumulate_grad_batches
+    if t.global_batch_size is None:  # the final batch grows with the micro batch
+        return f"trainer.micro_batch_size=2 trainer.batch_size_warmup.start={dp * accum} (final global batch {2 * dp * accum})"
+    micro = next((m for m in range(2, accum + 1) if accum % m == 0), None)
+    if micro is None:  # accumulation 1: the global batch is one micro batch per rank, and grows with it
+        return f"trainer.micro_batch_size=2 trainer.global_batch_size={2 * t.global_batch_size} trainer.batch_size_warmup.start={t.global_batch_size}"
+    accumulation = f" trainer.accumulate_grad_batches={accum // micro}" if t.accumulate_grad_batches is not None else ""
+    return f"trainer.micro_batch_size={micro}{accumulation} trainer.batch_size_warmup.start={dp * accum // micro}"
+
+
 def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan | None, list[Problem]]:
     """The batch with trainer.batch_size_warmup's ramp, or its problems."""
     w, d = cfg.trainer.batch_size_warmup, cfg.data
@@ -119,13 +132,17 @@ def with_ramp(cfg, batch: BatchPlan, problems: list[Problem]) -> tuple[BatchPlan
         return batch, problems
     unit, final = batch.data_parallel * batch.accumulate_grad_batches, batch.global_batch_size
     found = []
-    if w.start < 1 or w.start >= final:
+    if batch.micro_batch_size == 1 and w.start >= 1:
+        # The ramp grows the micro batch (start / unit up to the final one): none below 1 exists.
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"a batch warm-up grows the micro batch, and at trainer.micro_batch_size=1 no start below the final global batch ({final}) is a multiple of data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches}) = {unit}", f"raise trainer.micro_batch_size, e.g. {larger_micro_batch(cfg, batch)}, or drop the warm-up (trainer.batch_size_warmup.start=null)"))
+    elif w.start < 1 or w.start >= final:
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"must be at least 1 and below the final global batch ({final} = micro {batch.micro_batch_size} x accumulation {batch.accumulate_grad_batches} x dp {batch.data_parallel})", f"use a start between {unit} and {final - unit}, or raise trainer.global_batch_size"))
     elif w.start % unit:
         found.append(Problem("trainer.batch_size_warmup.start", w.start, f"not a multiple of data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches}) = {unit}: every rank's micro batches of a step must be one size", f"use a multiple of {unit}, e.g. trainer.batch_size_warmup.start={max(unit, w.start // unit * unit)}"))
     elif cfg.finetune.objective == Objective.kto and w.start // unit < 2:
         # The micro batch the plan checks is the final one; the warm-up's first steps train start / unit.
-        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"gives micro batches of {w.start // unit} example at first (start / data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches})), and kto estimates its KL term from each prompt paired with another example's completion in the same micro batch", f"use trainer.batch_size_warmup.start={2 * unit} or more"))
+        fix = f"use trainer.batch_size_warmup.start={2 * unit} or more" if 2 * unit < final else f"raise trainer.micro_batch_size to 3 or more (now {batch.micro_batch_size}; the warm-up's micro batches of 2 must stay below it) with trainer.batch_size_warmup.start={2 * unit}, or drop the warm-up (trainer.batch_size_warmup.start=null)"
+        found.append(Problem("trainer.batch_size_warmup.start", w.start, f"gives micro batches of {w.start // unit} example at first (start / data_parallel({batch.data_parallel}) x accumulate_grad_batches({batch.accumulate_grad_batches})), and kto estimates its KL term from each prompt paired with another example's completion in the same micro batch", fix))
     if w.tokens < 1:
         found.append(Problem("trainer.batch_size_warmup.tokens", w.tokens, "the warm-up needs a length in tokens", f"use e.g. trainer.batch_size_warmup.tokens={20 * final * batch.seq_len} (20 final-batch steps)"))
     if d.sources:
