@@ -109,6 +109,12 @@ CASES = {
     "context that fits no cp the heads allow": ([*LONG, "data.seq_len=16777216", "model.max_position_embeddings=16777216", "parallel.cp=8", "trainer.activation_checkpointing=true"], ["data.seq_len=16777216", "does not fit at parallel.cp=8", "Fix: use data.seq_len <="]),
     "context only a sequence no cp splits keeps from fitting": (["mode=plan", "experiment=long_context", "hardware.gpu=A10", "cluster.devices=8", "data.seq_len=32767"], ["data.seq_len=32767", "does not fit at cp 1 (parallel.cp=null: the largest cp that splits it here)", "use data.seq_len=32768 with parallel.cp=4 (cp 4 splits a multiple of 4; 32767 it does not)", "or data.seq_len <= 14336"]),
     "context only a sequence ring's blocks do not split keeps from fitting": ([*LONG[:2], "parallel=fsdp_tp", "parallel.tp=1", "parallel.cp_kind=ring", "parallel.cp=null", *LONG[3:], "trainer.activation_checkpointing=full", "trainer.global_batch_size=8", "data.seq_len=100001"], ["data.seq_len=100001", "use data.seq_len=100096 with parallel.cp=2 (cp 2 splits a multiple of 256; 100001 it does not)"]),
+    # The levers named a strategy finetune=qlora refuses (cp on zero*/fsdp_tp) and "data.seq_len <= 0" (the
+    # longest was searched in steps of 1024 tokens); a run whose states fill the GPU blamed data.seq_len.
+    "qlora context that does not fit names no strategy qlora refuses": (["mode=plan", "model.pretrained={F}/shape_7b", "finetune=qlora", "hardware.gpu=T4", "data.seq_len=4096", "trainer.micro_batch_size=2"], ["data.seq_len=4096", "does not fit at parallel.cp=1", "the longest that fits is 512", "Fix: use data.seq_len <= 512; or trainer.activation_checkpointing=full"]),
+    "qlora whose 4-bit states fill the GPU": (["mode=plan", "model.pretrained={F}/shape_34b", "finetune=qlora", "hardware.gpu=T4", "trainer.micro_batch_size=1"], ["parallel='single'", "the model states alone take 17.7 GiB, at any data.seq_len", "Fix: no lever of this strategy is left: a GPU with more memory, or a smaller model"]),
+    "states that fill the GPU at tp 8": (["mode=plan", "model=llama3_8b", "parallel=fsdp_tp", "parallel.tp=8", "cluster.devices=8", "hardware.gpu=T4", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full", "data.seq_len=512"], ["parallel='fsdp_tp'", "do not fit this GPU at any data.seq_len", "Fix: use 16 GPUs (cluster.devices or cluster.nodes; tp 8 x cp 1 x dp 2; this run has 8); or a GPU with more memory (hardware.gpu)"]),
+    "lora context that does not fit names the strategies lora runs on": (["mode=plan", "model.pretrained={F}/shape_7b", "finetune=lora", "hardware.gpu=T4", "data.seq_len=4096", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full"], ["data.seq_len=4096", "Fix: use parallel.cp=2 with parallel=zero2|zero2_offload|zero3|zero3_offload on 2 GPUs"]),
     "cp with a batch warm-up": ([*CP2, "trainer.global_batch_size=32", "trainer.batch_size_warmup.start=8", "trainer.batch_size_warmup.tokens=4096"], ["trainer.batch_size_warmup.start=8", "Ulysses' attention is built for one micro batch size", "parallel.cp=1"]),
     "long-context recipe on V100s, 4 sequences a micro batch": (["mode=plan", "experiment=long_context", "hardware.gpu=V100", "cluster.devices=8", "trainer.micro_batch_size=4", "parallel.cp=8"], ["data.seq_len=32768", "does not fit at parallel.cp=8", "use parallel.cp=8 on 16 GPUs (tp 1 x cp 8 x dp 2; this run has 8)", "or data.seq_len <= 24576"]),
     # optimizers and objectives (issue 37)
@@ -529,6 +535,11 @@ def bad(tmp_path_factory):
     (f / "typeless_model" / "config.json").write_text('{"hidden_size": 64}')
     (f / "mistyped_model").mkdir()  # a traceback from transformers' strict config fields
     (f / "mistyped_model" / "config.json").write_text('{"model_type": "llama", "hidden_size": "64"}')
+    # Shapes of a 7B and a 34B Llama, config.json alone (planning reads no weights).
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096).save_pretrained(f / "shape_7b")
+    LlamaConfig(hidden_size=8192, intermediate_size=22016, num_hidden_layers=48, num_attention_heads=64, num_key_value_heads=8, vocab_size=32000, max_position_embeddings=16384).save_pretrained(f / "shape_34b")
     torch.save(torch.zeros(3), f / "tensor.ckpt")
     torch.save({"state_dict": {}}, f / "plain_dict.ckpt")
     small_model_checkpoint(f / "small_model.ckpt")

@@ -26,7 +26,7 @@ from tinytrain.plan.layout import world_size
 from tinytrain.plan.levers import read_mode
 from tinytrain.plan.memory import GIB
 from tinytrain.plan.micro_batch import SAFETY_MARGIN, is_auto
-from tinytrain.plan.parallel import STRATEGIES, power_of_two_divisors, strategy_row
+from tinytrain.plan.parallel import STRATEGIES, finetune_refuses, power_of_two_divisors, strategy_row
 
 
 @dataclass(frozen=True)
@@ -84,15 +84,17 @@ class ContextPlan:
         return {**asdict(self), "longest": {str(cp): seq for cp, seq in self.longest}, "longest_gpus": {str(cp): gpus for cp, gpus in self.longest_gpus}}
 
 
-def kinds_that_run() -> str:
-    """The parallel presets (conf/parallel/*.yaml) whose strategy splits sequences."""
+def kinds_that_run(cfg=None) -> str:
+    """The parallel presets (conf/parallel/*.yaml) whose strategy splits sequences, and that this
+    run's fine-tuning method runs on (`cfg`; finetune=qlora runs on none of them): "" when none."""
     from omegaconf import OmegaConf
 
     from tinytrain.config import CONF_DIR
 
     runs = {s.value for s, r in STRATEGIES.items() if r.cp_kinds}
-    presets = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml") if OmegaConf.load(p).strategy in runs)
-    return "parallel=" + "|".join(presets)
+    presets = {p.stem: OmegaConf.load(p) for p in sorted((CONF_DIR / "parallel").glob("*.yaml"))}
+    names = [n for n, p in presets.items() if p.strategy in runs and (cfg is None or not finetune_refuses(OmegaConf.merge(cfg, {"parallel": p})))]
+    return "parallel=" + "|".join(names) if names else ""
 
 
 def problems(cfg) -> list[Problem]:
@@ -108,7 +110,9 @@ def problems(cfg) -> list[Problem]:
         return []
     row = strategy_row(par.strategy)
     if not row.cp_kinds:
-        return [Problem("parallel.cp", par.cp, f"parallel={par.name} has no context parallelism: {row.cp_off}", f"use {kinds_that_run()} with parallel.cp={par.cp}, or parallel.cp=1")]
+        kinds = kinds_that_run(cfg)
+        fix = f"use {kinds} with parallel.cp={par.cp}, or parallel.cp=1" if kinds else f"use parallel.cp=1 (finetune={cfg.finetune.method.value} runs on no strategy that splits sequences)"
+        return [Problem("parallel.cp", par.cp, f"parallel={par.name} has no context parallelism: {row.cp_off}", fix)]
     kind, why = choose_kind(cfg, par.cp)
     if kind not in row.cp_kinds:
         # The fix changes the kind: the other kind's rules are the ones to meet then, not this one's.
@@ -353,10 +357,11 @@ def batch_note(cfg, world: int, options: list[int], chosen: int, fits) -> str:
     return f"; cp {', '.join(map(str, passed))}{would} cannot lay out trainer.global_batch_size={cfg.trainer.global_batch_size} (data parallel {dps})"
 
 
-def longest_context(needed_at, *, gpu_bytes: float, cp: int) -> int:
-    """The longest seq_len (a multiple of CONTEXT_STEP x cp) whose step at that cp fits `gpu_bytes`;
-    0 when not even one step does. `needed_at(seq, cp)` -> bytes per GPU, states and activations."""
-    step = CONTEXT_STEP * cp
+def longest_context(needed_at, *, gpu_bytes: float, cp: int, step: int | None = None) -> int:
+    """The longest seq_len (a multiple of `step`, by default CONTEXT_STEP x cp) whose step at that cp
+    fits `gpu_bytes`; 0 when not even one step does. `needed_at(seq, cp)` -> bytes per GPU, states
+    and activations."""
+    step = step or CONTEXT_STEP * cp
     lo, hi = 0, LONGEST_SEARCHED // step
     while lo < hi:  # activations grow with the sequence: the largest k with k x step fitting
         mid = (lo + hi + 1) // 2
@@ -379,46 +384,61 @@ def with_longest(cfg, context: ContextPlan, needed_at, *, gpu_memory_gb: float |
     return ContextPlan(**{**asdict(context), "longest": longest, "longest_gpus": more, "positions": positions, "scaled": scaled})
 
 
-def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, checkpointing: str = "none") -> None:
+def fit_problem(cfg, context: ContextPlan, memory, needed_at, *, world: int, checkpointing: str = "none", states_levers: tuple = ()) -> None:
     """A context that does not fit, while the model states alone would, is refused naming what
     fits: a larger cp on this world; else a sequence such a cp splits, a cp on more GPUs (whose
-    model states ZeRO or FSDP partition further), a shorter sequence."""
+    model states ZeRO or FSDP partition further), a shorter sequence. Where no sequence fits (the
+    states and what the step holds beside them fill the GPU) the refusal says so, naming
+    `states_levers` (plan/memory.py's memory_levers that lower the states) and the larger layouts
+    that fit. The cps named are on strategies this run's fine-tuning method runs on."""
     if not context.longest or memory.fits is not False:
         return
     seq = cfg.data.seq_len
-    states_gib = memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib
-    if states_gib >= memory.gpu_memory_gib:
+    if memory.states_overflow:
         return  # the model itself does not fit: the memory line's note says what to change
     tp, gpu = cfg.parallel.tp, memory.gpu_memory_gib * GIB
-    here = context.longest_at(context.cp)
-    kinds = "" if strategy_row(cfg.parallel.strategy).cp_kinds else f" with {kinds_that_run()}"
-    same = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world], gpu_bytes=gpu)
+    here = context.longest_at(context.cp) or longest_context(needed_at, gpu_bytes=gpu, cp=context.cp, step=RING_BLOCK * context.cp)
+    runs_cp = bool(strategy_row(cfg.parallel.strategy).cp_kinds)
+    kinds = "" if runs_cp else kinds_that_run(cfg)
+    split = runs_cp or bool(kinds)  # a cp above 1 is a fix this run can take
+    kinds = f" with {kinds}" if kinds else ""
+    same = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world], gpu_bytes=gpu) if split else None
+    more = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu, larger_cp=split)
+    need = f"{memory.total_gib:.1f} GiB needed per GPU, {memory.gpu_memory_gib:.1f} GiB on the GPU"
+    if not here and not same:
+        # Not even the shortest sequence fits: the model states (and the step's gradients, gathered
+        # weights and buffers beside them) are what overflow, and a shorter sequence cannot help.
+        fixes = [*states_levers]
+        if more:
+            c, gpus = more
+            fixes.insert(0, f"{gpus} GPUs (cluster.devices or cluster.nodes; tp {tp} x cp {c} x dp {gpus // (tp * c)}; this run has {world})" + (f" with parallel.cp={c}{kinds}" if c > 1 else ""))
+        fixes.append("a GPU with more memory (hardware.gpu)")
+        at_zero = needed_at(0, context.cp) / GIB
+        raise ConfigError(Problem("parallel", cfg.parallel.name, f"the model states, and what the step holds beside them (gradients, gathered weights, buffers), do not fit this GPU at any data.seq_len: {at_zero:.1f} GiB per GPU before any activations, {memory.gpu_memory_gib:.1f} GiB on the GPU (at data.seq_len={seq}: {need})", "use " + "; or ".join(dict.fromkeys(fixes))))
     if same:
         fixes = [f"parallel.cp={same[0]}{kinds}"]
     else:
         fixes = []
-        unsplit = unsplit_cp(cfg, context.cp, needed_at, world=world, gpu_bytes=gpu)
+        unsplit = unsplit_cp(cfg, context.cp, needed_at, world=world, gpu_bytes=gpu) if split else None
         if unsplit:
             c, whole, unit = unsplit
             fixes.append(f"data.seq_len={whole} with parallel.cp={c}{kinds} (cp {c} splits a multiple of {unit}; {seq} it does not)")
-        more = fitting_layout(cfg, context.cp, needed_at, world=world, gpus_tried=[world * 2**k for k in range(1, 8)], gpu_bytes=gpu)
         if more:
             c, gpus = more
             fixes.append(f"parallel.cp={c}{kinds} on {gpus} GPUs (tp {tp} x cp {c} x dp {gpus // (tp * c)}; this run has {world})")
         fixes.append(f"data.seq_len <= {here}")
     fixes += ([] if checkpointing == "full" else ["trainer.activation_checkpointing=full"]) + ([f"a smaller trainer.micro_batch_size (now {cfg.trainer.micro_batch_size})"] if memory_micro_batch(cfg) > 1 else [])
-    need = f"{memory.total_gib:.1f} GiB needed per GPU, {memory.gpu_memory_gib:.1f} GiB on the GPU"
     at = f"parallel.cp={context.cp}" if cfg.parallel.cp is not None else f"cp {context.cp} (parallel.cp=null: the largest cp that splits it here)"
     raise ConfigError(Problem("data.seq_len", seq, f"does not fit at {at}: {need} (activations {memory.activations_gib:.1f} GiB); the longest that fits is {here}", "use " + "; or ".join(fixes)))
 
 
-def fitting_layout(cfg, cp: int, needed_at, *, world: int, gpus_tried: list[int], gpu_bytes: float) -> tuple[int, int] | None:
+def fitting_layout(cfg, cp: int, needed_at, *, world: int, gpus_tried: list[int], gpu_bytes: float, larger_cp: bool = True) -> tuple[int, int] | None:
     """(cp, GPUs) of the first layout that fits, in the order of `gpus_tried` (GPU counts), and on
     each the smallest cp that a kind splits: above the run's on the run's `world`, from the run's on
-    a larger one."""
+    a larger one (`larger_cp` False: the run's cp only, where no strategy it can take splits more)."""
     tp = cfg.parallel.tp
     for gpus in gpus_tried:
-        for c in power_of_two_divisors(gpus // tp):
+        for c in power_of_two_divisors(gpus // tp) if larger_cp else [cp]:
             larger = c > cp if gpus == world else c >= cp
             if larger and splits(cfg, c) and needed_at(cfg.data.seq_len, c, gpus) <= gpu_bytes:
                 return c, gpus

@@ -267,6 +267,13 @@ class MemoryPlan:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def states_overflow(self) -> bool:
+        """Whether the model states alone (weights, gradients, optimizer state, a reference copy) fill
+        the GPU: no sequence or micro batch fits then."""
+        states = self.params_gib + self.grads_gib + self.optimizer_gib + self.reference_gib
+        return self.gpu_memory_gib is not None and states >= self.gpu_memory_gib
+
 
 def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: float | None, reference: float = 0.0, step: StepShape | None = None, recompute: float = 0.0) -> MemoryPlan:
     """The per-GPU estimate: the states, and the activations' peak where the step peaks (plan/step_peak.py;
@@ -296,20 +303,29 @@ def plan_memory(states: ModelStateMemory, activations: float, gpu_memory_gb: flo
     )
 
 
-def memory_levers(par, *, deepspeed: bool, tensor_parallel: bool, checkpointing: str, micro_batch: int) -> list[str]:
-    """What would lower a run's memory that it does not use already: the fixes a memory line that
-    does not fit names (not a higher ZeRO stage to a ZeRO-3 run, not a smaller micro batch at 1)."""
+def memory_levers(par, *, deepspeed: bool, tensor_parallel: bool, checkpointing: str, micro_batch: int, qlora: bool = False, heads: tuple[int, int] = (0, 0), states_only: bool = False, more_gpus: bool = True) -> list[str]:
+    """What would lower a run's memory that it does not use already and that the run can take: the
+    fixes a memory line that does not fit names (not a higher ZeRO stage to a ZeRO-3 run, not a
+    smaller micro batch at 1; no DeepSpeed strategy to finetune=qlora, which runs on single and ddp;
+    no larger parallel.tp than the heads allow: `heads` is (num_heads, num_kv_heads)).
+    `states_only`: the levers that lower the model states (not the activations'); `more_gpus` False:
+    leave out more GPUs (a caller that names the GPU count that fits)."""
     found = []
-    if not deepspeed and not tensor_parallel:
+    if qlora:
+        pass  # DeepSpeed would re-partition its 4-bit base: no strategy that partitions states runs it
+    elif not deepspeed and not tensor_parallel:
         found += ["parallel=zero3 on more GPUs (the model states partitioned over them)", "parallel=zero3_offload (the optimizer state and weights in host memory)"]
     elif deepspeed and par.zero_stage < 3:
         found.append("parallel=zero3")
     if deepspeed and not par.offload_optimizer:
         found.append("parallel=zero3_offload (the optimizer state and weights in host memory)" if par.zero_stage == 3 else "parallel=zero2_offload (the optimizer state in host memory)")
-    if deepspeed or tensor_parallel:
+    if (deepspeed or tensor_parallel) and more_gpus:
         found.append("more GPUs (the states are partitioned over them)")
-    if tensor_parallel:
-        found.append(f"a larger parallel.tp (now {par.tp})")
+    larger_tp = next((t for t in range(par.tp + 1, heads[1] + 1) if heads[0] % t == 0 and heads[1] % t == 0), None)
+    if tensor_parallel and larger_tp:
+        found.append(f"a larger parallel.tp (now {par.tp}; e.g. parallel.tp={larger_tp}, which divides num_heads({heads[0]}) and num_kv_heads({heads[1]}))")
+    if states_only:
+        return found
     if checkpointing != "full":
         found.append("trainer.activation_checkpointing=full")
     if micro_batch > 1:
@@ -317,16 +333,20 @@ def memory_levers(par, *, deepspeed: bool, tensor_parallel: bool, checkpointing:
     return found
 
 
-def levers_fix(levers: list[str]) -> str:
-    """What a run that does not fit is told to try (`levers`: memory_levers)."""
-    return "try " + ", ".join(levers) if levers else "no lever of this strategy is left: a GPU with more memory, or a smaller model"
+def levers_fix(levers: list[str], *, states: bool = False) -> str:
+    """What a run that does not fit is told to try (`levers`: memory_levers; `states`: the model
+    states alone do not fit, and a GPU with more memory is one of the levers)."""
+    if not levers:
+        return "no lever of this strategy is left: a GPU with more memory, or a smaller model"
+    return "try " + ", ".join(levers) + (", a GPU with more memory (hardware.gpu), or a smaller model" if states else "")
 
 
 def with_levers(memory: MemoryPlan, levers: list[str]) -> MemoryPlan:
     """A memory plan that does not fit, its note naming `levers` (memory_levers)."""
     if memory.fits is not False:
         return memory
-    return replace(memory, note=f"{memory.note}; {levers_fix(levers)}")
+    states = f" (the model states alone: {memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib:.1f} GiB)" if memory.states_overflow else ""
+    return replace(memory, note=f"{memory.note}{states}; {levers_fix(levers, states=memory.states_overflow)}")
 
 
 def step_dict(step: StepShape, peak, recompute: float) -> dict:

@@ -283,6 +283,15 @@ def lora_problems(cfg, key: str) -> list[Problem]:
     return found + row.finetune_problems(cfg)
 
 
+def finetune_refuses(cfg) -> bool:
+    """Whether finetune=lora|qlora refuses cfg.parallel (lora_problems, qlora_problems): the
+    strategies a fix may name to such a run."""
+    method = cfg.finetune.method.value
+    if method == "full":
+        return False
+    return bool(lora_problems(cfg, f"finetune={method}") or (method == "qlora" and qlora_problems(cfg)))
+
+
 def qlora_problems(cfg) -> list[Problem]:
     if strategy_row(cfg.parallel.strategy).qlora:
         return []

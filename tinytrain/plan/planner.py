@@ -364,16 +364,25 @@ def fit_stage(cfg, model: ModelStage, state: StateStage, batch, world: int, cp: 
 
     positions = positions_reached(cfg, model.pretrained)
     context = context_plan.with_longest(cfg, context_plan.choose(cfg, cp, cp_reason), needed_at, gpu_memory_gb=hardware.memory_gb, world=world, positions=positions, scaled=positions_scaled(cfg, model.pretrained))
-    context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode)
+    states_levers = run_levers(cfg, row, batch.micro_batch_size, checkpointing=ckpt.mode, states_only=True, more_gpus=False)
+    context_plan.fit_problem(cfg, context, memory, needed_at, world=world, checkpointing=ckpt.mode, states_levers=states_levers)
     return FitStage(row, batch, ckpt, memory, context, base_step)
+
+
+def run_levers(cfg, row, micro_batch: int, *, checkpointing: str, states_only: bool = False, more_gpus: bool = True) -> list[str]:
+    """memory_levers for this run: its strategy, fine-tuning method and heads."""
+    m = cfg.model
+    return memory_levers(cfg.parallel, deepspeed=row.deepspeed, tensor_parallel=row.tensor_parallel, checkpointing=checkpointing, micro_batch=micro_batch, qlora=cfg.finetune.method == FinetuneMethod.qlora, heads=(m.num_heads, m.num_kv_heads), states_only=states_only, more_gpus=more_gpus)
 
 
 def memory_check(cfg, fit: FitStage, preflight, hardware):
     """(fit, preflight) with a memory line that does not fit naming the levers the run has left,
     and the preflight check `memory` refusing it (or warning, as preflight.memory says)."""
-    levers = memory_levers(cfg.parallel, deepspeed=fit.row.deepspeed, tensor_parallel=fit.row.tensor_parallel, checkpointing=fit.checkpointing.mode, micro_batch=fit.batch.micro_batch_size)
+    # Where the model states alone fill the GPU, only the levers that lower them are named.
+    states = fit.memory.states_overflow
+    levers = run_levers(cfg, fit.row, fit.batch.micro_batch_size, checkpointing=fit.checkpointing.mode, states_only=states)
     fit = replace(fit, memory=with_levers(fit.memory, levers))
-    findings = preflight_report(memory_findings(cfg, fit.memory, hardware.name, levers_fix(levers)))
+    findings = preflight_report(memory_findings(cfg, fit.memory, hardware.name, levers_fix(levers, states=states)))
     return fit, replace(preflight, findings=preflight.findings + findings)
 
 

@@ -173,6 +173,8 @@ def memory_findings(cfg, memory, gpu_name: str, fix: str) -> list[Finding]:
     if memory.fits is not False:
         return []
     message = f"the plan's estimate is {memory.total_gib:.1f} GiB per GPU, {memory.total_gib / memory.gpu_memory_gib:.2f}x the {memory.gpu_memory_gib:.1f} GiB of the {gpu_name}: the first step would run out of memory"
+    if memory.states_overflow:  # no shorter sequence or smaller micro batch helps
+        message += f"; the model states alone take {memory.params_gib + memory.grads_gib + memory.optimizer_gib + memory.reference_gib:.1f} GiB, at any data.seq_len"
     found = finding(cfg, "memory", "parallel", cfg.parallel.name, message, fix)
     return [found] if found else []
 

@@ -54,9 +54,10 @@ def test_a_run_that_does_not_fit_is_refused_before_it_starts(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "named", "not_named"),
     [
-        (["model=llama3_8b"], ["parallel=zero3 on more GPUs", "parallel=zero3_offload", "trainer.activation_checkpointing=full", "a smaller trainer.micro_batch_size (now 8)"], ["higher ZeRO stage", "parallel.tp"]),
+        # the model states alone fill the GPU: a shorter sequence or smaller micro batch cannot help
+        (["model=llama3_8b"], ["parallel=zero3 on more GPUs", "parallel=zero3_offload", "a GPU with more memory"], ["higher ZeRO stage", "parallel.tp", "activation_checkpointing", "micro_batch_size"]),
         (["model=llama3_1_8b", "parallel=zero3", "cluster.devices=2", "trainer.micro_batch_size=1", "trainer.activation_checkpointing=full", "data.seq_len=8192", "trainer.global_batch_size=2"], ["parallel=zero3_offload (the optimizer state and weights in host memory)", "more GPUs"], ["parallel=zero3 ", "activation_checkpointing", "micro_batch_size"]),
-        (["model=llama3_8b", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"], ["a larger parallel.tp (now 2)", "more GPUs"], ["zero3"]),
+        (["model=llama3_8b", "parallel=fsdp_tp", "parallel.tp=2", "cluster.devices=2"], ["a larger parallel.tp (now 2; e.g. parallel.tp=4, which divides num_heads(32) and num_kv_heads(8))", "more GPUs"], ["zero3"]),
     ],
 )
 def test_a_memory_line_that_does_not_fit_names_only_the_levers_left(tmp_path, overrides, named, not_named):
@@ -66,6 +67,23 @@ def test_a_memory_line_that_does_not_fit_names_only_the_levers_left(tmp_path, ov
     assert note.startswith("does NOT fit") and "; try " in note, note
     fixes = note.split("; try ", 1)[1]
     assert all(n in fixes for n in named) and not any(n in fixes for n in not_named), fixes
+
+
+def test_memory_levers_name_only_what_the_run_can_take():
+    """finetune=qlora runs on single and ddp (no ZeRO lever); a larger parallel.tp only where the kv
+    heads take it; states_only leaves out the activations' levers."""
+    from types import SimpleNamespace
+
+    from tinytrain.plan.memory import memory_levers
+
+    single = SimpleNamespace(tp=1, zero_stage=0, offload_optimizer=False)
+    qlora = memory_levers(single, deepspeed=False, tensor_parallel=False, checkpointing="none", micro_batch=2, qlora=True)
+    assert qlora == ["trainer.activation_checkpointing=full", "a smaller trainer.micro_batch_size (now 2)"]
+    tp8 = SimpleNamespace(tp=8, zero_stage=0, offload_optimizer=False)
+    levers = memory_levers(tp8, deepspeed=False, tensor_parallel=True, checkpointing="full", micro_batch=1, heads=(32, 8))
+    assert levers == ["more GPUs (the states are partitioned over them)"]
+    levers = memory_levers(SimpleNamespace(tp=2, zero_stage=0, offload_optimizer=False), deepspeed=False, tensor_parallel=True, checkpointing="none", micro_batch=4, heads=(32, 8), states_only=True)
+    assert levers == ["more GPUs (the states are partitioned over them)", "a larger parallel.tp (now 2; e.g. parallel.tp=4, which divides num_heads(32) and num_kv_heads(8))"]
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
