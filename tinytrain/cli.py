@@ -41,7 +41,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     (export, generate, eval)."""
     with collector_paused():
         from tinytrain.data.bos_policy import decide_bos
-        from tinytrain.data.run_data import RunData
+        from tinytrain.data.run_data import RunData, step_keys
         from tinytrain.data.tokenizer import load_from_config
         from tinytrain.outputs import modes
         from tinytrain.plan.planner import make_plan
@@ -67,7 +67,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     tokenizer = load_from_config(cfg.tokenizer)
     # One BOS decision for the token store, SFT samples and the export (the plan carries it).
     bos = decide_bos(cfg, tokenizer)
-    data = RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=is_rank_zero())
+    data = RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=is_rank_zero(), step_keys=step_keys(cfg.trainer))
     if cfg.mode == Mode.prepare:
         return prepare_data(cfg, data)
     plan = make_plan(cfg, tokenizer, run_dir, bos=bos, data=data)

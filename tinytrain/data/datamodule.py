@@ -61,9 +61,11 @@ class MixturePart:
 
 
 class DataModule:
-    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None, validation_only: bool = False):
+    def __init__(self, data_cfg, tokenizer, micro_batch_size: int, seed: int, *, progress: bool = True, data_parallel: int = 1, samples_per_step: int = 0, ramp: BatchRamp | None = None, validation_only: bool = False, step_keys: tuple[str, ...] = ("trainer.global_batch_size",)):
         """`samples_per_step`: the global batch in sequences, where a mixture's data.stages turn steps into samples;
         `ramp`: trainer.batch_size_warmup's (data/batch_ramp.py), micro batches that grow with the step;
+        `step_keys`: the keys the user set that size a step (data/run_data.py step_keys), which a step
+        larger than the data is refused naming;
         `validation_only`: only the validation split is read (mode=eval), the training split's sizes are not checked."""
         self.validation_only = validation_only
         self.cfg = data_cfg
@@ -72,6 +74,7 @@ class DataModule:
         self.data_parallel = data_parallel
         self.samples_per_step = samples_per_step
         self.ramp = ramp
+        self.step_keys = step_keys
         self.stores: list = []  # token stores read (pretraining), for preflight's data_vocab check
         self.lines: list[str] = []  # what was built, for logs and mode=prepare
         self.parts: list[MixturePart] = []  # a mixture's sources (empty for one source)
@@ -327,12 +330,18 @@ class DataModule:
             # An epoch is whole optimizer steps (data/sampler.py): at least one step's samples.
             steps = self.samples_per_step // needed
             if len(self.train) < self.samples_per_step:
+                # Named by the keys the user set: a derived global batch the user never wrote, or a
+                # fix in one key that the other (set too) then contradicts, was no fix.
+                accumulation = max(1, len(self.train) // needed)
+                fits = {"trainer.global_batch_size": accumulation * needed, "trainer.accumulate_grad_batches": accumulation}
+                key = self.step_keys[0]
+                fix = " ".join(f"{k}={fits[k]}" for k in self.step_keys) + (" or less" if len(self.step_keys) == 1 else " (or smaller, together)")
                 raise ConfigError(
                     Problem(
-                        "trainer.global_batch_size",
-                        self.samples_per_step,
+                        key,
+                        {"trainer.global_batch_size": self.samples_per_step, "trainer.accumulate_grad_batches": steps}[key],
                         f"one optimizer step takes {self.samples_per_step} sequences (micro_batch_size {self.micro_batch_size} x data_parallel {self.data_parallel} x accumulation {steps}), more than the {len(self.train)} training sequences",
-                        f"use trainer.global_batch_size={len(self.train) // needed * needed or needed} or less, or more data",
+                        f"use {fix}, or more data",
                     )
                 )
         if len(self.train) < needed:

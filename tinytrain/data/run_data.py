@@ -11,9 +11,18 @@ from tinytrain.data.bos_policy import BosDecision, with_bos
 from tinytrain.data.datamodule import DataModule
 
 
+def step_keys(trainer_cfg) -> tuple[str, ...]:
+    """The keys the user set that size an optimizer step (trainer.global_batch_size and
+    trainer.accumulate_grad_batches, as given): a refusal of the step's size names them."""
+    given = (("trainer.global_batch_size", trainer_cfg.global_batch_size), ("trainer.accumulate_grad_batches", trainer_cfg.accumulate_grad_batches))
+    return tuple(key for key, value in given if value is not None) or ("trainer.global_batch_size",)
+
+
 class RunData:
-    def __init__(self, data_cfg, tokenizer, bos: BosDecision, *, seed: int, progress: bool = True):
+    def __init__(self, data_cfg, tokenizer, bos: BosDecision, *, seed: int, progress: bool = True, step_keys: tuple[str, ...] = ("trainer.global_batch_size",)):
+        """`step_keys`: the keys the user set that size a step (step_keys above)."""
         self.settings = with_bos(data_cfg, bos.add)
+        self.step_keys = step_keys
         self.tokenizer = tokenizer
         self.seed = seed
         self.progress = progress
@@ -31,6 +40,7 @@ class RunData:
                 data_parallel=batch.data_parallel,
                 samples_per_step=batch.global_batch_size,
                 ramp=batch.ramp,
+                step_keys=self.step_keys,
             )
             self._built = (batch, data)
         elif self._built[0] != batch:  # the planner and training read one BatchPlan

@@ -18,7 +18,7 @@ from tinytrain.cluster.slurm import current_task
 from tinytrain.config.dtype import Dtype
 from tinytrain.config.schema import PLANNING_MODES, Checkpointing, DataFormat, FinetuneMethod, Mode, Objective, OptimizerName
 from tinytrain.data.bos_policy import BosDecision, decide_bos
-from tinytrain.data.run_data import RunData
+from tinytrain.data.run_data import RunData, step_keys
 from tinytrain.data.tokenizer import earlier_fingerprints, fingerprint
 from tinytrain.errors import ConfigError, Problem, raise_if_any
 from tinytrain.plan import context as context_plan
@@ -67,7 +67,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
     batch, the start points and preflight, the training state (adapters, optimizer, preference),
     the memory fit (micro batch, checkpointing, context), then the plan assembled."""
     bos = bos or decide_bos(cfg, tokenizer)
-    data = data or RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=False)
+    data = data or RunData(cfg.data, tokenizer, bos, seed=cfg.seed, progress=False, step_keys=step_keys(cfg.trainer))
     hardware = resolve.effective_hardware(cfg)
     precision = resolve.precision_decision(cfg, hardware)
     vocab = resolve.vocab_plan(cfg, len(tokenizer))

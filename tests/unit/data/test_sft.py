@@ -244,3 +244,25 @@ def test_a_global_batch_above_the_training_samples_is_refused_with_the_one_that_
     message = str(refused.value)
     assert "trainer.global_batch_size=256: one optimizer step takes 256 sequences (micro_batch_size 4 x data_parallel 2 x accumulation 32), more than the 150 training sequences" in message
     assert "Fix: use trainer.global_batch_size=144 or less" in message
+
+
+@pytest.mark.parametrize(
+    ("keys", "refused", "fix"),
+    [
+        # trainer.accumulate_grad_batches=32 alone: the refusal named the derived trainer.global_batch_size=256
+        # and suggested trainer.global_batch_size=144, which the accumulation the user set then contradicted.
+        (("trainer.accumulate_grad_batches",), "trainer.accumulate_grad_batches=32: one optimizer step takes 256 sequences", "Fix: use trainer.accumulate_grad_batches=18 or less, or more data"),
+        (("trainer.global_batch_size", "trainer.accumulate_grad_batches"), "trainer.global_batch_size=256: one optimizer step", "Fix: use trainer.global_batch_size=144 trainer.accumulate_grad_batches=18 (or smaller, together), or more data"),
+    ],
+)
+def test_a_step_above_the_training_samples_names_the_keys_the_user_set(tmp_path, bundled_tokenizer, keys, refused, fix):
+    from tinytrain.data.datamodule import DataModule
+    from tinytrain.data.run_data import step_keys
+
+    assert step_keys(compose(["trainer.accumulate_grad_batches=32"]).trainer) == ("trainer.accumulate_grad_batches",)
+    assert step_keys(compose([]).trainer) == ("trainer.global_batch_size",)
+    cfg = compose(["data=alpaca", f"data.cache_dir={tmp_path}"]).data
+    with pytest.raises(ConfigError) as refused_error:
+        DataModule(cfg, bundled_tokenizer, 4, 0, progress=False, data_parallel=2, samples_per_step=256, step_keys=keys)
+    message = str(refused_error.value)
+    assert refused in message and fix in message, message
