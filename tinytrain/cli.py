@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tinytrain.checkpoint import run_lock
 from tinytrain.cluster import console_handler, library_notices, process_group, rank_logging, sweep_results
 from tinytrain.cluster.import_gc import collector_paused, release_finished_job
-from tinytrain.cluster.overrides import names_data, script_overrides, task_overrides
+from tinytrain.cluster.overrides import hydra_overrides, names_data, script_overrides, task_overrides
 from tinytrain.config import CONF_DIR, run_mode
 from tinytrain.config.checks import removed_key_problems
 from tinytrain.config.resolvers import PLACEHOLDER_GIVEN, is_placeholder, register_resolvers, remember_found
@@ -63,7 +63,7 @@ def run_stages(cfg: DictConfig, run_dir: Path):
     adopt_pretrained_shape(cfg, given_model_keys())  # model.pretrained's shape, not the preset's
     validate(cfg)
     if cfg.mode in PLANNING_MODES and is_rank_zero():
-        refuse_trained_directory(run_dir)
+        refuse_trained_directory(run_dir, cfg.mode)
     tokenizer = load_from_config(cfg.tokenizer)
     # One BOS decision for the token store, SFT samples and the export (the plan carries it).
     bos = decide_bos(cfg, tokenizer)
@@ -128,22 +128,29 @@ def checkpoint_shorthand(args: list[str]) -> list[str]:
     return [next((full + a.removeprefix(short) for short, full in shorthands.items() if a.startswith(short)), a) for a in args]
 
 
-def refuse_trained_directory(run_dir: Path) -> None:
+def refuse_trained_directory(run_dir: Path, mode: Mode = Mode.plan) -> None:
     """A plan written into a trained run's directory would replace the plan.json and
-    config_resolved.yaml that describe its checkpoints."""
+    config_resolved.yaml that describe its checkpoints. The fix plans a new directory that resumes
+    from its newest checkpoint (the plan shows the resume line), or continues the run itself: mode=sbatch
+    by resubmitting the job script it wrote there."""
     from tinytrain.checkpoint.files import step_checkpoints
+    from tinytrain.cluster.sbatch import SCRIPT_NAME
 
     checkpoints = run_dir / "checkpoints"
     trained = [p.name for _, p in step_checkpoints(checkpoints)] + [p.name for p in (checkpoints / "final.ckpt",) if p.exists()]
-    if trained:
-        raise ConfigError(
-            Problem(
-                "hydra.run.dir",
-                str(run_dir),
-                f"holds a trained run (checkpoints/{trained[0]}); a plan here would replace the plan.json and config_resolved.yaml that describe it",
-                "plan into a new directory (run.name=<new>), or continue that run with mode=train (resume=auto)",
-            )
-        )
+    if not trained:
+        return
+    # run.name places the directory unless hydra.run.dir was given itself
+    new = "hydra.run.dir=<new directory>" if any(o.startswith("hydra.run.dir=") for o in hydra_overrides()) else "run.name=<new>"
+    resumed = f"{new} resume={checkpoints / trained[0]}"
+    script = run_dir / SCRIPT_NAME
+    if mode == Mode.sbatch and script.exists():
+        fix = f"resubmit the job script written there, which continues that run (resume=auto): sbatch {script}; or write a job for a new directory that resumes from its newest checkpoint: {resumed}"
+    elif mode == Mode.sbatch:
+        fix = f"write a job for a new directory that resumes from its newest checkpoint: {resumed}; or continue that run with mode=train (resume=auto)"
+    else:
+        fix = f"plan a new directory that resumes from its newest checkpoint: {resumed} (the plan shows its resume line); or continue that run with mode=train (resume=auto)"
+    raise ConfigError(Problem("hydra.run.dir", str(run_dir), f"holds a trained run (checkpoints/{trained[0]}); mode={mode.value} here would replace the plan.json and config_resolved.yaml that describe it", fix))
 
 
 def clean_up_after_interrupted_saves(cfg: DictConfig, plan, run_dir: Path) -> None:

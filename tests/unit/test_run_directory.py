@@ -42,8 +42,23 @@ def test_a_plan_does_not_overwrite_a_trained_run(tmp_path, trained, mode):
         run_stages(compose([f"mode={mode}", *(["cluster=slurm", "parallel=ddp"] if mode == "sbatch" else [])]), tmp_path)
     problem = e.value.problems[0]
     assert problem.key == "hydra.run.dir" and f"holds a trained run (checkpoints/{trained})" in problem.message
-    assert "run.name=<new>" in problem.fix
+    # A new directory alone planned a fresh run: the fix resumes it from the trained run's checkpoint.
+    assert f"run.name=<new> resume={tmp_path / 'checkpoints' / trained}" in problem.fix
     assert (tmp_path / "plan.json").read_text() == "the trained run's plan"
+
+
+def test_sbatch_in_a_trained_job_s_directory_names_its_job_script(tmp_path):
+    """mode=sbatch wrote job.sbatch there: resubmitting it continues the run (resume=auto), where
+    mode=train on the login node was the fix before."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step0000004.ckpt").write_bytes(b"weights")
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n")
+    with pytest.raises(ConfigError) as e:
+        run_stages(compose(["mode=sbatch", "cluster=slurm", "parallel=ddp"]), tmp_path)
+    problem = e.value.problems[0]
+    assert problem.message.endswith("mode=sbatch here would replace the plan.json and config_resolved.yaml that describe it")
+    assert problem.fix.startswith(f"resubmit the job script written there, which continues that run (resume=auto): sbatch {tmp_path / 'job.sbatch'}")
+    assert "mode=train" not in problem.fix
 
 
 def test_a_refused_plan_leaves_the_trained_run_s_hydra_record_as_it_was(tmp_path):

@@ -20,18 +20,23 @@ def task_overrides() -> list[str]:
     return [str(o) for o in OmegaConf.to_container(task, resolve=False)] if task is not None else []
 
 
-def script_overrides() -> list[str]:
-    """What a Slurm script tinytrain writes passes on to its srun: the task's overrides and the
-    user's own Hydra settings (`hydra/job_logging=stdout`, `hydra.verbose=true`), which a job run
-    without them would not have. hydra.mode is Hydra's own entry for every run."""
+def hydra_overrides() -> list[str]:
+    """hydra.overrides.hydra unresolved (the user's Hydra settings, hydra.run.dir=... among them, and
+    Hydra's own hydra.mode); [] where Hydra did not compose this config."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
     if not HydraConfig.initialized():
         return []
     own = OmegaConf.select(HydraConfig.get(), "overrides.hydra", default=None)
-    hydra = [str(o) for o in OmegaConf.to_container(own, resolve=False)] if own is not None else []
-    return task_overrides() + [o for o in hydra if o.split("=", 1)[0] != "hydra.mode"]
+    return [str(o) for o in OmegaConf.to_container(own, resolve=False)] if own is not None else []
+
+
+def script_overrides() -> list[str]:
+    """What a Slurm script tinytrain writes passes on to its srun: the task's overrides and the
+    user's own Hydra settings (`hydra/job_logging=stdout`, `hydra.verbose=true`), which a job run
+    without them would not have. hydra.mode is Hydra's own entry for every run."""
+    return task_overrides() + [o for o in hydra_overrides() if o.split("=", 1)[0] != "hydra.mode"]
 
 
 # data.* settings that say where or how data is built, not which data: a mode=eval given only
@@ -49,4 +54,3 @@ def data_keys_given() -> list[str]:
 def names_data() -> bool:
     """Whether the command line names data (mode=eval then evaluates on it, not on the run's)."""
     return any(k not in DATA_BUILD_SETTINGS for k in data_keys_given())
-
