@@ -25,11 +25,21 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from tinytrain.cluster import slurm
+from tinytrain.cluster.sbatch import SCRIPT_NAME
 from tinytrain.cluster.signal_memory import SignalMemory
-from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted
+from tinytrain.errors import PREEMPTED_EXIT_CODE, Preempted, again_in
 from tinytrain.train.callbacks.step_checkpoints import StepCheckpoints
 
 log = logging.getLogger(__name__)
+
+
+def requeue_failed(run_dir: Path, outcome: str) -> str:
+    """What a job whose `scontrol requeue` failed is told: continue in its own run directory. Its
+    run.name need not be slurm-<job>: mode=sbatch's jobs train into hydra.run.dir=<run dir>, and a
+    resubmission named slurm-<job> started a fresh run elsewhere."""
+    script = run_dir / SCRIPT_NAME
+    how = f"resubmit its job script (sbatch {script})" if script.exists() else again_in(run_dir)
+    return f"{outcome}; {how}: resume=auto continues from it"
 
 
 class Preemption(pl.Callback):
@@ -84,7 +94,7 @@ class Preemption(pl.Callback):
             if trainer.is_global_zero:
                 requeued, outcome = slurm.requeue(job)
                 (log.info if requeued else log.error)("%s", outcome)
-                then = "the requeued job resumes from it" if requeued else f"{outcome}; resubmit with run.name=slurm-{job} to resume from it"
+                then = "the requeued job resumes from it" if requeued else requeue_failed(self.run_dir, outcome)
             else:
                 then = "requeue is rank 0's"
         else:
