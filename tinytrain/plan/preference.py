@@ -151,7 +151,8 @@ def trainable_rows_problem(plan: PreferencePlan | None, adapters) -> None:
             "finetune.trainable_tokens",
             "auto",
             f"the rows of {len(adapters.trainable_token_ids)} token(s) train beside the adapters ({adapters.trainable_tokens_reason.split(':')[0]}); disabling the adapters does not undo them, so the {plan.name} reference would drift",
-            "set finetune.precompute_reference=true (the reference's log-probs computed before training), or finetune.trainable_tokens=none",
+            # kto refuses a precomputed reference (kto_problems): its KL rows are formed per micro batch
+            "set finetune.trainable_tokens=none" if plan.name == Objective.kto.value else "set finetune.precompute_reference=true (the reference's log-probs computed before training), or finetune.trainable_tokens=none",
         )
     )
 
@@ -168,7 +169,9 @@ def memory_problem(plan: PreferencePlan | None, memory) -> None:
             "finetune.precompute_reference",
             False,
             f"{plan.name} on full fine-tuning holds a frozen reference copy ({plan.reference_bytes / GIB:.1f} GiB per GPU); with it the run needs {memory.total_gib:.1f} GiB of the GPU's {memory.gpu_memory_gib:.1f} GiB, without it {without:.1f} GiB",
-            "set finetune.precompute_reference=true (its log-probs computed once before training, no copy held), or finetune=lora (the reference is the base with adapters off), or a higher ZeRO stage / parallel=fsdp_tp",
+            # kto refuses a precomputed reference (kto_problems): its KL rows are formed per micro batch
+            ("use " if plan.name == Objective.kto.value else "set finetune.precompute_reference=true (its log-probs computed once before training, no copy held), or ")
+            + "finetune=lora (the reference is the base with adapters off), or a higher ZeRO stage / parallel=fsdp_tp",
         )
     )
 

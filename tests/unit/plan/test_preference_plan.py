@@ -102,3 +102,22 @@ def test_the_step_time_counts_both_rows_of_a_pair_and_the_reference_forward(pair
     assert seconds(dpo, "online") == pytest.approx(sft * (2 + 2 / 3))
     assert seconds([*dpo, "finetune.precompute_reference=true"], "precomputed") == pytest.approx(sft * 2)
     assert seconds([*dpo, "finetune.objective=simpo"], "simpo") == pytest.approx(sft * 2)
+
+
+def test_kto_s_refusals_do_not_suggest_the_precomputed_reference_kto_refuses():
+    """kto forms its KL rows per micro batch and refuses finetune.precompute_reference=true
+    (kto_problems): a refusal suggesting it sent the user into that refusal next."""
+    from types import SimpleNamespace
+
+    from tinytrain.plan.memory import GIB
+
+    rows = SimpleNamespace(trainable_token_ids=[5, 6], trainable_tokens_reason="2 token(s) added beyond the base's 4096 rows: ...")
+    for name, fix in (("kto", "set finetune.trainable_tokens=none"), ("dpo", "set finetune.precompute_reference=true (the reference's log-probs computed before training), or finetune.trainable_tokens=none")):
+        with pytest.raises(ConfigError) as e:
+            preference.trainable_rows_problem(preference.PreferencePlan(name, 0.1, 0.0, 0.0, preference.ADAPTERS_OFF, 0.0), rows)
+        assert e.value.problems[0].fix == fix
+    memory = SimpleNamespace(fits=False, total_gib=24.0, gpu_memory_gib=22.4)
+    for name, fix in (("kto", "use finetune=lora (the reference is the base with adapters off), or a higher ZeRO stage / parallel=fsdp_tp"), ("dpo", "set finetune.precompute_reference=true (its log-probs computed once before training, no copy held), or finetune=lora")):
+        with pytest.raises(ConfigError) as e:
+            preference.memory_problem(preference.PreferencePlan(name, 0.1, 0.0, 0.0, preference.FROZEN_COPY, 2 * GIB), memory)
+        assert e.value.problems[0].fix.startswith(fix)
