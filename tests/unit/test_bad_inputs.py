@@ -427,6 +427,8 @@ CASES = {
     "pretrained config.json with a field of the wrong type": (["mode=plan", "model.pretrained={F}/mistyped_model"], ["model.pretrained='{F}/mistyped_model'", "cannot read its config.json", "hidden_size"]),
     # finetune=lora|qlora
     "lora without a base model": (["mode=plan", "finetune=lora"], ["model.pretrained=null", "finetune=lora adapts a base model", "Fix: set model.pretrained="]),
+    # qlora quantizes its base while loading a Hugging Face folder: the fix named checkpoint.init_from, which qlora refuses.
+    "qlora without a base model": (["mode=plan", "finetune=qlora"], ["model.pretrained=null", "finetune=qlora adapts a base model and model.pretrained names none", "Fix: set model.pretrained=<Hugging Face folder> (a tinytrain checkpoint: export it with mode=export, then model.pretrained=<its hf_export folder>), or use finetune=full"]),
     "lora rank zero": (["mode=plan", "finetune=lora", "finetune.rank=0"], ["finetune.rank=0", ">= 1", "finetune.rank=16"]),
     "lora alpha zero": (["mode=plan", "finetune=lora", "finetune.alpha=0"], ["finetune.alpha=0.0", "positive", "finetune.alpha=32"]),
     "lora dropout one": (["mode=plan", "finetune=lora", "finetune.dropout=1"], ["finetune.dropout=1.0", "[0, 1)"]),

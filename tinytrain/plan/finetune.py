@@ -100,7 +100,10 @@ def problems(cfg) -> list[Problem]:
     elif len(set(chosen)) < len(chosen):  # the plan counted a repeated projection's adapters twice
         found.append(Problem("finetune.target_modules", list(chosen), "names a projection more than once", f"list each once, e.g. finetune.target_modules=[{','.join(dict.fromkeys(chosen))}]"))
     if not cfg.model.pretrained and not cfg.checkpoint.init_from:
-        found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
+        if f.method == FinetuneMethod.qlora:  # its base is quantized while a Hugging Face folder loads: no init_from
+            found.append(Problem("model.pretrained", None, f"{key} adapts a base model and model.pretrained names none (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> (a tinytrain checkpoint: export it with mode=export, then model.pretrained=<its hf_export folder>), or use finetune=full"))
+        else:
+            found.append(Problem("model.pretrained", None, f"{key} adapts a base model and neither model.pretrained nor checkpoint.init_from names one (adapters on random weights learn nothing a base knows)", "set model.pretrained=<Hugging Face folder> or checkpoint.init_from=<tinytrain checkpoint>, or use finetune=full"))
     found += parallel.lora_problems(cfg, key)
     if f.method == FinetuneMethod.qlora:
         if cfg.checkpoint.init_from and not cfg.model.pretrained:
