@@ -256,4 +256,5 @@ def test_a_sharded_checkpoint_under_ddp_or_deepspeed_is_refused_in_the_plan(refe
             run_stages(compose(["mode=plan", *base, *run, f"resume={folder}"]), tmp_path / run[0])
         message = str(e.value)
         assert "saved as fsdp_tp sharded over 2 rank(s) (tp 2 x dp 1)" in message and this in message
-        assert "resume with parallel=fsdp_tp (any world size and tp)" in message and "checkpoint.init_from=<this checkpoint>" in message
+        assert "resume with parallel=fsdp_tp (any world size and tp)" in message and f"checkpoint.init_from={folder} without resume={folder}" in message
+        assert f"{run[0]} cannot load a sharded fsdp_tp checkpoint" in message  # parallel=zero2, not its strategy's name deepspeed

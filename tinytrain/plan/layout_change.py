@@ -63,18 +63,28 @@ def saved_layout(path: Path, state: dict) -> Layout:
     return Layout(**formats.saved_layout(path, state))
 
 
-def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
+def weights_only(path: str = "<this checkpoint>", resume: str | None = None) -> str:
+    """The fix that starts a new run from a checkpoint's weights: `resume` the value the user gave
+    (resume=<path>), which must go, since a resume takes precedence over checkpoint.init_from."""
+    dropped = f" without resume={resume} (a resume takes precedence over checkpoint.init_from)" if resume else ""
+    return f"or start a new run from its weights only: run.name=<new> checkpoint.init_from={path}{dropped}"
+
+
+def refusal(saved: Layout, run: Layout, *, path: str = "<this checkpoint>", resume: str | None = None, parallel: str | None = None) -> tuple[str, str] | None:
     """(why, fix) when a run of layout `run` cannot resume a checkpoint of layout `saved`; None
     when it can. Which formats a strategy loads is its row's `resumable_from` (plan/parallel.py);
-    within DeepSpeed's format, the ZeRO family must match too (another dp size `converts`)."""
-    weights = "or start a new run from its weights only: run.name=<new> checkpoint.init_from=<this checkpoint>"
+    within DeepSpeed's format, the ZeRO family must match too (another dp size `converts`).
+    `parallel`: the run's parallel option (zero2, not its strategy deepspeed); `path`, `resume`:
+    the checkpoint and the resume value the user gave (weights_only)."""
+    weights = weights_only(path, resume)
+    parallel = parallel or run.strategy
     fmt = CheckpointFormat(saved.format)
     if fmt not in strategy_row(run.strategy).resumable_from:
         readers = [s.value for s, row in STRATEGIES.items() if fmt in row.resumable_from]
         if fmt is CheckpointFormat.deepspeed:
-            return (f"parallel={run.strategy} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage}, {weights}")
+            return (f"parallel={parallel} cannot load DeepSpeed's optimizer partitions", f"resume with parallel=zero{saved.zero_stage}, {weights}")
         what = "a sharded fsdp_tp checkpoint" if fmt is CheckpointFormat.sharded else "the optimizer state of a full-tensor file"
-        return (f"parallel={run.strategy} cannot load {what}", f"resume with parallel={' or '.join(readers)} (any world size and tp), {weights}")
+        return (f"parallel={parallel} cannot load {what}", f"resume with parallel={' or '.join(readers)} (any world size and tp), {weights}")
     if fmt is not CheckpointFormat.deepspeed:
         return None
     if run.zero_stage != saved.zero_stage and 3 in (run.zero_stage, saved.zero_stage):
@@ -82,10 +92,11 @@ def refusal(saved: Layout, run: Layout) -> tuple[str, str] | None:
     return None
 
 
-def check_layout(path: Path, state: dict, run: Layout) -> Layout:
-    """The checkpoint's layout; raises ConfigError (`resume`) naming both layouts and the fix."""
+def check_layout(path: Path, state: dict, run: Layout, *, resume: str | None = None, parallel: str | None = None) -> Layout:
+    """The checkpoint's layout; raises ConfigError (`resume`) naming both layouts and the fix
+    (`resume`, `parallel`: as refusal's)."""
     saved = saved_layout(path, state)
-    refused = refusal(saved, run)
+    refused = refusal(saved, run, path=str(path), resume=resume, parallel=parallel)
     if refused:
         why, fix = refused
         raise ConfigError(Problem("resume", str(path), f"saved as {saved.describe()}; this run is {run.describe()}: {why}", fix))

@@ -78,7 +78,7 @@ def make_plan(cfg, tokenizer, run_dir: Path, *, bos: BosDecision | None = None, 
         raise_if_any(context_plan.attention_problems(cp, context_plan.choose_kind(cfg, cp)[0], model.attention.implementation, model.fam.arch.value, softcap=not model.fam.sdpa, cp_reason=cp_reason))
     batch = laid_out_batch(cfg, world, cp, cp_reason)
     layout = run_layout(cfg.parallel.strategy.value, world, batch.data_parallel, cfg.parallel.tp, cfg.parallel.zero_stage, cp)
-    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout, model.earlier_fingerprints)
+    resume = resolve_resume(cfg.resume, run_dir / "checkpoints", vocab, model.tokenizer_fingerprint, cfg.model.name, model.shape, layout, model.earlier_fingerprints, parallel=cfg.parallel.name)
     # A resume continues from its own checkpoint: an init_from since pruned or moved (a requeued
     # fine-tune whose base run kept only its newest) is not read, unless its weights are rebuilt
     # (a LoRA base, a DPO reference: init_from_needed below).

@@ -27,7 +27,7 @@ from tinytrain.checkpoint.format import METADATA_VERSION, saved_layer_kinds, sav
 from tinytrain.checkpoint.resume import AUTO, NEVER, newest_loadable, read_state
 from tinytrain.errors import ConfigError, Problem
 from tinytrain.plan.families import family
-from tinytrain.plan.layout_change import Layout, check_layout, converts, repads, saved_layout
+from tinytrain.plan.layout_change import Layout, check_layout, converts, repads, saved_layout, weights_only
 from tinytrain.plan.model_shape import ModelShape
 from tinytrain.plan.vocab import VocabPlan
 
@@ -186,10 +186,20 @@ def init_point(path: str | None, vocab: VocabPlan, fingerprint: str, allow_token
 
 
 def resolve_resume(
-    value: str, checkpoint_dir: Path, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None, earlier: dict[str, str] | None = None
+    value: str,
+    checkpoint_dir: Path,
+    vocab: VocabPlan,
+    fingerprint: str,
+    model_name: str,
+    shape: ModelShape | None = None,
+    layout: Layout | None = None,
+    earlier: dict[str, str] | None = None,
+    *,
+    parallel: str | None = None,
 ) -> ResumePoint | None:
     """Which checkpoint this run continues from (None: a fresh start). Raises ConfigError naming
-    `resume`. `layout`: the run's; a checkpoint of another layout resumes or is refused (layout_change.py).
+    `resume`. `layout`: the run's; a checkpoint of another layout resumes or is refused (layout_change.py),
+    naming `parallel` (the run's parallel option).
     `earlier`: older tinytrains' fingerprints of this run's tokenizer (as init_point's)."""
     existing = step_checkpoints(checkpoint_dir)
     if value == NEVER:
@@ -212,7 +222,7 @@ def resolve_resume(
     else:
         path = Path(value).absolute()
         ckpt, skipped, how = read_state(path), [], f"resume={value}"
-    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape, layout, earlier)
+    meta = check_resumable(ckpt, str(path), vocab, fingerprint, model_name, shape, layout, earlier, given=None if value == AUTO else value, parallel=parallel)
     step = int(ckpt["global_step"])
     unreadable = {p for p, _ in skipped}
     newer = [p.name for s, p in existing if s > step and p != path and p not in unreadable]
@@ -292,19 +302,30 @@ def check_compatible(ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, 
 
 
 def check_resumable(
-    ckpt: dict, path: str, vocab: VocabPlan, fingerprint: str, model_name: str, shape: ModelShape | None = None, layout: Layout | None = None, earlier: dict[str, str] | None = None
+    ckpt: dict,
+    path: str,
+    vocab: VocabPlan,
+    fingerprint: str,
+    model_name: str,
+    shape: ModelShape | None = None,
+    layout: Layout | None = None,
+    earlier: dict[str, str] | None = None,
+    *,
+    given: str | None = None,
+    parallel: str | None = None,
 ) -> dict:
     """A run continuing from its checkpoint (`resume`): optimizer state included, so the same
     tokenizer and model, a layout it can load under (layout_change.py), and the same padded vocab
-    unless that change re-pads the vocab rows of the weights and moments."""
+    unless that change re-pads the vocab rows of the weights and moments. `given`: resume=<path> as
+    the user wrote it (None under resume=auto); `parallel`: the run's parallel option."""
     meta = tinytrain_metadata(ckpt, path, "resume")
-    fresh = "or start a new run from its weights: run.name=<new> checkpoint.init_from=<this checkpoint>"
+    fresh = weights_only(path, given)
     if not same_tokenizer(meta, fingerprint, earlier):
         raise ConfigError(Problem("resume", path, other_tokenizer(meta, fingerprint, vocab), f"resume with the tokenizer it was trained with, {fresh} (checkpoint.allow_tokenizer_change=true for another tokenizer)"))
     if meta["model"] != model_name:
         raise ConfigError(Problem("resume", path, f"saved by model={meta['model']}, this run is model={model_name}", f"give a different run its own directory (run.name=<new>), {fresh}"))
     check_shape(ckpt, path, "resume", shape)
-    saved = check_layout(Path(path), ckpt, layout) if layout is not None else None
+    saved = check_layout(Path(path), ckpt, layout, resume=given, parallel=parallel) if layout is not None else None
     if meta["padded_vocab"] != vocab.padded and not (saved is not None and repads(saved, layout)):
         raise ConfigError(
             Problem(

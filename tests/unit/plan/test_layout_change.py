@@ -50,7 +50,19 @@ def test_every_pair_resumes_or_is_refused_with_both_layouts_and_the_fix(saved, r
     message = str(e.value)
     assert message.startswith("tinytrain: configuration error: resume='/ckpt/step0000004.ckpt': saved as ")
     assert f"saved as {ours.describe()}; this run is {theirs.describe()}" in message
-    assert "checkpoint.init_from=<this checkpoint>" in message
+    assert "checkpoint.init_from=/ckpt/step0000004.ckpt" in message
+
+
+def test_a_refusal_names_the_parallel_option_and_drops_the_resume_it_was_given():
+    """It named parallel=deepspeed (no such option: the user wrote parallel=zero2), and its fix
+    run.name=<new> checkpoint.init_from=<ckpt> kept resume=<ckpt>, which takes precedence."""
+    sharded, zero2 = layout("fsdp_tp", 2, 2, 0), layout("deepspeed", 2, 1, 2)
+    path = "/runs/a/checkpoints/step0000004.ckpt"
+    with pytest.raises(ConfigError) as e:
+        check_layout(Path(path), {"tinytrain": {"layout": sharded.to_dict()}}, zero2, resume=path, parallel="zero2")
+    problem = e.value.problems[0]
+    assert problem.message.endswith("parallel=zero2 cannot load a sharded fsdp_tp checkpoint") and "deepspeed cannot" not in problem.message
+    assert problem.fix == f"resume with parallel=fsdp_tp (any world size and tp), or start a new run from its weights only: run.name=<new> checkpoint.init_from={path} without resume={path} (a resume takes precedence over checkpoint.init_from)"
 
 
 def test_a_checkpoint_without_a_recorded_layout_is_read_from_the_disk(tmp_path):
