@@ -241,8 +241,10 @@ CASES = {
     "data stage weight infinite": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: inf}}]"], ["data.stages[0].weights.tinyshakespeare=inf", "must be a finite number >= 0", "Fix: use e.g. 0.3"]),
     "data stage weight not a number": (["mode=plan", "data=mixture", "data.stages=[{until_step: 100, weights: {tinyshakespeare: abc}}]"], ["data.stages=[{until_step: 100, weights: {tinyshakespeare: abc}}]: wrong value for 'weights.tinyshakespeare'", "could not be converted to Float"]),
     "data stages without a mixture": (["mode=plan", "data.stages=[{until_step: 100, weights: {a: 1}}]"], ["data.stages=", "data.sources names no mixture", "Fix: add data.sources"]),
-    "average more checkpoints than are kept": (["mode=plan", "checkpoint.average_last=5"], ["checkpoint.average_last=5", "at most the checkpoint.keep_last(3)", "Fix: use 2 to 3 (raise checkpoint.keep_last"]),
-    "average of one checkpoint": (["mode=plan", "checkpoint.average_last=1"], ["checkpoint.average_last=1", "at least 2"]),
+    "average more checkpoints than are kept": (["mode=plan", "checkpoint.average_last=5"], ["checkpoint.average_last=5", "at most the checkpoint.keep_last(3)", "Fix: raise checkpoint.keep_last to at least 5 (checkpoint.keep_last=5: the run keeps what it averages), or average fewer: checkpoint.average_last=3"]),
+    # "use 2 to 2" at keep_last 1, which was refused again: the key to raise is keep_last.
+    "average more checkpoints than the one kept": (["mode=plan", "checkpoint.keep_last=1", "checkpoint.average_last=3"], ["checkpoint.average_last=3", "at most the checkpoint.keep_last(1)", "Fix: raise checkpoint.keep_last to at least 3 (checkpoint.keep_last=3: the run keeps what it averages), or checkpoint.average_last=null for no average"]),
+    "average of one checkpoint": (["mode=plan", "checkpoint.average_last=1"], ["checkpoint.average_last=1", "at least 2", "Fix: use checkpoint.average_last=2 (up to checkpoint.keep_last=3)"]),
     # It trained, checkpointed and exported, then exited 2 at the average (a bug hunt's find).
     "average of lora checkpoints": (["mode=plan", "finetune=lora", "checkpoint.average_last=2"], ["checkpoint.average_last=2", "hold LoRA adapters", "Fix: use checkpoint.average_last=null with LoRA"]),
     "wsd decay longer than the run": (["mode=plan", "trainer.lr_schedule=wsd", "trainer.decay_steps=240"], ["trainer.decay_steps=240", "a decay of 240 steps does not fit", "max_steps(250) - trainer.warmup_steps(25) = 225", "Fix: use a decay of 1 to 225 steps"]),

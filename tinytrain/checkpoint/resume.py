@@ -92,9 +92,16 @@ def checkpoint_problems(cfg) -> list[Problem]:
     path = cfg.checkpoint.init_from
     if path and not is_checkpoint(path) and not will_resume(cfg):  # a resume does not read it (the planner says when it must)
         problems.append(Problem("checkpoint.init_from", path, "no such checkpoint file", "point it at a .ckpt file (or an fsdp_tp or DeepSpeed run's .ckpt folder) from a tinytrain run's checkpoints/ folder"))
-    last = cfg.checkpoint.average_last
-    if last is not None and (last < 2 or (cfg.mode != Mode.average and last > cfg.checkpoint.keep_last)):
-        problems.append(Problem("checkpoint.average_last", last, f"averages the run's newest step checkpoints: at least 2, and at most the checkpoint.keep_last({cfg.checkpoint.keep_last}) the run keeps", f"use 2 to {max(2, cfg.checkpoint.keep_last)} (raise checkpoint.keep_last to average more), or null for no average"))
+    last, keep = cfg.checkpoint.average_last, cfg.checkpoint.keep_last
+    averaging = cfg.mode != Mode.average  # mode=average reads the checkpoints there, whatever keep_last was
+    if last is not None and (last < 2 or (averaging and last > keep)):
+        if last < 2:
+            fix = "use checkpoint.average_last=2" + ((" with checkpoint.keep_last=2 (the run keeps what it averages)" if keep < 2 else f" (up to checkpoint.keep_last={keep})") if averaging else "") + ", or checkpoint.average_last=null for no average"
+        else:
+            # Not "use 2 to <keep_last>": below 2 that range is empty, and a keep_last the user set low is the key to raise.
+            fewer = f", or average fewer: checkpoint.average_last={keep}" if keep >= 2 else ""
+            fix = f"raise checkpoint.keep_last to at least {last} (checkpoint.keep_last={last}: the run keeps what it averages){fewer}, or checkpoint.average_last=null for no average"
+        problems.append(Problem("checkpoint.average_last", last, f"averages the run's newest step checkpoints: at least 2, and at most the checkpoint.keep_last({keep}) the run keeps", fix))
     if last is not None and cfg.mode != Mode.average and cfg.finetune.method != FinetuneMethod.full:
         # checkpoint/average.py refuses adapters at the end of training: say it before the run.
         problems.append(Problem("checkpoint.average_last", last, f"averages step checkpoints, and a finetune={cfg.finetune.method.value} run's hold LoRA adapters: the mean of adapters is not the mean of the merged weights", "use checkpoint.average_last=null with LoRA (export each checkpoint with mode=export), or finetune=full"))
