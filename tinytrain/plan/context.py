@@ -128,7 +128,8 @@ def problems(cfg) -> list[Problem]:
         found.append(Problem("trainer.compile", cfg.trainer.compile, f"cannot run with Ulysses (parallel.cp={par.cp}): {compiled}", f"pip install 'deepspeed>={ULYSSES_COMPILED_FIXED_IN}', or trainer.compile=none{ring}"))
     if not row.deepspeed and par.tp > 1:
         # DeepSpeed's Ulysses groups are consecutive ranks, which the tensor-parallel groups take.
-        found.append(Problem("parallel.cp", par.cp, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}): its groups of consecutive ranks are the tensor-parallel groups", "use parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
+        # Reached with parallel.cp_kind=ulysses only: auto takes ring here (choose_kind).
+        found.append(Problem("parallel.cp_kind", par.cp_kind.value, f"Ulysses under fsdp_tp runs with tp 1 (this run: tp {par.tp}, parallel.cp={par.cp}): its groups of consecutive ranks are the tensor-parallel groups", f"use parallel.cp_kind=auto (ring, which runs beside tp {par.tp}), or parallel.tp=1 with parallel.cp, or parallel=zero3 (parameters partitioned) with parallel.cp"))
     if not row.deepspeed and not installed("deepspeed"):
         found.append(Problem("parallel.cp", par.cp, f"Ulysses is DeepSpeed's (deepspeed.runtime.sequence_parallel), also under parallel={par.name}, and DeepSpeed is not installed", "pip install 'tinytrain-llm[deepspeed]'"))
     seq = cfg.data.seq_len
